@@ -1,1 +1,4 @@
+"""Ops: Triton kernels and torch implementations, each with a plain reference beside it. No nn.Modules."""
+from .complex_scan import complex_scan, complex_scan_reference, complex_scan_step
 
+__all__ = ["complex_scan", "complex_scan_step", "complex_scan_reference"]

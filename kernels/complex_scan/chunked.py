@@ -1,0 +1,178 @@
+"""The "torch" backend: a blocked (chunked) complex scan in plain PyTorch, forward and backward.
+
+The recurrence ``out_t = a_t · out_{t∓1} + x_t`` (``a_t = exp(z_t)``, ``z_t = log γ_t − iθ_t``) is split
+into ``N`` chunks of ``C`` steps:
+
+1. every chunk is scanned from a zero state, all chunks at once (``C`` vectorised steps);
+2. the chunk end states are carried across chunks (``N`` small steps): ``s_{n+1} = A_n s_n + local_end_n``,
+   where ``A_n`` is the chunk's total decay;
+3. each chunk is corrected in one pass: ``out_c += (Π_{c'≤c} a_{c'}) · s_n``.
+
+The cumulative decays are running products of the per-step decays (|a| ≤ 1), so nothing overflows,
+whatever the decay; no inverse decays are ever formed. Cost: ``C + N`` Python-level steps instead of ``T``, and a few passes over the data; memory is
+``O(B·T·H·P)`` like the output. The backward is the same scan run in reverse (see docs/design.md):
+
+    λ_t = g_t + conj(a_{t+1}) λ_{t+1},   ∂x_t = λ_t,   g_z = λ_t · conj(s_t − x_t),
+    ∂log γ_t = Re g_z,   ∂θ_t = −Im g_z,   ∂s_0 = conj(a_1) λ_1.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+
+def default_chunk_size(T: int) -> int:
+    """Balance the two Python loops (C steps within chunks, T/C across them): C ≈ √T, a multiple of 8."""
+    return max(8, min(256, 8 * round(math.sqrt(max(T, 1)) / 8)))
+
+
+def _empty(*shape: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """Every buffer the backend writes comes from here, so tests can poison them (fill with NaN)."""
+    return torch.empty(*shape, dtype=dtype, device=device)
+
+
+def _static_cumulative_decay(z: torch.Tensor, C: int, reverse: bool) -> torch.Tensor:
+    """``a^k`` for the time-invariant case: ``k = c + 1`` (forward) or ``C − c`` (reverse).
+
+    z: ``(Bd, H, P)`` complex log-decay. Returns ``(Bd, 1, C, H, P)``.
+    """
+    k = torch.arange(1, C + 1, device=z.device, dtype=z.real.dtype)
+    if reverse:
+        k = k.flip(0)
+    return torch.exp(z.unsqueeze(1).unsqueeze(2) * k.view(1, 1, C, 1, 1))
+
+
+def blocked_scan(
+    log_decay: torch.Tensor,
+    angle: torch.Tensor,
+    x: torch.Tensor,
+    s0: torch.Tensor | None,
+    out: torch.Tensor,
+    chunk_size: int,
+    reverse: bool = False,
+) -> torch.Tensor:
+    """``out_t = a_t · out_prev + x_t``, ``a_t = exp(log_decay_t + i·angle_t)``, ``out_prev`` the value at
+    t−1 (t+1 when ``reverse``).
+
+    Args:
+        log_decay, angle: real ``(Bd, Td, H, P)``, ``Bd ∈ {1, B}``, ``Td ∈ {1, T}`` (1 = time-invariant).
+        x: complex ``(B, T, H, P)`` (any strides along T).
+        s0: complex ``(B, H, P)``, the value before the first step (after the last, when ``reverse``), or None.
+        out: complex ``(B, T, H, P)``, written in full.
+    Returns:
+        the last value produced (the state after position T−1, or before position 0 when ``reverse``).
+    """
+    B, T, H, P = x.shape
+    static = log_decay.shape[1] == 1 and angle.shape[1] == 1
+    if not static:  # one of them varies in time: view the other over time too (no copy)
+        log_decay = log_decay.expand(-1, T, -1, -1)
+        angle = angle.expand(-1, T, -1, -1)
+    Bd = max(log_decay.shape[0], angle.shape[0])
+    C = max(1, min(chunk_size, T))
+    N = T // C
+    r = T - N * C
+    full = slice(r, T) if reverse else slice(0, N * C)
+    tail = range(r - 1, -1, -1) if reverse else range(N * C, T)
+    decay_of = lambda ld, ang: torch.polar(torch.exp(ld), ang)  # noqa: E731  a = γ e^{i·angle}
+    a_static = decay_of(log_decay[:, 0], angle[:, 0]) if static else None  # (Bd, H, P)
+    s = s0 if s0 is not None else x.new_zeros(B, H, P)
+
+    if N > 0:
+        xv = x[:, full].view(B, N, C, H, P)  # split time into (chunk, position)
+        ov = out[:, full].view(B, N, C, H, P)
+        order = range(C - 1, -1, -1) if reverse else range(C)
+        step = 1 if reverse else -1  # offset of the previous position in iteration order
+        first, last = order[0], order[-1]
+        # 1. every chunk from a zero state, all chunks at once. In the time-varying case `cum` starts as
+        #    the per-step decays and is turned, in place, into the cumulative decay within each chunk.
+        ov[:, :, first].copy_(xv[:, :, first])
+        if static:
+            a_static_b = a_static.unsqueeze(1)  # (Bd, 1, H, P)
+            for c in order[1:]:
+                torch.addcmul(xv[:, :, c], a_static_b, ov[:, :, c + step], out=ov[:, :, c])
+            z = torch.complex(*torch.broadcast_tensors(log_decay[:, 0], angle[:, 0]))  # (Bd, H, P)
+            cum = _static_cumulative_decay(z, C, reverse)
+        else:
+            cum = decay_of(log_decay[:, full], angle[:, full]).view(Bd, N, C, H, P)
+            for c in order[1:]:
+                torch.addcmul(xv[:, :, c], cum[:, :, c], ov[:, :, c + step], out=ov[:, :, c])
+                cum[:, :, c].mul_(cum[:, :, c + step])
+        # 2. carry the chunk end states across chunks
+        carried = _empty(B, N, H, P, dtype=x.dtype, device=x.device)
+        for n in range(N - 1, -1, -1) if reverse else range(N):
+            carried[:, n] = s
+            s = torch.addcmul(ov[:, n, last], cum[:, min(n, cum.shape[1] - 1), last], s)
+        # 3. correct every position by its cumulative decay times the carried-in state
+        ov.addcmul_(cum, carried.unsqueeze(2))
+
+    for t in tail:
+        a_t = a_static if static else decay_of(log_decay[:, t], angle[:, t])
+        s = torch.addcmul(x[:, t], a_t, s)
+        out[:, t] = s
+    return s
+
+
+class TorchComplexScan(torch.autograd.Function):
+    """Autograd wrapper of the blocked scan; inputs normalised as in ``validate.py``."""
+
+    @staticmethod
+    def forward(ctx, x, log_decay, theta, initial_state, chunk_size):
+        B, T, H, D = x.shape
+        P = D // 2
+        real = log_decay.dtype  # the state dtype: float32 (float64 for float64 x)
+        xr = x if x.dtype == real else x.to(real)
+        xc = torch.view_as_complex(xr.view(B, T, H, P, 2))  # (B, T, H, P) complex
+        s0 = None if initial_state is None else torch.view_as_complex(initial_state.view(B, H, P, 2))
+        yc = _empty(B, T, H, P, dtype=xc.dtype, device=x.device)
+        final = blocked_scan(log_decay, -theta, xc, s0, yc, chunk_size)
+        y_real = torch.view_as_real(yc).view(B, T, H, D)  # (B, T, H, P, 2) -> (B, T, H, D)
+        y = y_real if x.dtype == real else y_real.to(x.dtype)
+        final = torch.view_as_real(final).reshape(B, H, D).clone()
+        ctx.chunk_size = chunk_size
+        ctx.has_initial = initial_state is not None
+        # the fp32 states are needed for the decay gradient; for float32 x they are the output itself
+        ctx.save_for_backward(x, log_decay, theta, y if x.dtype == real else y_real)
+        return y, final
+
+    @staticmethod
+    def backward(ctx, grad_y, grad_final):
+        x, log_decay, theta, y_real = ctx.saved_tensors
+        B, T, H, D = x.shape
+        P = D // 2
+        real = log_decay.dtype
+        cdtype = torch.complex128 if real == torch.float64 else torch.complex64
+        lam = _empty(B, T, H, P, dtype=cdtype, device=x.device)
+        if grad_y is None:
+            gc = torch.zeros(B, T, H, P, dtype=cdtype, device=x.device)
+        else:
+            gc = torch.view_as_complex(grad_y.to(real).contiguous().view(B, T, H, P, 2))
+        lam[:, T - 1] = gc[:, T - 1]
+        if grad_final is not None:
+            lam[:, T - 1] += torch.view_as_complex(grad_final.to(real).contiguous().view(B, H, P, 2))
+        if T > 1:  # λ_t = g_t + conj(a_{t+1}) λ_{t+1}: the decay of t+1 aligned at t
+            ld_next = log_decay if log_decay.shape[1] == 1 else log_decay[:, 1:]
+            th_next = theta if theta.shape[1] == 1 else theta[:, 1:]
+            blocked_scan(ld_next, th_next, gc[:, : T - 1], lam[:, T - 1], lam[:, : T - 1], ctx.chunk_size, reverse=True)
+
+        grad_x = grad_ld = grad_th = grad_s0 = None
+        if ctx.needs_input_grad[0]:
+            grad_x = torch.view_as_real(lam).view(B, T, H, D).to(x.dtype)
+        if ctx.needs_input_grad[1] or ctx.needs_input_grad[2]:
+            xc = torch.view_as_complex(x.to(real).view(B, T, H, P, 2))
+            yc = torch.view_as_complex(y_real.to(real).view(B, T, H, P, 2))
+            gz = lam * (yc - xc).conj()  # λ_t · conj(a_t s_{t−1}), (B, T, H, P)
+            dims = tuple(d for d, n in ((0, log_decay.shape[0]), (1, log_decay.shape[1])) if n == 1)
+            grad_ld = gz.real.sum(dims, keepdim=True) if dims else gz.real.contiguous()
+            dims = tuple(d for d, n in ((0, theta.shape[0]), (1, theta.shape[1])) if n == 1)
+            grad_th = -(gz.imag.sum(dims, keepdim=True) if dims else gz.imag)
+        if ctx.has_initial and ctx.needs_input_grad[3]:
+            a_first = torch.polar(torch.exp(log_decay[:, 0]), theta[:, 0])  # conj(a_1), (Bd, H, P)
+            grad_s0 = torch.view_as_real(a_first * lam[:, 0]).reshape(B, H, D)
+        return grad_x, grad_ld, grad_th, grad_s0, None
+
+
+def complex_scan_torch(x, log_decay, theta, initial_state, chunk_size=None):
+    """Blocked-scan backend on normalised inputs; returns ``(y, final_state)``."""
+    chunk = chunk_size if chunk_size is not None else default_chunk_size(x.shape[1])
+    return TorchComplexScan.apply(x, log_decay, theta, initial_state, chunk)

@@ -1,0 +1,308 @@
+"""complex_scan: the torch backend, the reference, the step and the argument checks.
+
+Ground truth is float64: the sequential reference, itself checked against the closed form
+``o_i = Σ_{j≤i} γ^{i−j} R_{j−i} v_j`` of seed 001. The Triton backend has its own file.
+"""
+from __future__ import annotations
+
+import itertools
+import math
+
+import pytest
+import torch
+
+from kernels.complex_scan import chunked
+from kernels import complex_scan, complex_scan_reference, complex_scan_step
+from kernels.complex_scan.interface import resolve_backend
+
+_seed = itertools.count(1234)
+
+
+def gen() -> torch.Generator:
+    """A fresh generator per draw: different inputs in every case, reproducible run to run."""
+    return torch.Generator().manual_seed(next(_seed))
+
+
+def inputs(B, T, H, D, *, dependent, dtype=torch.float64, init=False, decay_range=(0.0, 0.7)):
+    P = D // 2
+    shape = (B, T, H, P) if dependent else (H, P)
+    lo, hi = decay_range
+    x = torch.randn(B, T, H, D, generator=gen(), dtype=torch.float64).to(dtype)
+    log_decay = -(lo + (hi - lo) * torch.rand(shape, generator=gen(), dtype=torch.float64))
+    theta = math.pi * (2 * torch.rand(shape, generator=gen(), dtype=torch.float64) - 1)
+    s0 = torch.randn(B, H, D, generator=gen(), dtype=torch.float64) if init else None
+    return x, log_decay, theta, s0
+
+
+def assert_close_scaled(actual, expected, tol, what=""):
+    """max |actual − expected| ≤ tol · max(1, max |expected|)."""
+    actual, expected = actual.double(), expected.double()
+    assert torch.isfinite(actual).all(), f"{what}: non-finite values"
+    scale = max(1.0, expected.abs().max().item()) if expected.numel() else 1.0
+    err = (actual - expected).abs().max().item() if expected.numel() else 0.0
+    assert err <= tol * scale, f"{what}: max error {err:.3g} > {tol:.1g} × scale {scale:.3g}"
+
+
+# ---------------------------------------------------------------- the reference against the closed form
+
+
+def closed_form(x, log_decay, theta):
+    """o_i = Σ_{j≤i} γ^{i−j} R_{j−i} v_j for static γ, θ, written with real 2×2 rotations."""
+    B, T, H, D = x.shape
+    P = D // 2
+    out = torch.zeros_like(x)
+    v = x.view(B, T, H, P, 2)
+    for i in range(T):
+        for j in range(i + 1):
+            n = i - j
+            ang = -n * theta  # R_{j−i} rotates by (j − i)·θ
+            c, s = torch.cos(ang), torch.sin(ang)
+            g = torch.exp(n * log_decay)
+            re = c * v[:, j, ..., 0] - s * v[:, j, ..., 1]
+            im = s * v[:, j, ..., 0] + c * v[:, j, ..., 1]
+            out.view(B, T, H, P, 2)[:, i, ..., 0] += g * re
+            out.view(B, T, H, P, 2)[:, i, ..., 1] += g * im
+    return out
+
+
+def test_reference_equals_vo_rope_closed_form():
+    x, ld, th, _ = inputs(2, 9, 3, 6, dependent=False)
+    y, _ = complex_scan_reference(x, ld, th)
+    assert_close_scaled(y, closed_form(x, ld, th), 1e-12, "reference vs closed form")
+
+
+# ---------------------------------------------------------------- torch backend against the reference
+
+SHAPES = [  # (B, T, H, D)
+    (2, 1, 3, 2),
+    (1, 7, 5, 6),
+    (2, 63, 3, 10),
+    (1, 200, 3, 64),
+    (1, 1031, 1, 128),
+]
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("dependent", [False, True], ids=["static", "dependent"])
+@pytest.mark.parametrize("init", [False, True], ids=["zero0", "init"])
+def test_torch_backend_matches_reference_float64(shape, dependent, init):
+    x, ld, th, s0 = inputs(*shape, dependent=dependent, init=init)
+    y, fin = complex_scan(x, ld, th, s0, backend="torch")
+    y_ref, fin_ref = complex_scan_reference(x, ld, th, s0)
+    assert y.dtype == torch.float64 and fin.dtype == torch.float64
+    assert_close_scaled(y, y_ref, 1e-12, "y")
+    assert_close_scaled(fin, fin_ref, 1e-12, "final_state")
+
+
+@pytest.mark.parametrize("chunk_size", [1, 5, 16, 64, 500])
+def test_torch_backend_any_chunk_size(chunk_size):
+    x, ld, th, s0 = inputs(2, 97, 3, 8, dependent=True, init=True)
+    y, fin = complex_scan(x, ld, th, s0, backend="torch", chunk_size=chunk_size)
+    y_ref, fin_ref = complex_scan_reference(x, ld, th, s0)
+    assert_close_scaled(y, y_ref, 1e-12, "y")
+    assert_close_scaled(fin, fin_ref, 1e-12, "final_state")
+
+
+@pytest.mark.parametrize("dependent", [False, True], ids=["static", "dependent"])
+def test_float32_within_float32_tolerance(dependent):
+    x, ld, th, s0 = inputs(2, 300, 3, 16, dependent=dependent, init=True, dtype=torch.float32)
+    y, fin = complex_scan(x, ld.float(), th.float(), s0.float(), backend="torch")
+    assert y.dtype == torch.float32 and fin.dtype == torch.float32
+    y_ref, fin_ref = complex_scan_reference(x.double(), ld.float().double(), th.float().double(), s0.float().double())
+    assert_close_scaled(y, y_ref, 2e-5, "y")
+    assert_close_scaled(fin, fin_ref, 2e-5, "final_state")
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_inputs_within_their_tolerance(dtype):
+    x, ld, th, _ = inputs(2, 150, 3, 8, dependent=True, dtype=dtype)
+    y, fin = complex_scan(x, ld, th, backend="torch")
+    assert y.dtype == dtype and fin.dtype == torch.float32
+    y_ref, fin_ref = complex_scan_reference(x.double(), ld.float().double(), th.float().double())
+    # math is fp32; the only loss is rounding y to the half type (relative 2^-8 for bf16)
+    tol = 2 ** -7 if dtype == torch.bfloat16 else 2 ** -10
+    assert_close_scaled(y, y_ref, tol, "y")
+    assert_close_scaled(fin, fin_ref, 1e-5, "final_state")
+
+
+@pytest.mark.parametrize("log_decay", [-1e-7, -20.0])
+def test_extreme_decays(log_decay):
+    x, _, th, s0 = inputs(2, 130, 3, 8, dependent=True, init=True)
+    ld = torch.full_like(th, log_decay)
+    y, fin = complex_scan(x, ld, th, s0, backend="torch", chunk_size=32)
+    y_ref, fin_ref = complex_scan_reference(x, ld, th, s0)
+    assert_close_scaled(y, y_ref, 1e-12, "y")
+    assert_close_scaled(fin, fin_ref, 1e-12, "final")
+
+
+@pytest.mark.parametrize(
+    "ld_shape,th_shape",
+    [((3, 4), (2, 50, 3, 4)), ((2, 50, 3, 4), (3, 4)), ((50, 3, 1), (1, 4)), ((2, 1, 3, 4), (1, 50, 1, 4)), ((), (4,))],
+)
+def test_broadcast_shapes(ld_shape, th_shape):
+    x, _, _, s0 = inputs(2, 50, 3, 8, dependent=False, init=True)
+    ld = -torch.rand(ld_shape, generator=gen(), dtype=torch.float64)
+    th = torch.randn(th_shape, generator=gen(), dtype=torch.float64)
+    y, fin = complex_scan(x, ld, th, s0, backend="torch", chunk_size=8)
+    y_ref, fin_ref = complex_scan_reference(x, ld, th, s0)
+    assert_close_scaled(y, y_ref, 1e-12, "y")
+    assert_close_scaled(fin, fin_ref, 1e-12, "final")
+
+
+def test_poisoned_buffers_are_fully_written(monkeypatch):
+    def poisoned(*shape, dtype, device):
+        return torch.full(shape, float("nan"), dtype=dtype, device=device)
+
+    monkeypatch.setattr(chunked, "_empty", poisoned)
+    x, ld, th, s0 = inputs(2, 45, 3, 6, dependent=True, init=True)
+    leaves = [t.clone().requires_grad_() for t in (x, ld, th, s0)]
+    y, fin = complex_scan(*leaves[:3], leaves[3], backend="torch", chunk_size=8)  # 5 chunks + a tail of 5
+    y_ref, fin_ref = complex_scan_reference(x, ld, th, s0)
+    assert_close_scaled(y, y_ref, 1e-12, "y")
+    assert_close_scaled(fin, fin_ref, 1e-12, "final")
+    grads = torch.autograd.grad(y.sum() + fin.sum(), leaves)
+    for g in grads:
+        assert torch.isfinite(g).all()
+
+
+# ---------------------------------------------------------------- continuation and the step
+
+
+@pytest.mark.parametrize("backend", ["torch", "reference"])
+@pytest.mark.parametrize("split", [1, 17, 40])
+def test_continuation(backend, split):
+    x, ld, th, s0 = inputs(2, 57, 3, 6, dependent=True, init=True)
+    y, fin = complex_scan(x, ld, th, s0, backend=backend)
+    y_a, fin_a = complex_scan(x[:, :split], ld[:, :split], th[:, :split], s0, backend=backend)
+    y_b, fin_b = complex_scan(x[:, split:], ld[:, split:], th[:, split:], fin_a, backend=backend)
+    assert_close_scaled(torch.cat([y_a, y_b], 1), y, 1e-12, "concatenated outputs")
+    assert_close_scaled(fin_b, fin, 1e-12, "final state")
+
+
+@pytest.mark.parametrize("dependent", [False, True])
+def test_step_repeated_equals_scan(dependent):
+    x, ld, th, s0 = inputs(2, 23, 3, 10, dependent=dependent, init=True)
+    y, fin = complex_scan(x, ld, th, s0, backend="torch")
+    state = s0
+    for t in range(x.shape[1]):
+        ld_t = ld[:, t] if dependent else ld
+        th_t = th[:, t] if dependent else th
+        y_t, state = complex_scan_step(x[:, t], ld_t, th_t, state)
+        assert_close_scaled(y_t, y[:, t], 1e-12, f"step {t}")
+    assert_close_scaled(state, fin, 1e-12, "final state")
+
+
+def test_step_from_zero_state_and_dtypes():
+    x, ld, th, _ = inputs(2, 1, 3, 4, dependent=False, dtype=torch.bfloat16)
+    y_t, state = complex_scan_step(x[:, 0], ld, th, None)
+    assert y_t.dtype == torch.bfloat16 and state.dtype == torch.float32
+    torch.testing.assert_close(state, x[:, 0].float(), rtol=0, atol=0)
+
+
+# ---------------------------------------------------------------- gradients
+
+
+@pytest.mark.parametrize(
+    "dependent,init,T,chunk",
+    [(False, False, 11, 4), (True, True, 13, 5), (True, False, 1, None), (False, True, 20, 64)],
+)
+def test_gradcheck_torch_backend(dependent, init, T, chunk):
+    x, ld, th, s0 = inputs(2, T, 3, 4, dependent=dependent, init=init, decay_range=(0.05, 0.6))
+    args = [x.requires_grad_(), ld.requires_grad_(), th.requires_grad_()]
+    if init:
+        args.append(s0.requires_grad_())
+
+    def fn(*a):
+        return complex_scan(a[0], a[1], a[2], a[3] if init else None, backend="torch", chunk_size=chunk)
+
+    assert torch.autograd.gradcheck(fn, tuple(args), eps=1e-6, atol=1e-8)
+
+
+def test_float32_gradients_match_reference():
+    x, ld, th, s0 = inputs(2, 150, 3, 8, dependent=True, init=True, dtype=torch.float32)
+    ld, th, s0 = ld.float(), th.float(), s0.float()
+    gy = torch.randn(x.shape, generator=gen())
+    gf = torch.randn(s0.shape, generator=gen())
+
+    def grads(fn, dtype):
+        leaves = [t.to(dtype).requires_grad_() for t in (x, ld, th, s0)]
+        y, fin = fn(*leaves)
+        return torch.autograd.grad((y * gy.to(dtype)).sum() + (fin * gf.to(dtype)).sum(), leaves)
+
+    ours = grads(lambda *a: complex_scan(*a, backend="torch"), torch.float32)
+    ref = grads(complex_scan_reference, torch.float64)
+    for name, g, r in zip(("x", "log_decay", "theta", "initial_state"), ours, ref):
+        assert g.dtype == torch.float32
+        assert_close_scaled(g, r, 5e-5, f"grad {name}")
+
+
+# ---------------------------------------------------------------- argument checks and dispatch
+
+
+def test_empty_sequence_returns_the_initial_state():
+    x, ld, th, s0 = inputs(2, 0, 3, 4, dependent=False, init=True)
+    y, fin = complex_scan(x, ld, th, s0)
+    assert y.shape == (2, 0, 3, 4)
+    torch.testing.assert_close(fin, s0)
+
+
+def _ok():
+    x = torch.randn(2, 5, 3, 4)
+    return x, -torch.rand(3, 2), torch.rand(3, 2)
+
+
+@pytest.mark.parametrize(
+    "mutate,match",
+    [
+        (lambda x, ld, th: (torch.randn(2, 5, 3, 5), ld, th, None), r"x: .*even.*D=5"),
+        (lambda x, ld, th: (x.long(), ld, th, None), r"x: expected a real floating dtype.*int64"),
+        (lambda x, ld, th: (x[0], ld, th, None), r"x: expected shape \(B, T, H, D\), got \(5, 3, 4\)"),
+        (lambda x, ld, th: (x, -torch.rand(4, 2), th, None), r"log_decay: shape \(4, 2\) does not broadcast"),
+        (lambda x, ld, th: (x, ld, torch.rand(2, 6, 3, 2), None), r"theta: shape \(2, 6, 3, 2\) does not broadcast"),
+        (lambda x, ld, th: (x, ld.abs() + 0.1, th, None), r"log_decay: expected values <= 0"),
+        (lambda x, ld, th: (x, ld.long(), th, None), r"log_decay: expected a floating dtype"),
+        (lambda x, ld, th: (x, ld, th, torch.zeros(2, 3, 6)), r"initial_state: expected shape \(B, H, D\) = \(2, 3, 4\), got \(2, 3, 6\)"),
+        (lambda x, ld, th: (x, ld, th, torch.zeros(2, 3, 4, dtype=torch.int32)), r"initial_state: expected a float32"),
+        (lambda x, ld, th: (x, ld, th, "state"), r"initial_state: expected a tensor"),
+        (lambda x, ld, th: ("x", ld, th, None), r"x: expected a torch.Tensor"),
+    ],
+)
+def test_value_errors(mutate, match):
+    with pytest.raises(ValueError, match=match):
+        complex_scan(*mutate(*_ok()))
+
+
+def test_value_errors_options(monkeypatch):
+    x, ld, th = _ok()
+    with pytest.raises(ValueError, match=r"chunk_size: expected a positive int or None, got 0"):
+        complex_scan(x, ld, th, chunk_size=0)
+    with pytest.raises(ValueError, match=r"backend: expected one of .*got 'cuda'"):
+        complex_scan(x, ld, th, backend="cuda")
+    monkeypatch.setenv("HYBRID_BACKEND", "fast")
+    with pytest.raises(ValueError, match=r"HYBRID_BACKEND: expected one of .*got 'fast'"):
+        complex_scan(x, ld, th)
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    with pytest.raises(ValueError, match=r"backend: the 'triton' backend needs CUDA tensors.*TRITON_INTERPRET=1"):
+        complex_scan(x, ld, th, backend="triton")
+
+
+def test_step_value_errors():
+    x = torch.randn(2, 3, 4)
+    with pytest.raises(ValueError, match=r"x_t: expected shape \(B, H, D\)"):
+        complex_scan_step(x[None], -torch.rand(3, 2), torch.rand(3, 2), None)
+    with pytest.raises(ValueError, match=r"log_decay_t: expected values <= 0"):
+        complex_scan_step(x, torch.rand(3, 2) + 0.1, torch.rand(3, 2), None)
+    with pytest.raises(ValueError, match=r"state: expected shape \(B, H, D\) = \(2, 3, 4\)"):
+        complex_scan_step(x, -torch.rand(3, 2), torch.rand(3, 2), torch.zeros(2, 4))
+
+
+def test_backend_resolution(monkeypatch):
+    monkeypatch.delenv("HYBRID_BACKEND", raising=False)
+    assert resolve_backend(None, torch.device("cpu")) == "torch"
+    monkeypatch.setenv("HYBRID_BACKEND", "reference")
+    assert resolve_backend(None, torch.device("cpu")) == "reference"
+    assert resolve_backend("torch", torch.device("cpu")) == "torch"  # the argument wins over the variable
+    x, ld, th, _ = inputs(1, 6, 2, 4, dependent=False)
+    y_env, _ = complex_scan(x, ld, th)  # through the reference
+    y_torch, _ = complex_scan(x, ld, th, backend="torch")
+    assert_close_scaled(y_env, y_torch, 1e-12, "env-selected backend")
