@@ -1,1 +1,7 @@
+"""Models: HybridConfig with presets, HybridLM (three modes, one state), generation."""
+from .config import PRESETS, SIZES, HybridConfig
+from .lm import MODES, HybridLM
+from .sampling import sample_next
+from .state import HybridState
 
+__all__ = ["HybridConfig", "HybridLM", "HybridState", "MODES", "PRESETS", "SIZES", "sample_next"]

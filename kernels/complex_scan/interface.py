@@ -115,6 +115,8 @@ def complex_scan_step(
     log_decay_t: torch.Tensor,
     theta_t: torch.Tensor,
     state: torch.Tensor | None,
+    *,
+    check_values: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """One step of the scan, for O(1)-memory decoding.
 
@@ -122,6 +124,7 @@ def complex_scan_step(
         x_t: ``(B, H, D)``.
         log_decay_t, theta_t: broadcastable to ``(B, H, D/2)``.
         state: ``(B, H, D)`` float32, or None (zeros).
+        check_values: check ``log_decay_t ≤ 0`` (one device sync per call).
 
     Returns:
         ``y_t`` ``(B, H, D)`` in x_t's dtype and the new state ``(B, H, D)`` float32 (``y_t`` is the state).
@@ -130,7 +133,7 @@ def complex_scan_step(
     B, H, D = x_t.shape
     P = D // 2
     target, layout = (B, H, P), "(B, H, D/2)"
-    log_decay_t = check_decay_like(log_decay_t, "log_decay_t", target, layout, x_t, True)
+    log_decay_t = check_decay_like(log_decay_t, "log_decay_t", target, layout, x_t, check_values)
     theta_t = check_decay_like(theta_t, "theta_t", target, layout, x_t, False)
     state = check_state(state, "state", (B, H, D), x_t)
     real = state_dtype(x_t.dtype)

@@ -1,0 +1,53 @@
+"""RMS normalisation: the `RMSNorm` module and the weightless per-head norm ("group norm") of retention.
+
+    rms_norm(x)[..., i] = x[..., i] / sqrt(mean_j x[..., j]² + eps) · weight[i]
+
+Computed in at least float32 (float64 stays float64); the output has the input's dtype.
+"""
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+__all__ = ["rms_norm", "head_rms_norm", "RMSNorm"]
+
+
+def rms_norm(x: Tensor, weight: Tensor | None = None, eps: float = 1e-6) -> Tensor:
+    """RMS-normalise `x` over its last dimension, then scale by `weight` (shape `(x.shape[-1],)`) if given."""
+    dt = torch.promote_types(x.dtype, torch.float32)
+    xf = x.to(dt)
+    y = xf * torch.rsqrt(xf.pow(2).mean(dim=-1, keepdim=True) + eps)
+    if weight is not None:
+        y = y * weight.to(dt)
+    return y.to(x.dtype)
+
+
+def head_rms_norm(x: Tensor, eps: float = 1e-6) -> Tensor:
+    """Per-head RMS norm without weight, RetNet's "group norm" (one group per head).
+
+    x: (B, T, H, D) -> (B, T, H, D), each (token, head) vector normalised over D. Invariant to multiplying
+    `x` by any positive per-(token, head) factor c (exactly so for eps = 0; for eps > 0 the effective eps
+    becomes eps / c²).
+    """
+    return rms_norm(x, None, eps)
+
+
+class RMSNorm(nn.Module):
+    """`y = x / rms(x) · weight` over the last dimension; `weight` (dim,) starts at ones."""
+
+    def __init__(self, dim: int, eps: float = 1e-6):
+        super().__init__()
+        if not isinstance(dim, int) or isinstance(dim, bool) or dim < 1:
+            raise ValueError(f"dim: expected a positive int, got {dim!r}")
+        if not eps >= 0:
+            raise ValueError(f"eps: expected a non-negative float, got {eps!r}")
+        self.dim, self.eps = dim, float(eps)
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: Tensor) -> Tensor:
+        if x.shape[-1] != self.dim:
+            raise ValueError(f"x: expected last dimension {self.dim}, got shape {tuple(x.shape)}")
+        return rms_norm(x, self.weight, self.eps)
+
+    def extra_repr(self) -> str:
+        return f"{self.dim}, eps={self.eps}"

@@ -1,0 +1,232 @@
+"""The "R" mixer: Griffin's recurrent block with the RG-LRU replaced by the VO-RoPE complex scan.
+
+    gate  = act(W_g x)                                              (B, T, d_rnn)
+    u     = conv1d_causal(W_v x)            (depthwise, width 4)    (B, T, d_rnn)
+    v_t   = sqrt(1 − γ_t²) · (i_t ⊙ u_t)    (i_t = 1 unless selective)
+    s_t   = γ_t e^{−iθ_t} s_{t−1} + v_t     per head and rotary pair (kernels.complex_scan)
+    y     = W_o (gate ⊙ s)
+
+With static γ and θ the scan output is exactly VO-RoPE with exponential decay,
+``o_i = Σ_{j≤i} γ^{i−j} R_{j−i} v_j`` (seed 001). Options:
+
+- decay γ: learnable per head-channel, ``log γ = −exp(ν)``, initialised uniformly on the LRU ring
+  ``γ² ~ U[r_min², r_max²]``; ``selective=True`` makes it data-dependent as in the RG-LRU:
+  ``log γ_t = c·r_t·log γ`` with the recurrence gate ``r_t = σ(u_t W_a + b_a)``, c = 8, and an input gate
+  ``i_t = σ(u_t W_x + b_x)`` (both block-diagonal per head);
+- angles θ: ``hybrid.rotary.inv_freq(head_dim, base, scaling)`` per pair (optionally learnable), or
+  data-dependent CARoPE phase increments ``θ_t = f(x_t)^i``.
+
+The input normalisation ``sqrt(1 − γ²)`` keeps the state's variance near the input's.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from kernels import complex_scan, complex_scan_step
+
+from .conv import CausalConv1d
+from .rotary import CARoPE, inv_freq
+
+GATE_ACTIVATIONS = {"gelu": F.gelu, "silu": F.silu}
+SELECTIVE_C = 8.0
+
+
+@dataclass
+class RecurrenceState:
+    """State of one R layer: fixed size, whatever the number of tokens seen.
+
+    conv: ``(B, W−1, d_rnn)``, the last inputs of the causal conv (activation dtype).
+    scan: ``(B, H, head_dim)`` float32, the complex state (pairs interleaved).
+    offset: tokens seen so far.
+    """
+
+    conv: torch.Tensor
+    scan: torch.Tensor
+    offset: int = 0
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (self.conv, self.scan))
+
+
+def _at_least_float32(t: torch.Tensor) -> torch.Tensor:
+    """float32 math for low-precision activations; float64 stays float64 (reference checks)."""
+    return t.to(torch.promote_types(t.dtype, torch.float32))
+
+
+def _positive_int(name, v):
+    if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+        raise ValueError(f"{name}: expected a positive int, got {v!r}")
+
+
+class VORecurrence(nn.Module):
+    """VO-RoPE recurrence block. Input and output ``(B, T, d_model)``."""
+
+    def __init__(
+        self,
+        d_model: int,
+        n_heads: int,
+        head_dim: int | None = None,
+        *,
+        conv_width: int = 4,
+        r_min: float = 0.9,
+        r_max: float = 0.999,
+        selective: bool = False,
+        rope_base: float = 10000.0,
+        rope_scaling: dict | None = None,
+        learnable_theta: bool = False,
+        carope: bool = False,
+        gate_activation: str = "gelu",
+        scan_backend: str | None = None,
+        chunk_size: int | None = None,
+    ):
+        super().__init__()
+        _positive_int("d_model", d_model)
+        _positive_int("n_heads", n_heads)
+        _positive_int("conv_width", conv_width)
+        if head_dim is None:
+            if d_model % n_heads:
+                raise ValueError(f"n_heads: expected a divisor of d_model={d_model}, got {n_heads}")
+            head_dim = d_model // n_heads
+        _positive_int("head_dim", head_dim)
+        if head_dim % 2:
+            raise ValueError(f"head_dim: expected an even number (rotary pairs), got {head_dim}")
+        if not (0.0 < r_min <= r_max < 1.0):
+            raise ValueError(f"r_min, r_max: expected 0 < r_min <= r_max < 1, got r_min={r_min}, r_max={r_max}")
+        if learnable_theta and carope:
+            raise ValueError("learnable_theta: has no effect with carope=True (CARoPE supplies the angles); set one")
+        if gate_activation not in GATE_ACTIVATIONS:
+            raise ValueError(f"gate_activation: expected one of {sorted(GATE_ACTIVATIONS)}, got {gate_activation!r}")
+        self.d_model, self.n_heads, self.head_dim = d_model, n_heads, head_dim
+        self.n_pairs = head_dim // 2
+        self.d_rnn = n_heads * head_dim
+        self.r_min, self.r_max = r_min, r_max
+        self.selective, self.carope_enabled = selective, carope
+        self.gate_activation = gate_activation
+        self.scan_backend, self.chunk_size = scan_backend, chunk_size
+        H, P, hd = n_heads, self.n_pairs, head_dim
+
+        self.gate_proj = nn.Linear(d_model, self.d_rnn, bias=False)
+        self.value_proj = nn.Linear(d_model, self.d_rnn, bias=False)
+        self.conv = CausalConv1d(self.d_rnn, conv_width)
+        self.out_proj = nn.Linear(self.d_rnn, d_model, bias=False)
+        self.decay_nu = nn.Parameter(torch.empty(H, P))  # log γ = −exp(ν)
+        if selective:
+            self.recur_gate_weight = nn.Parameter(torch.empty(H, hd, P))  # block-diagonal u → r
+            self.recur_gate_bias = nn.Parameter(torch.empty(H, P))
+            self.input_gate_weight = nn.Parameter(torch.empty(H, hd, hd))  # block-diagonal u → i
+            self.input_gate_bias = nn.Parameter(torch.empty(H, hd))
+        freqs, _ = inv_freq(head_dim, base=rope_base, scaling=rope_scaling)
+        theta = freqs.repeat(H, 1)  # (H, P): every head gets the rotary schedule
+        if learnable_theta:
+            self.theta = nn.Parameter(theta)
+        else:
+            self.register_buffer("theta", theta, persistent=False)
+        self.carope = CARoPE(d_model, H, hd, base=rope_base) if carope else None
+        self.reset_parameters()
+
+    @torch.no_grad()
+    def reset_parameters(self) -> None:
+        """LRU ring init for γ; gates start near the middle of their range."""
+        u = torch.rand(self.n_heads, self.n_pairs)
+        gamma_sq = self.r_min ** 2 + u * (self.r_max ** 2 - self.r_min ** 2)
+        self.decay_nu.copy_(torch.log(-0.5 * torch.log(gamma_sq)))  # ν = log(−log γ)
+        if self.selective:
+            bound = 1.0 / math.sqrt(self.head_dim)
+            for w in (self.recur_gate_weight, self.input_gate_weight):
+                nn.init.uniform_(w, -bound, bound)
+            self.recur_gate_bias.zero_()
+            self.input_gate_bias.zero_()
+
+    def extra_repr(self) -> str:
+        return (
+            f"d_model={self.d_model}, n_heads={self.n_heads}, head_dim={self.head_dim}, "
+            f"selective={self.selective}, carope={self.carope_enabled}"
+        )
+
+    # ------------------------------------------------------------------------------------------ pieces
+
+    def log_decay(self) -> torch.Tensor:
+        """Static ``log γ = −exp(ν)``, ``(H, P)`` float32, always < 0."""
+        return -torch.exp(_at_least_float32(self.decay_nu))
+
+    def init_state(self, batch_size: int, device=None, dtype: torch.dtype | None = None) -> RecurrenceState:
+        dtype = dtype or self.value_proj.weight.dtype
+        conv = self.conv.init_state(batch_size, device=device, dtype=dtype)
+        scan = torch.zeros(batch_size, self.n_heads, self.head_dim, device=device, dtype=torch.float32)
+        return RecurrenceState(conv=conv, scan=scan, offset=0)
+
+    def _scan_inputs(self, x: torch.Tensor, u: torch.Tensor):
+        """Scan inputs from the mixer input x ``(B, T, d_model)`` and the conv output u ``(B, T, d_rnn)``.
+
+        Returns v ``(B, T, H, hd)`` in u's dtype, log γ and θ, each ``(H, P)`` or ``(B, T, H, P)`` float32.
+        """
+        B, T, _ = u.shape
+        H, P, hd = self.n_heads, self.n_pairs, self.head_dim
+        uh = _at_least_float32(u).view(B, T, H, hd)  # (B, T, d_rnn) -> (B, T, H, hd)
+        log_decay = self.log_decay()  # (H, P)
+        if self.selective:
+            w_r, b_r, w_i, b_i = (
+                p.to(uh.dtype)
+                for p in (self.recur_gate_weight, self.recur_gate_bias, self.input_gate_weight, self.input_gate_bias)
+            )
+            r = torch.sigmoid(torch.einsum("bthi,hip->bthp", uh, w_r) + b_r)  # recurrence gate (B, T, H, P)
+            i = torch.sigmoid(torch.einsum("bthi,hij->bthj", uh, w_i) + b_i)  # input gate (B, T, H, hd)
+            log_decay = SELECTIVE_C * r * log_decay  # (B, T, H, P)
+            uh = uh * i
+        norm = torch.sqrt(-torch.expm1(2.0 * log_decay))  # sqrt(1 − γ²), (…, H, P)
+        v = (uh.view(B, T, H, P, 2) * norm.unsqueeze(-1)).view(B, T, H, hd)  # scale both parts of each pair
+        theta = self.carope.increments(x) if self.carope is not None else _at_least_float32(self.theta)
+        return v.to(u.dtype), log_decay, theta
+
+    def _check_state(self, state: RecurrenceState, batch: int) -> None:
+        if not isinstance(state, RecurrenceState):
+            raise ValueError(f"state: expected a RecurrenceState or None, got {type(state).__name__}")
+        want = (batch, self.n_heads, self.head_dim)
+        if tuple(state.scan.shape) != want:
+            raise ValueError(f"state: expected a scan state of shape {want}, got {tuple(state.scan.shape)}")
+
+    # ------------------------------------------------------------------------------------------ forms
+
+    def forward(self, x: torch.Tensor, state: RecurrenceState | None = None):
+        """Parallel / chunk form. x ``(B, T, d_model)`` -> (y ``(B, T, d_model)``, new state)."""
+        if x.dim() != 3 or x.shape[-1] != self.d_model:
+            raise ValueError(f"x: expected shape (B, T, d_model={self.d_model}), got {tuple(x.shape)}")
+        B, T, _ = x.shape
+        if state is None:
+            state = self.init_state(B, x.device, x.dtype)
+        self._check_state(state, B)
+        gate = GATE_ACTIVATIONS[self.gate_activation](self.gate_proj(x))
+        u, conv_state = self.conv(self.value_proj(x), state.conv)
+        v, log_decay, theta = self._scan_inputs(x, u)
+        y, scan_state = complex_scan(
+            v, log_decay, theta, state.scan,
+            chunk_size=self.chunk_size, backend=self.scan_backend, check_values=False,
+        )
+        y = y.reshape(B, T, self.d_rnn).to(gate.dtype)  # (B, T, H, hd) -> (B, T, d_rnn)
+        out = self.out_proj(gate * y)
+        return out, RecurrenceState(conv=conv_state, scan=scan_state, offset=state.offset + T)
+
+    def step(self, x: torch.Tensor, state: RecurrenceState | None = None):
+        """Recurrent form, one token. x ``(B, d_model)`` -> (y ``(B, d_model)``, new state)."""
+        if x.dim() != 2 or x.shape[-1] != self.d_model:
+            raise ValueError(f"x: expected shape (B, d_model={self.d_model}), got {tuple(x.shape)}")
+        B = x.shape[0]
+        if state is None:
+            state = self.init_state(B, x.device, x.dtype)
+        self._check_state(state, B)
+        gate = GATE_ACTIVATIONS[self.gate_activation](self.gate_proj(x))
+        u, conv_state = self.conv.step(self.value_proj(x), state.conv)
+        v, log_decay, theta = self._scan_inputs(x.unsqueeze(1), u.unsqueeze(1))  # as a length-1 sequence
+        if log_decay.dim() == 4:
+            log_decay = log_decay[:, 0]
+        if theta.dim() == 4:
+            theta = theta[:, 0]
+        y, scan_state = complex_scan_step(v[:, 0], log_decay, theta, state.scan, check_values=False)
+        out = self.out_proj(gate * y.reshape(B, self.d_rnn).to(gate.dtype))
+        return out, RecurrenceState(conv=conv_state, scan=scan_state, offset=state.offset + 1)

@@ -1,0 +1,223 @@
+"""RetNet multi-scale retention, the mixer "M" (the baseline).
+
+Per head h (decay γ_h = 1 − 2^{−5−h}), with positions p_n = offset + n and RoPE rotations R_p:
+
+    q̃_n = R_{p_n} W_q x_n,   k̃_n = R_{p_n} W_k x_n / √D,   v_n = W_v x_n
+    o_n = Σ_{m≤n} γ^{n−m} (q̃_n · k̃_m) v_m                    (q̃_n·k̃_m = q_nᵀ R_{m−n} k_m: relative)
+    y_n = W_o( swish(W_g x_n) ⊙ groupnorm(o_n) ),   groupnorm = per-head RMS norm over D, no weight
+
+Three forms give the same o:
+- parallel: o = ((Q̃ K̃ᵀ) ⊙ Dec) V with Dec[n, m] = exp((n − m)·log γ) for m ≤ n, else 0 (no division,
+  nothing overflows; far entries underflow to 0).
+- chunkwise (a block continuing a state S): the parallel form inside the block plus γ^{n+1} q̃_n S, and
+  S' = γ^T S + Σ_m γ^{T−1−m} k̃_mᵀ v_m. `forward` is this one code path (parallel form without a state).
+- recurrent: S_t = γ S_{t−1} + k̃_tᵀ v_t, o_t = q̃_t S_t (`step`).
+S is (B, H, D, D) float32 (float64 for float64 inputs); q, k, v and o are computed in that precision,
+with autocast disabled around the retention.
+
+No normalisation of Dec or of the scores. The reference implementation (torchscale) divides row n of Dec
+by √(Σ_m Dec[n, m]) and the scores by max(|Σ_m scores[n, m]|, 1); each is a positive factor per
+(token, head), and the group norm right after maps c·o_n to o_n for any c > 0 (exactly when eps = 0; with
+eps > 0 the effective eps becomes eps/c²). They guard the fp16 range of the parallel form and differ
+between forms (the recurrent one needs an extra running scale), so those forms agree only after the norm.
+This module keeps the retention in float32 and drops them: the output changes only through rounding and
+eps, and the parallel, chunkwise and recurrent o agree exactly. `tests/hybrid/test_retention.py` checks
+the invariance (random positive factors, and torchscale's two normalisers).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from hybrid.norms import head_rms_norm
+from hybrid.rotary import Rotary, apply_rotary
+
+__all__ = ["MultiScaleRetention", "RetentionState", "retention_log_decay", "retention_block"]
+
+_LAYOUTS = ("interleaved", "half")
+
+
+@dataclass
+class RetentionState:
+    """State of one `MultiScaleRetention` layer.
+
+    S: (B, H, D, D) float32, `Σ_{m<offset} γ^{offset−1−m} k̃_mᵀ v_m` (row index: key channel).
+    offset: tokens seen (the position of the next token).
+    """
+
+    S: Tensor
+    offset: int = 0
+
+    @property
+    def nbytes(self) -> int:
+        return self.S.numel() * self.S.element_size()
+
+
+def retention_log_decay(n_heads: int, device=None, dtype: torch.dtype = torch.float32) -> Tensor:
+    """log γ_h = log(1 − 2^{−5−h}), h = 0 … H−1, evaluated in float64: (H,)."""
+    h = torch.arange(n_heads, dtype=torch.float64)
+    return torch.log1p(-torch.exp2(-5.0 - h)).to(device=device, dtype=dtype)
+
+
+def retention_block(q: Tensor, k: Tensor, v: Tensor, log_gamma: Tensor, S: Tensor | None = None):
+    """One block of retention continuing state S (chunkwise form; parallel form when S is None).
+
+    q, k: (B, T, H, Dk) rotated (k scaled); v: (B, T, H, Dv); log_gamma: (H,); S: (B, H, Dk, Dv) or None.
+    Returns o (B, T, H, Dv) and S' (B, H, Dk, Dv):
+        o_n = Σ_{m≤n} γ^{n−m} (q_n·k_m) v_m + γ^{n+1} q_n S,    S' = γ^T S + Σ_m γ^{T−1−m} k_mᵀ v_m
+    """
+    T = q.shape[1]
+    n = torch.arange(T, device=q.device, dtype=log_gamma.dtype)
+    diff = n[:, None] - n[None, :]  # (T, T): n − m
+    decay = torch.exp(diff.clamp(min=0)[None] * log_gamma[:, None, None])  # (H, T, T)
+    decay = decay.masked_fill(diff[None] < 0, 0.0)
+    scores = torch.einsum("bnhd,bmhd->bhnm", q, k) * decay  # (B, H, T, T)
+    o = torch.einsum("bhnm,bmhe->bnhe", scores, v)  # (B, T, H, Dv)
+    k_decay = torch.exp((T - 1 - n)[:, None] * log_gamma)  # (T, H): γ^{T−1−m}
+    S_new = torch.einsum("bmhd,bmhe->bhde", k * k_decay[None, :, :, None], v)  # (B, H, Dk, Dv)
+    if S is not None:
+        q_decay = torch.exp((n + 1)[:, None] * log_gamma)  # (T, H): γ^{n+1}
+        o = o + torch.einsum("bnhd,bhde->bnhe", q * q_decay[None, :, :, None], S)
+        S_new = S_new + torch.exp(T * log_gamma)[None, :, None, None] * S
+    return o, S_new
+
+
+def _positive_int(name: str, value) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ValueError(f"{name}: expected a positive int, got {value!r}")
+
+
+class MultiScaleRetention(nn.Module):
+    """Multi-scale retention: q, k, v, g projections d_model → H·D, output projection H·D → d_model.
+
+    chunk_size (optional, not part of the mixer interface): when set, `forward` runs its input as
+    consecutive blocks of at most `chunk_size` tokens (same numbers, O(T·chunk_size) memory).
+    """
+
+    def __init__(
+        self,
+        d_model: int,
+        n_heads: int,
+        head_dim: int | None = None,
+        rope_base: float = 10000.0,
+        rope_layout: str = "interleaved",
+        *,
+        chunk_size: int | None = None,
+        norm_eps: float = 1e-6,
+    ):
+        super().__init__()
+        _positive_int("d_model", d_model)
+        _positive_int("n_heads", n_heads)
+        if head_dim is None:
+            if d_model % n_heads:
+                raise ValueError(
+                    f"n_heads: expected a divisor of d_model={d_model} (head_dim=None), got {n_heads}"
+                )
+            head_dim = d_model // n_heads
+        _positive_int("head_dim", head_dim)
+        if head_dim % 2:
+            raise ValueError(f"head_dim: expected an even int (rotary pairs), got {head_dim}")
+        if isinstance(rope_base, bool) or not isinstance(rope_base, (int, float)) or not 1 < rope_base < math.inf:
+            raise ValueError(f"rope_base: expected a finite number > 1, got {rope_base!r}")
+        if rope_layout not in _LAYOUTS:
+            raise ValueError(f"rope_layout: expected one of {_LAYOUTS}, got {rope_layout!r}")
+        if chunk_size is not None:
+            _positive_int("chunk_size", chunk_size)
+        if not norm_eps >= 0:
+            raise ValueError(f"norm_eps: expected a non-negative float, got {norm_eps!r}")
+        self.d_model, self.n_heads, self.head_dim = d_model, n_heads, head_dim
+        self.rope_base, self.rope_layout = float(rope_base), rope_layout
+        self.chunk_size, self.norm_eps = chunk_size, float(norm_eps)
+        inner = n_heads * head_dim
+        self.q_proj = nn.Linear(d_model, inner, bias=False)
+        self.k_proj = nn.Linear(d_model, inner, bias=False)
+        self.v_proj = nn.Linear(d_model, inner, bias=False)
+        self.g_proj = nn.Linear(d_model, inner, bias=False)
+        self.out_proj = nn.Linear(inner, d_model, bias=False)
+        self.rotary = Rotary(head_dim, base=self.rope_base, layout=rope_layout)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """RetNet's init: Xavier-uniform, gain 2^−2.5 for q, k, v, g and 1 for the output projection."""
+        for lin in (self.q_proj, self.k_proj, self.v_proj, self.g_proj):
+            nn.init.xavier_uniform_(lin.weight, gain=2**-2.5)
+        nn.init.xavier_uniform_(self.out_proj.weight)
+
+    def extra_repr(self) -> str:
+        return (f"d_model={self.d_model}, n_heads={self.n_heads}, head_dim={self.head_dim}, "
+                f"rope_base={self.rope_base:g}, rope_layout={self.rope_layout!r}, chunk_size={self.chunk_size}")
+
+    def init_state(self, batch_size: int, device=None) -> RetentionState:
+        H, D = self.n_heads, self.head_dim
+        return RetentionState(S=torch.zeros(batch_size, H, D, D, device=device, dtype=torch.float32), offset=0)
+
+    # --- pieces -------------------------------------------------------------------------------------
+    def _check_state(self, state: RetentionState, batch: int) -> None:
+        want = (batch, self.n_heads, self.head_dim, self.head_dim)
+        if not isinstance(state, RetentionState):
+            raise ValueError(f"state: expected a RetentionState or None, got {type(state).__name__}")
+        if tuple(state.S.shape) != want:
+            raise ValueError(f"state: expected S of shape {want}, got {tuple(state.S.shape)}")
+
+    def _qkv(self, x: Tensor, offset: int, cdt: torch.dtype):
+        """x (B, T, d_model) -> q̃, k̃, v each (B, T, H, D) in `cdt`, rotated at positions offset + arange(T)."""
+        B, T, _ = x.shape
+        H, D = self.n_heads, self.head_dim
+        q = self.q_proj(x).view(B, T, H, D).to(cdt)  # (B, T, H, D)
+        k = self.k_proj(x).view(B, T, H, D).to(cdt) * D**-0.5  # (B, T, H, D)
+        v = self.v_proj(x).view(B, T, H, D).to(cdt)  # (B, T, H, D)
+        cos, sin = self.rotary.cos_sin(T, offset=offset, device=x.device)  # (T, D/2) float32 each
+        q = apply_rotary(q, cos, sin, layout=self.rope_layout)
+        k = apply_rotary(k, cos, sin, layout=self.rope_layout)
+        return q, k, v
+
+    def _output(self, x: Tensor, o: Tensor) -> Tensor:
+        """x (B, T, d_model), o (B, T, H, D) -> y = W_o(swish(W_g x) ⊙ groupnorm(o)) (B, T, d_model)."""
+        o = head_rms_norm(o, self.norm_eps).flatten(2).to(x.dtype)  # (B, T, H·D)
+        return self.out_proj(F.silu(self.g_proj(x)) * o)
+
+    # --- forms --------------------------------------------------------------------------------------
+    def forward(self, x: Tensor, state: RetentionState | None = None) -> tuple[Tensor, RetentionState]:
+        """x (B, T, d_model) -> y (B, T, d_model), state after the T tokens. Parallel form when state is
+        None, else the chunkwise form continuing it (the incoming state is not modified)."""
+        if x.dim() != 3 or x.shape[-1] != self.d_model or x.shape[1] < 1:
+            raise ValueError(f"x: expected shape (B, T>=1, {self.d_model}), got {tuple(x.shape)}")
+        B, T, _ = x.shape
+        offset = 0
+        cdt = torch.promote_types(x.dtype, torch.float32)
+        S = None
+        if state is not None:
+            self._check_state(state, B)
+            offset, S = state.offset, state.S.to(cdt)
+        q, k, v = self._qkv(x, offset, cdt)
+        log_gamma = retention_log_decay(self.n_heads, x.device, cdt)
+        c = self.chunk_size or T
+        outs = []
+        with torch.autocast(x.device.type, enabled=False):  # keep the retention and S in cdt
+            for t0 in range(0, T, c):  # blocks of ≤ c tokens, each continuing S
+                o, S = retention_block(q[:, t0:t0 + c], k[:, t0:t0 + c], v[:, t0:t0 + c], log_gamma, S)
+                outs.append(o)
+        o = outs[0] if len(outs) == 1 else torch.cat(outs, dim=1)  # (B, T, H, D)
+        return self._output(x, o), RetentionState(S=S, offset=offset + T)
+
+    def step(self, x: Tensor, state: RetentionState | None) -> tuple[Tensor, RetentionState]:
+        """x (B, d_model) -> y (B, d_model); the recurrent form S_t = γ S_{t−1} + k̃_tᵀ v_t, o_t = q̃_t S_t."""
+        if x.dim() != 2 or x.shape[-1] != self.d_model:
+            raise ValueError(f"x: expected shape (B, {self.d_model}), got {tuple(x.shape)}")
+        B = x.shape[0]
+        if state is None:
+            state = self.init_state(B, x.device)
+        self._check_state(state, B)
+        cdt = torch.promote_types(x.dtype, torch.float32)
+        q, k, v = self._qkv(x[:, None], state.offset, cdt)  # (B, 1, H, D) each
+        q, k, v = q[:, 0], k[:, 0], v[:, 0]  # (B, H, D)
+        gamma = retention_log_decay(self.n_heads, x.device, cdt).exp()  # (H,)
+        with torch.autocast(x.device.type, enabled=False):  # keep the retention and S in cdt
+            S = gamma[None, :, None, None] * state.S.to(cdt) + k[..., :, None] * v[..., None, :]  # (B, H, D, D)
+            o = torch.einsum("bhd,bhde->bhe", q, S)  # (B, H, D)
+        y = self._output(x[:, None], o[:, None])[:, 0]  # (B, d_model)
+        return y, RetentionState(S=S, offset=state.offset + 1)

@@ -1,0 +1,105 @@
+"""CARoPE (seed 004): context-aware rotary phases, a cumulative sum of per-token, per-head frequencies.
+
+    f_h(x_t) = 1 / (softplus(x_t·W + b)_h + 1) ∈ (0, 1)         W: d_model → n_heads, with bias
+    φ_{h,i}(m) = φ_{h,i}(start) + Σ_{t ≤ m} f_h(x_t)^i          i = 0 … P − 1, P = rotary_dim / 2
+
+With W = 0 and b = softplus⁻¹(base^(2/R) − 1), f = base^(−2/R) = θ_1, so f^i = θ_i and φ_i(m) is standard
+RoPE with 1-indexed positions: token m (0-indexed) gets (m + 1)·θ_i, as in the seed's Σ_{t=1}^{m}.
+
+The increments f(x_t)^i are exactly a data-dependent `theta` for `kernels.complex_scan` (phase difference
+φ(t) − φ(j) = Σ_{j<u≤t} increments), and `cos_sin_from_phases` turns the phases into 4-D cos/sin for
+`apply_rotary` with any placement.
+"""
+from __future__ import annotations
+
+import math
+import numbers
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+def _softplus_inverse(y: float) -> float:
+    """x with softplus(x) = log(1 + e^x) = y > 0, i.e. x = y + log(1 − e^(−y)), stable for all y."""
+    return y + math.log(-math.expm1(-y))
+
+
+def _at_least_float32(t: torch.Tensor) -> torch.Tensor:
+    return t.to(torch.promote_types(t.dtype, torch.float32))
+
+
+def cos_sin_from_phases(phases: torch.Tensor):
+    """`(cos φ, sin φ)`, each `(B, T, H, P)` float32 (float64 for float64 phases), for `apply_rotary`."""
+    if phases.dim() != 4:
+        raise ValueError(f"phases must be (B, T, H, P), got shape {tuple(phases.shape)}")
+    phases = _at_least_float32(phases)
+    return torch.cos(phases), torch.sin(phases)
+
+
+class CARoPE(nn.Module):
+    """Context-aware rotary phases for `n_heads` heads rotating `rotary_dim` channels each.
+
+    Parameters `weight` `(n_heads, d_model)` and `bias` `(n_heads,)` (plain Parameters, not an nn.Linear, so
+    model-wide Linear initialisers leave the RoPE-equivalent init alone; `reset_parameters` restores it).
+    Everything is computed in float32 whatever x's dtype (float64 when x or the parameters are float64, for
+    reference tests).
+    """
+
+    def __init__(self, d_model: int, n_heads: int, rotary_dim: int, base: float = 10000.0):
+        super().__init__()
+        for name, v in (("d_model", d_model), ("n_heads", n_heads), ("rotary_dim", rotary_dim)):
+            if not isinstance(v, numbers.Integral) or isinstance(v, bool) or v <= 0:
+                raise ValueError(f"{name} must be a positive int, got {v!r}")
+        if rotary_dim % 2:
+            raise ValueError(f"rotary_dim must be even, got {rotary_dim}")
+        if not isinstance(base, numbers.Real) or isinstance(base, bool) or not math.isfinite(base) or base <= 1:
+            raise ValueError(f"base must be a finite number > 1, got {base!r}")
+        self.d_model, self.n_heads, self.rotary_dim = int(d_model), int(n_heads), int(rotary_dim)
+        self.base = float(base)
+        self.n_pairs = self.rotary_dim // 2
+        self.weight = nn.Parameter(torch.empty(self.n_heads, self.d_model))
+        self.bias = nn.Parameter(torch.empty(self.n_heads))
+        self.reset_parameters()
+
+    def extra_repr(self) -> str:
+        return f"d_model={self.d_model}, n_heads={self.n_heads}, rotary_dim={self.rotary_dim}, base={self.base:g}"
+
+    @torch.no_grad()
+    def reset_parameters(self) -> None:
+        """W = 0, b = softplus⁻¹(base^(2/R) − 1): every head starts as standard RoPE."""
+        self.weight.zero_()
+        self.bias.fill_(_softplus_inverse(self.base ** (2.0 / self.rotary_dim) - 1.0))
+
+    def log_frequency(self, x: torch.Tensor) -> torch.Tensor:
+        """log f(x_t) = −log(1 + softplus(x_t·W + b)), `(B, T, H)` float32, from x `(B, T, d_model)`."""
+        if x.dim() != 3 or x.shape[-1] != self.d_model:
+            raise ValueError(f"x must be (B, T, d_model={self.d_model}), got shape {tuple(x.shape)}")
+        dtype = torch.promote_types(torch.promote_types(x.dtype, self.weight.dtype), torch.float32)
+        z = F.linear(x.to(dtype), self.weight.to(dtype), self.bias.to(dtype))  # (B, T, H)
+        return -torch.log1p(F.softplus(z))
+
+    def increments(self, x: torch.Tensor) -> torch.Tensor:
+        """Per-token phase increments f(x_t)^i = exp(i·log f(x_t)), `(B, T, H, P)` float32."""
+        log_f = self.log_frequency(x)
+        i = torch.arange(self.n_pairs, dtype=log_f.dtype, device=x.device)  # (P,)
+        return torch.exp(log_f.unsqueeze(-1) * i)  # (B, T, H, P)
+
+    def forward(self, x: torch.Tensor, phase: torch.Tensor | None = None):
+        """Phases for x `(B, T, d_model)` continuing from `phase` `(B, H, P)` (zeros when None).
+
+        Returns `(phases (B, T, H, P), phase_end (B, H, P))`, float32, with phases[:, m] = phase +
+        Σ_{t ≤ m} increments[:, t] (inclusive). Feeding phase_end to the next call continues exactly:
+        chunked or token-by-token runs give the phases of one pass.
+        """
+        inc = self.increments(x)
+        B, T, H, P = inc.shape
+        if phase is None:
+            phase = inc.new_zeros(B, H, P)
+        elif phase.shape != (B, H, P):
+            raise ValueError(f"phase must be (B, H, P) = {(B, H, P)}, got {tuple(phase.shape)}")
+        # Sum from the carried phase so that a split run adds in the same order as one pass.
+        phase = phase.to(inc.dtype)
+        phases = torch.cumsum(torch.cat((phase.unsqueeze(1), inc), dim=1), dim=1)[:, 1:]  # (B, T, H, P)
+        phase_end = phases[:, -1] if T > 0 else phase
+        return phases, phase_end

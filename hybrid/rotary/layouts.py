@@ -1,0 +1,68 @@
+"""Converting between the interleaved and half rotary layouts by permuting channels.
+
+Interleaved pairs `(2k, 2k+1)`; half pairs `(k, k + R/2)` (HF's rotate_half). Over the rotated part
+(the first R channels of each head), the half layout lists the pairs' first components then their second:
+
+    half[j] = interleaved[2j]              j < R/2
+    half[j] = interleaved[2(j − R/2) + 1]  R/2 ≤ j < R          (channels ≥ R are not moved)
+
+Permuting the rows of a q/k (or v) projection the same way makes the converted model compute the same
+function: the rotation commutes with the relabelling, and q·k is unchanged when both are permuted alike.
+"""
+from __future__ import annotations
+
+import numbers
+
+import torch
+
+from .apply import LAYOUTS
+
+
+def _check_layouts(src: str, dst: str) -> None:
+    for name, v in (("src", src), ("dst", dst)):
+        if v not in LAYOUTS:
+            raise ValueError(f"{name} must be one of {LAYOUTS}, got {v!r}")
+
+
+def rotary_permutation(head_dim: int, rotary_dim: int | None = None, *, src: str = "interleaved",
+                       dst: str = "half") -> torch.Tensor:
+    """int64 `(head_dim,)` index with `x_dst = x_src[..., perm]` for one head's channels."""
+    _check_layouts(src, dst)
+    if not isinstance(head_dim, numbers.Integral) or isinstance(head_dim, bool) or head_dim <= 0:
+        raise ValueError(f"head_dim must be a positive int, got {head_dim!r}")
+    R = head_dim if rotary_dim is None else rotary_dim
+    if not isinstance(R, numbers.Integral) or isinstance(R, bool) or R <= 0 or R % 2 or R > head_dim:
+        raise ValueError(f"rotary_dim must be an even int in [2, head_dim={head_dim}], got {rotary_dim!r}")
+    perm = torch.arange(head_dim)
+    if src == dst:
+        return perm
+    to_half = torch.cat((torch.arange(0, R, 2), torch.arange(1, R, 2)))  # (R,): half[j] = inter[to_half[j]]
+    perm[:R] = to_half if dst == "half" else torch.argsort(to_half)
+    return perm
+
+
+def convert_layout(x: torch.Tensor, *, rotary_dim: int | None = None, src: str = "interleaved",
+                   dst: str = "half") -> torch.Tensor:
+    """Relabel the channels of per-head activations x `(..., head_dim)` from layout src to dst."""
+    return x[..., rotary_permutation(x.shape[-1], rotary_dim, src=src, dst=dst).to(x.device)]
+
+
+def convert_projection(weight: torch.Tensor, n_heads: int, *, rotary_dim: int | None = None,
+                       src: str = "interleaved", dst: str = "half", dim: int = 0) -> torch.Tensor:
+    """Permute a projection whose axis `dim` has `n_heads·head_dim` entries, head by head.
+
+    dim=0: q/k/v projection weights `(n_heads·head_dim, d_in)` and their biases `(n_heads·head_dim,)`.
+    dim=1: the output projection `(d_model, n_heads·head_dim)` (needed when v/o are rotated, VO-RoPE).
+    Converting src→dst then dst→src is the identity.
+    """
+    if not isinstance(n_heads, numbers.Integral) or isinstance(n_heads, bool) or n_heads <= 0:
+        raise ValueError(f"n_heads must be a positive int, got {n_heads!r}")
+    if not -weight.dim() <= dim < weight.dim():
+        raise ValueError(f"dim must index an axis of weight with shape {tuple(weight.shape)}, got {dim}")
+    n = weight.shape[dim]
+    if n % n_heads:
+        raise ValueError(f"weight axis {dim} (size {n}) must be n_heads·head_dim with n_heads={n_heads}")
+    head_dim = n // n_heads
+    perm = rotary_permutation(head_dim, rotary_dim, src=src, dst=dst)
+    index = (torch.arange(n_heads)[:, None] * head_dim + perm[None, :]).flatten()  # (n_heads·head_dim,)
+    return weight.index_select(dim, index.to(weight.device))

@@ -1,0 +1,116 @@
+"""`Rotary`: a frequency schedule plus a cos/sin cache, applied to `(B, T, H, D)` tensors."""
+from __future__ import annotations
+
+import numbers
+import operator
+
+import torch
+from torch import nn
+
+from .apply import LAYOUTS, apply_rotary, cos_sin_from_angles, rotary_angles
+from .schedules import inv_freq, length_dependence
+
+
+def _check_count(name: str, v) -> int:
+    """An int ≥ 0 (python/numpy int or 0-dim integer tensor)."""
+    try:
+        n = None if isinstance(v, bool) else operator.index(v)
+    except TypeError:
+        n = None
+    if n is None or n < 0:
+        raise ValueError(f"{name} must be an int ≥ 0, got {v!r}")
+    return int(n)
+
+
+class Rotary(nn.Module):
+    """Rotary position embedding for heads of size `dim`, rotating the first `R = rotary_dim or dim` channels.
+
+    θ = `inv_freq(R, base, scaling)` (see `schedules`); position m rotates pair i by m·θ_i. The rotation is
+    orthogonal: the schedule's `attention_factor` (YaRN/LongRoPE temperature, 1 otherwise) is *not* folded
+    into cos/sin; attention applies it (HF scales cos and sin by it, i.e. logits by attention_factor²).
+
+    Attributes: `inv_freq` (non-persistent float32 buffer `(R/2,)`, the frequencies for lengths ≤ L0),
+    `attention_factor` (float), `dim`, `rotary_dim`, `layout`, `base`, `scaling`.
+
+    For `dynamic` and `longrope` scaling the frequencies depend on the total length `offset + seq_len`
+    (dynamic: recomputed for every total above L0; longrope: long factors above L0), evaluated afresh on
+    each call; HF instead keeps the longest length seen. Positions computed earlier under other frequencies
+    (e.g. a KV cache) are not re-rotated, as in HF.
+    """
+
+    inv_freq: torch.Tensor
+    table_limit = 1 << 20  # longest cached cos/sin table; positions beyond it are computed per call
+
+    def __init__(self, dim: int, *, base: float = 10000.0, scaling: dict | None = None,
+                 layout: str = "interleaved", rotary_dim: int | None = None):
+        super().__init__()
+        if not isinstance(dim, numbers.Integral) or isinstance(dim, bool) or dim <= 0:
+            raise ValueError(f"dim must be a positive int, got {dim!r}")
+        R = dim if rotary_dim is None else rotary_dim
+        if not isinstance(R, numbers.Integral) or isinstance(R, bool) or R <= 0 or R % 2 or R > dim:
+            raise ValueError(f"rotary_dim must be an even int in [2, dim={dim}] (or None for dim), got {rotary_dim!r}")
+        if layout not in LAYOUTS:
+            raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
+        self.dim, self.rotary_dim, self.layout = int(dim), int(R), layout
+        theta, self.attention_factor = inv_freq(int(R), base, scaling)  # validates scaling
+        self.base, self.scaling = float(base), None if scaling is None else dict(scaling)
+        self._theta = theta  # CPU float32, immune to module.to(dtype)
+        self._rope_type, self._threshold = length_dependence(self.scaling, self.rotary_dim)
+        self.register_buffer("inv_freq", theta.clone(), persistent=False)
+        self._tables: dict = {}  # (frequency key, device) -> (cos, sin), each (n, R/2) for positions 0 … n−1
+        self._freqs: dict = {}   # frequency key -> θ (CPU float32)
+        self._last = None        # (key, device, offset, seq_len, cos, sin) for length-specific frequencies
+
+    def extra_repr(self) -> str:
+        scaling = "" if self.scaling is None else f", scaling={self.scaling}"
+        return (f"dim={self.dim}, rotary_dim={self.rotary_dim}, base={self.base:g}, "
+                f"layout={self.layout!r}{scaling}")
+
+    def _frequencies(self, total: int):
+        """(key, θ) for a total length; key is a string for reusable tables, an int for dynamic-per-length."""
+        if self._threshold is None or total <= self._threshold:
+            return "base", self._theta
+        key = "long" if self._rope_type == "longrope" else total
+        if key not in self._freqs:
+            if len(self._freqs) > 16:
+                self._freqs.clear()
+            self._freqs[key] = inv_freq(self.rotary_dim, self.base, self.scaling, seq_len=total)[0]
+        return key, self._freqs[key]
+
+    @staticmethod
+    def _cos_sin_at(positions: torch.Tensor, theta: torch.Tensor, device):
+        cos, sin = cos_sin_from_angles(rotary_angles(positions, theta))  # (n, R/2) float32
+        return cos.to(device), sin.to(device)
+
+    def cos_sin(self, seq_len: int, offset: int = 0, device=None):
+        """`(cos, sin)`, each `(seq_len, R/2)` float32, for positions offset … offset + seq_len − 1.
+
+        Angles are computed in float64 from int64 positions (exact for large offsets) and rounded once.
+        Tables for positions 0 … n−1 are cached per (frequencies, device) and grown geometrically up to
+        `table_limit`; past it (and for dynamic NTK above L0, whose frequencies depend on the total length)
+        the requested rows are computed directly and only the last result is kept. The returned tensors may
+        be views into the cache: do not modify them in place.
+        """
+        seq_len, offset = _check_count("seq_len", seq_len), _check_count("offset", offset)
+        device = self.inv_freq.device if device is None else torch.device(device)
+        total = offset + seq_len
+        key, theta = self._frequencies(total)
+        if isinstance(key, int) or total > self.table_limit:  # rows for this call only
+            last = self._last
+            if last is None or last[:4] != (key, device, offset, seq_len):
+                positions = torch.arange(offset, total, dtype=torch.int64)
+                self._last = (key, device, offset, seq_len, *self._cos_sin_at(positions, theta, device))
+            return self._last[4], self._last[5]
+        table = self._tables.get((key, device))
+        if table is None or table[0].shape[0] < total:
+            n = min(max(total, 2 * (0 if table is None else table[0].shape[0]), 16), self.table_limit)
+            table = self._cos_sin_at(torch.arange(n, dtype=torch.int64), theta, device)
+            self._tables[(key, device)] = table
+        return table[0][offset:total], table[1][offset:total]
+
+    def forward(self, x: torch.Tensor, offset: int = 0, inverse: bool = False) -> torch.Tensor:
+        """Rotate x `(B, T, H, dim)` at positions offset … offset + T − 1 (`inverse=True`: by −angle)."""
+        if x.dim() != 4 or x.shape[-1] != self.dim:
+            raise ValueError(f"x must be (B, T, H, dim={self.dim}), got shape {tuple(x.shape)}")
+        cos, sin = self.cos_sin(x.shape[1], offset, x.device)
+        return apply_rotary(x, cos, sin, inverse=inverse, layout=self.layout, rotary_dim=self.rotary_dim)

@@ -1,0 +1,169 @@
+"""Model benchmarks: the numbers a user looks at before choosing a preset.
+
+    python -m models.bench                 # both tables on CPU
+    python -m models.bench --device cuda   # the same on a GPU
+    python -m models.bench --out docs/model_bench.md
+
+1. Training throughput: forward+backward tokens/s of each preset, every preset sized to the same parameter
+   count (non-embedding), at T=1024.
+2. Decoding: ms/token and state bytes after a context of 512, 4096 and 16384 tokens, for the windowed hybrid
+   against the transformer preset (prefill in chunked mode, then recurrent steps).
+"""
+from __future__ import annotations
+
+import argparse
+import platform
+import statistics
+import time
+
+import torch
+
+from .config import HybridConfig
+from .lm import HybridLM
+
+PRESET_NAMES = ("transformer", "retnet", "vo-rnn", "hybrid")
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def timed(fn, device, reps: int) -> float:
+    """Median seconds of ``reps`` calls after one warm-up call."""
+    fn()
+    sync(device)
+    times = []
+    for _ in range(reps):
+        start = time.perf_counter()
+        fn()
+        sync(device)
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def matched_config(name: str, target: int, n_layers: int, n_heads: int, vocab: int, window: int) -> HybridConfig:
+    """The preset with the d_model (a multiple of 2·n_heads) whose non-embedding size is closest to target."""
+    best = None
+    for d_model in range(8 * n_heads, 2048 + 1, 2 * n_heads):
+        config = HybridConfig.preset(name, "tiny", d_model=d_model, n_layers=n_layers, n_heads=n_heads,
+                                     vocab_size=vocab, **({"window": window} if name == "hybrid" else {}))
+        with torch.device("meta"):
+            n = HybridLM(config).num_parameters(exclude_embeddings=True)
+        if best is None or abs(n - target) < abs(best[1] - target):
+            best = (config, n)
+        if n > target:
+            break
+    return best[0]
+
+
+def training_table(device, dtype, d_model, n_layers, n_heads, seq_len, batch, reps) -> list[str]:
+    vocab = 264
+    with torch.device("meta"):
+        target = HybridLM(HybridConfig.preset("transformer", "tiny", d_model=d_model, n_layers=n_layers,
+                                              n_heads=n_heads, vocab_size=vocab)).num_parameters(True)
+    rows = [
+        f"Training forward+backward, B={batch}, T={seq_len}, {n_layers} layers, {n_heads} heads, "
+        f"~{target / 1e6:.2f}M non-embedding parameters each, {dtype}",
+        "",
+        "| preset | pattern | d_model | params (non-emb) | ms / step | tokens/s |",
+        "|---|---|---:|---:|---:|---:|",
+    ]
+    ids = torch.randint(0, vocab, (batch, seq_len), device=device)
+    for name in PRESET_NAMES:
+        config = matched_config(name, target, n_layers, n_heads, vocab, window=min(256, seq_len))
+        torch.manual_seed(0)
+        model = HybridLM(config.replace(dtype=dtype)).to(device).train()
+
+        def step():
+            logits, _ = model(ids)
+            torch.nn.functional.cross_entropy(logits.flatten(0, 1).float(), ids.flatten()).backward()
+
+        seconds = timed(step, device, reps)
+        rows.append(
+            f"| {name} | {config.layer_types} | {config.d_model} | {model.num_parameters(True) / 1e6:.2f}M | "
+            f"{seconds * 1e3:.0f} | {batch * seq_len / seconds:,.0f} |"
+        )
+    return rows
+
+
+def decoding_table(device, dtype, contexts, new_tokens, d_model, n_layers, n_heads, window) -> list[str]:
+    vocab = 264
+    rows = [
+        f"Decoding one sequence, d_model={d_model}, {n_layers} layers, {n_heads} heads, hybrid window={window}, "
+        f"{dtype}; ms/token averaged over {new_tokens} recurrent steps after a chunked prefill",
+        "",
+        "| preset | context | prefill s | ms / token | state bytes |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    for name in ("hybrid", "transformer"):
+        config = HybridConfig.preset(name, "tiny", d_model=d_model, n_layers=n_layers, n_heads=n_heads,
+                                     vocab_size=vocab, dtype=dtype, **({"window": window} if name == "hybrid" else {}))
+        torch.manual_seed(0)
+        model = HybridLM(config).to(device).eval()
+        for context in contexts:
+            ids = torch.randint(0, vocab, (1, context), device=device)
+            with torch.no_grad():
+                sync(device)
+                start = time.perf_counter()
+                logits, state = model(ids, mode="chunked", chunk_size=1024)
+                sync(device)
+                prefill = time.perf_counter() - start
+                token = logits[:, -1].argmax(-1)
+                model.step(token, state)  # warm-up
+                sync(device)
+                start = time.perf_counter()
+                for _ in range(new_tokens):
+                    logits, state = model.step(token, state)
+                    token = logits.argmax(-1)
+                sync(device)
+                per_token = (time.perf_counter() - start) / new_tokens
+            rows.append(f"| {name} | {context} | {prefill:.2f} | {per_token * 1e3:.2f} | {state.nbytes:,} |")
+    return rows
+
+
+def describe(device: torch.device) -> str:
+    if device.type == "cuda":
+        return f"{torch.cuda.get_device_name(device)}, torch {torch.__version__}"
+    return f"{platform.machine()} CPU, {torch.get_num_threads()} threads, torch {torch.__version__}"
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--dtype", default=None, help="parameter dtype (default float32 on CPU, bfloat16 on CUDA)")
+    p.add_argument("--seq-len", type=int, default=1024)
+    p.add_argument("--batch", type=int, default=2)
+    p.add_argument("--d-model", type=int, default=256, help="transformer width that sets the matched size")
+    p.add_argument("--n-layers", type=int, default=4)
+    p.add_argument("--n-heads", type=int, default=4)
+    p.add_argument("--reps", type=int, default=3)
+    p.add_argument("--contexts", default="512,4096,16384")
+    p.add_argument("--new-tokens", type=int, default=32)
+    p.add_argument("--window", type=int, default=256)
+    p.add_argument("--skip-training", action="store_true")
+    p.add_argument("--skip-decoding", action="store_true")
+    p.add_argument("--out", default=None, help="also write the tables (markdown) here")
+    args = p.parse_args(argv)
+    device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("models.bench: --device cuda asked for but no CUDA device is visible")
+    dtype = args.dtype or ("bfloat16" if device.type == "cuda" else "float32")
+    lines = [f"Model benchmarks on {describe(device)}", ""]
+    if not args.skip_training:
+        lines += training_table(device, dtype, args.d_model, args.n_layers, args.n_heads, args.seq_len,
+                                args.batch, args.reps) + [""]
+        print("\n".join(lines), flush=True)
+    if not args.skip_decoding:
+        contexts = [int(c) for c in args.contexts.split(",")]
+        table = decoding_table(device, dtype, contexts, args.new_tokens, args.d_model, args.n_layers,
+                               args.n_heads, args.window)
+        print("\n".join(table), flush=True)
+        lines += table
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write("\n".join(lines) + "\n")
+
+
+if __name__ == "__main__":
+    main()

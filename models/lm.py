@@ -1,0 +1,259 @@
+"""HybridLM: a stack of pre-norm blocks whose token mixers follow the config's pattern.
+
+    h = embed(ids)
+    for each layer:  h = h + mixer(rmsnorm(h));  h = h + swiglu(rmsnorm(h))
+    logits = lm_head(rmsnorm(h))                      (lm_head tied to the embedding by default)
+
+Three modes give the same logits (to float rounding) and return a state that continues the sequence:
+
+    parallel    every layer sees the whole input at once (training)
+    chunked     blocks of ``chunk_size`` tokens, each continuing the state (long prompts, bounded memory)
+    recurrent   one token at a time through each mixer's ``step`` (decoding; O(1) per token when every
+                attention layer is windowed)
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from hybrid import Attention, MultiScaleRetention, RMSNorm, SwiGLU, VORecurrence
+
+from .config import HybridConfig
+from .sampling import check_sampling, sample_next
+from .state import HybridState
+
+MODES = ("parallel", "chunked", "recurrent")
+DEFAULT_CHUNK_SIZE = 128
+
+
+def build_mixer(config: HybridConfig, letter: str) -> nn.Module:
+    """The mixer module for one pattern letter."""
+    c = config
+    if letter == "R":
+        return VORecurrence(
+            c.d_model, c.n_heads, c.resolved_head_dim,
+            conv_width=c.rnn_conv_width, r_min=c.rnn_r_min, r_max=c.rnn_r_max, selective=c.rnn_selective,
+            rope_base=c.rope_base, rope_scaling=c.rope_scaling, learnable_theta=c.rnn_learnable_theta,
+            carope=c.carope,
+        )
+    if letter == "A":
+        return Attention(
+            c.d_model, c.n_heads, n_kv_heads=c.n_kv_heads, head_dim=c.resolved_head_dim,
+            placement=c.rope_placement, rope_base=c.rope_base, rope_scaling=c.rope_scaling,
+            rope_layout=c.rope_layout, rotary_dim=c.rotary_dim, window=c.window, shared_kv=c.shared_kv,
+            carope=c.carope,
+        )
+    if letter == "M":
+        return MultiScaleRetention(
+            c.d_model, c.n_heads, c.resolved_head_dim, rope_base=c.rope_base, rope_layout=c.rope_layout,
+            norm_eps=c.norm_eps,
+        )
+    raise ValueError(f"pattern: unknown mixer letter {letter!r}")
+
+
+class Block(nn.Module):
+    """Pre-RMSNorm → mixer → residual → RMSNorm → SwiGLU → residual."""
+
+    def __init__(self, config: HybridConfig, letter: str):
+        super().__init__()
+        self.letter = letter
+        self.mixer_norm = RMSNorm(config.d_model, eps=config.norm_eps)
+        self.mixer = build_mixer(config, letter)
+        self.mlp_norm = RMSNorm(config.d_model, eps=config.norm_eps)
+        self.mlp = SwiGLU(config.d_model, mlp_ratio=config.mlp_ratio)
+
+    def forward(self, x: torch.Tensor, state):
+        """x ``(B, T, d_model)``: the parallel / chunk form."""
+        h, state = self.mixer(self.mixer_norm(x), state)
+        x = x + h
+        return x + self.mlp(self.mlp_norm(x)), state
+
+    def step(self, x: torch.Tensor, state):
+        """x ``(B, d_model)``: one token."""
+        h, state = self.mixer.step(self.mixer_norm(x), state)
+        x = x + h
+        return x + self.mlp(self.mlp_norm(x)), state
+
+
+class HybridLM(nn.Module):
+    """A language model over the config's mixer pattern. ``model(ids, mode=...) -> (logits, state)``."""
+
+    def __init__(self, config: HybridConfig):
+        super().__init__()
+        if not isinstance(config, HybridConfig):
+            raise ValueError(f"config: expected a HybridConfig, got {type(config).__name__}")
+        self.config = config
+        self.embed = nn.Embedding(config.vocab_size, config.d_model)
+        self.blocks = nn.ModuleList(Block(config, letter) for letter in config.layer_types)
+        self.norm = RMSNorm(config.d_model, eps=config.norm_eps)
+        self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
+        self._init_weights()
+        if config.tie_embeddings:
+            self.lm_head.weight = self.embed.weight
+        self.to(config.torch_dtype)
+
+    @torch.no_grad()
+    def _init_weights(self) -> None:
+        """N(0, init_std) for linear and embedding weights; residual output projections scaled by
+        1/√(2·n_layers) (GPT-2). Mixer-specific parameters (decays, gates, CARoPE) keep their own init."""
+        std = self.config.init_std
+        for module in self.modules():
+            if isinstance(module, (nn.Linear, nn.Embedding)):
+                nn.init.normal_(module.weight, mean=0.0, std=std)
+                if getattr(module, "bias", None) is not None:
+                    nn.init.zeros_(module.bias)
+        for block in self.blocks:
+            for proj in (block.mixer.out_proj, block.mlp.w_down):
+                nn.init.normal_(proj.weight, mean=0.0, std=std / math.sqrt(2 * self.config.n_layers))
+
+    def num_parameters(self, exclude_embeddings: bool = False) -> int:
+        n = sum(p.numel() for p in self.parameters())
+        return n - self.embed.weight.numel() if exclude_embeddings else n
+
+    # ------------------------------------------------------------------------------------------ state
+
+    def init_state(self, batch_size: int, device=None) -> HybridState:
+        """An empty state (no tokens seen) for ``batch_size`` sequences."""
+        device = device if device is not None else self.embed.weight.device
+        layers = []
+        for block in self.blocks:
+            if block.letter == "R":
+                layers.append(block.mixer.init_state(batch_size, device, self.embed.weight.dtype))
+            else:
+                layers.append(block.mixer.init_state(batch_size, device))
+        return HybridState(layers=layers, offset=0)
+
+    def _check_state(self, state, batch_size: int) -> HybridState:
+        if state is None:
+            return self.init_state(batch_size)
+        if not isinstance(state, HybridState):
+            raise ValueError(f"state: expected a HybridState or None, got {type(state).__name__}")
+        if len(state.layers) != len(self.blocks):
+            raise ValueError(f"state: expected {len(self.blocks)} layer states, got {len(state.layers)}")
+        return state
+
+    def _check_ids(self, input_ids) -> None:
+        if not isinstance(input_ids, torch.Tensor) or input_ids.dtype not in (torch.int64, torch.int32):
+            got = input_ids.dtype if isinstance(input_ids, torch.Tensor) else type(input_ids).__name__
+            raise ValueError(f"input_ids: expected an int64 tensor of shape (B, T), got {got}")
+        if input_ids.dim() != 2:
+            raise ValueError(f"input_ids: expected shape (B, T), got {tuple(input_ids.shape)}")
+        if input_ids.numel() and (int(input_ids.min()) < 0 or int(input_ids.max()) >= self.config.vocab_size):
+            raise ValueError(
+                f"input_ids: expected token ids in [0, {self.config.vocab_size}), got values in "
+                f"[{int(input_ids.min())}, {int(input_ids.max())}]"
+            )
+
+    # ------------------------------------------------------------------------------------------ forward
+
+    def forward(self, input_ids: torch.Tensor, mode: str = "parallel", state: HybridState | None = None,
+                chunk_size: int | None = None):
+        """Logits ``(B, T, vocab_size)`` for ``input_ids`` ``(B, T)``, continuing ``state``; returns
+        ``(logits, new_state)``."""
+        self._check_ids(input_ids)
+        if mode not in MODES:
+            raise ValueError(f"mode: expected one of {MODES}, got {mode!r}")
+        if chunk_size is not None and (isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1):
+            raise ValueError(f"chunk_size: expected a positive int or None, got {chunk_size!r}")
+        B, T = input_ids.shape
+        state = self._check_state(state, B)
+        if T == 0:
+            return self.lm_head.weight.new_zeros(B, 0, self.config.vocab_size), state
+        if mode == "recurrent":
+            logits = []
+            for t in range(T):
+                step_logits, state = self.step(input_ids[:, t], state)
+                logits.append(step_logits)
+            return torch.stack(logits, dim=1), state
+        size = T if mode == "parallel" else (chunk_size or DEFAULT_CHUNK_SIZE)
+        logits = []
+        for start in range(0, T, size):
+            chunk_logits, state = self._forward_block(input_ids[:, start:start + size], state)
+            logits.append(chunk_logits)
+        return (logits[0] if len(logits) == 1 else torch.cat(logits, dim=1)), state
+
+    def _forward_block(self, ids: torch.Tensor, state: HybridState):
+        h = self.embed(ids)  # (B, T, d_model)
+        layers = []
+        for block, layer_state in zip(self.blocks, state.layers):
+            h, layer_state = block(h, layer_state)
+            layers.append(layer_state)
+        return self.lm_head(self.norm(h)), HybridState(layers=layers, offset=state.offset + ids.shape[1])
+
+    def step(self, token_ids: torch.Tensor, state: HybridState | None = None):
+        """One token per sequence: ``token_ids`` ``(B,)`` -> (logits ``(B, vocab_size)``, new state)."""
+        if token_ids.dim() != 1:
+            raise ValueError(f"token_ids: expected shape (B,), got {tuple(token_ids.shape)}")
+        state = self._check_state(state, token_ids.shape[0])
+        h = self.embed(token_ids)  # (B, d_model)
+        layers = []
+        for block, layer_state in zip(self.blocks, state.layers):
+            h, layer_state = block.step(h, layer_state)
+            layers.append(layer_state)
+        return self.lm_head(self.norm(h)), HybridState(layers=layers, offset=state.offset + 1)
+
+    # ------------------------------------------------------------------------------------------ generate
+
+    @torch.no_grad()
+    def generate(
+        self,
+        input_ids: torch.Tensor,
+        max_new_tokens: int,
+        mode: str = "recurrent",
+        prefill: str = "parallel",
+        temperature: float = 1.0,
+        top_k: int | None = None,
+        top_p: float | None = None,
+        generator: torch.Generator | None = None,
+        eos_token_id: int | None = None,
+        chunk_size: int | None = None,
+    ) -> torch.Tensor:
+        """Continue ``input_ids`` ``(B, T)`` by up to ``max_new_tokens`` tokens; returns ``(B, T + n)``.
+
+        mode "recurrent" prefills the prompt (``prefill`` = "parallel" or "chunked") and then decodes one
+        token at a time from the state; "parallel" and "chunked" recompute the whole sequence for every new
+        token (no state: the slow reference the recurrent decoder must match). Temperature 0 is greedy.
+        Sequences that produced ``eos_token_id`` are padded with it; generation stops when all have.
+        """
+        self._check_ids(input_ids)
+        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
+            raise ValueError(f"max_new_tokens: expected an int >= 0, got {max_new_tokens!r}")
+        if mode not in MODES:
+            raise ValueError(f"mode: expected one of {MODES}, got {mode!r}")
+        if prefill not in ("parallel", "chunked"):
+            raise ValueError(f"prefill: expected 'parallel' or 'chunked', got {prefill!r}")
+        if input_ids.shape[1] == 0:
+            raise ValueError("input_ids: expected a prompt of at least one token, got an empty sequence")
+        check_sampling(temperature, top_k, top_p)
+        B = input_ids.shape[0]
+        finished = torch.zeros(B, dtype=torch.bool, device=input_ids.device)
+        new_tokens = []
+
+        def pick(logits):
+            token = sample_next(logits, temperature, top_k, top_p, generator)
+            if eos_token_id is not None:
+                token = torch.where(finished, torch.full_like(token, eos_token_id), token)
+                finished.logical_or_(token == eos_token_id)
+            new_tokens.append(token)
+            return token
+
+        if mode == "recurrent":
+            logits, state = self(input_ids, mode=prefill, chunk_size=chunk_size)
+            next_logits = logits[:, -1]
+            for i in range(max_new_tokens):
+                token = pick(next_logits)
+                if i + 1 == max_new_tokens or (eos_token_id is not None and bool(finished.all())):
+                    break
+                next_logits, state = self.step(token, state)
+        else:
+            sequence = input_ids
+            for _ in range(max_new_tokens):
+                logits, _ = self(sequence, mode=mode, chunk_size=chunk_size)
+                sequence = torch.cat([sequence, pick(logits[:, -1]).unsqueeze(1)], dim=1)
+                if eos_token_id is not None and bool(finished.all()):
+                    break
+        if not new_tokens:
+            return input_ids
+        return torch.cat([input_ids, torch.stack(new_tokens, dim=1)], dim=1)

@@ -1,0 +1,424 @@
+"""Attention mixer "A" against an explicit float64 reference, and its three modes against each other."""
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from hybrid.attention import Attention, AttentionState
+
+PLACEMENTS = ("none", "q", "k", "v", "o", "qk", "vo", "qkv", "qkvo")
+RELATIVE = ("none", "qk", "vo", "qkvo")
+SHARED_OK = ("qkvo", "qkv", "q", "o", "none")
+F64 = dict(atol=1e-10, rtol=1e-9)
+# Angles, phases and cos/sin tables are float32 by design: a position shift, or CARoPE's float32 cumsum split
+# at another point, moves them by float32 rounding, so such comparisons hold to float32 precision only.
+F32 = dict(atol=2e-6, rtol=1e-5)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    """The tensors here are tiny: intra-op threads only contend (10x slower on a loaded 2-core machine)."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+def make(seed: int = 0, dtype=torch.float64, **kw) -> Attention:
+    torch.manual_seed(seed)
+    m = Attention(**kw).to(dtype)
+    with torch.no_grad():  # non-zero biases, so they are tested too
+        for name, p in m.named_parameters():
+            if name.endswith("bias"):
+                p.normal_(0.0, 0.5)
+        if m.carope is not None:  # data-dependent frequencies (the init is plain RoPE)
+            m.carope.weight.normal_(0.0, 0.3)
+    return m
+
+
+def rand_x(B: int, T: int, d: int, seed: int = 1, dtype=torch.float64) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(B, T, d, generator=g, dtype=torch.float64).to(dtype)
+
+
+# ------------------------------------------------------------------------------------------- reference
+def rotate_ref(x, cs, layout, R, inverse=False):
+    """Rotate pairs of x (B, T, H, D) by angles with cos/sin `cs` broadcastable to (B, T, H, R/2)."""
+    c, s = cs
+    if inverse:
+        s = -s
+    if layout == "interleaved":
+        i0, i1 = torch.arange(0, R, 2), torch.arange(1, R, 2)
+    else:
+        i0, i1 = torch.arange(R // 2), torch.arange(R // 2, R)
+    a, b = x[..., i0], x[..., i1]
+    out = x.clone()
+    out[..., i0] = a * c - b * s
+    out[..., i1] = a * s + b * c
+    return out
+
+
+def reference(m: Attention, x: torch.Tensor, offset: int = 0, phase0=None, inv_freq=None) -> torch.Tensor:
+    """o_i = R_iᵀ Σ_{i−w<j≤i} softmax_j(scale·(R_i q_i)·(R_j k_j)) R_j v_j, each rotation per placement."""
+    x = x.double()
+    B, T, _ = x.shape
+    H, G, D, R, w = m.n_heads, m.n_kv_heads, m.head_dim, m.rotary_dim, m.window
+    pl, layout = m.placement, m.rope_layout
+    W = m.in_proj.weight.double()
+    proj = x @ W.T + (m.in_proj.bias.double() if m.in_proj.bias is not None else 0.0)
+    q = proj[..., : H * D].reshape(B, T, H, D)
+    k = proj[..., H * D : (H + G) * D].reshape(B, T, G, D)
+    v = k if m.shared_kv else proj[..., (H + G) * D :].reshape(B, T, G, D)
+
+    pos = offset + torch.arange(T, dtype=torch.float64)
+    if m.carope is not None:
+        phases, _ = m.carope(x, phase0)  # (B, T, G, P) float32: the mixer's own CARoPE gives the angles
+        cs_kv = torch.cos(phases).double(), torch.sin(phases).double()  # float32 cos/sin of float32 phases
+        cs_q = tuple(c.repeat_interleave(H // G, dim=2) for c in cs_kv)  # (B, T, H, P)
+    else:
+        if inv_freq is None:
+            inv_freq = 10000.0 ** (-torch.arange(0, R, 2, dtype=torch.float64) / R)
+        inv_freq = inv_freq.float().double()  # θ is float32; angles pos·θ in float64
+        ang = (pos[:, None] * inv_freq)[None, :, None, :]  # (1, T, 1, P)
+        cs_kv = cs_q = torch.cos(ang).float().double(), torch.sin(ang).float().double()  # float32 tables
+    if pl.q:
+        q = rotate_ref(q, cs_q, layout, R)
+    if pl.k:
+        k = rotate_ref(k, cs_kv, layout, R)
+    if pl.v:
+        v = rotate_ref(v, cs_kv, layout, R)
+
+    kq, vq = k.repeat_interleave(H // G, dim=2), v.repeat_interleave(H // G, dim=2)  # (B, T, H, D)
+    logits = torch.einsum("bihd,bjhd->bhij", q, kq) * m.scale
+    i, j = pos[:, None], pos[None, :]
+    allowed = (j <= i) & ((j > i - w) if w is not None else True)
+    a = torch.softmax(logits.masked_fill(~allowed, float("-inf")), dim=-1)
+    o = torch.einsum("bhij,bjhd->bihd", a, vq)
+    if pl.o:
+        o = rotate_ref(o, cs_q, layout, R, inverse=True)
+    y = o.reshape(B, T, H * D) @ m.out_proj.weight.double().T
+    return y + (m.out_proj.bias.double() if m.out_proj.bias is not None else 0.0)
+
+
+HEADS = {
+    "mha": dict(d_model=18, n_heads=3),  # D = 6
+    "gqa": dict(d_model=24, n_heads=6, n_kv_heads=2),  # D = 4
+    "mqa": dict(d_model=20, n_heads=5, n_kv_heads=1),  # D = 4
+}
+
+
+@pytest.mark.parametrize("window", [None, 3])
+@pytest.mark.parametrize("heads", list(HEADS))
+@pytest.mark.parametrize("placement", PLACEMENTS)
+def test_reference_every_placement(placement, heads, window):
+    m = make(placement=placement, window=window, bias=True, **HEADS[heads])
+    for T in (1, 7, 33):
+        x = rand_x(2, T, m.d_model, seed=T)
+        torch.testing.assert_close(m(x)[0], reference(m, x), **F64)
+
+
+@pytest.mark.parametrize(
+    "kw",
+    [
+        dict(d_model=14, n_heads=3, head_dim=8, rotary_dim=4, rope_layout="half"),
+        dict(d_model=14, n_heads=3, head_dim=8, rotary_dim=4),
+        dict(d_model=14, n_heads=2, head_dim=7, rotary_dim=4, window=5),  # odd head_dim, even rotary part
+        dict(d_model=12, n_heads=2, rope_layout="half", window=2, rope_base=50.0),
+        dict(d_model=14, n_heads=2, head_dim=7, placement="none"),  # odd head_dim without rotary
+    ],
+)
+def test_reference_layouts_and_partial_rotary(kw):
+    kw = {"placement": "qkvo", **kw}
+    m = make(**kw)
+    x = rand_x(3, 11, m.d_model)
+    inv = None
+    if "rope_base" in kw:
+        inv = kw["rope_base"] ** (-torch.arange(0, m.rotary_dim, 2, dtype=torch.float64) / m.rotary_dim)
+    torch.testing.assert_close(m(x)[0], reference(m, x, inv_freq=inv), **F64)
+
+
+@pytest.mark.parametrize("window", [None, 4])
+@pytest.mark.parametrize("placement", SHARED_OK)
+def test_reference_shared_kv(placement, window):
+    m = make(d_model=24, n_heads=6, n_kv_heads=2, placement=placement, window=window, shared_kv=True)
+    x = rand_x(2, 13, m.d_model)
+    torch.testing.assert_close(m(x)[0], reference(m, x), **F64)
+
+
+@pytest.mark.parametrize("window", [None, 3])
+@pytest.mark.parametrize("placement", ["qkvo", "qk", "vo", "q"])
+def test_reference_carope(placement, window):
+    m = make(d_model=24, n_heads=6, n_kv_heads=2, placement=placement, window=window, carope=True)
+    x = rand_x(2, 9, m.d_model)
+    torch.testing.assert_close(m(x)[0], reference(m, x), **F64)
+
+
+def test_gqa_without_enable_gqa(monkeypatch):
+    """torch < 2.5 has no enable_gqa: kv heads are expanded instead."""
+    import hybrid.attention as attention
+
+    monkeypatch.setattr(attention, "_SDPA_GQA", False)
+    m = make(d_model=24, n_heads=6, n_kv_heads=2, placement="qk")
+    x = rand_x(2, 9, m.d_model)
+    y, _ = run_plan(m, x, [("f", 4), ("s", 2), ("f", 3)])
+    torch.testing.assert_close(y, reference(m, x), **F64)
+
+
+def test_scaling_attention_factor():
+    """YaRN's temperature scales the logits by attention_factor² only when q and k are both rotated."""
+    yarn = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16}
+    for placement, squared in (("qk", True), ("qkvo", True), ("vo", False), ("q", False)):
+        m = make(d_model=16, n_heads=2, placement=placement, rope_scaling=yarn)
+        af = m.rotary.attention_factor
+        assert af > 1.0
+        assert m.scale == pytest.approx(m.head_dim**-0.5 * (af**2 if squared else 1.0))
+        x = rand_x(2, 10, m.d_model)
+        torch.testing.assert_close(m(x)[0], reference(m, x, inv_freq=m.rotary.inv_freq), atol=1e-6, rtol=1e-6)
+
+
+# -------------------------------------------------------------------------------------- mode agreement
+def run_plan(m: Attention, x: torch.Tensor, plan, state=None):
+    """plan: [("f", n) | ("s", n)]: forward over the next n tokens, or n calls of step."""
+    ys, t = [], 0
+    for mode, n in plan:
+        if mode == "f":
+            y, state = m(x[:, t : t + n], state)
+            ys.append(y)
+        else:
+            for i in range(t, t + n):
+                y, state = m.step(x[:, i], state)
+                ys.append(y[:, None])
+        t += n
+    assert t == x.shape[1]
+    return torch.cat(ys, dim=1), state
+
+
+T_MODES = 23
+PLANS = [
+    [("f", 1), ("f", 22)],
+    [("f", 5), ("f", 18)],  # window 4: split not aligned
+    [("f", 8), ("f", 15)],  # aligned to window 4
+    [("f", 3), ("f", 2), ("f", 11), ("f", 7)],
+    [("s", 23)],
+    [("f", 6), ("s", 3), ("f", 9), ("s", 2), ("f", 3)],
+    [("s", 2), ("f", 10), ("s", 11)],
+]
+MODE_CONFIGS = {
+    "global-gqa-qkvo": dict(d_model=24, n_heads=6, n_kv_heads=2, placement="qkvo"),
+    "window-qk": dict(d_model=18, n_heads=3, placement="qk", window=4),
+    "window-mqa-v": dict(d_model=20, n_heads=5, n_kv_heads=1, placement="v", window=4),
+    "shared-window-qkvo": dict(d_model=24, n_heads=6, n_kv_heads=3, placement="qkvo", shared_kv=True, window=4),
+    "shared-global-qkv": dict(d_model=18, n_heads=3, placement="qkv", shared_kv=True),
+    "carope-window-gqa": dict(d_model=24, n_heads=6, n_kv_heads=2, placement="qkvo", carope=True, window=4),
+    "carope-global-vo": dict(d_model=18, n_heads=3, placement="vo", carope=True),
+    "window1-o": dict(d_model=12, n_heads=2, placement="o", window=1),
+}
+
+
+@pytest.mark.parametrize("config", list(MODE_CONFIGS))
+def test_modes_agree(config):
+    m = make(**MODE_CONFIGS[config])
+    x = rand_x(2, T_MODES, m.d_model)
+    tol = F32 if m.carope is not None else F64
+    y_ref, s_ref = m(x)
+    torch.testing.assert_close(y_ref, reference(m, x), **F64)
+    for plan in PLANS:
+        y, s = run_plan(m, x, plan)
+        torch.testing.assert_close(y, y_ref, **tol, msg=lambda e: f"{plan}: {e}")
+        assert (s.offset, s.length) == (s_ref.offset, s_ref.length)
+        torch.testing.assert_close(s.k, s_ref.k, **tol)
+        assert (s.v is None) == (s_ref.v is None) == m.shared_kv
+        if s.v is not None:
+            torch.testing.assert_close(s.v, s_ref.v, **tol)
+        if s.phase is not None:
+            torch.testing.assert_close(s.phase, s_ref.phase, **tol)
+
+
+def test_ring_holds_last_window():
+    """Ring slot p % w holds the rotated key/value of position p for the last w positions."""
+    kw = dict(d_model=18, n_heads=3, placement="qkvo")
+    ring, grow = make(window=5, **kw), make(**kw)
+    x = rand_x(2, 17, 18)
+    _, s_ring = run_plan(ring, x, [("f", 9), ("s", 1), ("f", 7)])
+    _, s_grow = grow(x)
+    assert s_ring.k.shape[1] == 5 and s_grow.k.shape[1] == 17 and s_ring.length == 5
+    for p in range(12, 17):
+        torch.testing.assert_close(s_ring.k[:, p % 5], s_grow.k[:, p], **F64)
+        torch.testing.assert_close(s_ring.v[:, p % 5], s_grow.v[:, p], **F64)
+
+
+def test_window_state_is_fixed_size():
+    m = make(d_model=4, n_heads=2, placement="qk", window=5)  # D = 2, G = 2
+    B = 2
+    x = rand_x(B, 4096 + 1, 4)
+    state = m.init_state(B, x.device)
+    for t in range(64):
+        _, state = m.step(x[:, t], state)
+    after_64 = state.nbytes
+    assert after_64 == 2 * B * 5 * 2 * 2 * 8  # k and v rings: B·w·G·D float64
+    for t in range(64, 4096, 504):  # prefill the rest in chunks (not aligned to w)
+        _, state = m(x[:, t : t + 504], state)
+    assert state.offset == 4096 and state.nbytes == after_64
+    # the window only sees the last w tokens, and qk is relative: the next step equals a fresh run over them
+    y, state = m.step(x[:, 4096], state)
+    y_fresh, _ = m(x[:, 4096 - 4 : 4097])
+    torch.testing.assert_close(y, y_fresh[:, -1], atol=1e-5, rtol=1e-5)
+    assert state.nbytes == after_64
+
+
+def test_global_cache_grows():
+    m = make(d_model=12, n_heads=3, n_kv_heads=1, placement="qkvo")  # D = 4, G = 1
+    x = rand_x(2, 10, 12)
+    _, state = m(x[:, :7])
+    assert state.nbytes == 2 * 2 * 7 * 1 * 4 * 8
+    _, state = m.step(x[:, 7], state)
+    assert state.nbytes == 2 * 2 * 8 * 1 * 4 * 8
+
+
+# ------------------------------------------------------------------------------------------ relativity
+@pytest.mark.parametrize("window", [None, 3])
+@pytest.mark.parametrize("placement", PLACEMENTS)
+def test_relativity(placement, window):
+    """Starting at position c instead of 0 changes nothing iff the placement is relative."""
+    m = make(d_model=18, n_heads=3, placement=placement, window=window)
+    x = rand_x(2, 9, m.d_model)
+    y0, _ = m(x)
+    shifted = dataclasses.replace(m.init_state(2, x.device), offset=37)
+    y1, s1 = m(x, shifted)
+    y2, _ = run_plan(m, x, [("s", 4), ("f", 5)], dataclasses.replace(m.init_state(2, x.device), offset=37))
+    torch.testing.assert_close(y1, reference(m, x, offset=37), **F64)
+    torch.testing.assert_close(y2, y1, **F64)
+    assert s1.offset == 46
+    if placement in RELATIVE:
+        torch.testing.assert_close(y1, y0, **F32)
+    else:
+        assert (y1 - y0).abs().max() > 1e-3
+
+
+@pytest.mark.parametrize("placement", ["qk", "vo", "qkvo", "q", "qkv"])
+def test_relativity_carope(placement):
+    """With CARoPE a constant phase shift plays the role of a position shift."""
+    m = make(d_model=18, n_heads=3, placement=placement, carope=True)
+    x = rand_x(2, 9, m.d_model)
+    y0, _ = m(x)
+    state = m.init_state(2, x.device)
+    state = dataclasses.replace(state, phase=torch.rand_like(state.phase) * 6.0)
+    y1, _ = m(x, state)
+    torch.testing.assert_close(y1, reference(m, x, phase0=state.phase), **F64)
+    if placement in RELATIVE:
+        torch.testing.assert_close(y1, y0, **F32)
+    else:
+        assert (y1 - y0).abs().max() > 1e-3
+
+
+# ------------------------------------------------------------------------------------------- shared-KV
+@pytest.mark.parametrize("window", [None, 4])
+@pytest.mark.parametrize("placement", SHARED_OK)
+def test_shared_kv_equals_tied_weights(placement, window):
+    kw = dict(d_model=24, n_heads=6, n_kv_heads=2, placement=placement, window=window, bias=True)
+    shared, full = make(shared_kv=True, **kw), make(seed=5, **kw)
+    H, G, D = 6, 2, 4
+    with torch.no_grad():
+        c_w, c_b = shared.in_proj.weight[H * D :], shared.in_proj.bias[H * D :]
+        full.in_proj.weight.copy_(torch.cat([shared.in_proj.weight[: H * D], c_w, c_w]))
+        full.in_proj.bias.copy_(torch.cat([shared.in_proj.bias[: H * D], c_b, c_b]))
+        full.out_proj.load_state_dict(shared.out_proj.state_dict())
+    x = rand_x(2, 11, 24)
+    plan = [("f", 6), ("s", 2), ("f", 3)]
+    (ys, ss), (yf, sf) = run_plan(shared, x, plan), run_plan(full, x, plan)
+    torch.testing.assert_close(ys, yf, **F64)
+    assert ss.v is None and sf.v is not None
+    assert 2 * ss.nbytes == sf.nbytes
+    torch.testing.assert_close(ss.k, sf.k, **F64)
+    torch.testing.assert_close(ss.k, sf.v, **F64)  # the one cached tensor R_j c_j is key and value
+
+
+# ------------------------------------------------------------------------------------- grads and dtype
+@pytest.mark.parametrize(
+    "kw",
+    [
+        dict(placement="qkvo", n_kv_heads=1, window=3, carope=True, bias=True),
+        dict(placement="qkvo", shared_kv=True, n_kv_heads=1, bias=True),
+        dict(placement="vo", window=4),
+    ],
+)
+def test_gradients_reach_every_parameter(kw):
+    m = make(d_model=12, n_heads=2, **kw)
+    x = rand_x(2, 9, 12).requires_grad_()
+    y, _ = run_plan(m, x, [("f", 5), ("s", 1), ("f", 3)])
+    y.square().sum().backward()
+    for name, p in m.named_parameters():
+        assert p.grad is not None and p.grad.abs().sum() > 0, name
+    assert x.grad.abs().sum() > 0
+
+
+def test_gradcheck_through_cache():
+    m = make(d_model=6, n_heads=3, n_kv_heads=1, placement="qkvo", window=2)
+    x = rand_x(1, 5, 6).requires_grad_()
+    assert torch.autograd.gradcheck(lambda x: run_plan(m, x, [("f", 3), ("s", 1), ("f", 1)])[0], (x,))
+
+
+@pytest.mark.parametrize("kw", [dict(window=None), dict(window=3, carope=True), dict(shared_kv=True, n_kv_heads=1)])
+def test_bf16_keeps_dtype(kw):
+    m = make(d_model=16, n_heads=4, placement="qkvo", **kw)
+    mb = make(d_model=16, n_heads=4, placement="qkvo", dtype=torch.bfloat16, **kw)
+    x = rand_x(2, 7, 16)
+    y, state = mb(x[:, :6].bfloat16())
+    assert y.dtype == torch.bfloat16 and state.k.dtype == torch.bfloat16
+    y1, state = mb.step(x[:, 6].bfloat16(), state)
+    assert y1.dtype == torch.bfloat16
+    if state.phase is not None:
+        assert state.phase.dtype == torch.float32
+    with torch.no_grad():
+        m.load_state_dict({k: v.double() for k, v in mb.state_dict().items()})
+    y_ref = reference(m, x)
+    torch.testing.assert_close(torch.cat([y, y1[:, None]], 1).double(), y_ref, atol=0.1, rtol=0.05)
+
+
+def test_empty_chunk_and_fresh_state():
+    m = make(d_model=12, n_heads=2)
+    state = m.init_state(3, "cpu")
+    assert isinstance(state, AttentionState) and state.nbytes == 0 and state.offset == 0
+    y, s = m(rand_x(3, 0, 12), state)
+    assert y.shape == (3, 0, 12) and s.offset == 0
+
+
+# ---------------------------------------------------------------------------------------------- errors
+BASE = dict(d_model=12, n_heads=2)
+BAD = [
+    (dict(d_model=10, n_heads=3), "n_heads"),
+    (dict(d_model=12, n_heads=0), "n_heads"),
+    (dict(d_model=0, n_heads=2), "d_model"),
+    (dict(BASE, n_kv_heads=4), "n_kv_heads"),
+    (dict(d_model=12, n_heads=4, n_kv_heads=3), "n_kv_heads"),
+    (dict(BASE, head_dim=5), "head_dim"),
+    (dict(d_model=10, n_heads=2, placement="qk"), "head_dim"),  # head_dim 5
+    (dict(BASE, rotary_dim=3), "rotary_dim"),
+    (dict(BASE, rotary_dim=8), "rotary_dim"),
+    (dict(BASE, window=0), "window"),
+    (dict(BASE, window=-2), "window"),
+    (dict(BASE, placement="xy"), "placement"),
+    (dict(BASE, rope_layout="diagonal"), "rope_layout"),
+    (dict(BASE, rope_base=1.0), "rope_base"),
+    (dict(BASE, rope_scaling={"rope_type": "yarn", "factor": 0.5, "original_max_position_embeddings": 8}),
+     "rope_scaling"),
+    (dict(BASE, rope_scaling={"rope_type": "wobbly"}), "rope_scaling"),
+    (dict(BASE, carope=True, placement="none"), "carope"),
+    (dict(BASE, carope=True, rope_scaling={"rope_type": "linear", "factor": 2.0}), "rope_scaling"),
+] + [(dict(BASE, shared_kv=True, placement=p), "shared_kv") for p in ("qk", "vo", "k", "v")]
+
+
+@pytest.mark.parametrize("kw,arg", BAD)
+def test_constructor_errors(kw, arg):
+    with pytest.raises(ValueError, match=arg):
+        Attention(**kw)
+
+
+def test_input_errors():
+    m = make(**BASE)
+    with pytest.raises(ValueError, match="x: expected"):
+        m(torch.zeros(2, 5, 11, dtype=torch.float64))
+    with pytest.raises(ValueError, match="x: expected"):
+        m.step(torch.zeros(2, 1, 12, dtype=torch.float64), m.init_state(2, "cpu"))

@@ -1,0 +1,188 @@
+"""The R mixer: against a float64 reference written from o_i = Σ_j γ^{i−j} R_{j−i} v_j, and across modes."""
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from hybrid.recurrence import RecurrenceState, VORecurrence
+
+_seed = itertools.count(7)
+
+
+def gen():
+    return torch.Generator().manual_seed(next(_seed))
+
+
+def make(dtype=torch.float64, **kw):
+    torch.manual_seed(next(_seed))
+    kw.setdefault("d_model", 12)
+    kw.setdefault("n_heads", 3)
+    m = VORecurrence(**kw).to(dtype)
+    with torch.no_grad():  # move the gates off their symmetric init so they matter
+        for name, p in m.named_parameters():
+            if "bias" in name:
+                p.add_(0.3 * torch.randn(p.shape, generator=gen(), dtype=p.dtype))
+    return m
+
+
+def x_of(B, T, d, dtype=torch.float64):
+    return torch.randn(B, T, d, generator=gen(), dtype=torch.float64).to(dtype)
+
+
+def reference(m: VORecurrence, x: torch.Tensor) -> torch.Tensor:
+    """Float64, written out: explicit conv, explicit gates, and o_i = Σ_{j≤i} (Π γ) R_{j−i} v_j with 2×2
+    rotations by the summed angles (= γ^{i−j} R_{j−i} for static γ, θ)."""
+    x = x.double()
+    B, T, _ = x.shape
+    H, P, hd = m.n_heads, m.n_pairs, m.head_dim
+    gate = F.gelu(x @ m.gate_proj.weight.double().T)
+    w = x @ m.value_proj.weight.double().T  # (B, T, C)
+    W = m.conv.width
+    u = torch.zeros_like(w)
+    for t in range(T):
+        for k in range(W):
+            src = t - (W - 1) + k
+            if src >= 0:
+                u[:, t] += m.conv.weight.double()[:, k] * w[:, src]
+        u[:, t] += m.conv.bias.double()
+    uh = u.view(B, T, H, hd)
+    log_g = (-torch.exp(m.decay_nu.double())).expand(B, T, H, P)
+    if m.selective:
+        r = torch.sigmoid(torch.einsum("bthi,hip->bthp", uh, m.recur_gate_weight.double()) + m.recur_gate_bias.double())
+        i_g = torch.sigmoid(torch.einsum("bthi,hij->bthj", uh, m.input_gate_weight.double()) + m.input_gate_bias.double())
+        log_g = 8.0 * r * log_g
+        uh = uh * i_g
+    v = uh.reshape(B, T, H, P, 2) * torch.sqrt(1 - torch.exp(2 * log_g)).unsqueeze(-1)
+    if m.carope is not None:
+        z = x @ m.carope.weight.double().T + m.carope.bias.double()
+        f = 1.0 / (F.softplus(z) + 1.0)  # (B, T, H)
+        theta = f.unsqueeze(-1) ** torch.arange(P, dtype=torch.float64)
+    else:
+        theta = m.theta.double().expand(B, T, H, P)
+    o = torch.zeros(B, T, H, P, 2, dtype=torch.float64)
+    for i in range(T):
+        for j in range(i + 1):
+            g = torch.exp(log_g[:, j + 1 : i + 1].sum(1))  # Π_{j<τ≤i} γ_τ
+            ang = -theta[:, j + 1 : i + 1].sum(1)  # R_{j−i}: rotate back by the angles in between
+            c, s = torch.cos(ang), torch.sin(ang)
+            o[:, i, ..., 0] += g * (c * v[:, j, ..., 0] - s * v[:, j, ..., 1])
+            o[:, i, ..., 1] += g * (s * v[:, j, ..., 0] + c * v[:, j, ..., 1])
+    y = gate * o.reshape(B, T, H * hd)
+    return y @ m.out_proj.weight.double().T
+
+
+VARIANTS = {
+    "static": dict(),
+    "selective": dict(selective=True),
+    "carope": dict(carope=True),
+    "selective-carope": dict(selective=True, carope=True),
+    "selective-learnable-theta": dict(selective=True, learnable_theta=True),
+    "scaled-theta": dict(rope_scaling={"rope_type": "linear", "factor": 4.0}, r_min=0.5, r_max=0.9),
+}
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_matches_float64_vo_rope_reference(variant):
+    m = make(**VARIANTS[variant])
+    x = x_of(2, 11, 12)
+    y, state = m(x)
+    torch.testing.assert_close(y, reference(m, x), rtol=1e-10, atol=1e-10)
+    assert state.offset == 11
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("backend", ["torch", "reference"])
+def test_modes_agree_across_handoffs(variant, backend):
+    m = make(scan_backend=backend, chunk_size=4, **VARIANTS[variant])
+    x = x_of(2, 19, 12)
+    y_full, s_full = m(x)
+    # parallel → recurrent → chunked(parallel form over a block) → recurrent
+    y1, s = m(x[:, :6])
+    ys = [y1]
+    for t in range(6, 9):
+        y_t, s = m.step(x[:, t], s)
+        ys.append(y_t.unsqueeze(1))
+    y3, s = m(x[:, 9:17], s)
+    ys.append(y3)
+    for t in range(17, 19):
+        y_t, s = m.step(x[:, t], s)
+        ys.append(y_t.unsqueeze(1))
+    torch.testing.assert_close(torch.cat(ys, 1), y_full, rtol=1e-10, atol=1e-10)
+    torch.testing.assert_close(s.scan, s_full.scan, rtol=1e-10, atol=1e-10)
+    torch.testing.assert_close(s.conv, s_full.conv, rtol=1e-12, atol=1e-12)
+    assert s.offset == s_full.offset == 19
+
+
+def test_step_from_no_state_equals_forward():
+    m = make()
+    x = x_of(3, 1, 12)
+    y, s = m(x)
+    y_t, s_t = m.step(x[:, 0])
+    torch.testing.assert_close(y_t, y[:, 0])
+    torch.testing.assert_close(s_t.scan, s.scan)
+
+
+def test_state_size_is_fixed():
+    m = make(dtype=torch.float32, d_model=16, n_heads=2)
+    _, s64 = m(x_of(1, 64, 16, torch.float32))
+    _, s4k = m(x_of(1, 4096, 16, torch.float32))
+    assert s64.nbytes == s4k.nbytes > 0
+    assert s64.nbytes == (3 * 16) * 4 + 2 * 8 * 4  # conv tail (W−1)·d_rnn + complex state H·hd, float32
+
+
+@pytest.mark.parametrize("kwargs", [dict(selective=True, carope=True), dict(selective=True, learnable_theta=True)])
+def test_gradients_reach_every_parameter(kwargs):
+    m = make(dtype=torch.float32, **kwargs)
+    y, s = m(x_of(2, 9, 12, torch.float32))
+    (y.square().mean() + s.scan.square().mean()).backward()
+    for name, p in m.named_parameters():
+        assert p.grad is not None and p.grad.abs().sum() > 0, f"no gradient reaches {name}"
+
+
+def test_gradcheck_through_the_scan():
+    m = make(selective=True, carope=True, d_model=6, n_heads=1, head_dim=4)
+    x = x_of(1, 5, 6).requires_grad_()
+    assert torch.autograd.gradcheck(lambda t: m(t)[0], (x,), eps=1e-6, atol=1e-7)
+
+
+def test_low_precision_keeps_dtype():
+    m = make(dtype=torch.bfloat16)
+    x = x_of(2, 7, 12, torch.bfloat16)
+    y, s = m(x)
+    assert y.dtype == torch.bfloat16 and s.scan.dtype == torch.float32
+    y_t, _ = m.step(x[:, 0], m.init_state(2, x.device, torch.bfloat16))
+    assert y_t.dtype == torch.bfloat16
+
+
+@pytest.mark.parametrize(
+    "kwargs,match",
+    [
+        (dict(d_model=10, n_heads=3), r"n_heads: expected a divisor of d_model=10, got 3"),
+        (dict(d_model=12, n_heads=4), r"head_dim: expected an even number .*got 3"),
+        (dict(d_model=12, n_heads=2, r_min=0.99, r_max=0.9), r"r_min, r_max: expected 0 < r_min <= r_max < 1"),
+        (dict(d_model=12, n_heads=2, r_max=1.0), r"r_min, r_max"),
+        (dict(d_model=0, n_heads=2), r"d_model: expected a positive int, got 0"),
+        (dict(d_model=12, n_heads=2, gate_activation="tanh"), r"gate_activation: expected one of"),
+        (dict(d_model=12, n_heads=2, conv_width=0), r"conv_width: expected a positive int"),
+        (dict(d_model=12, n_heads=2, carope=True, learnable_theta=True), r"learnable_theta: has no effect with carope"),
+    ],
+)
+def test_value_errors(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        VORecurrence(**kwargs)
+
+
+def test_value_errors_at_call():
+    m = make()
+    with pytest.raises(ValueError, match=r"x: expected shape \(B, T, d_model=12\)"):
+        m(torch.randn(2, 5, 10, dtype=torch.float64))
+    with pytest.raises(ValueError, match=r"x: expected shape \(B, d_model=12\)"):
+        m.step(torch.randn(2, 1, 12, dtype=torch.float64), None)
+    with pytest.raises(ValueError, match=r"state: expected a scan state of shape \(3, 3, 4\)"):
+        m(torch.randn(3, 5, 12, dtype=torch.float64), m.init_state(2))
+    with pytest.raises(ValueError, match=r"state: expected a RecurrenceState"):
+        m(torch.randn(3, 5, 12, dtype=torch.float64), "state")
+    assert isinstance(m.init_state(2), RecurrenceState)

@@ -1,0 +1,263 @@
+"""MultiScaleRetention: sum-formula reference, parallel == chunkwise == recurrent, state, grads, errors."""
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from hybrid import retention as ret_mod
+from hybrid.retention import MultiScaleRetention, RetentionState, retention_log_decay
+
+F64 = torch.float64
+
+
+def make(d_model=30, n_heads=3, head_dim=None, seed=0, **kw):
+    torch.manual_seed(seed)
+    m = MultiScaleRetention(d_model, n_heads, head_dim, **kw).to(F64)
+    with torch.no_grad():  # O(1) activations, so every term of the formula matters
+        for p in m.parameters():
+            p.normal_(0.0, p.shape[1] ** -0.5)
+    return m
+
+
+def rotation_matrix(p, D, base, layout):
+    """R_p (D, D), float64: pair k ((2k, 2k+1) interleaved, (k, k + D/2) half) rotated by p·θ_k."""
+    theta = (base ** (-2.0 * torch.arange(D // 2, dtype=F64) / D)).float().double()  # float32 frequencies
+    R = torch.zeros(D, D, dtype=F64)
+    for k in range(D // 2):
+        i, j = (2 * k, 2 * k + 1) if layout == "interleaved" else (k, k + D // 2)
+        c, s = math.cos(p * theta[k].item()), math.sin(p * theta[k].item())
+        R[i, i], R[i, j], R[j, i], R[j, j] = c, -s, s, c
+    return R
+
+
+def reference(m, x, offset=0):
+    """y from the sum formula o_n = Σ_{m≤n} γ^{n−m} (R_n q_n)·(R_m k_m) v_m, explicit loops, float64."""
+    B, T, _ = x.shape
+    H, D = m.n_heads, m.head_dim
+    q = (x @ m.q_proj.weight.T).view(B, T, H, D)
+    k = (x @ m.k_proj.weight.T).view(B, T, H, D) / math.sqrt(D)
+    v = (x @ m.v_proj.weight.T).view(B, T, H, D)
+    Rs = [rotation_matrix(offset + t, D, m.rope_base, m.rope_layout) for t in range(T)]
+    qr = torch.stack([q[:, t] @ Rs[t].T for t in range(T)], 1)
+    kr = torch.stack([k[:, t] @ Rs[t].T for t in range(T)], 1)
+    gamma = torch.tensor([1 - 2.0 ** (-5 - h) for h in range(H)], dtype=F64)
+    o = torch.zeros(B, T, H, D, dtype=F64)
+    for n in range(T):
+        for j in range(n + 1):
+            score = (qr[:, n] * kr[:, j]).sum(-1, keepdim=True)  # (B, H, 1)
+            o[:, n] += gamma[:, None] ** (n - j) * score * v[:, j]
+    o = o / torch.sqrt((o**2).mean(-1, keepdim=True) + m.norm_eps)
+    return (F.silu(x @ m.g_proj.weight.T) * o.reshape(B, T, H * D)) @ m.out_proj.weight.T
+
+
+@pytest.mark.parametrize(
+    "d_model,n_heads,head_dim,layout", [(30, 3, None, "interleaved"), (20, 3, 6, "half"), (14, 1, None, "interleaved")]
+)
+def test_matches_sum_formula(d_model, n_heads, head_dim, layout):
+    m = make(d_model, n_heads, head_dim, rope_layout=layout, rope_base=500.0)
+    x = torch.randn(2, 13, d_model, dtype=F64)
+    y, st = m(x)
+    torch.testing.assert_close(y, reference(m, x), rtol=1e-5, atol=1e-5)  # float32 cos/sin
+    assert st.offset == 13
+    x2 = torch.randn(2, 6, d_model, dtype=F64)  # continuing at offset 13 = the formula over x ++ x2
+    y2, _ = m(x2, st)
+    torch.testing.assert_close(y2, reference(m, torch.cat([x, x2], 1))[:, 13:], rtol=1e-5, atol=1e-5)
+
+
+def test_decays():
+    lg = retention_log_decay(4, dtype=F64)
+    torch.testing.assert_close(lg.exp(), torch.tensor([1 - 2.0 ** (-5 - h) for h in range(4)], dtype=F64))
+
+
+def _run_splits(m, x, splits, state=None):
+    ys, t = [], 0
+    for n in splits:
+        y, state = m(x[:, t:t + n], state)
+        ys.append(y)
+        t += n
+    return torch.cat(ys, 1), state
+
+
+@pytest.mark.parametrize("splits", [[6, 11], [4, 4, 4, 4, 1], [1] * 5 + [12], [17]])
+def test_parallel_chunkwise_recurrent_agree(splits):
+    m = make()
+    x = torch.randn(2, 17, 30, dtype=F64)
+    y_par, s_par = m(x)
+    y_chunk, s_chunk = _run_splits(m, x, splits, m.init_state(2))
+    torch.testing.assert_close(y_chunk, y_par, rtol=1e-10, atol=1e-10)
+    torch.testing.assert_close(s_chunk.S, s_par.S, rtol=1e-10, atol=1e-10)
+    assert s_chunk.offset == s_par.offset == 17
+
+    state, ys = None, []
+    for t in range(17):
+        y_t, state = m.step(x[:, t], state)
+        ys.append(y_t)
+    torch.testing.assert_close(torch.stack(ys, 1), y_par, rtol=1e-10, atol=1e-10)
+    torch.testing.assert_close(state.S, s_par.S, rtol=1e-10, atol=1e-10)
+    assert state.offset == 17
+
+
+@pytest.mark.parametrize("chunk_size", [1, 4, 5, 17, 64])
+def test_internal_chunk_size(chunk_size):
+    m = make()
+    x = torch.randn(2, 17, 30, dtype=F64)
+    y_par, s_par = m(x)
+    m.chunk_size = chunk_size
+    y, s = m(x)
+    torch.testing.assert_close(y, y_par, rtol=1e-10, atol=1e-10)
+    torch.testing.assert_close(s.S, s_par.S, rtol=1e-10, atol=1e-10)
+
+
+def test_handoffs_forward_step_forward():
+    m = make()
+    x = torch.randn(3, 20, 30, dtype=F64)
+    y_par, s_par = m(x)
+    y_a, st = m(x[:, :7])
+    ys = [y_a]
+    for t in range(7, 11):
+        y_t, st = m.step(x[:, t], st)
+        ys.append(y_t[:, None])
+    y_b, st = m(x[:, 11:16], st)
+    y_c, st = m.step(x[:, 16], st)
+    y_d, st = m(x[:, 17:], st)
+    y = torch.cat(ys + [y_b, y_c[:, None], y_d], 1)
+    torch.testing.assert_close(y, y_par, rtol=1e-10, atol=1e-10)
+    torch.testing.assert_close(st.S, s_par.S, rtol=1e-10, atol=1e-10)
+    assert st.offset == 20
+
+
+def test_state_not_modified():
+    m = make()
+    x = torch.randn(2, 5, 30, dtype=F64)
+    _, st = m(x)
+    S0 = st.S.clone()
+    m(x, st)
+    m.step(x[:, 0], st)
+    assert torch.equal(st.S, S0) and st.offset == 5
+
+
+def test_state_size_fixed():
+    m = MultiScaleRetention(24, 2, chunk_size=128)
+    st0 = m.init_state(2)
+    assert st0.S.shape == (2, 2, 12, 12) and st0.S.dtype == torch.float32 and st0.offset == 0
+    with torch.no_grad():
+        _, s64 = m(torch.randn(2, 64, 24))
+        _, s1024 = m(torch.randn(2, 1024, 24))
+    assert s64.nbytes == s1024.nbytes == st0.nbytes == 2 * 2 * 12 * 12 * 4
+    assert s1024.offset == 1024 and torch.isfinite(s1024.S).all()
+
+
+def test_gradients_reach_every_parameter():
+    m = make()
+    x = torch.randn(2, 9, 30, dtype=F64)
+    y, st = m(x[:, :5])
+    y2, st = m(x[:, 5:], st)
+    y3, st = m.step(x[:, 0], st)
+    (y.square().sum() + y2.square().sum() + y3.square().sum()).backward()
+    for name, p in m.named_parameters():
+        assert p.grad is not None and p.grad.abs().sum() > 0, name
+
+
+def test_gradcheck_through_state():
+    m = make(d_model=8, n_heads=2)
+    x = torch.randn(2, 4, 8, dtype=F64, requires_grad=True)
+    S = torch.randn(2, 2, 4, 4, dtype=F64, requires_grad=True)
+
+    def f(x, S):
+        y, st = m(x, RetentionState(S=S, offset=3))
+        y2, st = m.step(x[:, 0], st)
+        return y, y2, st.S
+
+    assert torch.autograd.gradcheck(f, (x, S))
+
+
+def test_bf16_keeps_dtype():
+    m = MultiScaleRetention(32, 4).bfloat16()
+    x = torch.randn(2, 6, 32).bfloat16()
+    y, st = m(x)
+    assert y.dtype == torch.bfloat16 and st.S.dtype == torch.float32
+    y1, st = m.step(x[:, 0], st)
+    assert y1.dtype == torch.bfloat16 and st.S.dtype == torch.float32
+    assert torch.isfinite(y.float()).all() and torch.isfinite(y1.float()).all()
+
+
+def test_autocast_keeps_state_float32():
+    m = MultiScaleRetention(32, 4)
+    x = torch.randn(2, 6, 32)
+    y_ref, st_ref = m(x)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y, st = m(x)
+        y1, st1 = m.step(x[:, 0], st)
+    assert st.S.dtype == torch.float32 and st1.S.dtype == torch.float32
+    torch.testing.assert_close(st.S, st_ref.S, rtol=5e-2, atol=5e-2)  # projections ran in bf16
+    torch.testing.assert_close(y.float(), y_ref, rtol=5e-2, atol=5e-2)
+
+
+def test_bad_args():
+    cases = [
+        (dict(d_model=0, n_heads=1), "d_model"),
+        (dict(d_model=30, n_heads=0), "n_heads"),
+        (dict(d_model=30, n_heads=4), "n_heads"),
+        (dict(d_model=30, n_heads=6), "head_dim"),  # head_dim 5: odd
+        (dict(d_model=30, n_heads=3, head_dim=7), "head_dim"),
+        (dict(d_model=30, n_heads=3, rope_layout="rotate"), "rope_layout"),
+        (dict(d_model=30, n_heads=3, rope_base=1.0), "rope_base"),
+        (dict(d_model=30, n_heads=3, chunk_size=0), "chunk_size"),
+    ]
+    for kw, name in cases:
+        with pytest.raises(ValueError, match=name):
+            MultiScaleRetention(**kw)
+    m = MultiScaleRetention(30, 3)
+    with pytest.raises(ValueError, match="x"):
+        m(torch.randn(2, 5, 29))
+    with pytest.raises(ValueError, match="x"):
+        m(torch.randn(2, 0, 30))
+    with pytest.raises(ValueError, match="x"):
+        m.step(torch.randn(2, 1, 30), None)
+    with pytest.raises(ValueError, match="state"):
+        m(torch.randn(2, 5, 30), m.init_state(3))
+    with pytest.raises(ValueError, match="state"):
+        m.step(torch.randn(2, 30), RetentionState(S=torch.zeros(2, 3, 10, 9)))
+
+
+# --- why torchscale's normalisations are dropped ---------------------------------------------------------
+
+
+def test_group_norm_invariant_to_positive_rescaling(monkeypatch):
+    """With eps = 0 the output is exactly unchanged by any positive per-(token, head) factor on o."""
+    m = make(norm_eps=0.0)
+    x = torch.randn(2, 11, 30, dtype=F64)
+    y, _ = m(x)
+    c = torch.exp(torch.randn(2, 11, 3, 1, dtype=F64) * 3)  # factors over ~e^±9
+    block = ret_mod.retention_block
+
+    def scaled(q, k, v, lg, S=None):
+        o, S2 = block(q, k, v, lg, S)
+        return o * c, S2
+
+    monkeypatch.setattr(ret_mod, "retention_block", scaled)
+    y_scaled, _ = m(x)
+    torch.testing.assert_close(y_scaled, y, rtol=1e-12, atol=1e-12)
+
+
+def test_torchscale_normalisations_change_nothing_but_eps():
+    """Row-normalised decay (÷√Σ_m Dec) and scores ÷ max(|Σ_m scores|, 1) give the unnormalised output:
+    exactly with eps = 0, up to the group norm's eps otherwise."""
+    m = make()
+    x = torch.randn(2, 40, 30, dtype=F64)
+    q, k, v = m._qkv(x, 0, F64)  # (B, T, H, D)
+    T = x.shape[1]
+    n = torch.arange(T, dtype=F64)
+    diff = n[:, None] - n[None, :]
+    lg = retention_log_decay(m.n_heads, dtype=F64)
+    dec = torch.where(diff >= 0, torch.exp(diff.clamp(min=0) * lg[:, None, None]), 0.0)  # (H, T, T)
+    dec = dec / dec.sum(-1, keepdim=True).sqrt()
+    scores = torch.einsum("bnhd,bmhd->bhnm", q, k) * dec
+    scores = scores / scores.abs().sum(-1, keepdim=True).clamp(min=1.0)
+    o_ts = torch.einsum("bhnm,bmhd->bnhd", scores, v)
+    y, _ = m(x)
+    torch.testing.assert_close(m._output(x, o_ts), y, rtol=1e-3, atol=1e-3)  # eps = 1e-6
+    m.norm_eps = 0.0
+    y, _ = m(x)
+    torch.testing.assert_close(m._output(x, o_ts), y, rtol=1e-10, atol=1e-10)
