@@ -1,0 +1,206 @@
+"""Tokenise documents once (cached by `datasets`), split whole documents, and lay out the token streams.
+
+Tokenising is one `Dataset.map` whose output is written to `<cache>/tokens/<fingerprint>.arrow`; the
+fingerprint hashes the source key (file paths, sizes and mtimes, or the hub name/split/row count), the
+tokenizer's fingerprint and `FORMAT_VERSION`. When that file exists the documents are not even loaded: a
+second preparation memory-maps the cached tokens and never calls the tokenizer.
+
+Per document the cache holds its token ids with `eos` appended, its UTF-8 byte count and a 64-bit
+hash of its text. A document is in validation when `hash / 2**64 < valid_fraction` (so identical documents
+land in the same split, and the split does not depend on order or on the tokenizer); at least one document
+goes to each side. Each split is one stream `[eos] doc₁ [eos] doc₂ [eos] …`: every text token and every
+document-ending `eos` is a prediction target exactly once, and `[eos]` is the context a fresh document
+starts from (prompt unconditional samples with `[tokenizer.eos_id]`). A single-document corpus is split by
+tokens instead (its last `valid_fraction`), reported in `stats["split"]`.
+
+Cache directory: `cache_dir=`, else `$HYBRID_CACHE`, else `$XDG_CACHE_HOME/hybrid` (`~/.cache/hybrid`).
+`datasets`' own builder cache for loaded files lives in `<cache>/datasets`.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from ..tokenizer import ByteTokenizer, Tokenizer, load_tokenizer
+from . import bpb as _bpb
+from .loader import BatchLoader, eval_batches
+from .sources import Source, resolve_source
+
+__all__ = ["PreparedData", "prepare_data", "default_cache_dir", "tokenize_documents", "FORMAT_VERSION"]
+
+FORMAT_VERSION = 1
+
+
+def default_cache_dir() -> Path:
+    """`$HYBRID_CACHE`, else `$XDG_CACHE_HOME/hybrid`, else `~/.cache/hybrid`."""
+    if os.environ.get("HYBRID_CACHE"):
+        return Path(os.environ["HYBRID_CACHE"]).expanduser()
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "hybrid"
+
+
+def _text_hash(text: str) -> int:
+    digest = hashlib.blake2b(text.encode("utf-8", errors="surrogatepass"), digest_size=8).digest()
+    return int.from_bytes(digest, "little")
+
+
+def _token_dtype(vocab_size: int) -> str:
+    return "uint16" if vocab_size <= 1 << 16 else "int32"
+
+
+def tokenize_documents(docs, tokenizer: Tokenizer, *, cache_file: str | os.PathLike, fingerprint: str,
+                       batch_size: int = 256):
+    """`docs` (a `text` column) → columns `ids` (tokens + eos), `n_bytes`, `hash`; empty documents dropped.
+
+    Written by `Dataset.map` to `cache_file` and read back from there by later calls.
+    """
+    import datasets
+
+    dtype = _token_dtype(tokenizer.vocab_size)
+    eos = tokenizer.eos_id
+
+    def encode(batch):
+        texts = [t for t in batch["text"] if t]
+        ids = tokenizer.encode_batch(texts)
+        return {
+            "ids": [np.asarray(list(x) + [eos], dtype=dtype) for x in ids],
+            "n_bytes": np.asarray([len(t.encode("utf-8", errors="surrogatepass")) for t in texts], np.int64),
+            "hash": np.asarray([_text_hash(t) for t in texts], dtype=np.uint64),
+        }
+
+    features = datasets.Features(
+        {"ids": datasets.List(datasets.Value(dtype)), "n_bytes": datasets.Value("int64"),
+         "hash": datasets.Value("uint64")}
+    )
+    return docs.map(
+        encode, batched=True, batch_size=batch_size, remove_columns=docs.column_names, features=features,
+        cache_file_name=str(cache_file), new_fingerprint=fingerprint, load_from_cache_file=True,
+        desc="tokenising",
+    )
+
+
+def _columns(tokens) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(all token ids concatenated, tokens per document, bytes per document, text hash per document)."""
+    col = tokens.data.column("ids")
+    flat = [c.flatten().to_numpy() for c in col.chunks]
+    lens = [c.value_lengths().to_numpy() for c in col.chunks]
+    cat = lambda xs, dt: np.concatenate(xs) if xs else np.zeros(0, dt)  # noqa: E731
+    ids = cat(flat, np.uint16)
+    return (ids, cat(lens, np.int32).astype(np.int64),
+            np.asarray(tokens.data.column("n_bytes").to_numpy(), dtype=np.int64),
+            np.asarray(tokens.data.column("hash").to_numpy(), dtype=np.uint64))
+
+
+def _split_mask(hashes: np.ndarray, valid_fraction: float) -> np.ndarray:
+    """True for validation documents; at least one per side (needs ≥ 2 documents)."""
+    mask = hashes.astype(np.float64) / 2.0**64 < valid_fraction
+    if not mask.any():
+        mask[np.argmin(hashes)] = True
+    if mask.all():
+        mask[np.argmax(hashes)] = False
+    return mask
+
+
+@dataclass
+class PreparedData:
+    """Token streams of the two splits (1-D numpy, `[eos] doc [eos] doc [eos] …`) and what they came from."""
+
+    train: np.ndarray
+    valid: np.ndarray
+    tokenizer: Tokenizer
+    stats: dict = field(default_factory=dict)
+
+    @property
+    def valid_bytes(self) -> int:
+        """UTF-8 bytes of the validation text (documents only, no specials)."""
+        return int(self.stats["valid_bytes"])
+
+    @property
+    def bytes_per_token(self) -> float:
+        """Validation text bytes per validation target (`len(valid) - 1` targets, eos included)."""
+        return self.valid_bytes / max(1, len(self.valid) - 1)
+
+    def bpb(self, mean_loss: float) -> float:
+        """Bits per byte of a mean loss (nats per target token) over the validation stream."""
+        return _bpb.loss_to_bpb(mean_loss, self.bytes_per_token)
+
+    def unigram_bpb(self, alpha: float = 1.0) -> float:
+        """The baseline: a unigram model fitted on train, scored on validation, in bits per byte."""
+        return _bpb.unigram_bpb(self.train, self.valid, self.valid_bytes, self.tokenizer.vocab_size, alpha=alpha)
+
+    def train_loader(self, seq_len: int, batch_size: int, *, seed: int = 0, rank: int = 0,
+                     world_size: int = 1) -> BatchLoader:
+        return BatchLoader(self.train, seq_len, batch_size, seed=seed, rank=rank, world_size=world_size)
+
+    def valid_batches(self, seq_len: int, batch_size: int, *, rank: int = 0, world_size: int = 1,
+                      max_batches: int | None = None):
+        return eval_batches(self.valid, seq_len, batch_size, rank=rank, world_size=world_size,
+                            max_batches=max_batches)
+
+
+def prepare_data(
+    data: str | os.PathLike | Source | None = None,
+    *,
+    tokenizer: Tokenizer | str | os.PathLike | None = None,
+    valid_fraction: float = 0.05,
+    cache_dir: str | os.PathLike | None = None,
+    text_column: str = "text",
+    split: str = "train",
+    hub_config: str | None = None,
+    max_documents: int | None = None,
+    include_tests: bool = False,
+) -> PreparedData:
+    """Load, tokenise (cached), split and stream the corpus `data` names (see `resolve_source`)."""
+    if not 0.0 < valid_fraction < 1.0:
+        raise ValueError(f"valid_fraction: expected a number in (0, 1), got {valid_fraction!r}")
+    tok = load_tokenizer(tokenizer) if tokenizer is None or isinstance(tokenizer, (str, os.PathLike)) else tokenizer
+    source = data if isinstance(data, Source) else resolve_source(
+        data, text_column=text_column, split=split, hub_config=hub_config, max_documents=max_documents,
+        include_tests=include_tests,
+    )
+    cache = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
+    fingerprint = hashlib.sha256(f"v{FORMAT_VERSION}|{source.key}|{tok.fingerprint}".encode()).hexdigest()[:32]
+    cache_file = cache / "tokens" / f"{fingerprint}.arrow"
+    cache_file.parent.mkdir(parents=True, exist_ok=True)
+
+    import datasets
+
+    cached = cache_file.is_file()
+    if cached:
+        tokens = datasets.Dataset.from_file(str(cache_file))
+    else:
+        docs = source.load(str(cache / "datasets"))
+        tokens = tokenize_documents(docs, tok, cache_file=cache_file, fingerprint=fingerprint)
+
+    ids, lens, nbytes, hashes = _columns(tokens)
+    if len(lens) == 0:
+        raise ValueError(f"no non-empty documents in {source.description}")
+    stats = {"source": source.description, "tokenizer": tok.name, "fingerprint": fingerprint,
+             "cache_file": str(cache_file), "cache_hit": cached, "documents": int(len(lens))}
+    start = np.asarray([tok.eos_id], dtype=ids.dtype)
+    if len(lens) >= 2:
+        mask = _split_mask(hashes, valid_fraction)
+        per_token = np.repeat(mask, lens)
+        train, valid = np.concatenate([start, ids[~per_token]]), np.concatenate([start, ids[per_token]])
+        stats.update(split="documents", train_documents=int((~mask).sum()), valid_documents=int(mask.sum()),
+                     train_bytes=int(nbytes[~mask].sum()), valid_bytes=int(nbytes[mask].sum()))
+    else:  # one document: split its tokens
+        cut = len(ids) - max(2, int(round(len(ids) * valid_fraction)))
+        if cut < 2:
+            raise ValueError(f"{source.description} has a single document of {len(ids)} tokens: too short to split")
+        train, valid = np.concatenate([start, ids[:cut]]), np.concatenate([start, ids[cut:]])
+        vb = _tail_bytes(tok, ids[cut:])
+        stats.update(split="tokens", train_documents=1, valid_documents=1,
+                     train_bytes=int(nbytes[0]) - vb, valid_bytes=vb)
+    stats.update(train_tokens=int(len(train)), valid_tokens=int(len(valid)))
+    return PreparedData(train=train, valid=valid, tokenizer=tok, stats=stats)
+
+
+def _tail_bytes(tok: Tokenizer, ids: np.ndarray) -> int:
+    if isinstance(tok, ByteTokenizer):
+        return int((ids < 256).sum())
+    return len(tok.decode(ids.tolist()).encode("utf-8", errors="surrogatepass"))

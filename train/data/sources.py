@@ -1,0 +1,255 @@
+"""Where documents come from: the standard library (default), local files, or a hub dataset.
+
+`resolve_source(data)` decides what `data` names and returns a `Source`: a cache key computed without
+reading the data, and a `load()` that returns a `datasets.Dataset` with one `text` column, one row per
+document. Plain text files are one document each (read as UTF-8, invalid bytes replaced by U+FFFD, newlines
+normalised to `\\n`). Table files give one document per row of `text_column`: `.jsonl`/`.ndjson`/`.parquet`
+anywhere, and `.json`/`.csv` when named directly (inside a directory they are ordinary text documents, as
+source trees are full of `.json` configs).
+
+Hub datasets are streamed (`load_dataset(name, split=..., streaming=True)`) and the first `max_documents`
+rows are kept. Offline, `HubOfflineError` is raised at once: `HF_HUB_OFFLINE`/`HF_DATASETS_OFFLINE` are
+checked first, then one TCP connection to the hub endpoint with a short timeout, so nothing sits in the
+hub client's retry loop.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import socket
+import sysconfig
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+from urllib.parse import urlparse
+
+__all__ = [
+    "Source",
+    "HubOfflineError",
+    "resolve_source",
+    "stdlib_files",
+    "looks_like_hub_name",
+    "hub_offline_reason",
+    "DEFAULT_HUB_DOCUMENTS",
+]
+
+DEFAULT_HUB_DOCUMENTS = 50_000
+_TABLE_BUILDERS = {".jsonl": "json", ".ndjson": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
+_DIR_TABLES = {".jsonl", ".ndjson", ".parquet"}  # table suffixes inside a directory
+_SKIP_DIRS = {"__pycache__", "node_modules", "site-packages", "dist-packages"}
+_TEST_DIRS = {"test", "tests", "idle_test"}
+_HUB_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]*(/[A-Za-z0-9][A-Za-z0-9_.\-]*)?$")
+_FILE_SUFFIX = re.compile(r"\.(txt|md|rst|py|jsonl?|ndjson|parquet|csv|tsv|html?|xml|c|h|cpp|js|ts|rs|go)$", re.I)
+
+
+class HubOfflineError(RuntimeError):
+    """A hub dataset was asked for but the hub cannot be reached from this machine."""
+
+
+@dataclass(frozen=True)
+class Source:
+    kind: str  # "stdlib" | "files" | "hub"
+    description: str
+    key: str  # changes whenever the documents may have changed
+    load: Callable[[str], "object"]  # load(cache_dir) -> datasets.Dataset with a "text" column
+
+
+# ----------------------------------------------------------------------------------------------- stdlib
+
+
+def stdlib_files(include_tests: bool = False) -> list[Path]:
+    """The running interpreter's standard-library `.py` files, sorted by relative path.
+
+    `site-packages`/`dist-packages` and `__pycache__` are skipped; test packages (`test`, `tests`,
+    `idle_test`) too unless `include_tests`.
+    """
+    root = Path(sysconfig.get_paths()["stdlib"])
+    skip = _SKIP_DIRS | (set() if include_tests else _TEST_DIRS)
+    out = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = [d for d in dirnames if d not in skip and not d.startswith(".")]
+        out += [Path(dirpath, f) for f in filenames if f.endswith(".py")]
+    return sorted(out, key=lambda p: p.relative_to(root).as_posix())
+
+
+# ------------------------------------------------------------------------------------------ local files
+
+
+def _is_text_file(path: Path) -> bool:
+    with open(path, "rb") as f:
+        return b"\0" not in f.read(8192)
+
+
+def _list_files(root: Path) -> list[Path]:
+    if root.is_file():
+        return [root]
+    out = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = [d for d in dirnames if d not in _SKIP_DIRS and not d.startswith(".")]
+        out += [Path(dirpath, f) for f in filenames if not f.startswith(".")]
+    return sorted(out, key=lambda p: p.relative_to(root).as_posix())
+
+
+def _files_key(files: list[Path], extra: str) -> str:
+    h = hashlib.sha256(extra.encode())
+    for p in files:
+        st = p.stat()
+        h.update(f"{p}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
+    return h.hexdigest()
+
+
+def _load_files(files: list[Path], text_column: str, cache_dir: str, tables: set[str]):
+    """One `text` column: plain files one document each, files with a suffix in `tables` one per row."""
+    import datasets
+
+    groups: dict[str, list[str]] = {}
+    for p in files:
+        suffix = p.suffix.lower()
+        builder = _TABLE_BUILDERS[suffix] if suffix in tables else "text"
+        groups.setdefault(builder, []).append(str(p))
+    parts = []
+    for builder, paths in sorted(groups.items()):
+        if builder == "text":
+            ds = datasets.load_dataset(
+                "text", data_files=paths, split="train", sample_by="document",
+                encoding="utf-8", encoding_errors="replace", cache_dir=cache_dir,
+            )
+        else:
+            ds = datasets.load_dataset(builder, data_files=paths, split="train", cache_dir=cache_dir)
+            if text_column not in ds.column_names:
+                raise ValueError(
+                    f"data files {paths[:3]} have no column {text_column!r} (columns: {ds.column_names}); "
+                    f"pass text_column= (--text-column) naming the column that holds the text"
+                )
+            ds = ds.select_columns([text_column])
+            if text_column != "text":
+                ds = ds.rename_column(text_column, "text")
+        parts.append(ds)
+    return parts[0] if len(parts) == 1 else datasets.concatenate_datasets(parts)
+
+
+def _files_source(kind: str, description: str, files: list[Path], text_column: str, tables: set[str]) -> Source:
+    return Source(
+        kind=kind,
+        description=description,
+        key=_files_key(files, f"{kind}|{text_column}|{sorted(tables)}"),
+        load=lambda cache_dir: _load_files(files, text_column, cache_dir, tables),
+    )
+
+
+# ------------------------------------------------------------------------------------------------- hub
+
+
+def looks_like_hub_name(name: str) -> bool:
+    """`owner/name` or `name`: no leading `.`, `/` or `~`, at most one `/`, no data-file suffix."""
+    return bool(_HUB_NAME.match(name)) and not _FILE_SUFFIX.search(name)
+
+
+def _truthy(v: str | None) -> bool:
+    return (v or "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def hub_offline_reason(timeout: float = 3.0) -> str | None:
+    """Why the hub cannot be reached (offline flag set, or no TCP connection within `timeout` s), else None."""
+    for var in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"):
+        if _truthy(os.environ.get(var)):
+            return f"{var}={os.environ[var]} is set"
+    url = urlparse(os.environ.get("HF_ENDPOINT") or "https://huggingface.co")
+    host, port = url.hostname or "huggingface.co", url.port or (80 if url.scheme == "http" else 443)
+    result: list[str | None] = ["no answer within %.0f s" % timeout]
+
+    def probe():  # in a thread: name resolution has no timeout of its own
+        try:
+            socket.create_connection((host, port), timeout=timeout).close()
+            result[0] = None
+        except OSError as e:
+            result[0] = f"{type(e).__name__}: {e}"
+
+    t = threading.Thread(target=probe, daemon=True)
+    t.start()
+    t.join(timeout + 0.5)
+    return None if result[0] is None else f"cannot connect to {host}:{port} ({result[0]})"
+
+
+def _offline_error(name: str, reason: str) -> HubOfflineError:
+    return HubOfflineError(
+        f"could not reach the Hugging Face Hub for dataset {name!r}: this machine is offline ({reason}). "
+        f"Train on local data instead, e.g. --data /path/to/texts (a text file, a .jsonl/.parquet file with a "
+        f"'text' column, or a directory of text files), or leave --data out to use the default corpus "
+        f"(this Python's standard-library sources)."
+    )
+
+
+def _load_hub(name: str, *, split: str, config: str | None, text_column: str, max_documents: int):
+    reason = hub_offline_reason()
+    if reason is not None:
+        raise _offline_error(name, reason)
+    import datasets
+
+    try:
+        stream = datasets.load_dataset(name, config, split=split, streaming=True)
+        texts = []
+        for row in stream:
+            if text_column not in row:
+                raise ValueError(
+                    f"hub dataset {name!r} has no column {text_column!r} (columns: {sorted(row)}); "
+                    f"pass text_column= (--text-column)"
+                )
+            texts.append(row[text_column])
+            if len(texts) >= max_documents:
+                break
+    except ConnectionError as e:  # the hub went away between the probe and the download
+        raise _offline_error(name, f"{type(e).__name__}: {e}") from e
+    return datasets.Dataset.from_dict({"text": texts})
+
+
+def _hub_source(name, *, split, config, text_column, max_documents) -> Source:
+    n = DEFAULT_HUB_DOCUMENTS if max_documents is None else max_documents
+    desc = f"hub:{name}" + (f"/{config}" if config else "") + f"[{split}][:{n}]"
+    return Source(
+        kind="hub",
+        description=desc,
+        key=hashlib.sha256(f"hub|{desc}|{text_column}".encode()).hexdigest(),
+        load=lambda cache_dir: _load_hub(
+            name, split=split, config=config, text_column=text_column, max_documents=n
+        ),
+    )
+
+
+# ---------------------------------------------------------------------------------------------- resolve
+
+
+def resolve_source(
+    data: str | os.PathLike | None = None,
+    *,
+    text_column: str = "text",
+    split: str = "train",
+    hub_config: str | None = None,
+    max_documents: int | None = None,
+    include_tests: bool = False,
+) -> Source:
+    """What `data` names: `None`/`"stdlib"` → the standard library; an existing path → local files;
+    otherwise a hub dataset name. A missing path that cannot be a hub name raises `FileNotFoundError`."""
+    if data is None or str(data) == "stdlib":
+        files = stdlib_files(include_tests)
+        root = sysconfig.get_paths()["stdlib"]
+        return _files_source("stdlib", f"stdlib:{root} ({len(files)} .py files)", files, "text", set())
+    path = Path(data).expanduser()
+    if path.exists():
+        path = path.resolve()
+        files = _list_files(path)
+        tables = _DIR_TABLES if path.is_dir() else set(_TABLE_BUILDERS)
+        if path.is_dir():
+            files = [p for p in files if p.suffix.lower() in tables or _is_text_file(p)]
+        if not files:
+            raise ValueError(f"no text files found under {path}")
+        return _files_source("files", f"files:{path} ({len(files)} files)", files, text_column, tables)
+    name = str(data)
+    if not looks_like_hub_name(name):
+        raise FileNotFoundError(
+            f"data path not found: {name} (it does not exist, and it is not a hub dataset name like "
+            f"'owner/name'); pass an existing file or directory, e.g. --data /path/to/texts"
+        )
+    return _hub_source(name, split=split, config=hub_config, text_column=text_column, max_documents=max_documents)
