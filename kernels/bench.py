@@ -1,8 +1,8 @@
 """Benchmark of complex_scan: backend × size, forward and forward+backward, against a copy of the same bytes.
 
-    python -m kernels.bench                    # CPU: torch backend vs a per-step loop (issue's CPU target)
-    python -m kernels.bench --device cuda      # GPU: triton and torch backends, timed with do_bench
+    python -m kernels.bench                    # CPU: torch backend vs a per-step loop
     python -m kernels.bench --out table.md     # also write the markdown table
+    python -m kernels.bench --device cuda      # GPU: runs kernels.bench_gpu (Triton vs torch vs copy, do_bench)
 
 Bytes counted are the minimum a pass must move: forward reads x (+ decays/angles when data-dependent)
 and writes y; backward reads x, y, dy (+ decays/angles) and writes dx (+ their gradients). "copy GB/s" is
@@ -21,15 +21,10 @@ import torch
 from kernels import complex_scan
 
 CPU_SHAPES = [(4, 4096, 8, 64), (2, 1024, 8, 64), (1, 16384, 4, 128)]
-GPU_SHAPES = [(8, 8192, 16, 128), (8, 2048, 16, 128), (2, 32768, 16, 128), (8, 8192, 16, 64)]
 
 
-def timer(device: torch.device, reps: int):
-    """Return f ↦ milliseconds per call: do_bench on CUDA, the median of ``reps`` calls on CPU."""
-    if device.type == "cuda":
-        from triton.testing import do_bench
-
-        return lambda fn: do_bench(fn, warmup=25, rep=100)
+def timer(reps: int):
+    """f ↦ median milliseconds of ``reps`` calls, after one warm-up call."""
 
     def measure(fn):
         fn()
@@ -84,7 +79,7 @@ def copy_bandwidth(nbytes, device, measure):
 
 def run(device: torch.device, shapes, dtypes, backends, reps: int, with_loop: bool):
     gen = torch.Generator().manual_seed(0)
-    measure = timer(device, reps)
+    measure = timer(reps)
     rows = []
     for shape in shapes:
         for dtype in dtypes:
@@ -134,33 +129,30 @@ def to_markdown(rows, loop_speedup=True):
     return "\n".join(lines)
 
 
-def describe(device: torch.device) -> str:
-    if device.type == "cuda":
-        return f"{torch.cuda.get_device_name(device)}, torch {torch.__version__}"
+def describe() -> str:
     return f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads, torch {torch.__version__}"
 
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--device", default="cpu", help="cpu or cuda (default: cpu)")
+    p.add_argument("--device", default="cpu", help="cpu, or cuda to run kernels.bench_gpu")
     p.add_argument("--shape", action="append", default=None, metavar="B,T,H,D",
-                   help="a size to run (repeatable); default: the issue's sizes for the device")
+                   help="a size to run (repeatable); default: " + " ".join(",".join(map(str, s)) for s in CPU_SHAPES))
     p.add_argument("--dtype", action="append", default=None, choices=["float32", "bfloat16", "float16"])
-    p.add_argument("--reps", type=int, default=5, help="CPU repetitions (median reported)")
+    p.add_argument("--reps", type=int, default=5, help="repetitions (median reported)")
     p.add_argument("--no-loop", action="store_true", help="skip the per-step loop baseline")
     p.add_argument("--out", default=None, help="also write the markdown table here")
-    args = p.parse_args(argv)
+    args, rest = p.parse_known_args(argv)
+    if args.device.startswith("cuda"):
+        from kernels import bench_gpu
 
-    device = torch.device(args.device)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise SystemExit("kernels.bench: --device cuda asked for but no CUDA device is visible")
-    shapes = [tuple(int(v) for v in s.split(",")) for s in args.shape] if args.shape else (
-        GPU_SHAPES if device.type == "cuda" else CPU_SHAPES)
-    dtypes = [getattr(torch, d) for d in (args.dtype or (["bfloat16", "float32"] if device.type == "cuda" else ["float32"]))]
-    backends = ["triton", "torch"] if device.type == "cuda" else ["torch"]
-    with_loop = not args.no_loop and device.type == "cpu"
-    rows = run(device, shapes, dtypes, backends, args.reps, with_loop)
-    table = f"complex_scan on {describe(device)}\n\n" + to_markdown(rows)
+        raise SystemExit(bench_gpu.main(rest + (["--out", args.out] if args.out else [])))
+    if rest:
+        p.error(f"unrecognized arguments: {' '.join(rest)}")
+    shapes = [tuple(int(v) for v in s.split(",")) for s in args.shape] if args.shape else CPU_SHAPES
+    dtypes = [getattr(torch, d) for d in (args.dtype or ["float32"])]
+    rows = run(torch.device(args.device), shapes, dtypes, ["torch"], args.reps, not args.no_loop)
+    table = f"complex_scan on {describe()}\n\n" + to_markdown(rows)
     print(table)
     if args.out:
         with open(args.out, "w") as f:
