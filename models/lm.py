@@ -97,16 +97,21 @@ class HybridLM(nn.Module):
     @torch.no_grad()
     def _init_weights(self) -> None:
         """N(0, init_std) for linear and embedding weights; residual output projections scaled by
-        1/√(2·n_layers) (GPT-2). Mixer-specific parameters (decays, gates, CARoPE) keep their own init."""
+        1/√(2·n_layers) (GPT-2). Mixer-specific parameters (decays, gates, CARoPE) keep their own init, and
+        retention (M) layers keep RetNet's published initialisation, so the baseline is the baseline."""
         std = self.config.init_std
         for module in self.modules():
             if isinstance(module, (nn.Linear, nn.Embedding)):
                 nn.init.normal_(module.weight, mean=0.0, std=std)
                 if getattr(module, "bias", None) is not None:
                     nn.init.zeros_(module.bias)
+        depth_std = std / math.sqrt(2 * self.config.n_layers)
         for block in self.blocks:
-            for proj in (block.mixer.out_proj, block.mlp.w_down):
-                nn.init.normal_(proj.weight, mean=0.0, std=std / math.sqrt(2 * self.config.n_layers))
+            nn.init.normal_(block.mlp.w_down.weight, mean=0.0, std=depth_std)
+            if isinstance(block.mixer, MultiScaleRetention):
+                block.mixer.reset_parameters()
+            else:
+                nn.init.normal_(block.mixer.out_proj.weight, mean=0.0, std=depth_std)
 
     def num_parameters(self, exclude_embeddings: bool = False) -> int:
         n = sum(p.numel() for p in self.parameters())
@@ -140,9 +145,15 @@ class HybridLM(nn.Module):
             raise ValueError(f"input_ids: expected an int64 tensor of shape (B, T), got {got}")
         if input_ids.dim() != 2:
             raise ValueError(f"input_ids: expected shape (B, T), got {tuple(input_ids.shape)}")
-        if input_ids.numel() and (int(input_ids.min()) < 0 or int(input_ids.max()) >= self.config.vocab_size):
+        if not input_ids.numel():
+            return
+        V = self.config.vocab_size
+        if input_ids.is_cuda or torch.compiler.is_compiling():
+            # no host sync in the training loop: the device raises when the ids are out of range
+            torch._assert_async(((input_ids >= 0) & (input_ids < V)).all(), f"input_ids: expected token ids in [0, {V})")
+        elif int(input_ids.min()) < 0 or int(input_ids.max()) >= V:
             raise ValueError(
-                f"input_ids: expected token ids in [0, {self.config.vocab_size}), got values in "
+                f"input_ids: expected token ids in [0, {V}), got values in "
                 f"[{int(input_ids.min())}, {int(input_ids.max())}]"
             )
 
