@@ -1,1 +1,21 @@
+"""Training: data, tokenizers, the trainer (single process, DDP, FSDP2), checkpoints, CLI, demo.
 
+    from train import TrainConfig, Trainer
+    result = Trainer(TrainConfig(steps=500, out="runs/x")).fit()      # fresh run
+    result = Trainer.from_checkpoint("runs/x", steps=1000).fit()      # exact resume, new total
+
+Command lines: ``hybrid-train`` (``python -m train``), ``hybrid-generate``; ``python -m train.demo``.
+"""
+from .checkpoint import CheckpointError, has_checkpoint, load_checkpoint, save_checkpoint
+from .config import TrainConfig
+from .evaluate import evaluate
+from .inference import LoadedRun, generate_ids, generate_text, load_run
+from .optim import build_optimizer, param_groups
+from .trainer import Trainer, TrainResult, model_config_for, train
+
+__all__ = [
+    "TrainConfig", "Trainer", "TrainResult", "train", "model_config_for", "evaluate",
+    "build_optimizer", "param_groups",
+    "load_run", "LoadedRun", "generate_text", "generate_ids",
+    "CheckpointError", "load_checkpoint", "save_checkpoint", "has_checkpoint",
+]

@@ -1,0 +1,7 @@
+"""``python -m train`` = ``hybrid-train`` (also under ``torchrun -m train``)."""
+import sys
+
+from .cli import train_main
+
+if __name__ == "__main__":
+    sys.exit(train_main())

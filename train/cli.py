@@ -1,0 +1,292 @@
+"""Command lines: ``hybrid-train`` (= ``python -m train``) and ``hybrid-generate``.
+
+User errors (a missing data path, an unknown preset, a corrupt checkpoint, an offline hub name, a bad
+value) print one line, ``<prog>: error: …``, to stderr and exit with status 2; a diverged run exits with 1
+and an interrupted one with 130. ``HYBRID_TRACEBACK=1`` shows the full traceback instead.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from dataclasses import fields
+
+from models import PRESETS, SIZES, HybridConfig
+
+from .config import TrainConfig
+from .data import HubOfflineError
+
+__all__ = ["train_main", "generate_main", "train_parser", "generate_parser", "config_from_args"]
+
+D = TrainConfig()  # the defaults shown in --help
+
+TRAIN_EPILOG = """\
+examples:
+  hybrid-train                                    # tiny hybrid on this Python's stdlib sources (CPU: minutes)
+  hybrid-train --preset transformer --steps 2000 --out runs/tf
+  hybrid-train --data ~/texts --tokenizer tokenizer.json --size small --seq-len 1024 --out runs/mine
+  hybrid-train --pattern RRRA --set rnn_selective=true --set carope=true
+  hybrid-train --resume runs/tf --steps 4000      # continue a run; --steps is the new total
+  torchrun --nproc-per-node 4 -m train --size small --batch-size 16 --out runs/ddp   [--fsdp]
+  hybrid-generate --run runs/tf --prompt "def " --max-new-tokens 200
+
+outputs in --out: checkpoint/ (resumable), metrics.jsonl, loss.png, train_config.json
+"""
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse whose errors are one line (no usage block) and exit 2."""
+
+    def error(self, message):
+        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+
+
+class UsageError(ValueError):
+    """A command-line mistake found after parsing."""
+
+
+def _positive_int(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return v
+
+
+def _count(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}") from None
+    if v < 0:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}")
+    return v
+
+
+def _int_or(word: str):
+    def parse(text: str):
+        return None if text.lower() == word else _positive_int(text)
+
+    return parse
+
+
+def _set_pair(text: str) -> tuple[str, object]:
+    key, sep, value = text.partition("=")
+    key = key.strip().replace("-", "_")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
+    known = {f.name for f in fields(HybridConfig)}
+    if key not in known:
+        raise argparse.ArgumentTypeError(
+            f"unknown HybridConfig field {key!r}; known fields: {', '.join(sorted(known))}")
+    try:
+        return key, json.loads(value)
+    except json.JSONDecodeError:
+        return key, value  # a bare string: --set rope_layout=half
+
+
+def train_parser() -> argparse.ArgumentParser:
+    p = _Parser(
+        prog="hybrid-train",
+        description="Train a hybrid language model. With no arguments: the tiny hybrid preset (RRA: two VO-RoPE "
+                    "recurrence layers per attention layer) on this Python's standard-library sources, on the "
+                    "CPU or GPU, checkpoints and metrics in runs/train.",
+        epilog=TRAIN_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    S = argparse.SUPPRESS  # options left out keep the TrainConfig default (or, on --resume, the saved value)
+
+    g = p.add_argument_group("model")
+    g.add_argument("--preset", choices=sorted(PRESETS), default=S,
+                   help="architecture: all attention, all RetNet, all recurrence, or the RRA hybrid "
+                        f"(default: {D.preset})")
+    g.add_argument("--size", choices=list(SIZES), default=S,
+                   help=f"tiny ≈0.8M, small ≈25M, base ≈125M, large ≈350M parameters (default: {D.size})")
+    g.add_argument("--pattern", default=S, help="mixer letters repeated over the layers: R recurrence, A attention, "
+                                                  "M retention (e.g. RRA)")
+    g.add_argument("--d-model", type=_positive_int, default=S, help="model width")
+    g.add_argument("--n-layers", type=_positive_int, default=S, help="number of blocks")
+    g.add_argument("--n-heads", type=_positive_int, default=S, help="heads per mixer")
+    g.add_argument("--window", type=_int_or("none"), default=S,
+                   help="attention sliding window in tokens, or 'none' for global attention")
+    g.add_argument("--set", dest="sets", metavar="KEY=VALUE", type=_set_pair, action="append", default=S,
+                   help="any HybridConfig field, VALUE parsed as JSON (e.g. --set carope=true --set "
+                        "rope_scaling='{\"rope_type\": \"yarn\", \"factor\": 4}'); repeatable")
+
+    g = p.add_argument_group("data")
+    g.add_argument("--data", default=S, metavar="PATH_OR_DATASET",
+                   help="a text file, a .jsonl/.parquet/.csv file with a 'text' column, a directory of text files, "
+                        "or a Hugging Face dataset name (needs internet); default: this Python's stdlib sources")
+    g.add_argument("--tokenizer", default=S, metavar="PATH",
+                   help="a tokenizer.json (or a directory holding one); default: bytes (vocab 259)")
+    g.add_argument("--valid-fraction", type=float, default=S,
+                   help=f"fraction of documents held out for validation (default: {D.valid_fraction})")
+    g.add_argument("--seq-len", type=_positive_int, default=S, help=f"tokens per sequence (default: {D.seq_len})")
+    g.add_argument("--batch-size", type=_positive_int, default=S,
+                   help=f"sequences per micro-batch per rank (default: {D.batch_size})")
+    g.add_argument("--grad-accum", type=_positive_int, default=S,
+                   help=f"micro-batches per optimizer step (default: {D.grad_accum})")
+
+    g = p.add_argument_group("optimisation")
+    g.add_argument("--steps", type=_positive_int, default=S,
+                   help=f"total optimizer steps; with --resume, the new total (default: {D.steps})")
+    g.add_argument("--lr", type=float, default=S, help=f"peak learning rate (default: {D.lr:g})")
+    g.add_argument("--min-lr-ratio", type=float, default=S,
+                   help=f"the cosine decays to lr × this (default: {D.min_lr_ratio})")
+    g.add_argument("--warmup", type=_count, default=S, help="linear warmup steps (default: min(100, steps / 10))")
+    g.add_argument("--weight-decay", type=float, default=S,
+                   help=f"AdamW decay of Linear/Embedding weights only (default: {D.weight_decay})")
+    g.add_argument("--betas", type=float, nargs=2, metavar=("B1", "B2"), default=S,
+                   help=f"AdamW betas (default: {D.betas[0]} {D.betas[1]})")
+    g.add_argument("--grad-clip", type=float, default=S,
+                   help=f"max gradient norm, 0 = off (default: {D.grad_clip})")
+    g.add_argument("--seed", type=_count, default=S, help=f"model init and data order (default: {D.seed})")
+
+    g = p.add_argument_group("bookkeeping")
+    g.add_argument("--out", default=S, metavar="DIR", help=f"run directory (default: {D.out})")
+    g.add_argument("--resume", metavar="DIR",
+                   help="continue the run in DIR from its checkpoint (same data order, optimizer and RNG); "
+                        "change --steps and the intervals, not the model or data")
+    g.add_argument("--overwrite", action="store_true", help="start over in an --out that already has a checkpoint")
+    g.add_argument("--eval-every", type=_count, default=S,
+                   help=f"steps between evaluations, 0 = only at the end (default: {D.eval_every})")
+    g.add_argument("--eval-batches", type=_int_or("all"), default=S,
+                   help=f"validation batches per evaluation, or 'all' (default: {D.eval_batches})")
+    g.add_argument("--save-every", type=_count, default=S,
+                   help=f"steps between checkpoints, 0 = only at the end (default: {D.save_every})")
+    g.add_argument("--log-every", type=_positive_int, default=S,
+                   help=f"steps between metrics records (default: {D.log_every})")
+    g.add_argument("--quiet", action="store_true", help="print nothing but errors")
+
+    g = p.add_argument_group("execution")
+    g.add_argument("--device", default=S, help="auto (cuda if available), cpu, cuda or cuda:N (default: auto)")
+    g.add_argument("--compile", action="store_true", default=S, help="torch.compile the model")
+    g.add_argument("--fsdp", action="store_true", default=S,
+                   help="under torchrun: shard with FSDP2 instead of replicating with DDP")
+    return p
+
+
+MODEL_FLAGS = ("pattern", "d_model", "n_layers", "n_heads", "window")
+
+
+def config_from_args(args: argparse.Namespace) -> dict:
+    """The TrainConfig fields the command line sets (only those given), ``model`` overrides merged."""
+    given = dict(vars(args))
+    for name in ("resume", "overwrite", "quiet"):
+        given.pop(name, None)
+    model = {name: given.pop(name) for name in MODEL_FLAGS if name in given}
+    for key, value in given.pop("sets", []):
+        model[key] = value
+    if model:
+        given["model"] = model
+    if "betas" in given:
+        given["betas"] = tuple(given["betas"])
+    return given
+
+
+def _fail(prog: str, error: BaseException) -> int:
+    rank = os.environ.get("RANK")
+    where = f"[rank {rank}] " if rank is not None and os.environ.get("WORLD_SIZE", "1") != "1" else ""
+    message = " ".join(str(error).split()) or type(error).__name__
+    print(f"{prog}: error: {where}{message}", file=sys.stderr)
+    return 2
+
+
+USER_ERRORS = (ValueError, FileNotFoundError, NotADirectoryError, HubOfflineError, ImportError)
+
+
+def _guarded(prog: str, fn) -> int:
+    if os.environ.get("HYBRID_TRACEBACK") == "1":
+        return fn()
+    try:
+        return fn()
+    except KeyboardInterrupt:
+        print(f"{prog}: interrupted", file=sys.stderr)
+        return 130
+    except FloatingPointError as e:
+        print(f"{prog}: {e}", file=sys.stderr)
+        return 1
+    except USER_ERRORS as e:
+        return _fail(prog, e)
+
+
+def _train(args: argparse.Namespace) -> int:
+    from .trainer import Trainer
+
+    given = config_from_args(args)
+    kwargs = dict(verbose=0 if args.quiet else 2)
+    if args.resume:
+        if "out" in given and os.path.abspath(given["out"]) != os.path.abspath(args.resume):
+            raise UsageError(f"--out {given['out']} and --resume {args.resume} name different run directories; "
+                             f"a resumed run writes to its own directory")
+        if args.overwrite:
+            raise UsageError("--overwrite and --resume contradict each other: one starts over, the other continues")
+        trainer = Trainer.from_checkpoint(args.resume, trainer_kwargs=kwargs, **given)
+    else:
+        trainer = Trainer(TrainConfig(**given), overwrite=args.overwrite, **kwargs)
+    trainer.fit()
+    return 0
+
+
+def train_main(argv: list[str] | None = None) -> int:
+    """``hybrid-train``: returns the exit status (the console script exits with it)."""
+    try:
+        args = train_parser().parse_args(argv)
+    except SystemExit as e:  # --help (0) or a bad option (2, message printed)
+        return e.code
+    return _guarded("hybrid-train", lambda: _train(args))
+
+
+# ---------------------------------------------------------------------------------------------- generate
+
+
+def generate_parser() -> argparse.ArgumentParser:
+    p = _Parser(
+        prog="hybrid-generate",
+        description="Continue a prompt with the model of a training run (its checkpoint and tokenizer). The "
+                    "prompt is read as the start of a document; the prompt and its continuation are printed.",
+        epilog='example:\n  hybrid-generate --run runs/train --prompt "import os\\n" --temperature 0.8 --top-k 40',
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--run", required=True, metavar="DIR",
+                   help="run directory (its checkpoint/) or a checkpoint directory")
+    p.add_argument("--prompt", default="", help="text to continue (default: empty: a fresh document)")
+    p.add_argument("--max-new-tokens", type=_count, default=200, help="tokens to generate (default: 200)")
+    p.add_argument("--mode", choices=["recurrent", "parallel", "chunked"], default="recurrent",
+                   help="recurrent: O(1) state per token; parallel/chunked: recompute the whole sequence per "
+                        "token (the slow reference) (default: recurrent)")
+    p.add_argument("--prefill", choices=["parallel", "chunked"], default="parallel",
+                   help="how the recurrent mode reads the prompt (default: parallel)")
+    p.add_argument("--chunk-size", type=_positive_int, default=None, help="block size of chunked processing")
+    p.add_argument("--temperature", type=float, default=0.8, help="0 = greedy (default: 0.8)")
+    p.add_argument("--top-k", type=_positive_int, default=None, help="sample among the k most likely tokens")
+    p.add_argument("--top-p", type=float, default=None, help="sample from the smallest set of mass >= p")
+    p.add_argument("--seed", type=_count, default=0, help="sampling seed (default: 0)")
+    p.add_argument("--no-stop", action="store_true", help="keep going past the end-of-document token")
+    p.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N (default: auto)")
+    return p
+
+
+def _generate(args: argparse.Namespace) -> int:
+    from .distributed import resolve_device
+    from .inference import generate_text, load_run
+
+    if args.device not in ("auto", "cpu", "cuda") and not args.device.startswith("cuda:"):
+        raise UsageError(f"--device: expected auto, cpu, cuda or cuda:N, got {args.device!r}")
+    run = load_run(args.run, device=resolve_device(args.device))
+    text = generate_text(run, args.prompt, max_new_tokens=args.max_new_tokens, mode=args.mode,
+                         prefill=args.prefill, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+                         seed=args.seed, stop_at_eos=not args.no_stop, chunk_size=args.chunk_size)
+    print(text)
+    return 0
+
+
+def generate_main(argv: list[str] | None = None) -> int:
+    """``hybrid-generate``: returns the exit status."""
+    try:
+        args = generate_parser().parse_args(argv)
+    except SystemExit as e:
+        return e.code
+    return _guarded("hybrid-generate", lambda: _generate(args))

@@ -1,0 +1,142 @@
+"""``python -m train.demo`` (``make demo``): train the tiny hybrid on this Python's standard library, then
+generate from it in recurrent and in parallel mode.
+
+The recipe is fixed (same seed, steps and numbers on every run): the tiny hybrid preset (RRA, ≈0.8M
+parameters, byte vocabulary), 1200 steps of 16 × 256 tokens (4.9M tokens, about 40% of an epoch of the
+11.7M-token training split), AdamW at 3e-3 with 100 warmup steps and a cosine to 3e-4, the whole validation
+split scored every 300 steps. About 7 minutes on two idle CPU cores. It prints the validation bits per byte
+next to the unigram baseline of the same data, greedy samples from both decoding modes, and where the run is.
+
+On a machine too slow (or too busy) for that, the demo measures its speed over steps 50–100, still in the
+warmup, and lowers the step count so that training ends within ``--budget`` seconds (the warmup does not
+depend on the total, so the shorter run is exactly the run that step count would give).
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+import torch
+
+from .config import TrainConfig
+
+PROMPT = "class Point:\n    def __init__(self"
+BUDGET_S = 450.0  # from the start to the end of training, evaluations included
+CHECK_AT = 100  # the step at which the training time is projected (the last warmup step)
+RECIPE = dict(preset="hybrid", size="tiny", seq_len=256, batch_size=16, steps=1200, lr=3e-3, warmup=100,
+              eval_every=300, eval_batches=None, log_every=25, save_every=600)
+
+
+def _clock(seconds: float) -> str:
+    return f"{int(seconds // 60)}m{seconds % 60:04.1f}s"
+
+
+def _show(text: str) -> str:
+    return "\n".join(("    │ " + line).rstrip() for line in text.rstrip().split("\n"))
+
+
+def _steps_within(budget: float, elapsed: float, per_step: float, eval_s: float, steps: int, eval_every: int) -> int:
+    """The largest step count (a multiple of 50, at least 3 × CHECK_AT) whose training and evaluations end
+    within ``budget`` seconds, given ``elapsed`` seconds at step CHECK_AT; ``steps`` when that fits."""
+    def projected(n):
+        return elapsed + (n - CHECK_AT) * per_step + (n // eval_every + (n % eval_every > 0)) * eval_s
+
+    n = steps
+    while n > 3 * CHECK_AT and projected(n) > budget:
+        n = (n - 1) // 50 * 50
+    return n
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m train.demo", description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", default="runs/demo", help="run directory, replaced if present (default: runs/demo)")
+    p.add_argument("--steps", type=int, default=RECIPE["steps"], help=f"training steps (default: {RECIPE['steps']})")
+    p.add_argument("--device", default="auto", help="auto, cpu or cuda (default: auto)")
+    p.add_argument("--new-tokens", type=int, default=160, help="tokens per sample (default: 160)")
+    p.add_argument("--budget", type=float, default=BUDGET_S,
+                   help="seconds for the training (evaluations included); a slower machine trains fewer steps, "
+                        f"0 = no limit (default: {BUDGET_S:.0f})")
+    args = p.parse_args(argv)
+
+    import datasets
+
+    from models import HybridLM
+
+    from .data import prepare_data
+    from .distributed import resolve_device
+    from .inference import generate_ids, load_run
+    from .trainer import Trainer, model_config_for
+
+    datasets.disable_progress_bars()
+    t0 = time.perf_counter()
+    short = args.steps < RECIPE["steps"]
+    recipe = {**RECIPE, "steps": args.steps}
+    if short:  # a quick look: keep warmup, evaluations and saves in proportion
+        recipe.update(warmup=min(RECIPE["warmup"], args.steps // 4), eval_every=max(1, args.steps // 4),
+                      save_every=max(1, args.steps // 2))
+    config = TrainConfig(out=args.out, device=args.device, **recipe)
+    print(f"hybrid demo: train the tiny hybrid model (RRA: two VO-RoPE recurrence layers per attention layer)\n"
+          f"on this Python's standard-library sources, then generate in recurrent and parallel mode\n"
+          f"(torch {torch.__version__}, {torch.get_num_threads()} threads)\n", flush=True)
+    data = prepare_data(config.data, tokenizer=config.tokenizer, valid_fraction=config.valid_fraction)
+    d, m = data.stats, model_config_for(config, data.tokenizer)
+    print(f"data   {d['documents']} files, {d['train_tokens']:,} train / {d['valid_tokens']:,} valid byte tokens\n"
+          f"model  {HybridLM(m).num_parameters():,} parameters, layers {m.layer_types}, attention window {m.window}, "
+          f"d_model {m.d_model}, on {resolve_device(config.device)}\n"
+          f"train  {config.steps} steps × {config.batch_size} × {config.seq_len} tokens, AdamW lr {config.lr:g}, "
+          f"warmup {config.warmup}, cosine\n", flush=True)
+    trainer = Trainer(config, overwrite=True, verbose=0, progress=None)
+    speed = []
+
+    def on_log(record):
+        if CHECK_AT // 2 < record["step"] <= CHECK_AT:
+            speed.append(record["tokens_per_s"])
+        if record["step"] == CHECK_AT and args.budget > 0 and not short:
+            tps = sum(speed) / len(speed)
+            per_step = config.batch_size * config.seq_len / tps
+            eval_s = per_step * len(trainer.data.valid) / (config.batch_size * config.seq_len) / 3  # forward only
+            steps = _steps_within(args.budget, time.perf_counter() - t0, per_step, eval_s, config.steps,
+                                  config.eval_every)
+            if steps < config.steps:
+                trainer.write(f"note: {tps:,.0f} tokens/s is too slow for {config.steps} steps in "
+                              f"{_clock(args.budget)} (a busy machine?); training {steps} steps instead\n")
+                trainer.set_total_steps(steps)
+
+    def on_eval(record):
+        trainer.write(f"  step {record['step']:>5}/{trainer.config.steps}  val_loss {record['val_loss']:.3f}  "
+                      f"val_bpb {record['val_bpb']:.3f}   [{_clock(time.perf_counter() - t0)}]")
+
+    trainer.on_log, trainer.on_eval = on_log, on_eval
+    result = trainer.fit()
+    t_train = time.perf_counter() - t0
+    tps = [r["tokens_per_s"] for r in result.history if "tokens_per_s" in r]
+    final = [r for r in result.history if "val_bpb" in r][-1]
+    scope = "the whole split" if config.eval_batches is None else f"{config.eval_batches} batches"
+    print(f"\nvalidation ({final['val_tokens']:,} tokens, {scope})\n"
+          f"  model    {final['val_bpb']:.3f} bits per byte   (loss {final['val_loss']:.3f} nats per token)\n"
+          f"  unigram  {result.unigram_bpb:.3f} bits per byte   (baseline: byte frequencies of the training split)\n",
+          flush=True)
+
+    run = load_run(config.out, device=trainer.device)  # back from the checkpoint on disk
+    samples = {}
+    for mode in ("recurrent", "parallel"):
+        t = time.perf_counter()
+        samples[mode] = generate_ids(run, PROMPT, max_new_tokens=args.new_tokens, mode=mode, temperature=0.0)
+        print(f"greedy sample, {mode} mode ({_clock(time.perf_counter() - t)}):", flush=True)
+        print(_show(run.tokenizer.decode(samples[mode])), flush=True)
+    same = samples["recurrent"] == samples["parallel"]
+    print(f"identical: {same}\n")
+
+    print(f"run directory {result.out}/  (trained in {_clock(t_train)}, {sum(tps) / max(1, len(tps)):,.0f} tokens/s)\n"
+          f"  checkpoint/     weights, optimizer, data position; continue with\n"
+          f"                  python -m train --resume {result.out} --steps {2 * result.step}\n"
+          f"  metrics.jsonl   loss, lr, tokens/s every {config.log_every} steps; val_loss, val_bpb per evaluation\n"
+          f"  loss.png        loss curve\n"
+          f"sample more:  hybrid-generate --run {result.out} --prompt 'def ' --temperature 0.8\n"
+          f"total {_clock(time.perf_counter() - t0)}")
+    return 0 if same else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,152 @@
+"""torchrun support: the process group, DDP / FSDP2 wrapping, and full (unsharded) state dicts.
+
+Under ``torchrun`` (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK`` in the environment, ``WORLD_SIZE > 1``) the
+process group is NCCL on CUDA and gloo on CPU. The model is wrapped in DDP, or with ``fsdp=True`` sharded
+by FSDP2: ``fully_shard`` on every block, then on the root (which holds the embedding, the tied LM head and
+the final norm).
+
+Checkpoints hold full state dicts whatever the wrapping: ``get_model_state_dict`` /
+``get_optimizer_state_dict`` with ``full_state_dict=True, cpu_offload=True`` (optimizer state keyed by
+parameter name, not by position), restored with the ``set_*`` counterparts on every rank. So a run saved on
+N ranks resumes on M, with or without FSDP.
+"""
+from __future__ import annotations
+
+import os
+import warnings
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    set_model_state_dict,
+    set_optimizer_state_dict,
+)
+
+__all__ = ["DistEnv", "resolve_device", "init_distributed", "wrap_model", "full_state", "load_full_state", "tied_names"]
+
+_FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)
+
+
+@dataclass
+class DistEnv:
+    """This process's place in the job; ``world_size == 1`` without torchrun."""
+
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+
+    @property
+    def distributed(self) -> bool:
+        return self.world_size > 1
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    def barrier(self) -> None:
+        if self.distributed:
+            dist.barrier()
+
+    def all_reduce(self, tensor: torch.Tensor, op=dist.ReduceOp.SUM) -> torch.Tensor:
+        """In place across ranks (a no-op on one process); returns ``tensor``."""
+        if self.distributed:
+            dist.all_reduce(tensor, op=op)
+        return tensor
+
+    def close(self) -> None:
+        if self.distributed and dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def _env_int(name: str, default: int) -> int:
+    value = os.environ.get(name)
+    if value is None:
+        return default
+    try:
+        return int(value)
+    except ValueError:
+        raise ValueError(f"{name}: expected an integer in the environment, got {value!r}") from None
+
+
+def resolve_device(spec: str = "auto") -> torch.device:
+    """"auto" → this rank's GPU when CUDA is available, else the CPU; "cuda" → this rank's GPU."""
+    local_rank = _env_int("LOCAL_RANK", 0)
+    if spec == "auto":
+        spec = "cuda" if torch.cuda.is_available() else "cpu"
+    if spec.startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError(f"device: {spec!r} was asked for, but this torch build sees no CUDA device; use --device cpu")
+    if spec == "cuda":
+        return torch.device("cuda", local_rank % torch.cuda.device_count())
+    return torch.device(spec)
+
+
+def init_distributed(device: torch.device) -> DistEnv:
+    """Join the torchrun job this process belongs to (if any); NCCL for CUDA devices, gloo otherwise."""
+    env = DistEnv(rank=_env_int("RANK", 0), world_size=_env_int("WORLD_SIZE", 1),
+                  local_rank=_env_int("LOCAL_RANK", 0))
+    if not 0 <= env.rank < env.world_size:
+        raise ValueError(f"RANK: expected 0 <= RANK < WORLD_SIZE={env.world_size}, got {env.rank}")
+    if env.distributed and not dist.is_initialized():
+        backend = "nccl" if device.type == "cuda" else "gloo"
+        if device.type == "cuda":
+            dist.init_process_group(backend, device_id=device)
+        else:
+            dist.init_process_group(backend)
+    return env
+
+
+def wrap_model(model: nn.Module, env: DistEnv, *, fsdp: bool, device: torch.device) -> nn.Module:
+    """The module to call in training: ``model`` itself (one process, or FSDP2 applied in place) or DDP."""
+    if not env.distributed:
+        return model
+    if fsdp:
+        from torch.distributed.fsdp import fully_shard
+
+        # The blocks return (hidden, state); the state holds views (e.g. the last scan state) that training
+        # discards and never modifies in place, so FSDP2's warning about views does not apply.
+        warnings.filterwarnings("ignore", message=r"FSDP2-wrapped module .* returned a view tensor")
+
+        for block in model.blocks:
+            fully_shard(block)
+        fully_shard(model)
+        return model
+    from torch.nn.parallel import DistributedDataParallel
+
+    return DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
+
+
+def tied_names(model: nn.Module) -> dict[str, str]:
+    """{name: first name} for parameters registered under more than one name (the tied LM head)."""
+    first: dict[int, str] = {}
+    ties = {}
+    for name, p in model.named_parameters(remove_duplicate=False):
+        if id(p) in first:
+            ties[name] = first[id(p)]
+        else:
+            first[id(p)] = name
+    return ties
+
+
+def full_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[dict, dict]:
+    """(model state, optimizer state), full and on the CPU: a collective, complete on rank 0 only under
+    FSDP (other ranks get empty dicts). Tied names share one tensor, as in an unwrapped model."""
+    model_state = get_model_state_dict(model, options=_FULL)
+    optim_state = get_optimizer_state_dict(model, optimizer, options=_FULL)
+    for name, target in tied_names(model).items():
+        if name in model_state and target in model_state:
+            model_state[name] = model_state[target]
+    return model_state, optim_state
+
+
+def load_full_state(model: nn.Module, optimizer: torch.optim.Optimizer | None, model_state: dict,
+                    optim_state: dict | None) -> None:
+    """Inverse of ``full_state``; every rank passes the full dicts (each reads the checkpoint itself)."""
+    options = StateDictOptions(full_state_dict=True)
+    set_model_state_dict(model, model_state, options=options)
+    if optimizer is not None and optim_state is not None:
+        set_optimizer_state_dict(model, optimizer, optim_state, options=options)

@@ -1,0 +1,446 @@
+"""The training loop: data, model, AdamW + warmup-cosine, evaluation, metrics, checkpoints, exact resume.
+
+    result = Trainer(TrainConfig(steps=200, out="runs/x")).fit()        # a fresh run
+    result = Trainer.from_checkpoint("runs/x", steps=400).fit()          # continue it to step 400
+
+One optimizer step: ``grad_accum`` micro-batches per rank (``train.sharding``), each ``cross_entropy /
+grad_accum`` backpropagated (gradient sync only on the last, under DDP or FSDP2), the global gradient norm
+clipped, AdamW (``train.optim``), the LambdaLR warmup-cosine schedule. bf16 autocast on CUDA, none on CPU.
+
+Step ``k`` (1-based) is logged when ``k % log_every == 0`` (the mean loss of the steps since the previous
+record), evaluated when ``k % eval_every == 0``, saved when ``k % save_every == 0``, and the last step is
+always evaluated and saved. Rank 0 alone writes ``OUT/``.
+
+Exact resume: a checkpoint holds the weights, the AdamW state (keyed by parameter name), the scheduler, the
+RNG states, the data position and the step; a resumed run with the same global batch makes the same updates
+on the same batches as the uninterrupted run, so on a CPU its losses are bit-for-bit equal. ``steps`` may
+grow on resume: it is the new total, and the cosine is stretched to it from the current step on.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import random
+import shutil
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from models import HybridConfig, HybridLM
+
+from .checkpoint import (
+    Checkpoint,
+    CheckpointError,
+    capture_rng_state,
+    has_checkpoint,
+    load_checkpoint,
+    restore_rng_state,
+    save_checkpoint,
+)
+from .config import TrainConfig
+from .data import PreparedData, prepare_data
+from .distributed import DistEnv, full_state, init_distributed, load_full_state, resolve_device, wrap_model
+from .evaluate import evaluate
+from .metrics import METRICS_FILE, MetricsLogger, plot_loss_curve
+from .optim import build_optimizer
+from .resume import resume_config
+from .schedule import warmup_cosine
+from .sharding import GlobalBatches
+from .tokenizer import Tokenizer, round_vocab_size
+
+__all__ = ["Trainer", "TrainResult", "model_config_for", "train", "PLOT_FILE", "CONFIG_FILE"]
+
+PLOT_FILE, CONFIG_FILE = "loss.png", "train_config.json"
+
+
+def model_config_for(config: TrainConfig, tokenizer: Tokenizer) -> HybridConfig:
+    """The preset at its size, ``vocab_size = round_vocab_size(tokenizer.vocab_size)``, then ``config.model``."""
+    overrides = {"vocab_size": round_vocab_size(tokenizer.vocab_size), **config.model}
+    model_config = HybridConfig.preset(config.preset, config.size, **overrides)
+    if model_config.vocab_size < tokenizer.vocab_size:
+        raise ValueError(
+            f"vocab_size: the model's {model_config.vocab_size} is smaller than the tokenizer's "
+            f"{tokenizer.vocab_size} ({tokenizer.name})"
+        )
+    return model_config
+
+
+@dataclass
+class TrainResult:
+    step: int
+    out: Path
+    model_config: HybridConfig
+    num_parameters: int
+    val_loss: float | None = None
+    val_bpb: float | None = None
+    unigram_bpb: float | None = None
+    history: list[dict] = field(default_factory=list)  # the metrics records of this call, train and eval
+    paths: dict[str, Path] = field(default_factory=dict)  # checkpoint, metrics, plot, config
+
+    @property
+    def losses(self) -> dict[int, float]:
+        """{step: training loss} of the records this call wrote."""
+        return {r["step"]: r["loss"] for r in self.history if "loss" in r}
+
+
+class Trainer:
+    """One training run (fresh, or resumed with ``from_checkpoint``); ``fit()`` runs it.
+
+    ``verbose``: 0 silent, 1 start / evaluation / checkpoint / end messages, 2 also one line per metrics
+    record when there is no progress bar. ``progress``: a tqdm bar on rank 0 (default: when stderr is a
+    TTY). ``on_log(record)`` / ``on_eval(record)`` are called on rank 0 with every train / eval record.
+    """
+
+    def __init__(self, config: TrainConfig, *, overwrite: bool = False, verbose: int = 1,
+                 progress: bool | None = None, on_log: Callable[[dict], None] | None = None,
+                 on_eval: Callable[[dict], None] | None = None, _checkpoint: Checkpoint | None = None,
+                 _notes: tuple[str, ...] = ()):
+        if not isinstance(config, TrainConfig):
+            raise ValueError(f"config: expected a TrainConfig, got {type(config).__name__}")
+        self.config, self.overwrite, self.verbose = config, overwrite, verbose
+        self.progress = sys.stderr.isatty() if progress is None else progress
+        self.on_log, self.on_eval = on_log, on_eval
+        self.checkpoint, self.notes = _checkpoint, list(_notes)
+        self.out = Path(config.out)
+        self.env, self.bar = DistEnv(), None
+
+    @classmethod
+    def from_checkpoint(cls, run_dir, *, world_size: int | None = None, trainer_kwargs: dict | None = None,
+                        **overrides) -> "Trainer":
+        """Resume the run in ``run_dir``: its saved TrainConfig with ``overrides`` (see ``train.resume``).
+
+        A missing checkpoint is a FileNotFoundError; a corrupt or incompatible one a CheckpointError.
+        """
+        ckpt = load_checkpoint(run_dir)
+        extra = ckpt.extra if isinstance(ckpt.extra, dict) else {}
+        if "train_config" not in extra or "global_batch" not in extra:
+            raise CheckpointError(ckpt.path, "has no training record (train_config, global_batch): it was not "
+                                             "written by train.Trainer, so it cannot be resumed")
+        saved = TrainConfig.from_dict(extra["train_config"])
+        if world_size is None:
+            world_size = int(os.environ.get("WORLD_SIZE", "1"))
+        overrides.pop("out", None)
+        if overrides.get("steps") is not None and overrides["steps"] < ckpt.step:
+            raise ValueError(f"steps: the checkpoint is at step {ckpt.step}; --steps is the new total and must be "
+                             f">= {ckpt.step}, got {overrides['steps']}")
+        config, notes = resume_config(saved, saved_global_batch=int(extra["global_batch"]),
+                                      world_size=world_size, out=str(run_dir), **overrides)
+        return cls(config, _checkpoint=ckpt, _notes=tuple(notes), **(trainer_kwargs or {}))
+
+    # ------------------------------------------------------------------------------------------ setup
+
+    def write(self, msg: str) -> None:
+        """Print ``msg`` on rank 0, above the progress bar when there is one (for ``on_log`` / ``on_eval``)."""
+        if self.env.is_main:
+            if self.bar is not None:
+                self.bar.write(msg)
+            else:
+                print(msg, flush=True)
+
+    def _say(self, msg: str, level: int = 1) -> None:
+        if self.verbose >= level:
+            self.write(msg)
+
+    def _prepare_data(self) -> PreparedData:
+        c = self.config
+        kwargs = dict(tokenizer=c.tokenizer, valid_fraction=c.valid_fraction)
+        if self.env.is_main:  # rank 0 tokenises into the cache, the others read it
+            data = prepare_data(c.data, **kwargs)
+        self.env.barrier()
+        if not self.env.is_main:
+            data = prepare_data(c.data, **kwargs)
+        return data
+
+    def _check_out_dir(self) -> None:
+        if self.checkpoint is not None:
+            return
+        if has_checkpoint(self.out) and not self.overwrite:
+            raise ValueError(
+                f"out: {self.out} already holds a checkpoint; continue it with --resume {self.out}, start over "
+                f"with --overwrite, or pick another --out"
+            )
+        self.env.barrier()  # every rank has looked before rank 0 clears anything
+        if self.env.is_main:
+            for name in ("checkpoint", "checkpoint.old"):
+                shutil.rmtree(self.out / name, ignore_errors=True)
+            for name in (METRICS_FILE, PLOT_FILE, CONFIG_FILE):
+                (self.out / name).unlink(missing_ok=True)
+
+    def _setup(self) -> None:
+        c = self.config
+        self.device = resolve_device(c.device)
+        self.env = init_distributed(self.device)
+        if self.device.type == "cuda":
+            torch.cuda.set_device(self.device)
+            torch.backends.cuda.matmul.allow_tf32 = True
+            torch.backends.cudnn.allow_tf32 = True
+        bf16 = self.device.type == "cuda" and torch.cuda.is_bf16_supported()
+        self.autocast = (lambda: torch.autocast("cuda", dtype=torch.bfloat16)) if bf16 else contextlib.nullcontext
+        self._check_out_dir()
+        random.seed(c.seed)
+        np.random.seed(c.seed)
+        torch.manual_seed(c.seed)
+
+        self.data = self._prepare_data()
+        self.tokenizer = self.data.tokenizer
+        self.model_config = model_config_for(c, self.tokenizer)
+        as_saved = json.loads(json.dumps(self.model_config.to_dict()))
+        if self.checkpoint is not None and self.checkpoint.config != as_saved:
+            raise CheckpointError(self.checkpoint.path / "config.json",
+                                  "the model config does not match the one its training record describes")
+        if c.fsdp and not self.env.distributed:
+            self.notes.append("--fsdp: one process, nothing to shard; training without FSDP")
+        self.model = HybridLM(self.model_config).to(self.device)  # the module: state dicts, evaluation
+        self.num_parameters = self.model.num_parameters()
+        wrapped = wrap_model(self.model, self.env, fsdp=c.fsdp, device=self.device)
+        self.ddp = wrapped if wrapped is not self.model else None
+        self.fsdp = c.fsdp and self.env.distributed
+        self.train_model = torch.compile(wrapped) if c.compile else wrapped
+        self.optimizer = build_optimizer(self.model, lr=c.lr, weight_decay=c.weight_decay, betas=c.betas)
+        self.scheduler = warmup_cosine(self.optimizer, warmup=c.warmup, total=c.steps, min_lr_ratio=c.min_lr_ratio)
+        self.batches = GlobalBatches(self.data, seq_len=c.seq_len, batch_size=c.batch_size,
+                                     grad_accum=c.grad_accum, seed=c.seed, rank=self.env.rank,
+                                     world_size=self.env.world_size)
+        self.step = 0
+        if self.checkpoint is not None:
+            self._restore(self.checkpoint)
+
+    def _restore(self, ckpt: Checkpoint) -> None:
+        """Weights, optimizer, scheduler (its total set to ``steps``), data position, RNG, step."""
+        try:
+            load_full_state(self.model, self.optimizer, ckpt.model_state, ckpt.optimizer_state)
+            self.scheduler.load_state_dict(ckpt.scheduler_state)  # after the optimizer's (it holds the lrs)
+        except (KeyError, RuntimeError, ValueError, TypeError) as e:
+            problem = f"does not fit this model and optimizer ({type(e).__name__}: {e})"
+            raise CheckpointError(ckpt.path, problem) from None
+        self._set_schedule_total(self.config.steps)  # --steps on resume is the new total
+        exact = self.batches.load_state_dict(ckpt.data_state)
+        if not exact:
+            self.notes.append("the data position is not on a global-batch boundary: up to one global batch of "
+                              "this epoch is seen again")
+        restore_rng_state(ckpt.rng_state)
+        self.step = ckpt.step
+
+    def _set_schedule_total(self, steps: int) -> None:
+        """Stretch the cosine to end at ``steps``, including the lr of the step about to run."""
+        schedule = self.scheduler.lr_lambdas[0]
+        schedule.total = steps
+        for group, base in zip(self.optimizer.param_groups, self.scheduler.base_lrs):
+            group["lr"] = base * schedule(self.scheduler.last_epoch)
+
+    def set_total_steps(self, steps: int) -> None:
+        """Change the run's total while it runs (from ``on_log``, so on one process): the cosine is
+        re-stretched to it. Under torchrun every rank would have to call it at the same step.
+
+        Called before the warmup ends, the learning rates seen so far are unchanged (warmup does not depend
+        on the total), so the run is the one that ``steps`` would have given from the start.
+        """
+        if isinstance(steps, bool) or not isinstance(steps, int) or steps < max(self.step, 1, self.config.warmup):
+            raise ValueError(f"steps: expected an int >= max(current step {self.step}, warmup "
+                             f"{self.config.warmup}), got {steps!r}")
+        self.config = self.config.replace(steps=steps)
+        self._set_schedule_total(steps)
+        if self.bar is not None:
+            self.bar.total = steps
+            self.bar.refresh()
+
+    # ------------------------------------------------------------------------------------------ steps
+
+    def _train_step(self) -> tuple[torch.Tensor, torch.Tensor | None, float]:
+        """One optimizer step; returns (mean loss over this rank's micro-batches, grad norm or None, lr)."""
+        c = self.config
+        micro = self.batches.next_step()
+        loss_sum = torch.zeros((), device=self.device)
+        for i, (x, y) in enumerate(micro):
+            last = i == len(micro) - 1
+            x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
+            if self.fsdp:
+                self.model.set_requires_gradient_sync(last)
+            sync = self.ddp.no_sync() if (self.ddp is not None and not last) else contextlib.nullcontext()
+            with sync:
+                with self.autocast():
+                    logits, _ = self.train_model(x)
+                loss = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), y.reshape(-1))
+                (loss / len(micro)).backward()
+            loss_sum += loss.detach()
+        norm = None
+        if c.grad_clip is not None:
+            norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), c.grad_clip)
+            if hasattr(norm, "full_tensor"):  # a DTensor under FSDP
+                norm = norm.full_tensor()
+        lr = self.optimizer.param_groups[0]["lr"]
+        self.optimizer.step()
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return loss_sum / len(micro), norm, lr
+
+    def _evaluate(self) -> dict:
+        c = self.config
+        result = evaluate(self.model, self.data, seq_len=c.seq_len, batch_size=c.batch_size,
+                          max_batches=c.eval_batches, device=self.device, env=self.env, autocast=self.autocast)
+        record = {"step": self.step, **result}
+        if self.env.is_main:
+            self.metrics.log_eval(self.step, **result)
+            self.history.append(record)
+            plot_loss_curve(self.metrics.path, self.out / PLOT_FILE)
+            if self.on_eval:
+                self.on_eval(record)
+        self._say(f"step {self.step:>6}  val_loss {result['val_loss']:.4f}  val_bpb {result['val_bpb']:.4f}")
+        return record
+
+    def _save(self) -> None:
+        c = self.config
+        model_state, optim_state = full_state(self.model, self.optimizer)  # a collective under FSDP
+        if self.env.is_main:
+            (self.out / CONFIG_FILE).write_text(json.dumps(c.to_dict(), indent=2) + "\n")
+            extra = {"train_config": c.to_dict(), "tokenizer": self.tokenizer.to_dict(),
+                     "world_size": self.env.world_size, "global_batch": self.batches.global_batch,
+                     "data_stats": {k: v for k, v in self.data.stats.items() if isinstance(v, (int, str, bool))}}
+            save_checkpoint(self.out, model_state=model_state, config=self.model_config.to_dict(),
+                            optimizer_state=optim_state, scheduler_state=self.scheduler.state_dict(),
+                            rng_state=capture_rng_state(), data_state=self.batches.state_dict(),
+                            step=self.step, extra=extra)
+        self.env.barrier()
+        self._say(f"step {self.step:>6}  checkpoint saved to {self.out / 'checkpoint'}")
+
+    def _log(self, loss_sum: torch.Tensor, norm, lr: float, n_steps: int, seconds: float) -> dict:
+        c = self.config
+        loss = self.env.all_reduce(loss_sum.double().clone()).item() / (n_steps * self.env.world_size)
+        if not math.isfinite(loss):
+            raise FloatingPointError(
+                f"training loss is {loss} at step {self.step}: the run diverged; lower --lr or raise --warmup "
+                f"(the last checkpoint is in {self.out})"
+            )
+        tokens = n_steps * self.batches.global_batch * c.seq_len
+        record = {"step": self.step, "loss": loss, "lr": lr,
+                  "tokens_per_s": tokens / max(seconds, 1e-9)}
+        if norm is not None:
+            record["grad_norm"] = float(norm)
+        if self.env.is_main:
+            self.metrics.log_train(**record)
+            self.history.append(record)
+            if self.on_log:
+                self.on_log(record)
+        return record
+
+    # ------------------------------------------------------------------------------------------ run
+
+    def fit(self) -> TrainResult:
+        self.bar = None
+        self.env = DistEnv()
+        try:
+            return self._fit()
+        finally:
+            if self.bar is not None:
+                self.bar.close()
+            if getattr(self, "metrics", None) is not None:
+                self.metrics.close()
+            self.env.close()
+
+    def _fit(self) -> TrainResult:
+        self._setup()
+        c, env = self.config, self.env
+        start = self.step
+        self.history = []
+        self.metrics = None
+        if env.is_main:
+            self.out.mkdir(parents=True, exist_ok=True)
+            self.metrics = MetricsLogger(self.out, resume_step=start if self.checkpoint is not None else None)
+            (self.out / CONFIG_FILE).write_text(json.dumps(c.to_dict(), indent=2) + "\n")
+            if self.progress:
+                from tqdm.auto import tqdm
+
+                self.bar = tqdm(total=c.steps, initial=start, desc="train", unit="step", dynamic_ncols=True)
+        self._announce(start)
+        unigram = self.data.unigram_bpb() if env.is_main else None
+
+        last_eval = self._loop()
+        if last_eval is None:  # resumed at the final step: nothing to train, the checkpoint is current
+            last_eval = self._evaluate()
+        paths = {"out": self.out, "checkpoint": self.out / "checkpoint", "metrics": self.out / METRICS_FILE,
+                 "plot": self.out / PLOT_FILE, "config": self.out / CONFIG_FILE}
+        if env.is_main:
+            plot_loss_curve(self.metrics.path, paths["plot"])
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None
+        self._say(self._layout(paths, last_eval, unigram))
+        return TrainResult(step=self.step, out=self.out, model_config=self.model_config,
+                           num_parameters=self.num_parameters, val_loss=last_eval["val_loss"],
+                           val_bpb=last_eval["val_bpb"], unigram_bpb=unigram, history=self.history, paths=paths)
+
+    def _loop(self) -> dict | None:
+        """Train to ``self.config.steps`` (read every step: ``set_total_steps`` may change it); returns the last
+        evaluation record, None when there was nothing to train."""
+        loss_sum = torch.zeros((), device=self.device, dtype=torch.float64)
+        n_steps, seconds, last_eval = 0, 0.0, None
+        while self.step < self.config.steps:
+            t0 = time.perf_counter()
+            loss, norm, lr = self._train_step()
+            self.step += 1
+            loss_sum += loss.double()
+            n_steps += 1
+            c = self.config
+            if self.step % c.log_every == 0 or self.step == c.steps:
+                seconds += time.perf_counter() - t0  # after the loss sync, so queued GPU work is counted
+                record = self._log(loss_sum, norm, lr, n_steps, seconds)
+                loss_sum.zero_()
+                n_steps, seconds = 0, 0.0
+                if self.bar is not None:
+                    self.bar.set_postfix(loss=f"{record['loss']:.3f}", lr=f"{record['lr']:.2e}",
+                                         tok_s=f"{record['tokens_per_s']:.0f}")
+                else:
+                    self._say(f"step {self.step:>6}  loss {record['loss']:.4f}  lr {record['lr']:.3e}  "
+                              f"{record['tokens_per_s']:,.0f} tok/s", level=2)
+            else:
+                seconds += time.perf_counter() - t0
+            if self.bar is not None:
+                self.bar.update(1)
+            c = self.config  # on_log may have changed the total
+            if (c.eval_every and self.step % c.eval_every == 0) or self.step == c.steps:
+                last_eval = self._evaluate()
+            if (c.save_every and self.step % c.save_every == 0) or self.step == c.steps:
+                self._save()
+        return last_eval
+
+    def _announce(self, start: int) -> None:
+        c, env, s = self.config, self.env, self.data.stats
+        what = "resuming" if self.checkpoint is not None else "training"
+        layout = f"{c.batch_size} × {c.grad_accum} accum × {env.world_size} rank(s)"
+        wrap = "FSDP2" if self.fsdp else ("DDP" if self.ddp is not None else "single process")
+        self._say(
+            f"{what} {c.preset}/{c.size} (pattern {self.model_config.pattern}, {self.num_parameters:,} parameters, "
+            f"vocab {self.model_config.vocab_size}) on {self.device} [{wrap}]\n"
+            f"data: {s['source']}: {s['train_tokens']:,} train / {s['valid_tokens']:,} valid tokens "
+            f"({s['tokenizer']})\n"
+            f"steps {start} -> {c.steps}, global batch {self.batches.global_batch} × {c.seq_len} tokens "
+            f"({layout}), lr {c.lr:g}, warmup {c.warmup}"
+        )
+        for note in self.notes:
+            self._say(f"note: {note}")
+
+    @staticmethod
+    def _layout(paths: dict, last_eval: dict, unigram: float | None) -> str:
+        base = f" (unigram baseline {unigram:.3f})" if unigram is not None else ""
+        return (
+            f"done at step {last_eval['step']}: val_loss {last_eval['val_loss']:.4f}, "
+            f"val_bpb {last_eval['val_bpb']:.4f}{base}\n"
+            f"run directory {paths['out']}/\n"
+            f"  checkpoint/         weights, model config, optimizer, scheduler, RNG, data position\n"
+            f"  {METRICS_FILE:<19} training and validation records (JSON lines)\n"
+            f"  {PLOT_FILE:<19} loss curve\n"
+            f"  {CONFIG_FILE:<19} the training config"
+        )
+
+
+def train(config: TrainConfig, **kwargs) -> TrainResult:
+    """``Trainer(config, **kwargs).fit()``."""
+    return Trainer(config, **kwargs).fit()
