@@ -49,6 +49,9 @@ class AttentionState:
     length: tokens held in the cache (≤ w); they are positions `offset − length … offset − 1`. A state
        with `offset = c`, `length = 0` starts the sequence at position c.
     phase: `(B, G, P)` float32 CARoPE phase after the last token; None without CARoPE.
+    buffer: the growable storage behind `k`, `v` of a global cache when decoding without gradients
+       (`k`, `v` are then views of its first `length` slots); None otherwise. Not counted in `nbytes`,
+       which reports the cached entries; the buffer holds up to twice that while it grows.
     """
 
     k: Tensor | None = None
@@ -56,6 +59,7 @@ class AttentionState:
     offset: int = 0
     length: int = 0
     phase: Tensor | None = None
+    buffer: "_KVBuffer | None" = None
 
     @property
     def nbytes(self) -> int:
@@ -205,11 +209,11 @@ class Attention(nn.Module):
         if v is not None and pl.v:
             v = self._rotate(v, cs_kv)
 
-        o, ck, cv, length = self._mix(q, k, v, state)  # o (B, T, H, D)
+        o, ck, cv, length, buffer = self._mix(q, k, v, state)  # o (B, T, H, D)
         if pl.o:
             o = self._rotate(o, cs_q, inverse=True)
         y = self.out_proj(o.flatten(2))  # (B, T, H·D) → (B, T, d_model)
-        return y, AttentionState(k=ck, v=cv, offset=state.offset + T, length=length, phase=phase)
+        return y, AttentionState(k=ck, v=cv, offset=state.offset + T, length=length, phase=phase, buffer=buffer)
 
     def _cos_sin(self, x: Tensor, state: AttentionState):
         """(cos, sin) for queries and for keys, and the next CARoPE phase.
@@ -236,7 +240,7 @@ class Attention(nn.Module):
     def _mix(self, q: Tensor, k: Tensor, v: Tensor | None, state: AttentionState):
         """Attend q `(B, T, H, D)` over the cache and the new k, v `(B, T, G, D)` (v None: shared-KV).
 
-        Returns (o `(B, T, H, D)`, cache k, cache v, cached length).
+        Returns (o `(B, T, H, D)`, cache k, cache v, cached length, growable buffer or None).
         """
         T, w, off, L = q.shape[1], self.window, state.offset, state.length
         shared = v is None
@@ -248,17 +252,13 @@ class Attention(nn.Module):
         qpos = off + torch.arange(T, device=q.device)  # (T,)
 
         if w is None:  # growing cache, always in position order
-            if L == 0:  # own the storage: k, v may be views into the fused projection
-                ck, cv = k.contiguous(), None if shared else v.contiguous()
-            else:
-                ck = torch.cat([state.k, k], dim=1)  # (B, L + T, G, D)
-                cv = None if shared else torch.cat([state.v, v], dim=1)
+            ck, cv, buffer = _append(state, k, v)  # (B, L + T, G, D)
             mask = None
             if L > 0 and T > 1:  # the prefix is all visible; causal among the new tokens
                 kpos = off - L + torch.arange(L + T, device=q.device)  # (L + T,)
                 mask = kpos[None, :] <= qpos[:, None]  # (T, L + T)
             o = self._sdpa(q, ck, ck if shared else cv, mask, is_causal=(L == 0 and T > 1))
-            return o, ck, cv, L + T
+            return o, ck, cv, L + T, buffer
 
         ring_k, ring_v = state.k, state.v
         if ring_k is None:
@@ -272,7 +272,7 @@ class Attention(nn.Module):
             if length < w:
                 mask = (_ring_positions(off + 1, w, q.device) >= off + 1 - length)[None, :]  # (1, w)
             o = self._sdpa(q, ring_k, ring_k if shared else ring_v, mask, is_causal=False)
-            return o, ring_k, ring_v, length
+            return o, ring_k, ring_v, length, None
 
         # chunk: attend over the old ring (valid slots) and the new tokens, with the band mask
         if L == 0:
@@ -286,7 +286,7 @@ class Attention(nn.Module):
             mask[:, :w] &= kpos[None, :w] >= off - L  # slots never written (or from before the start)
         o = self._sdpa(q, keys, keys if shared else values, mask, is_causal=False)
         ring_k, ring_v = _ring_write(ring_k, k, off + T), _ring_write(ring_v, v, off + T)
-        return o, ring_k, ring_v, length
+        return o, ring_k, ring_v, length, None
 
     def _sdpa(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, is_causal: bool) -> Tensor:
         """q `(B, T, H, D)`, k, v `(B, S, G, D)`, mask bool `(T, S)` (True = attend) → `(B, T, H, D)`."""
@@ -301,6 +301,60 @@ class Attention(nn.Module):
                 k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)  # (B, H, S, D)
         o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal, scale=self.scale, **extra)
         return o.transpose(1, 2)  # (B, T, H, D)
+
+
+class _KVBuffer:
+    """Growable storage of a global cache, shared by the states of one decoding stream.
+
+    `filled` slots hold entries; a state whose `length` equals `filled` is the newest state on this buffer
+    and may append in place. Older states keep views of a prefix that is never rewritten.
+    """
+
+    def __init__(self, k: Tensor, v: Tensor | None, filled: int):
+        self.k, self.v, self.filled = k, v, filled
+
+    def grow(self, needed: int) -> None:
+        """Geometric growth to at least `needed` slots (copies the filled prefix once)."""
+        if self.k.shape[1] >= needed:
+            return
+        capacity = max(2 * self.k.shape[1], needed)
+        self.k = _with_capacity(self.k[:, : self.filled], capacity)
+        self.v = None if self.v is None else _with_capacity(self.v[:, : self.filled], capacity)
+
+
+def _with_capacity(t: Tensor, capacity: int) -> Tensor:
+    """A `(B, capacity, G, D)` tensor starting with t `(B, n, G, D)`; the rest uninitialised."""
+    out = t.new_empty(t.shape[0], capacity, *t.shape[2:])
+    out[:, : t.shape[1]] = t
+    return out
+
+
+def _append(state: AttentionState, k: Tensor, v: Tensor | None):
+    """The global cache after appending k, v `(B, T, G, D)`: (cache k, cache v, buffer or None).
+
+    Without gradients, the newest state on a buffer appends in place (O(T) per call instead of copying
+    the whole cache); any other state (an older one being branched from) copies its prefix into a fresh
+    buffer. With gradients the cache is concatenated out of place, as autograd needs.
+    """
+    L, T = state.length, k.shape[1]
+    shared = v is None
+    if k.requires_grad or (state.k is not None and state.k.requires_grad):
+        if L == 0:  # own the storage: k, v may be views into the fused projection
+            return k.contiguous(), None if shared else v.contiguous(), None
+        return torch.cat([state.k, k], dim=1), None if shared else torch.cat([state.v, v], dim=1), None
+    buffer = state.buffer
+    if buffer is None or buffer.filled != L:  # no buffer yet, or branching from an older state
+        prefix_k = k[:, :0] if state.k is None else state.k[:, :L]
+        prefix_v = None if shared else (v[:, :0] if state.v is None else state.v[:, :L])
+        capacity = L + T if T > 1 and L == 0 else 2 * (L + T)  # a prefill is sized exactly
+        buffer = _KVBuffer(_with_capacity(prefix_k, capacity),
+                           None if shared else _with_capacity(prefix_v, capacity), L)
+    buffer.grow(L + T)
+    buffer.k[:, L : L + T] = k
+    if not shared:
+        buffer.v[:, L : L + T] = v
+    buffer.filled = L + T
+    return buffer.k[:, : L + T], None if shared else buffer.v[:, : L + T], buffer
 
 
 def _ring_positions(end: int, w: int, device) -> Tensor:

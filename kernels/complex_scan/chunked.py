@@ -32,6 +32,12 @@ def _empty(*shape: int, dtype: torch.dtype, device: torch.device) -> torch.Tenso
     return torch.empty(*shape, dtype=dtype, device=device)
 
 
+def _decay(log_decay: torch.Tensor, angle: torch.Tensor) -> torch.Tensor:
+    """``exp(log_decay) · e^{i·angle}`` from real exp / cos / sin (vectorised; ``torch.polar`` is not on CPU)."""
+    magnitude = torch.exp(log_decay)
+    return torch.complex(magnitude * torch.cos(angle), magnitude * torch.sin(angle))
+
+
 def _static_cumulative_decay(z: torch.Tensor, C: int, reverse: bool) -> torch.Tensor:
     """``a^k`` for the time-invariant case: ``k = c + 1`` (forward) or ``C − c`` (reverse).
 
@@ -74,8 +80,7 @@ def blocked_scan(
     r = T - N * C
     full = slice(r, T) if reverse else slice(0, N * C)
     tail = range(r - 1, -1, -1) if reverse else range(N * C, T)
-    decay_of = lambda ld, ang: torch.polar(torch.exp(ld), ang)  # noqa: E731  a = γ e^{i·angle}
-    a_static = decay_of(log_decay[:, 0], angle[:, 0]) if static else None  # (Bd, H, P)
+    a_static = _decay(log_decay[:, 0], angle[:, 0]) if static else None  # (Bd, H, P)
     s = s0 if s0 is not None else x.new_zeros(B, H, P)
 
     if N > 0:
@@ -84,30 +89,38 @@ def blocked_scan(
         order = range(C - 1, -1, -1) if reverse else range(C)
         step = 1 if reverse else -1  # offset of the previous position in iteration order
         first, last = order[0], order[-1]
-        # 1. every chunk from a zero state, all chunks at once. In the time-varying case `cum` starts as
-        #    the per-step decays and is turned, in place, into the cumulative decay within each chunk.
-        ov[:, :, first].copy_(xv[:, :, first])
         if static:
             a_static_b = a_static.unsqueeze(1)  # (Bd, 1, H, P)
-            for c in order[1:]:
-                torch.addcmul(xv[:, :, c], a_static_b, ov[:, :, c + step], out=ov[:, :, c])
-            z = torch.complex(*torch.broadcast_tensors(log_decay[:, 0], angle[:, 0]))  # (Bd, H, P)
-            cum = _static_cumulative_decay(z, C, reverse)
-        else:
-            cum = decay_of(log_decay[:, full], angle[:, full]).view(Bd, N, C, H, P)
-            for c in order[1:]:
-                torch.addcmul(xv[:, :, c], cum[:, :, c], ov[:, :, c + step], out=ov[:, :, c])
-                cum[:, :, c].mul_(cum[:, :, c + step])
+            a_at = lambda c: a_static_b  # noqa: E731
+        else:  # each position's decay is formed when needed: no full-size temporaries
+            ldv = log_decay[:, full].view(log_decay.shape[0], N, C, H, P)
+            angv = angle[:, full].view(angle.shape[0], N, C, H, P)
+            a_at = lambda c: _decay(ldv[:, :, c], angv[:, :, c])  # (Bd, N, H, P)  # noqa: E731
+        # 1. every chunk from a zero state, all chunks at once; the chunks' total decays on the way
+        ov[:, :, first].copy_(xv[:, :, first])
+        total = a_at(first)
+        for c in order[1:]:
+            a_c = a_at(c)
+            torch.addcmul(xv[:, :, c], a_c, ov[:, :, c + step], out=ov[:, :, c])
+            total = a_c * total
         # 2. carry the chunk end states across chunks
         carried = _empty(B, N, H, P, dtype=x.dtype, device=x.device)
         for n in range(N - 1, -1, -1) if reverse else range(N):
             carried[:, n] = s
-            s = torch.addcmul(ov[:, n, last], cum[:, min(n, cum.shape[1] - 1), last], s)
+            s = torch.addcmul(ov[:, n, last], total[:, min(n, total.shape[1] - 1)], s)
         # 3. correct every position by its cumulative decay times the carried-in state
-        ov.addcmul_(cum, carried.unsqueeze(2))
+        if static:
+            z = torch.complex(*torch.broadcast_tensors(log_decay[:, 0], angle[:, 0]))  # (Bd, H, P)
+            ov.addcmul_(_static_cumulative_decay(z, C, reverse), carried.unsqueeze(2))
+        else:
+            cumulative = None
+            for c in order:
+                a_c = a_at(c)
+                cumulative = a_c if cumulative is None else a_c * cumulative
+                ov[:, :, c].addcmul_(cumulative, carried)
 
     for t in tail:
-        a_t = a_static if static else decay_of(log_decay[:, t], angle[:, t])
+        a_t = a_static if static else _decay(log_decay[:, t], angle[:, t])
         s = torch.addcmul(x[:, t], a_t, s)
         out[:, t] = s
     return s
@@ -161,13 +174,14 @@ class TorchComplexScan(torch.autograd.Function):
         if ctx.needs_input_grad[1] or ctx.needs_input_grad[2]:
             xc = torch.view_as_complex(x.to(real).view(B, T, H, P, 2))
             yc = torch.view_as_complex(y_real.to(real).view(B, T, H, P, 2))
-            gz = lam * (yc - xc).conj()  # λ_t · conj(a_t s_{t−1}), (B, T, H, P)
+            # conj(g_z) = conj(λ_t) · (s_t − x_t): its real part is ∂log γ, its imaginary part ∂θ
+            gz_conj = torch.sub(yc, xc).mul_(lam.conj())  # (B, T, H, P), one buffer
             dims = tuple(d for d, n in ((0, log_decay.shape[0]), (1, log_decay.shape[1])) if n == 1)
-            grad_ld = gz.real.sum(dims, keepdim=True) if dims else gz.real.contiguous()
+            grad_ld = gz_conj.real.sum(dims, keepdim=True) if dims else gz_conj.real
             dims = tuple(d for d, n in ((0, theta.shape[0]), (1, theta.shape[1])) if n == 1)
-            grad_th = -(gz.imag.sum(dims, keepdim=True) if dims else gz.imag)
+            grad_th = gz_conj.imag.sum(dims, keepdim=True) if dims else gz_conj.imag
         if ctx.has_initial and ctx.needs_input_grad[3]:
-            a_first = torch.polar(torch.exp(log_decay[:, 0]), theta[:, 0])  # conj(a_1), (Bd, H, P)
+            a_first = _decay(log_decay[:, 0], theta[:, 0])  # conj(a_1), (Bd, H, P)
             grad_s0 = torch.view_as_real(a_first * lam[:, 0]).reshape(B, H, D)
         return grad_x, grad_ld, grad_th, grad_s0, None
 

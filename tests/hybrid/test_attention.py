@@ -422,3 +422,29 @@ def test_input_errors():
         m(torch.zeros(2, 5, 11, dtype=torch.float64))
     with pytest.raises(ValueError, match="x: expected"):
         m.step(torch.zeros(2, 1, 12, dtype=torch.float64), m.init_state(2, "cpu"))
+
+
+def test_global_decode_cache_appends_in_place_and_branches_stay_valid():
+    """Without gradients the newest state appends in place; branching from an older state copies, and
+    every branch still computes what a fresh run over its own tokens computes."""
+    torch.manual_seed(3)
+    attn = Attention(16, 2, placement="qkvo").eval()
+    x = torch.randn(1, 12, 16)
+    x_alt = torch.randn(1, 16)
+    with torch.no_grad():
+        y_full, _ = attn(x)
+        _, s5 = attn(x[:, :5])
+        _, s6 = attn.step(x[:, 5], s5)
+        y6, s7 = attn.step(x[:, 6], s6)
+        assert s7.buffer is s6.buffer is not None  # appended in place
+        y_branch, s7b = attn.step(x_alt, s6)  # s6 is no longer the newest: copy-on-write
+        assert s7b.buffer is not s6.buffer
+        y_rest = []
+        for t in range(7, 12):  # continue the first branch after the second one was taken
+            y_t, s7 = attn.step(x[:, t], s7)
+            y_rest.append(y_t)
+        y_ref_branch, _ = attn(torch.cat([x[:, :6], x_alt[:, None]], 1))
+    torch.testing.assert_close(y6, y_full[:, 6])
+    torch.testing.assert_close(torch.stack(y_rest, 1), y_full[:, 7:])
+    torch.testing.assert_close(y_branch, y_ref_branch[:, 6])
+    assert s7.nbytes == 2 * 12 * 2 * 8 * 4  # k and v: 12 entries × 2 heads × 8 dims, float32
