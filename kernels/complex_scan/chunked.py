@@ -9,7 +9,8 @@ into ``N`` chunks of ``C`` steps:
 3. each chunk is corrected in one pass: ``out_c += (Π_{c'≤c} a_{c'}) · s_n``.
 
 The cumulative decays are running products of the per-step decays (|a| ≤ 1), so nothing overflows,
-whatever the decay; no inverse decays are ever formed. Cost: ``C + N`` Python-level steps instead of ``T``, and a few passes over the data; memory is
+whatever the decay; no inverse decays are ever formed. Time-varying decays take one buffer of the input's
+size; time-invariant ones only ``C`` powers. Cost: ``C + N`` Python-level steps instead of ``T``, and a few passes over the data; memory is
 ``O(B·T·H·P)`` like the output. The backward is the same scan run in reverse (see docs/design.md):
 
     λ_t = g_t + conj(a_{t+1}) λ_{t+1},   ∂x_t = λ_t,   g_z = λ_t · conj(s_t − x_t),
@@ -23,8 +24,9 @@ import torch
 
 
 def default_chunk_size(T: int) -> int:
-    """Balance the two Python loops (C steps within chunks, T/C across them): C ≈ √T, a multiple of 8."""
-    return max(8, min(256, 8 * round(math.sqrt(max(T, 1)) / 8)))
+    """Balance the two Python loops (C steps within chunks, T/C across them): C ≈ √T, a multiple of 8, at
+    most 64 (the steps within a chunk are the costlier ones)."""
+    return max(8, min(64, 8 * round(math.sqrt(max(T, 1)) / 8)))
 
 
 def _empty(*shape: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
@@ -32,10 +34,10 @@ def _empty(*shape: int, dtype: torch.dtype, device: torch.device) -> torch.Tenso
     return torch.empty(*shape, dtype=dtype, device=device)
 
 
-def _decay(log_decay: torch.Tensor, angle: torch.Tensor) -> torch.Tensor:
+def _decay(log_decay: torch.Tensor, angle: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
     """``exp(log_decay) · e^{i·angle}`` from real exp / cos / sin (vectorised; ``torch.polar`` is not on CPU)."""
     magnitude = torch.exp(log_decay)
-    return torch.complex(magnitude * torch.cos(angle), magnitude * torch.sin(angle))
+    return torch.complex(magnitude * torch.cos(angle), magnitude * torch.sin(angle), out=out)
 
 
 def _static_cumulative_decay(z: torch.Tensor, C: int, reverse: bool) -> torch.Tensor:
@@ -92,32 +94,30 @@ def blocked_scan(
         if static:
             a_static_b = a_static.unsqueeze(1)  # (Bd, 1, H, P)
             a_at = lambda c: a_static_b  # noqa: E731
-        else:  # each position's decay is formed when needed: no full-size temporaries
+        else:  # `cum` holds each position's decay, then (in place) the running product within its chunk
             ldv = log_decay[:, full].view(log_decay.shape[0], N, C, H, P)
             angv = angle[:, full].view(angle.shape[0], N, C, H, P)
-            a_at = lambda c: _decay(ldv[:, :, c], angv[:, :, c])  # (Bd, N, H, P)  # noqa: E731
-        # 1. every chunk from a zero state, all chunks at once; the chunks' total decays on the way
+            cum = _empty(Bd, N, C, H, P, dtype=x.dtype, device=x.device)
+            a_at = lambda c: cum[:, :, c]  # noqa: E731
+            _decay(ldv[:, :, first], angv[:, :, first], out=cum[:, :, first])
+        # 1. every chunk from a zero state, all chunks at once
         ov[:, :, first].copy_(xv[:, :, first])
-        total = a_at(first)
         for c in order[1:]:
-            a_c = a_at(c)
-            torch.addcmul(xv[:, :, c], a_c, ov[:, :, c + step], out=ov[:, :, c])
-            total = a_c * total
+            if not static:
+                _decay(ldv[:, :, c], angv[:, :, c], out=cum[:, :, c])
+            torch.addcmul(xv[:, :, c], a_at(c), ov[:, :, c + step], out=ov[:, :, c])
+            if not static:
+                cum[:, :, c].mul_(cum[:, :, c + step])
+        if static:
+            z = torch.complex(*torch.broadcast_tensors(log_decay[:, 0], angle[:, 0]))  # (Bd, H, P)
+            cum = _static_cumulative_decay(z, C, reverse)  # (Bd, 1, C, H, P)
         # 2. carry the chunk end states across chunks
         carried = _empty(B, N, H, P, dtype=x.dtype, device=x.device)
         for n in range(N - 1, -1, -1) if reverse else range(N):
             carried[:, n] = s
-            s = torch.addcmul(ov[:, n, last], total[:, min(n, total.shape[1] - 1)], s)
+            s = torch.addcmul(ov[:, n, last], cum[:, min(n, cum.shape[1] - 1), last], s)
         # 3. correct every position by its cumulative decay times the carried-in state
-        if static:
-            z = torch.complex(*torch.broadcast_tensors(log_decay[:, 0], angle[:, 0]))  # (Bd, H, P)
-            ov.addcmul_(_static_cumulative_decay(z, C, reverse), carried.unsqueeze(2))
-        else:
-            cumulative = None
-            for c in order:
-                a_c = a_at(c)
-                cumulative = a_c if cumulative is None else a_c * cumulative
-                ov[:, :, c].addcmul_(cumulative, carried)
+        ov.addcmul_(cum, carried.unsqueeze(2))
 
     for t in tail:
         a_t = a_static if static else _decay(log_decay[:, t], angle[:, t])
