@@ -46,24 +46,21 @@ class UsageError(ValueError):
     """A command-line mistake found after parsing."""
 
 
-def _positive_int(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
-    return v
+def _int_at_least(low: int, what: str):
+    def parse(text: str) -> int:
+        try:
+            v = int(text)
+        except ValueError:
+            v = None
+        if v is None or v < low:
+            raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}")
+        return v
+
+    return parse
 
 
-def _count(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}") from None
-    if v < 0:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}")
-    return v
+_positive_int = _int_at_least(1, "a positive integer")
+_count = _int_at_least(0, "an integer >= 0")
 
 
 def _int_or(word: str):

@@ -33,3 +33,14 @@ def corpus_dir(tmp_path):
     (root / ".hidden.txt").write_text("not a document\n")
     (root / "empty.txt").write_text("")
     return root, texts
+
+
+@pytest.fixture
+def corpus(tmp_path):
+    """60 small, very regular documents (≈ 9 KB): a tiny model learns them in a few dozen steps."""
+    root = tmp_path / "corpus"
+    root.mkdir()
+    for i in range(60):
+        body = "".join(f"def f{i}_{j}(x):\n    return x + {j}\n\n" for j in range(3))
+        (root / f"doc{i:02d}.py").write_text(f"# module {i}\nimport os\n\n{body}", encoding="utf-8")
+    return root

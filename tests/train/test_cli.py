@@ -13,16 +13,6 @@ TINY = ["--d-model", "32", "--n-layers", "3", "--n-heads", "2", "--window", "16"
 
 
 @pytest.fixture
-def corpus(tmp_path):
-    root = tmp_path / "corpus"
-    root.mkdir()
-    for i in range(60):
-        body = "".join(f"def f{i}_{j}(x):\n    return x + {j}\n\n" for j in range(3))
-        (root / f"doc{i:02d}.py").write_text(f"# module {i}\nimport os\n\n{body}", encoding="utf-8")
-    return root
-
-
-@pytest.fixture
 def trained(corpus, tmp_path_factory):
     out = tmp_path_factory.mktemp("runs") / "run"
     assert train_main(["--data", str(corpus), "--out", str(out), "--steps", "20", *TINY, "--quiet"]) == 0

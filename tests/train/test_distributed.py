@@ -15,16 +15,6 @@ ARGS = ["--d-model", "32", "--n-layers", "3", "--n-heads", "2", "--window", "16"
         "--warmup", "2", "--log-every", "1", "--eval-every", "0", "--eval-batches", "4", "--device", "cpu"]
 
 
-@pytest.fixture
-def corpus(tmp_path):
-    root = tmp_path / "corpus"
-    root.mkdir()
-    for i in range(60):
-        body = "".join(f"def f{i}_{j}(x):\n    return x + {j}\n\n" for j in range(3))
-        (root / f"doc{i:02d}.py").write_text(f"# module {i}\nimport os\n\n{body}", encoding="utf-8")
-    return root
-
-
 def torchrun(nproc, *args, timeout=120):
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}", "-m", "train",
            *args]

@@ -19,17 +19,6 @@ from train.trainer import Trainer
 TINY_MODEL = {"d_model": 32, "n_layers": 3, "n_heads": 2, "window": 16}
 
 
-@pytest.fixture
-def corpus(tmp_path):
-    """60 small, very regular documents (≈ 9 KB): a tiny model learns them in a few dozen steps."""
-    root = tmp_path / "corpus"
-    root.mkdir()
-    for i in range(60):
-        body = "".join(f"def f{i}_{j}(x):\n    return x + {j}\n\n" for j in range(3))
-        (root / f"doc{i:02d}.py").write_text(f"# module {i}\nimport os\n\n{body}", encoding="utf-8")
-    return root
-
-
 def tiny(corpus, out, **kw) -> TrainConfig:
     base = dict(model=dict(TINY_MODEL), data=str(corpus), seq_len=32, batch_size=4, steps=8, lr=1e-2, warmup=2,
                 eval_every=0, eval_batches=2, log_every=1, save_every=4, out=str(out))
