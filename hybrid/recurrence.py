@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+from einops import rearrange
 from torch import nn
 
 from kernels import complex_scan, complex_scan_step
@@ -166,9 +167,7 @@ class VORecurrence(nn.Module):
 
         Returns v ``(B, T, H, hd)`` in u's dtype, log γ and θ, each ``(H, P)`` or ``(B, T, H, P)`` float32.
         """
-        B, T, _ = u.shape
-        H, P, hd = self.n_heads, self.n_pairs, self.head_dim
-        uh = _at_least_float32(u).view(B, T, H, hd)  # (B, T, d_rnn) -> (B, T, H, hd)
+        uh = rearrange(_at_least_float32(u), "b t (h d) -> b t h d", h=self.n_heads)
         log_decay = self.log_decay()  # (H, P)
         if self.selective:
             w_r, b_r, w_i, b_i = (
@@ -180,7 +179,8 @@ class VORecurrence(nn.Module):
             log_decay = SELECTIVE_C * r * log_decay  # (B, T, H, P)
             uh = uh * i
         norm = torch.sqrt(-torch.expm1(2.0 * log_decay))  # sqrt(1 − γ²), (…, H, P)
-        v = (uh.view(B, T, H, P, 2) * norm.unsqueeze(-1)).view(B, T, H, hd)  # scale both parts of each pair
+        pairs = rearrange(uh, "b t h (p two) -> b t h p two", two=2)
+        v = rearrange(pairs * norm.unsqueeze(-1), "b t h p two -> b t h (p two)")  # both parts of each pair
         theta = self.carope.increments(x) if self.carope is not None else _at_least_float32(self.theta)
         return v.to(u.dtype), log_decay, theta
 
@@ -208,7 +208,7 @@ class VORecurrence(nn.Module):
             v, log_decay, theta, state.scan,
             chunk_size=self.chunk_size, backend=self.scan_backend, check_values=False,
         )
-        y = y.reshape(B, T, self.d_rnn).to(gate.dtype)  # (B, T, H, hd) -> (B, T, d_rnn)
+        y = rearrange(y, "b t h d -> b t (h d)").to(gate.dtype)
         out = self.out_proj(gate * y)
         return out, RecurrenceState(conv=conv_state, scan=scan_state, offset=state.offset + T)
 
