@@ -32,6 +32,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from hybrid.checks import check_positive_int
 from hybrid.rotary import CARoPE, Rotary, apply_rotary, cos_sin_from_phases, parse_placement
 
 # enable_gqa (torch ≥ 2.5) lets SDPA broadcast kv heads without materialising them.
@@ -66,13 +67,6 @@ class AttentionState:
         return sum(t.numel() * t.element_size() for t in (self.k, self.v, self.phase) if t is not None)
 
 
-def _positive_int(name: str, value, *, allow_none: bool = False):
-    if value is None and allow_none:
-        return
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name}: expected a positive int{' or None' if allow_none else ''}, got {value!r}")
-
-
 class Attention(nn.Module):
     """Causal softmax attention with rotary placement, GQA/MQA, sliding window, shared-KV and CARoPE.
 
@@ -99,12 +93,12 @@ class Attention(nn.Module):
         bias: bool = False,
     ):
         super().__init__()
-        _positive_int("d_model", d_model)
-        _positive_int("n_heads", n_heads)
-        _positive_int("n_kv_heads", n_kv_heads, allow_none=True)
-        _positive_int("head_dim", head_dim, allow_none=True)
-        _positive_int("window", window, allow_none=True)
-        _positive_int("rotary_dim", rotary_dim, allow_none=True)
+        check_positive_int("d_model", d_model)
+        check_positive_int("n_heads", n_heads)
+        check_positive_int("n_kv_heads", n_kv_heads, allow_none=True)
+        check_positive_int("head_dim", head_dim, allow_none=True)
+        check_positive_int("window", window, allow_none=True)
+        check_positive_int("rotary_dim", rotary_dim, allow_none=True)
         if head_dim is None and d_model % n_heads:
             raise ValueError(f"n_heads: expected a divisor of d_model={d_model} (or pass head_dim), got {n_heads}")
         head_dim = d_model // n_heads if head_dim is None else head_dim

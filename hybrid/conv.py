@@ -27,6 +27,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from .checks import check_positive_int
+
 __all__ = [
     "CausalConv1d",
     "causal_conv1d_reference",
@@ -88,9 +90,8 @@ class CausalConv1d(nn.Module):
 
     def __init__(self, channels: int, width: int = 4, bias: bool = True):
         super().__init__()
-        for name, v in (("channels", channels), ("width", width)):
-            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-                raise ValueError(f"{name}: expected a positive int, got {v!r}")
+        check_positive_int("channels", channels)
+        check_positive_int("width", width)
         self.channels, self.width = channels, width
         self.weight = nn.Parameter(torch.empty(channels, width))
         self.bias = nn.Parameter(torch.empty(channels)) if bias else None

@@ -13,18 +13,15 @@ import math
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from .checks import check_positive_int
+
 __all__ = ["SwiGLU", "swiglu_hidden"]
-
-
-def _check_positive_int(name: str, value) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise ValueError(f"{name}: expected a positive int, got {value!r}")
 
 
 def swiglu_hidden(d_model: int, mlp_ratio: float = 8 / 3, multiple_of: int = 32) -> int:
     """The default hidden width: `mlp_ratio · d_model` rounded up to a multiple of `multiple_of`."""
-    _check_positive_int("d_model", d_model)
-    _check_positive_int("multiple_of", multiple_of)
+    check_positive_int("d_model", d_model)
+    check_positive_int("multiple_of", multiple_of)
     if not (isinstance(mlp_ratio, (int, float)) and mlp_ratio > 0):
         raise ValueError(f"mlp_ratio: expected a positive number, got {mlp_ratio!r}")
     return multiple_of * math.ceil(mlp_ratio * d_model / multiple_of)
@@ -45,8 +42,8 @@ class SwiGLU(nn.Module):
         if hidden is None:
             hidden = swiglu_hidden(d_model, mlp_ratio, multiple_of)
         else:
-            _check_positive_int("d_model", d_model)
-            _check_positive_int("hidden", hidden)
+            check_positive_int("d_model", d_model)
+            check_positive_int("hidden", hidden)
         self.d_model, self.hidden = d_model, hidden
         self.w_gate = nn.Linear(d_model, hidden, bias=bias)
         self.w_up = nn.Linear(d_model, hidden, bias=bias)

@@ -30,6 +30,7 @@ from torch import nn
 
 from kernels import complex_scan, complex_scan_step
 
+from .checks import check_positive_int
 from .conv import CausalConv1d
 from .rotary import CARoPE, inv_freq
 
@@ -60,11 +61,6 @@ def _at_least_float32(t: torch.Tensor) -> torch.Tensor:
     return t.to(torch.promote_types(t.dtype, torch.float32))
 
 
-def _positive_int(name, v):
-    if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-        raise ValueError(f"{name}: expected a positive int, got {v!r}")
-
-
 class VORecurrence(nn.Module):
     """VO-RoPE recurrence block. Input and output ``(B, T, d_model)``."""
 
@@ -87,14 +83,14 @@ class VORecurrence(nn.Module):
         chunk_size: int | None = None,
     ):
         super().__init__()
-        _positive_int("d_model", d_model)
-        _positive_int("n_heads", n_heads)
-        _positive_int("conv_width", conv_width)
+        check_positive_int("d_model", d_model)
+        check_positive_int("n_heads", n_heads)
+        check_positive_int("conv_width", conv_width)
         if head_dim is None:
             if d_model % n_heads:
                 raise ValueError(f"n_heads: expected a divisor of d_model={d_model}, got {n_heads}")
             head_dim = d_model // n_heads
-        _positive_int("head_dim", head_dim)
+        check_positive_int("head_dim", head_dim)
         if head_dim % 2:
             raise ValueError(f"head_dim: expected an even number (rotary pairs), got {head_dim}")
         if not (0.0 < r_min <= r_max < 1.0):

@@ -33,6 +33,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from hybrid.checks import check_positive_int
 from hybrid.norms import head_rms_norm
 from hybrid.rotary import Rotary, apply_rotary
 
@@ -86,11 +87,6 @@ def retention_block(q: Tensor, k: Tensor, v: Tensor, log_gamma: Tensor, S: Tenso
     return o, S_new
 
 
-def _positive_int(name: str, value) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise ValueError(f"{name}: expected a positive int, got {value!r}")
-
-
 class MultiScaleRetention(nn.Module):
     """Multi-scale retention: q, k, v, g projections d_model → H·D, output projection H·D → d_model.
 
@@ -110,15 +106,15 @@ class MultiScaleRetention(nn.Module):
         norm_eps: float = 1e-6,
     ):
         super().__init__()
-        _positive_int("d_model", d_model)
-        _positive_int("n_heads", n_heads)
+        check_positive_int("d_model", d_model)
+        check_positive_int("n_heads", n_heads)
         if head_dim is None:
             if d_model % n_heads:
                 raise ValueError(
                     f"n_heads: expected a divisor of d_model={d_model} (head_dim=None), got {n_heads}"
                 )
             head_dim = d_model // n_heads
-        _positive_int("head_dim", head_dim)
+        check_positive_int("head_dim", head_dim)
         if head_dim % 2:
             raise ValueError(f"head_dim: expected an even int (rotary pairs), got {head_dim}")
         if isinstance(rope_base, bool) or not isinstance(rope_base, (int, float)) or not 1 < rope_base < math.inf:
@@ -126,7 +122,7 @@ class MultiScaleRetention(nn.Module):
         if rope_layout not in _LAYOUTS:
             raise ValueError(f"rope_layout: expected one of {_LAYOUTS}, got {rope_layout!r}")
         if chunk_size is not None:
-            _positive_int("chunk_size", chunk_size)
+            check_positive_int("chunk_size", chunk_size)
         if not norm_eps >= 0:
             raise ValueError(f"norm_eps: expected a non-negative float, got {norm_eps!r}")
         self.d_model, self.n_heads, self.head_dim = d_model, n_heads, head_dim
