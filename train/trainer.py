@@ -366,9 +366,7 @@ class Trainer:
         if last_eval is None:  # resumed at the final step: nothing to train, the checkpoint is current
             last_eval = self._evaluate()
         paths = {"out": self.out, "checkpoint": self.out / "checkpoint", "metrics": self.out / METRICS_FILE,
-                 "plot": self.out / PLOT_FILE, "config": self.out / CONFIG_FILE}
-        if env.is_main:
-            plot_loss_curve(self.metrics.path, paths["plot"])
+                 "plot": self.out / PLOT_FILE, "config": self.out / CONFIG_FILE}  # the plot: drawn by _evaluate
         if self.bar is not None:
             self.bar.close()
             self.bar = None
