@@ -25,7 +25,8 @@ from hybrid.rotary import PLACEMENTS, inv_freq, parse_placement
 
 MIXER_LETTERS = {"R": "VO-RoPE recurrence", "A": "attention", "M": "multi-scale retention"}
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "float64": torch.float64}
-SHARED_KV_PLACEMENTS = ("qkvo", "qkv", "q", "o", "none")
+# shared-KV caches one tensor as key and value, so k and v must be rotated alike
+SHARED_KV_PLACEMENTS = tuple(p for p in PLACEMENTS if parse_placement(p).k == parse_placement(p).v)
 
 # size -> (d_model, n_layers, n_heads); parameter counts are for the byte vocabulary (embedding ≈ 0)
 SIZES = {
@@ -128,7 +129,6 @@ class HybridConfig:
                 )
         if self.rope_placement not in PLACEMENTS:
             raise ValueError(f"rope_placement: expected one of {list(PLACEMENTS)}, got {self.rope_placement!r}")
-        parse_placement(self.rope_placement)
         if self.rope_layout not in ("interleaved", "half"):
             raise ValueError(f"rope_layout: expected 'interleaved' or 'half', got {self.rope_layout!r}")
         if self.rope_scaling is not None:
