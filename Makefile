@@ -27,17 +27,17 @@ $(STAMP): pyproject.toml
 	    $(PIP) install -q "torch==$(TORCH_VERSION)"; \
 	fi
 	$(PIP) install -q -e ".[test]"
-	$(PY) -c "import torch, hybrid, kernels, models, train; print('install: ok, torch', torch.__version__)"
+	$(PY) -c "import torch, hybrid, hybrid.kernels, hybrid.models, hybrid.train; print('install: ok, torch', torch.__version__)"
 	@touch $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest -q
 
 demo: $(STAMP)
-	$(PY) -m train.demo
+	$(PY) -m hybrid.train.demo
 
 bench: $(STAMP)
-	$(PY) -m kernels.bench
+	$(PY) -m hybrid.train.bench.scan
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache

@@ -2,12 +2,20 @@
 
 Token mixers (each with a parallel/chunk ``forward``, a one-token ``step`` and a fixed or growing state):
 
-- ``VORecurrence`` (R): VO-RoPE with exponential decay as a complex linear RNN (``kernels.complex_scan``);
+- ``VORecurrence`` (R): VO-RoPE with exponential decay as a complex linear RNN (``hybrid.kernels.complex_scan``);
 - ``Attention`` (A): softmax attention with rotary on any of q, k, v, o; GQA; sliding window; shared-KV;
 - ``MultiScaleRetention`` (M): RetNet's retention, the baseline.
 
 ``hybrid.rotary`` holds the rotary toolkit (schedules and context extension, layouts, placement, CARoPE).
+
+The library is one namespace: ``hybrid.kernels`` (ops), ``hybrid`` (these building blocks), ``hybrid.models``
+(HybridConfig, HybridLM) and ``hybrid.train`` (data, trainer, CLIs, benchmarks); imports point that way only,
+train → models → hybrid → kernels. The names users type most are re-exported here lazily (PEP 562), so that
+``import hybrid`` stays light and the building blocks never import the layers above them:
+
+    from hybrid import HybridConfig, HybridLM, complex_scan, Trainer, TrainConfig
 """
+import importlib
 from . import rotary
 from .attention import Attention, AttentionState
 from .conv import CausalConv1d
@@ -16,7 +24,30 @@ from .norms import RMSNorm
 from .recurrence import RecurrenceState, VORecurrence
 from .retention import MultiScaleRetention, RetentionState
 
-__all__ = [
+# name → the module that defines it; resolved on first access by __getattr__ below.
+_LAZY = {
+    "complex_scan": "hybrid.kernels", "complex_scan_step": "hybrid.kernels",
+    "complex_scan_reference": "hybrid.kernels",
+    "HybridConfig": "hybrid.models", "HybridLM": "hybrid.models", "HybridState": "hybrid.models",
+    "PRESETS": "hybrid.models", "SIZES": "hybrid.models",
+    "TrainConfig": "hybrid.train", "Trainer": "hybrid.train", "load_run": "hybrid.train",
+    "generate_text": "hybrid.train", "load_checkpoint": "hybrid.train",
+}
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        value = getattr(importlib.import_module(_LAZY[name]), name)
+        globals()[name] = value                                   # later look-ups skip this function
+        return value
+    raise AttributeError(f"module 'hybrid' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_LAZY))
+
+
+__all__ = [*_LAZY,
     "Attention", "AttentionState", "CausalConv1d", "MultiScaleRetention", "RMSNorm", "RecurrenceState",
     "RetentionState", "SwiGLU", "VORecurrence", "rotary",
 ]

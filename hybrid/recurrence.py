@@ -3,7 +3,7 @@
     gate  = act(W_g x)                                              (B, T, d_rnn)
     u     = conv1d_causal(W_v x)            (depthwise, width 4)    (B, T, d_rnn)
     v_t   = sqrt(1 − γ_t²) · (i_t ⊙ u_t)    (i_t = 1 unless selective)
-    s_t   = γ_t e^{−iθ_t} s_{t−1} + v_t     per head and rotary pair (kernels.complex_scan)
+    s_t   = γ_t e^{−iθ_t} s_{t−1} + v_t     per head and rotary pair (hybrid.kernels.complex_scan)
     y     = W_o (gate ⊙ s)
 
 With static γ and θ the scan output is exactly VO-RoPE with exponential decay,
@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from einops import rearrange
 from torch import nn
 
-from kernels import complex_scan, complex_scan_step
+from hybrid.kernels import complex_scan, complex_scan_step
 
 from .checks import check_positive_int
 from .conv import CausalConv1d

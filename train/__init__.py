@@ -1,10 +1,10 @@
 """Training: data, tokenizers, the trainer (single process, DDP, FSDP2), checkpoints, CLI, demo.
 
-    from train import TrainConfig, Trainer
+    from hybrid.train import TrainConfig, Trainer
     result = Trainer(TrainConfig(steps=500, out="runs/x")).fit()      # fresh run
     result = Trainer.from_checkpoint("runs/x", steps=1000).fit()      # exact resume, new total
 
-Command lines: ``hybrid-train`` (``python -m train``), ``hybrid-generate``; ``python -m train.demo``.
+Command lines: ``hybrid-train`` (``python -m hybrid.train``), ``hybrid-generate``; ``python -m hybrid.train.demo``.
 """
 from .checkpoint import CheckpointError, has_checkpoint, load_checkpoint, save_checkpoint
 from .config import TrainConfig

@@ -1,4 +1,4 @@
-"""``python -m train`` = ``hybrid-train`` (also under ``torchrun -m train``)."""
+"""``python -m hybrid.train`` = ``hybrid-train`` (also under ``torchrun -m hybrid.train``)."""
 import sys
 
 from .cli import train_main

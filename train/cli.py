@@ -1,4 +1,4 @@
-"""Command lines: ``hybrid-train`` (= ``python -m train``) and ``hybrid-generate``.
+"""Command lines: ``hybrid-train`` (= ``python -m hybrid.train``) and ``hybrid-generate``.
 
 User errors (a missing data path, an unknown preset, a corrupt checkpoint, an offline hub name, a bad
 value) print one line, ``<prog>: error: …``, to stderr and exit with status 2; a diverged run exits with 1
@@ -12,7 +12,7 @@ import os
 import sys
 from dataclasses import fields
 
-from models import PRESETS, SIZES, HybridConfig
+from hybrid.models import PRESETS, SIZES, HybridConfig
 
 from .config import TrainConfig
 from .data import HubOfflineError
@@ -28,7 +28,7 @@ examples:
   hybrid-train --data ~/texts --tokenizer tokenizer.json --size small --seq-len 1024 --out runs/mine
   hybrid-train --pattern RRRA --set rnn_selective=true --set carope=true
   hybrid-train --resume runs/tf --steps 4000      # continue a run; --steps is the new total
-  torchrun --nproc-per-node 4 -m train --size small --batch-size 16 --out runs/ddp   [--fsdp]
+  torchrun --nproc-per-node 4 -m hybrid.train --size small --batch-size 16 --out runs/ddp   [--fsdp]
   hybrid-generate --run runs/tf --prompt "def " --max-new-tokens 200
 
 outputs in --out: checkpoint/ (resumable), metrics.jsonl, loss.png, train_config.json

@@ -10,7 +10,7 @@ import dataclasses
 import math
 from dataclasses import dataclass, field, fields
 
-from models import PRESETS, SIZES
+from hybrid.models import PRESETS, SIZES
 
 __all__ = ["TrainConfig"]
 
@@ -33,7 +33,7 @@ class TrainConfig:
     lr: float = 2e-3
     min_lr_ratio: float = 0.1  # the cosine decays to lr · min_lr_ratio
     warmup: int | None = None  # linear warmup steps; None = min(100, steps // 10)
-    weight_decay: float = 0.1  # on the weights of nn.Linear / nn.Embedding only (train.optim)
+    weight_decay: float = 0.1  # on the weights of nn.Linear / nn.Embedding only (hybrid.train.optim)
     betas: tuple[float, float] = (0.9, 0.95)
     grad_clip: float | None = 1.0  # max global gradient norm; None or 0 = no clipping
     # bookkeeping

@@ -1,4 +1,4 @@
-"""``python -m train.demo`` (``make demo``): train the tiny hybrid on this Python's standard library, then
+"""``python -m hybrid.train.demo`` (``make demo``): train the tiny hybrid on this Python's standard library, then
 generate from it in recurrent and in parallel mode.
 
 The recipe is fixed (same seed, steps and numbers on every run): the tiny hybrid preset (RRA, ≈0.8M
@@ -49,7 +49,7 @@ def _steps_within(budget: float, elapsed: float, per_step: float, eval_s: float,
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m train.demo", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m hybrid.train.demo", description=__doc__.split("\n\n")[0])
     p.add_argument("--out", default="runs/demo", help="run directory, replaced if present (default: runs/demo)")
     p.add_argument("--steps", type=int, default=RECIPE["steps"], help=f"training steps (default: {RECIPE['steps']})")
     p.add_argument("--device", default="auto", help="auto, cpu or cuda (default: auto)")
@@ -61,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import datasets
 
-    from models import HybridLM
+    from hybrid.models import HybridLM
 
     from .data import prepare_data
     from .distributed import resolve_device
@@ -130,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
 
     print(f"run directory {result.out}/  (trained in {_clock(t_train)}, {sum(tps) / max(1, len(tps)):,.0f} tokens/s)\n"
           f"  checkpoint/     weights, optimizer, data position; continue with\n"
-          f"                  python -m train --resume {result.out} --steps {2 * result.step}\n"
+          f"                  python -m hybrid.train --resume {result.out} --steps {2 * result.step}\n"
           f"  metrics.jsonl   loss, lr, tokens/s every {config.log_every} steps; val_loss, val_bpb per evaluation\n"
           f"  loss.png        loss curve\n"
           f"sample more:  hybrid-generate --run {result.out} --prompt 'def ' --temperature 0.8\n"

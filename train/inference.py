@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from models import HybridConfig, HybridLM
+from hybrid.models import HybridConfig, HybridLM
 
 from .checkpoint import CheckpointError, load_checkpoint
 from .tokenizer import Tokenizer, tokenizer_from_dict

@@ -8,7 +8,7 @@ The batch layout keeps the saved global batch ``G = batch_size × grad_accum × 
 the run continues with the same sequences per optimizer step: with neither ``batch_size`` nor
 ``grad_accum`` given, ``grad_accum`` becomes ``G / (batch_size × world_size)``, else ``batch_size`` becomes
 ``G / world_size`` with ``grad_accum = 1``; with one of them given, the other is derived the same way.
-When no layout reproduces ``G``, the run goes on with the new global batch (``train.sharding`` explains
+When no layout reproduces ``G``, the run goes on with the new global batch (``hybrid.train.sharding`` explains
 where the data continues) and a note says so. ``model`` overrides merge into the saved ``model`` dict,
 so repeating a saved value is no change.
 """

@@ -3,9 +3,9 @@
     result = Trainer(TrainConfig(steps=200, out="runs/x")).fit()        # a fresh run
     result = Trainer.from_checkpoint("runs/x", steps=400).fit()          # continue it to step 400
 
-One optimizer step: ``grad_accum`` micro-batches per rank (``train.sharding``), each ``cross_entropy /
+One optimizer step: ``grad_accum`` micro-batches per rank (``hybrid.train.sharding``), each ``cross_entropy /
 grad_accum`` backpropagated (gradient sync only on the last, under DDP or FSDP2), the global gradient norm
-clipped, AdamW (``train.optim``), the LambdaLR warmup-cosine schedule. bf16 autocast on CUDA, none on CPU.
+clipped, AdamW (``hybrid.train.optim``), the LambdaLR warmup-cosine schedule. bf16 autocast on CUDA, none on CPU.
 
 Step ``k`` (1-based) is logged when ``k % log_every == 0`` (the mean loss of the steps since the previous
 record), evaluated when ``k % eval_every == 0``, saved when ``k % save_every == 0``, and the last step is
@@ -34,7 +34,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from models import HybridConfig, HybridLM
+from hybrid.models import HybridConfig, HybridLM
 
 from .checkpoint import (
     Checkpoint,
@@ -115,7 +115,7 @@ class Trainer:
     @classmethod
     def from_checkpoint(cls, run_dir, *, world_size: int | None = None, trainer_kwargs: dict | None = None,
                         **overrides) -> "Trainer":
-        """Resume the run in ``run_dir``: its saved TrainConfig with ``overrides`` (see ``train.resume``).
+        """Resume the run in ``run_dir``: its saved TrainConfig with ``overrides`` (see ``hybrid.train.resume``).
 
         A missing checkpoint is a FileNotFoundError; a corrupt or incompatible one a CheckpointError.
         """

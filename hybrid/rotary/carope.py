@@ -6,7 +6,7 @@
 With W = 0 and b = softplus⁻¹(base^(2/R) − 1), f = base^(−2/R) = θ_1, so f^i = θ_i and φ_i(m) is standard
 RoPE with 1-indexed positions: token m (0-indexed) gets (m + 1)·θ_i, as in the seed's Σ_{t=1}^{m}.
 
-The increments f(x_t)^i are exactly a data-dependent `theta` for `kernels.complex_scan` (phase difference
+The increments f(x_t)^i are exactly a data-dependent `theta` for `hybrid.kernels.complex_scan` (phase difference
 φ(t) − φ(j) = Σ_{j<u≤t} increments), and `cos_sin_from_phases` turns the phases into 4-D cos/sin for
 `apply_rotary` with any placement.
 """

@@ -11,9 +11,9 @@ import math
 import pytest
 import torch
 
-from kernels.complex_scan import chunked
-from kernels import complex_scan, complex_scan_reference, complex_scan_step
-from kernels.complex_scan.interface import resolve_backend
+from hybrid.kernels.complex_scan import chunked
+from hybrid.kernels import complex_scan, complex_scan_reference, complex_scan_step
+from hybrid.kernels.complex_scan.interface import resolve_backend
 
 _seed = itertools.count(1234)
 

@@ -25,8 +25,8 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.complex_scan import triton_scan
-from kernels.complex_scan.triton_scan import _decay, complex_scan_triton
+from hybrid.kernels.complex_scan import triton_scan
+from hybrid.kernels.complex_scan.triton_scan import _decay, complex_scan_triton
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -405,9 +405,9 @@ def test_decay_helper_accuracy():
 
 
 def test_public_interface_uses_this_backend():
-    """Through ``kernels.complex_scan.complex_scan(backend="triton")``, whose normalisation turns a static
+    """Through ``hybrid.kernels.complex_scan.complex_scan(backend="triton")``, whose normalisation turns a static
     ``(H, P)`` decay into ``(1, 1, H, P)``."""
-    complex_scan = pytest.importorskip("kernels.complex_scan").complex_scan
+    complex_scan = pytest.importorskip("hybrid.kernels.complex_scan").complex_scan
     x, _, th, s0 = make_inputs(95, 2, 12, 3, 6, "static", "dep", True)
     ld = -torch.rand(3, 3, generator=torch.Generator().manual_seed(96))  # (H, P)
     y, f = complex_scan(x.to(DEVICE), ld.to(DEVICE), th.to(DEVICE), s0.to(DEVICE), backend="triton")

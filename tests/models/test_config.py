@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from models import PRESETS, SIZES, HybridConfig, HybridLM
+from hybrid.models import PRESETS, SIZES, HybridConfig, HybridLM
 
 
 @pytest.mark.parametrize(

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from hybrid.attention import AttentionState
-from models import HybridConfig, HybridLM, HybridState
+from hybrid.models import HybridConfig, HybridLM, HybridState
 
 VOCAB = 61
 

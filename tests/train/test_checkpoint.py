@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 import torch
 
-import train.checkpoint as ck
-from train.checkpoint import (
+import hybrid.train.checkpoint as ck
+from hybrid.train.checkpoint import (
     CheckpointError,
     capture_rng_state,
     has_checkpoint,
@@ -22,7 +22,7 @@ from train.checkpoint import (
     restore_rng_state,
     save_checkpoint,
 )
-from train.schedule import warmup_cosine
+from hybrid.train.schedule import warmup_cosine
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -157,7 +157,7 @@ def test_crash_between_renames_falls_back_to_the_old_checkpoint(tmp_path, monkey
 
 _SAVER = textwrap.dedent("""
     import sys, torch
-    from train.checkpoint import save_checkpoint
+    from hybrid.train.checkpoint import save_checkpoint
     run, step = sys.argv[1], int(sys.argv[2])
     w = torch.empty(2_000_000)
     while True:

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from train.cli import config_from_args, generate_main, train_main, train_parser
+from hybrid.train.cli import config_from_args, generate_main, train_main, train_parser
 
 REPO = Path(__file__).resolve().parents[2]
 TINY = ["--d-model", "32", "--n-layers", "3", "--n-heads", "2", "--window", "16", "--seq-len", "32",
@@ -53,7 +53,7 @@ def test_train_prints_progress_and_layout(corpus, tmp_path, capsys):
 
 
 def test_python_m_train_help():
-    proc = subprocess.run([sys.executable, "-m", "train", "--help"], capture_output=True, text=True, cwd=REPO,
+    proc = subprocess.run([sys.executable, "-m", "hybrid.train", "--help"], capture_output=True, text=True, cwd=REPO,
                           timeout=60)
     assert proc.returncode == 0, proc.stderr
     assert "hybrid-train" in proc.stdout and "--resume" in proc.stdout and "torchrun" in proc.stdout

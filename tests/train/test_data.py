@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from train.data import (
+from hybrid.train.data import (
     BatchLoader,
     HubOfflineError,
     eval_batches,
@@ -19,7 +19,7 @@ from train.data import (
     stdlib_files,
     unigram_bpb,
 )
-from train.tokenizer import ByteTokenizer
+from hybrid.train.tokenizer import ByteTokenizer
 
 
 class CountingTokenizer(ByteTokenizer):

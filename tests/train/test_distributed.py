@@ -8,15 +8,15 @@ import sys
 
 import pytest
 
-from train.checkpoint import load_checkpoint
-from train.trainer import Trainer
+from hybrid.train.checkpoint import load_checkpoint
+from hybrid.train.trainer import Trainer
 
 ARGS = ["--d-model", "32", "--n-layers", "3", "--n-heads", "2", "--window", "16", "--seq-len", "32", "--lr", "1e-2",
         "--warmup", "2", "--log-every", "1", "--eval-every", "0", "--eval-batches", "4", "--device", "cpu"]
 
 
 def torchrun(nproc, *args, timeout=120):
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}", "-m", "train",
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}", "-m", "hybrid.train",
            *args]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
@@ -53,7 +53,7 @@ def test_two_ranks_train_and_resume_on_one(corpus, tmp_path, fsdp):
 
 
 def test_one_rank_resumes_on_two_like_an_uninterrupted_run(corpus, tmp_path):
-    from train.cli import train_main
+    from hybrid.train.cli import train_main
 
     # a constant lr after warmup, so a 3-step run extended to 6 follows the same schedule as a 6-step run
     common = ["--data", str(corpus), "--batch-size", "4", "--min-lr-ratio", "1", "--quiet", *ARGS]

@@ -5,7 +5,7 @@ import math
 import numpy as np
 import torch
 
-from train.metrics import MetricsLogger, plot_loss_curve, read_metrics
+from hybrid.train.metrics import MetricsLogger, plot_loss_curve, read_metrics
 
 
 def _run(out, steps, resume_step=None, eval_every=5):

@@ -4,7 +4,7 @@ import math
 import pytest
 import torch
 
-from train.schedule import WarmupCosine, lr_at, warmup_cosine
+from hybrid.train.schedule import WarmupCosine, lr_at, warmup_cosine
 
 
 def test_lr_at_shape():

@@ -4,8 +4,8 @@ import random
 
 import pytest
 
-from train.data import prepare_data
-from train.tokenizer import (
+from hybrid.train.data import prepare_data
+from hybrid.train.tokenizer import (
     ByteTokenizer,
     FileTokenizer,
     Tokenizer,

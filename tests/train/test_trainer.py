@@ -5,16 +5,16 @@ import math
 import pytest
 import torch
 
-import train.checkpoint as ck
-from models import HybridConfig, HybridLM
-from train.checkpoint import CheckpointError, load_checkpoint
-from train.config import TrainConfig
-from train.data import prepare_data
-from train.distributed import full_state
-from train.optim import param_groups
-from train.resume import resume_config
-from train.sharding import GlobalBatches
-from train.trainer import Trainer
+import hybrid.train.checkpoint as ck
+from hybrid.models import HybridConfig, HybridLM
+from hybrid.train.checkpoint import CheckpointError, load_checkpoint
+from hybrid.train.config import TrainConfig
+from hybrid.train.data import prepare_data
+from hybrid.train.distributed import full_state
+from hybrid.train.optim import param_groups
+from hybrid.train.resume import resume_config
+from hybrid.train.sharding import GlobalBatches
+from hybrid.train.trainer import Trainer
 
 TINY_MODEL = {"d_model": 32, "n_layers": 3, "n_heads": 2, "window": 16}
 

@@ -1,8 +1,8 @@
 """Benchmark of complex_scan: backend × size, forward and forward+backward, against a copy of the same bytes.
 
-    python -m kernels.bench                    # CPU: torch backend vs a per-step loop
-    python -m kernels.bench --out table.md     # also write the markdown table
-    python -m kernels.bench --device cuda      # GPU: runs kernels.bench_gpu (Triton vs torch vs copy, do_bench)
+    python -m hybrid.train.bench.scan                    # CPU: torch backend vs a per-step loop
+    python -m hybrid.train.bench.scan --out table.md     # also write the markdown table
+    python -m hybrid.train.bench.scan --device cuda      # GPU: runs hybrid.train.bench.scan_gpu (Triton vs torch vs copy, do_bench)
 
 Bytes counted are the minimum a pass must move: forward reads x (+ decays/angles when data-dependent)
 and writes y; backward reads x, y, dy (+ decays/angles) and writes dx (+ their gradients). "copy GB/s" is
@@ -18,7 +18,7 @@ import time
 
 import torch
 
-from kernels import complex_scan
+from hybrid.kernels import complex_scan
 
 CPU_SHAPES = [(4, 4096, 8, 64), (2, 1024, 8, 64), (1, 16384, 4, 128)]
 
@@ -135,7 +135,7 @@ def describe() -> str:
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--device", default="cpu", help="cpu, or cuda to run kernels.bench_gpu")
+    p.add_argument("--device", default="cpu", help="cpu, or cuda to run hybrid.train.bench.scan_gpu")
     p.add_argument("--shape", action="append", default=None, metavar="B,T,H,D",
                    help="a size to run (repeatable); default: " + " ".join(",".join(map(str, s)) for s in CPU_SHAPES))
     p.add_argument("--dtype", action="append", default=None, choices=["float32", "bfloat16", "float16"])
@@ -144,7 +144,7 @@ def main(argv=None):
     p.add_argument("--out", default=None, help="also write the markdown table here")
     args, rest = p.parse_known_args(argv)
     if args.device.startswith("cuda"):
-        from kernels import bench_gpu
+        from hybrid.train.bench import scan_gpu as bench_gpu
 
         raise SystemExit(bench_gpu.main(rest + (["--out", args.out] if args.out else [])))
     if rest:

@@ -1,6 +1,6 @@
 """GPU benchmark of the complex scan: Triton kernels vs the torch backend vs a plain device copy.
 
-    python -m kernels.bench_gpu [--out docs/bench_complex_scan.md] [--skip-torch] [--quick]
+    python -m hybrid.train.bench.scan_gpu [--out docs/bench_complex_scan.md] [--skip-torch] [--quick]
 
 First checks the Triton backend against the float64 sequential reference on the GPU for one moderate shape
 (forward and all four gradients; prints the max errors, exits 1 when they are off), then times with
@@ -8,7 +8,7 @@ First checks the Triton backend against the float64 sequential reference on the 
 
 * Triton forward (inference path: no checkpoints) and forward+backward (autograd: checkpoints saved, then
   the backward kernel for all four gradients),
-* the torch backend (``kernels.complex_scan.chunked.complex_scan_torch``) the same way,
+* the torch backend (``hybrid.kernels.complex_scan.chunked.complex_scan_torch``) the same way,
 * ``torch.empty_like(x).copy_(x)``: the device's copy bandwidth on the same bytes.
 
 Bytes counted per row are what the op must minimally move:
@@ -30,8 +30,8 @@ import time
 
 import torch
 
-from kernels.complex_scan.chunked import complex_scan_torch
-from kernels.complex_scan.reference import complex_scan_reference
+from hybrid.kernels.complex_scan.chunked import complex_scan_torch
+from hybrid.kernels.complex_scan.reference import complex_scan_reference
 
 MAIN_SHAPE = (8, 8192, 16, 128)
 CK_INTERVAL = 64  # checkpoint spacing used for the byte count (the tuned kernel may pick 32–128)
@@ -73,7 +73,7 @@ def bytes_moved(x, ld, th, pass_):
 # Correctness on the GPU
 # ----------------------------------------------------------------------------------------------------------
 def check_correctness(device, shape=(2, 777, 4, 64)) -> bool:
-    from kernels.complex_scan.triton_scan import complex_scan_triton
+    from hybrid.kernels.complex_scan.triton_scan import complex_scan_triton
 
     ref = complex_scan_reference
     ok = True
@@ -143,8 +143,8 @@ def _fwd_bwd_fn(impl, x, ld, th, gy):
 
 
 def run_cases(cases, skip_torch, device="cuda"):
-    from kernels.complex_scan import triton_scan
-    from kernels.complex_scan.triton_scan import complex_scan_triton
+    from hybrid.kernels.complex_scan import triton_scan
+    from hybrid.kernels.complex_scan.triton_scan import complex_scan_triton
 
     torch_impl = None if skip_torch else complex_scan_torch
     rows, notes = [], ["torch backend skipped (--skip-torch)"] if skip_torch else []
@@ -220,7 +220,7 @@ def main(argv=None) -> int:
 
     import triton
 
-    from kernels.complex_scan import triton_scan
+    from hybrid.kernels.complex_scan import triton_scan
 
     device = torch.device("cuda")
     props = torch.cuda.get_device_properties(device)

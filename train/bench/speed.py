@@ -1,8 +1,8 @@
 """Model benchmarks: the numbers a user looks at before choosing a preset.
 
-    python -m models.bench                 # both tables on CPU
-    python -m models.bench --device cuda   # the same on a GPU
-    python -m models.bench --out docs/model_bench.md
+    python -m hybrid.train.bench.speed                 # both tables on CPU
+    python -m hybrid.train.bench.speed --device cuda   # the same on a GPU
+    python -m hybrid.train.bench.speed --out docs/model_bench.md
 
 1. Training throughput: forward+backward tokens/s of each preset, every preset sized to the same parameter
    count (non-embedding), at T=1024.
@@ -18,8 +18,7 @@ import time
 
 import torch
 
-from .config import HybridConfig
-from .lm import HybridLM
+from hybrid.models import HybridConfig, HybridLM
 
 PRESET_NAMES = ("transformer", "retnet", "vo-rnn", "hybrid")
 
@@ -147,7 +146,7 @@ def main(argv=None):
     args = p.parse_args(argv)
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
-        raise SystemExit("models.bench: --device cuda asked for but no CUDA device is visible")
+        raise SystemExit("hybrid.train.bench.speed: --device cuda asked for but no CUDA device is visible")
     dtype = args.dtype or ("bfloat16" if device.type == "cuda" else "float32")
     lines = [f"Model benchmarks on {describe(device)}", ""]
     if not args.skip_training:
