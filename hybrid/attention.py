@@ -20,23 +20,30 @@ those schemes, hence their logit; v and o rotations stay pure rotations.
 under earlier frequencies are not re-rotated (as in HF), so the modes agree only while the total length stays
 at or below the schedule's `original_max_position_embeddings`.
 
-Cache: without a window it grows (concatenation, `S = tokens seen`). With `window = w` it is a ring of `w`
-slots, token `p` stored at slot `p % w`, allocated at its full size on the first write (in the dtype of the
-keys), so `nbytes` is constant. Cache updates are out of place: a state passed in is never modified.
+Cache (`hybrid.kv_cache`): without a window it grows (`KVCache`, `S = tokens seen`). With `window = w` it is a
+ring of `w` slots (`RingKVCache`), token `p` stored at slot `p % w`, allocated at its full size on the first
+write (in the dtype of the keys), so `nbytes` is constant. Windowed parallel and chunked calls attend
+block-locally in O(T·w) (`hybrid.kernels.window_attention`: flash-attn or FlexAttention on CUDA, block-local
+SDPA elsewhere); no tensor has a T × S dimension.
+
+When autograd records nothing (decoding, no-grad prefill) the caches are written in place: decoding copies
+nothing per token. A global cache stays shareable (an older state copies its prefix before appending, so
+branching works); a window ring does not: a state is consumed by the call that continues it, and continuing an
+older state raises. `clone()` a state to continue it more than once. Under autograd every update is out of
+place and states are never modified.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from hybrid.checks import check_positive_int
+from hybrid.kernels.window_attention import BACKENDS as WINDOW_BACKENDS, window_attention
+from hybrid.kernels.window_attention.blocked import band_mask, sdpa_bthd
+from hybrid.kv_cache import KVCache, RingKVCache
 from hybrid.rotary import CARoPE, Rotary, apply_rotary, cos_sin_from_phases, parse_placement
-
-# enable_gqa (torch ≥ 2.5) lets SDPA broadcast kv heads without materialising them.
-_SDPA_GQA = "enable_gqa" in (F.scaled_dot_product_attention.__doc__ or "")
 
 
 @dataclass
@@ -50,9 +57,8 @@ class AttentionState:
     length: tokens held in the cache (≤ w); they are positions `offset − length … offset − 1`. A state
        with `offset = c`, `length = 0` starts the sequence at position c.
     phase: `(B, G, P)` float32 CARoPE phase after the last token; None without CARoPE.
-    buffer: the growable storage behind `k`, `v` of a global cache when decoding without gradients
-       (`k`, `v` are then views of its first `length` slots); None otherwise. Not counted in `nbytes`,
-       which reports the cached entries; the buffer holds up to twice that while it grows.
+    cache: the `KVCache` / `RingKVCache` behind `k`, `v` (`k`, `v` are its entries), or None. `nbytes` counts
+       the cached entries; a growing `KVCache` may hold up to twice that while it grows.
     """
 
     k: Tensor | None = None
@@ -60,11 +66,22 @@ class AttentionState:
     offset: int = 0
     length: int = 0
     phase: Tensor | None = None
-    buffer: "_KVBuffer | None" = None
+    cache: KVCache | RingKVCache | None = None
 
     @property
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in (self.k, self.v, self.phase) if t is not None)
+
+    def clone(self) -> "AttentionState":
+        """A copy sharing no storage: continuing it leaves this state valid, and the other way round."""
+        if isinstance(self.cache, RingKVCache) and self.cache.end != self.offset:
+            raise ValueError(f"state: expected the newest state of its window cache (at position {self.cache.end}), "
+                             f"got one at position {self.offset}: its window was overwritten")
+        copy = lambda t: None if t is None else t.clone()  # noqa: E731
+        k, v, cache = copy(self.k), copy(self.v), None
+        if isinstance(self.cache, RingKVCache):
+            cache = RingKVCache(k, v, self.cache.end)
+        return AttentionState(k=k, v=v, offset=self.offset, length=self.length, phase=copy(self.phase), cache=cache)
 
 
 class Attention(nn.Module):
@@ -72,7 +89,8 @@ class Attention(nn.Module):
 
     `in_proj` stacks `[W_q; W_k; W_v]` (rows `H·D`, `G·D`, `G·D`; with shared-KV `[W_q; W_c]`), `out_proj`
     maps `H·D → d_model`. H = n_heads, G = n_kv_heads (query head h reads kv head `h // (H/G)`),
-    D = head_dim, R = rotary_dim, P = R/2.
+    D = head_dim, R = rotary_dim, P = R/2. `window_backend` picks the way windowed calls attend (None or
+    "auto": the fastest exact one for the device; see `hybrid.kernels.window_attention`).
     """
 
     def __init__(
@@ -91,6 +109,7 @@ class Attention(nn.Module):
         shared_kv: bool = False,
         carope: bool = False,
         bias: bool = False,
+        window_backend: str | None = None,
     ):
         super().__init__()
         check_positive_int("d_model", d_model)
@@ -125,6 +144,8 @@ class Attention(nn.Module):
                 f"shared_kv: expected a placement rotating k and v alike (qkvo, qkv, q, o, none), "
                 f"got placement {pl.name!r}"
             )
+        if window_backend not in (None, "auto", *WINDOW_BACKENDS):
+            raise ValueError(f"window_backend: expected None, 'auto' or one of {WINDOW_BACKENDS}, got {window_backend!r}")
         if carope and not rotates:
             raise ValueError(f"carope: expected a placement that rotates something, got placement {pl.name!r}")
         if carope and rope_scaling is not None:
@@ -133,6 +154,7 @@ class Attention(nn.Module):
         self.d_model, self.n_heads, self.n_kv_heads, self.head_dim = d_model, n_heads, n_kv_heads, head_dim
         self.placement, self.rotary_dim, self.rope_layout = pl, rotary_dim, rope_layout
         self.window, self.shared_kv = window, shared_kv
+        self.window_backend = window_backend  # None: `window_attention`'s choice ("auto" / $HYBRID_WINDOW_BACKEND)
         H, G, D = n_heads, n_kv_heads, head_dim
         self.in_proj = nn.Linear(d_model, (H + G * (1 if shared_kv else 2)) * D, bias=bias)
         self.out_proj = nn.Linear(H * D, d_model, bias=bias)
@@ -159,8 +181,9 @@ class Attention(nn.Module):
 
     # ---------------------------------------------------------------------------------------------- API
 
-    def init_state(self, batch_size: int, device=None) -> AttentionState:
-        """An empty cache at position 0 (the kv tensors are allocated on the first token)."""
+    def init_state(self, batch_size: int, device=None, dtype: torch.dtype | None = None) -> AttentionState:
+        """An empty cache at position 0. The kv tensors are allocated on the first token, in the dtype of the
+        keys (`dtype` is accepted for the common mixer signature; the CARoPE phase is float32 by design)."""
         phase = None
         if self.carope is not None:
             phase = torch.zeros(batch_size, self.n_kv_heads, self.rotary_dim // 2, device=device)  # (B, G, P)
@@ -203,11 +226,15 @@ class Attention(nn.Module):
         if v is not None and pl.v:
             v = self._rotate(v, cs_kv)
 
-        o, ck, cv, length, buffer = self._mix(q, k, v, state)  # o (B, T, H, D)
+        o, cache, length = self._mix(q, k, v, state)  # o (B, T, H, D)
         if pl.o:
             o = self._rotate(o, cs_q, inverse=True)
         y = self.out_proj(o.flatten(2))  # (B, T, H·D) → (B, T, d_model)
-        return y, AttentionState(k=ck, v=cv, offset=state.offset + T, length=length, phase=phase, buffer=buffer)
+        if isinstance(cache, KVCache):
+            ck, cv = cache.keys, cache.values  # (B, L + T, G, D)
+        else:
+            ck, cv = cache.k, cache.v  # (B, w, G, D)
+        return y, AttentionState(k=ck, v=cv, offset=state.offset + T, length=length, phase=phase, cache=cache)
 
     def _cos_sin(self, x: Tensor, state: AttentionState):
         """(cos, sin) for queries and for keys, and the next CARoPE phase.
@@ -234,7 +261,7 @@ class Attention(nn.Module):
     def _mix(self, q: Tensor, k: Tensor, v: Tensor | None, state: AttentionState):
         """Attend q `(B, T, H, D)` over the cache and the new k, v `(B, T, G, D)` (v None: shared-KV).
 
-        Returns (o `(B, T, H, D)`, cache k, cache v, cached length, growable buffer or None).
+        Returns (o `(B, T, H, D)`, the updated cache, the cached length).
         """
         T, w, off, L = q.shape[1], self.window, state.offset, state.length
         shared = v is None
@@ -243,127 +270,57 @@ class Attention(nn.Module):
                 raise ValueError(f"state: expected a cache for batch size {q.shape[0]}, got {state.k.shape[0]}")
             k = k.to(state.k.dtype)
             v = None if shared else v.to(state.v.dtype)
-        qpos = off + torch.arange(T, device=q.device)  # (T,)
 
         if w is None:  # growing cache, always in position order
-            ck, cv, buffer = _append(state, k, v)  # (B, L + T, G, D)
+            cache = self._global_cache(state, k, v).update(k, v)
+            keys, values = cache.keys, cache.values  # (B, L + T, G, D)
             mask = None
             if L > 0 and T > 1:  # the prefix is all visible; causal among the new tokens
-                kpos = off - L + torch.arange(L + T, device=q.device)  # (L + T,)
-                mask = kpos[None, :] <= qpos[:, None]  # (T, L + T)
-            o = self._sdpa(q, ck, ck if shared else cv, mask, is_causal=(L == 0 and T > 1))
-            return o, ck, cv, L + T, buffer
+                mask = band_mask(T, L + T, L, L + T, q.device)  # (T, L + T)
+            o = sdpa_bthd(q, keys, keys if shared else values, mask, self.scale, is_causal=(L == 0 and T > 1))
+            return o, cache, L + T
 
-        ring_k, ring_v = state.k, state.v
-        if ring_k is None:
-            B, _, G, D = k.shape
-            ring_k = k.new_zeros(B, w, G, D)  # (B, w, G, D)
-            ring_v = None if shared else v.new_zeros(B, w, G, D)
+        ring = self._ring_cache(state, k)
         length = min(L + T, w)
-        if T == 1:  # decode: write first; the ring then holds exactly the window of the query
-            ring_k, ring_v = _ring_write(ring_k, k, off + 1), _ring_write(ring_v, v, off + 1)
-            mask = None
-            if length < w:
-                mask = (_ring_positions(off + 1, w, q.device) >= off + 1 - length)[None, :]  # (1, w)
-            o = self._sdpa(q, ring_k, ring_k if shared else ring_v, mask, is_causal=False)
-            return o, ring_k, ring_v, length, None
+        if T == 1:  # decode: write in place first; the ring then holds exactly the window of the query
+            ring = ring.update(k, v)
+            mask = None if length == w else (ring.positions() >= off + 1 - length)[None, :]  # (1, w)
+            o = sdpa_bthd(q, ring.k, ring.k if shared else ring.v, mask, self.scale)
+            return o, ring, length
 
-        # chunk: attend over the old ring (valid slots) and the new tokens, with the band mask
-        if L == 0:
-            keys, values, kpos = k, v, qpos
-        else:
-            keys = torch.cat([ring_k, k], dim=1)  # (B, w + T, G, D)
-            values = None if shared else torch.cat([ring_v, v], dim=1)
-            kpos = torch.cat([_ring_positions(off, w, q.device), qpos])  # (w + T,)
-        mask = (kpos[None, :] <= qpos[:, None]) & (kpos[None, :] > qpos[:, None] - w)  # (T, S)
-        if L > 0:
-            mask[:, :w] &= kpos[None, :w] >= off - L  # slots never written (or from before the start)
-        o = self._sdpa(q, keys, keys if shared else values, mask, is_causal=False)
-        ring_k, ring_v = _ring_write(ring_k, k, off + T), _ring_write(ring_v, v, off + T)
-        return o, ring_k, ring_v, length, None
+        # chunk: the last w − 1 cached tokens (in position order) then the new ones, block-local in O(T·w)
+        keys, values = k, v
+        prefix = min(L, w - 1)
+        if prefix > 0:
+            old_k, old_v = ring.last(prefix)  # (B, prefix, G, D)
+            keys = torch.cat([old_k, k], dim=1)  # (B, prefix + T, G, D)
+            values = None if shared else torch.cat([old_v, v], dim=1)
+        o = window_attention(q, keys, keys if shared else values, w, scale=self.scale, backend=self.window_backend)
+        return o, ring.update(k, v), length
 
-    def _sdpa(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, is_causal: bool) -> Tensor:
-        """q `(B, T, H, D)`, k, v `(B, S, G, D)`, mask bool `(T, S)` (True = attend) → `(B, T, H, D)`."""
-        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # (B, heads, T|S, D)
-        k, v = k.to(q.dtype), v.to(q.dtype)
-        extra = {}
-        if self.n_heads != self.n_kv_heads:
-            if _SDPA_GQA and mask is None:  # flash / math kernels broadcast kv heads themselves
-                extra["enable_gqa"] = True
-            else:  # masked kernels (memory-efficient) do not: expand kv heads
-                rep = self.n_heads // self.n_kv_heads
-                k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)  # (B, H, S, D)
-        o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal, scale=self.scale, **extra)
-        return o.transpose(1, 2)  # (B, T, H, D)
+    def _global_cache(self, state: AttentionState, k: Tensor, v: Tensor | None) -> KVCache:
+        """The cache to append to: the state's own when it is the newest state on it, else (no cache yet, or
+        branching from an older state) a new one holding the state's prefix."""
+        cache, L, T = state.cache, state.length, k.shape[1]
+        if isinstance(cache, KVCache) and cache.filled == L:
+            return cache
+        prefix_k = k[:, :0] if state.k is None else state.k[:, :L]  # (B, L, G, D)
+        prefix_v = None if v is None else (v[:, :0] if state.v is None else state.v[:, :L])
+        if torch.is_grad_enabled() and (k.requires_grad or prefix_k.requires_grad):
+            return KVCache(prefix_k, prefix_v, L)  # update concatenates out of place
+        return KVCache.from_prefix(prefix_k, prefix_v, L + T if T > 1 and L == 0 else 2 * (L + T))
 
-
-class _KVBuffer:
-    """Growable storage of a global cache, shared by the states of one decoding stream.
-
-    `filled` slots hold entries; a state whose `length` equals `filled` is the newest state on this buffer
-    and may append in place. Older states keep views of a prefix that is never rewritten.
-    """
-
-    def __init__(self, k: Tensor, v: Tensor | None, filled: int):
-        self.k, self.v, self.filled = k, v, filled
-
-    def grow(self, needed: int) -> None:
-        """Geometric growth to at least `needed` slots (copies the filled prefix once)."""
-        if self.k.shape[1] >= needed:
-            return
-        capacity = max(2 * self.k.shape[1], needed)
-        self.k = _with_capacity(self.k[:, : self.filled], capacity)
-        self.v = None if self.v is None else _with_capacity(self.v[:, : self.filled], capacity)
-
-
-def _with_capacity(t: Tensor, capacity: int) -> Tensor:
-    """A `(B, capacity, G, D)` tensor starting with t `(B, n, G, D)`; the rest uninitialised."""
-    out = t.new_empty(t.shape[0], capacity, *t.shape[2:])
-    out[:, : t.shape[1]] = t
-    return out
-
-
-def _append(state: AttentionState, k: Tensor, v: Tensor | None):
-    """The global cache after appending k, v `(B, T, G, D)`: (cache k, cache v, buffer or None).
-
-    Without gradients, the newest state on a buffer appends in place (O(T) per call instead of copying
-    the whole cache); any other state (an older one being branched from) copies its prefix into a fresh
-    buffer. With gradients the cache is concatenated out of place, as autograd needs.
-    """
-    L, T = state.length, k.shape[1]
-    shared = v is None
-    if k.requires_grad or (state.k is not None and state.k.requires_grad):
-        if L == 0:  # own the storage: k, v may be views into the fused projection
-            return k.contiguous(), None if shared else v.contiguous(), None
-        return torch.cat([state.k, k], dim=1), None if shared else torch.cat([state.v, v], dim=1), None
-    buffer = state.buffer
-    if buffer is None or buffer.filled != L:  # no buffer yet, or branching from an older state
-        prefix_k = k[:, :0] if state.k is None else state.k[:, :L]
-        prefix_v = None if shared else (v[:, :0] if state.v is None else state.v[:, :L])
-        capacity = L + T if T > 1 and L == 0 else 2 * (L + T)  # a prefill is sized exactly
-        buffer = _KVBuffer(_with_capacity(prefix_k, capacity),
-                           None if shared else _with_capacity(prefix_v, capacity), L)
-    buffer.grow(L + T)
-    buffer.k[:, L : L + T] = k
-    if not shared:
-        buffer.v[:, L : L + T] = v
-    buffer.filled = L + T
-    return buffer.k[:, : L + T], None if shared else buffer.v[:, : L + T], buffer
-
-
-def _ring_positions(end: int, w: int, device) -> Tensor:
-    """Position held by each of the `w` ring slots once positions `< end` are written: slot s holds the
-    largest `p < end` with `p ≡ s (mod w)`, i.e. `p = end − 1 − ((end − 1 − s) mod w)`. `(w,)` int64."""
-    s = torch.arange(w, device=device)
-    return end - 1 - torch.remainder(end - 1 - s, w)
-
-
-def _ring_write(ring: Tensor | None, new: Tensor | None, end: int) -> Tensor | None:
-    """Write new `(B, T, G, D)`, positions `end − T … end − 1`, into ring `(B, w, G, D)` (out of place)."""
-    if ring is None:
-        return None
-    T, w = new.shape[1], ring.shape[1]
-    n = min(T, w)  # only the last w tokens survive
-    slots = torch.remainder(torch.arange(end - n, end, device=ring.device), w)  # (n,)
-    return ring.index_copy(1, slots, new[:, T - n :].to(ring.dtype))
-
+    def _ring_cache(self, state: AttentionState, k: Tensor) -> RingKVCache:
+        """The ring to continue from: a fresh one before the first token, else the state's, which must not
+        have been written past the state (an older state's window may be overwritten)."""
+        if state.k is None:
+            return RingKVCache.empty(k, self.window, self.shared_kv, end=state.offset)
+        if state.cache is None:
+            return RingKVCache(state.k, state.v, state.offset)
+        if state.cache.end != state.offset:
+            raise ValueError(
+                f"state: expected the newest state of its window cache (at position {state.cache.end}), got one "
+                f"at position {state.offset}; clone() a state (AttentionState or HybridState) before continuing "
+                "it more than once"
+            )
+        return state.cache

@@ -147,7 +147,8 @@ class MultiScaleRetention(nn.Module):
         return (f"d_model={self.d_model}, n_heads={self.n_heads}, head_dim={self.head_dim}, "
                 f"rope_base={self.rope_base:g}, rope_layout={self.rope_layout!r}, chunk_size={self.chunk_size}")
 
-    def init_state(self, batch_size: int, device=None) -> RetentionState:
+    def init_state(self, batch_size: int, device=None, dtype: torch.dtype | None = None) -> RetentionState:
+        """A zero state at position 0; S is float32 whatever `dtype` (accepted for the common mixer signature)."""
         H, D = self.n_heads, self.head_dim
         return RetentionState(S=torch.zeros(batch_size, H, D, D, device=device, dtype=torch.float32), offset=0)
 

@@ -18,39 +18,15 @@ import math
 import torch
 from torch import nn
 
-from hybrid import Attention, MultiScaleRetention, RMSNorm, SwiGLU, VORecurrence
+from hybrid import MultiScaleRetention, RMSNorm, SwiGLU
 
 from .config import HybridConfig
+from .mixers import build_mixer
 from .sampling import check_sampling, sample_next
 from .state import HybridState
 
 MODES = ("parallel", "chunked", "recurrent")
 DEFAULT_CHUNK_SIZE = 128
-
-
-def build_mixer(config: HybridConfig, letter: str) -> nn.Module:
-    """The mixer module for one pattern letter."""
-    c = config
-    if letter == "R":
-        return VORecurrence(
-            c.d_model, c.n_heads, c.resolved_head_dim,
-            conv_width=c.rnn_conv_width, r_min=c.rnn_r_min, r_max=c.rnn_r_max, selective=c.rnn_selective,
-            rope_base=c.rope_base, rope_scaling=c.rope_scaling, learnable_theta=c.rnn_learnable_theta,
-            carope=c.carope,
-        )
-    if letter == "A":
-        return Attention(
-            c.d_model, c.n_heads, n_kv_heads=c.n_kv_heads, head_dim=c.resolved_head_dim,
-            placement=c.rope_placement, rope_base=c.rope_base, rope_scaling=c.rope_scaling,
-            rope_layout=c.rope_layout, rotary_dim=c.rotary_dim, window=c.window, shared_kv=c.shared_kv,
-            carope=c.carope,
-        )
-    if letter == "M":
-        return MultiScaleRetention(
-            c.d_model, c.n_heads, c.resolved_head_dim, rope_base=c.rope_base, rope_layout=c.rope_layout,
-            norm_eps=c.norm_eps,
-        )
-    raise ValueError(f"pattern: unknown mixer letter {letter!r}")
 
 
 class Block(nn.Module):
@@ -119,16 +95,12 @@ class HybridLM(nn.Module):
 
     # ------------------------------------------------------------------------------------------ state
 
-    def init_state(self, batch_size: int, device=None) -> HybridState:
-        """An empty state (no tokens seen) for ``batch_size`` sequences."""
+    def init_state(self, batch_size: int, device=None, dtype: torch.dtype | None = None) -> HybridState:
+        """An empty state (no tokens seen) for ``batch_size`` sequences, on the model's device and in its dtype
+        unless given."""
         device = device if device is not None else self.embed.weight.device
-        layers = []
-        for block in self.blocks:
-            if block.letter == "R":
-                layers.append(block.mixer.init_state(batch_size, device, self.embed.weight.dtype))
-            else:
-                layers.append(block.mixer.init_state(batch_size, device))
-        return HybridState(layers=layers, offset=0)
+        dtype = dtype if dtype is not None else self.embed.weight.dtype
+        return HybridState(layers=[block.mixer.init_state(batch_size, device, dtype) for block in self.blocks])
 
     def _check_state(self, state, batch_size: int) -> HybridState:
         if state is None:

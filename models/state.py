@@ -2,18 +2,28 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Union
+
+from hybrid import AttentionState, RecurrenceState, RetentionState
+
+LayerState = Union[RecurrenceState, AttentionState, RetentionState]
 
 
 @dataclass
 class HybridState:
-    """Per-layer mixer states (``RecurrenceState``, ``AttentionState`` or ``RetentionState``).
+    """Per-layer mixer states, in layer order, and the tokens seen.
 
-    Passing it back to ``HybridLM.forward`` continues the sequence in any mode: processing ``a`` and then
-    ``b`` from the returned state equals processing ``a ++ b``. States are never modified in place, so an
-    old state can be reused (e.g. to branch several continuations from one prompt).
+    Passing it back to ``HybridLM.forward`` / ``step`` continues the sequence in any mode: processing ``a`` and
+    then ``b`` from the returned state equals processing ``a ++ b``.
+
+    Reuse: under autograd (training) nothing is modified in place. Without it (decoding, ``generate``), the
+    attention caches are written in place, so a state is consumed by the call that continues it: R and M states
+    are always replaced, never written, and a global KV cache copies on write, but a sliding-window ring is
+    overwritten, and continuing an older windowed state raises a ``ValueError``. To continue one state several
+    times (e.g. to branch continuations from one prompt), ``clone()`` it first, once per extra branch.
     """
 
-    layers: list = field(default_factory=list)
+    layers: list[LayerState] = field(default_factory=list)
     offset: int = 0
 
     @property
@@ -21,3 +31,9 @@ class HybridState:
         """Bytes held by the state's tensors: fixed for R/M layers and windowed attention, growing with
         global attention."""
         return sum(layer.nbytes for layer in self.layers)
+
+    def clone(self) -> "HybridState":
+        """A state that continues independently of this one (attention caches copied; R and M states are
+        never written in place, so they are shared)."""
+        layers = [layer.clone() if isinstance(layer, AttentionState) else layer for layer in self.layers]
+        return HybridState(layers=layers, offset=self.offset)

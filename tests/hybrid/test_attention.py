@@ -157,9 +157,9 @@ def test_reference_carope(placement, window):
 
 def test_gqa_without_enable_gqa(monkeypatch):
     """torch < 2.5 has no enable_gqa: kv heads are expanded instead."""
-    import hybrid.attention as attention
+    import importlib  # the package name is shadowed by the function hybrid.kernels.window_attention
 
-    monkeypatch.setattr(attention, "_SDPA_GQA", False)
+    monkeypatch.setattr(importlib.import_module("hybrid.kernels.window_attention.blocked"), "SDPA_GQA", False)
     m = make(d_model=24, n_heads=6, n_kv_heads=2, placement="qk")
     x = rand_x(2, 9, m.d_model)
     y, _ = run_plan(m, x, [("f", 4), ("s", 2), ("f", 3)])
@@ -436,9 +436,9 @@ def test_global_decode_cache_appends_in_place_and_branches_stay_valid():
         _, s5 = attn(x[:, :5])
         _, s6 = attn.step(x[:, 5], s5)
         y6, s7 = attn.step(x[:, 6], s6)
-        assert s7.buffer is s6.buffer is not None  # appended in place
+        assert s7.cache is s6.cache is not None  # appended in place
         y_branch, s7b = attn.step(x_alt, s6)  # s6 is no longer the newest: copy-on-write
-        assert s7b.buffer is not s6.buffer
+        assert s7b.cache is not s6.cache
         y_rest = []
         for t in range(7, 12):  # continue the first branch after the second one was taken
             y_t, s7 = attn.step(x[:, t], s7)
