@@ -2,8 +2,8 @@
 outside the band, with GQA broadcast by the kernel.
 
 On CUDA the compiled kernel runs (compiled once per process, then per new shape); elsewhere the eager
-FlexAttention runs, which computes the dense scores: it exists there only so that tests can check this path
-against the reference on CPU.
+FlexAttention runs, which computes the dense scores and (torch 2.13) has no backward on CPU: it exists there
+only so that tests can check this path's mask against the reference.
 """
 from __future__ import annotations
 

@@ -214,6 +214,8 @@ MODE_CONFIGS = {
     "carope-window-gqa": dict(d_model=24, n_heads=6, n_kv_heads=2, placement="qkvo", carope=True, window=4),
     "carope-global-vo": dict(d_model=18, n_heads=3, placement="vo", carope=True),
     "window1-o": dict(d_model=12, n_heads=2, placement="o", window=1),
+    "window20-gqa-qk": dict(d_model=24, n_heads=6, n_kv_heads=2, placement="qk", window=20),  # w > most chunks
+    "window30-shared-qkv": dict(d_model=18, n_heads=3, placement="qkv", shared_kv=True, window=30),  # w ≥ T
 }
 
 
@@ -448,3 +450,124 @@ def test_global_decode_cache_appends_in_place_and_branches_stay_valid():
     torch.testing.assert_close(torch.stack(y_rest, 1), y_full[:, 7:])
     torch.testing.assert_close(y_branch, y_ref_branch[:, 6])
     assert s7.nbytes == 2 * 12 * 2 * 8 * 4  # k and v: 12 entries × 2 heads × 8 dims, float32
+
+
+# ------------------------------------------------------------------- sliding window: O(T·w), exact
+WINDOW_CASES = {
+    "mha-qkvo-w5": dict(d_model=18, n_heads=3, placement="qkvo", window=5),
+    "gqa-qk-w1": dict(d_model=24, n_heads=6, n_kv_heads=2, placement="qk", window=1),
+    "mqa-vo-w8": dict(d_model=20, n_heads=5, n_kv_heads=1, placement="vo", window=8),
+    "gqa-q-w40": dict(d_model=24, n_heads=6, n_kv_heads=3, placement="q", window=40),  # w ≥ T
+    "shared-gqa-qkvo-w6": dict(d_model=24, n_heads=6, n_kv_heads=2, placement="qkvo", window=6, shared_kv=True),
+    "shared-mha-o-w17": dict(d_model=18, n_heads=3, placement="o", window=17, shared_kv=True),
+    "mha-k-w3": dict(d_model=18, n_heads=3, placement="k", window=3),
+}
+WINDOW_PLANS = [
+    [("f", 37)],  # parallel: several blocks of b = max(w, 16), T odd and not a multiple of w
+    [("f", 11), ("f", 17), ("f", 9)],  # chunk handoffs carrying the ring
+    [("f", 20), ("s", 3), ("f", 14)],  # prefill, decode, then a chunk from the decoded ring
+]
+
+
+def relative_error(actual, expected) -> float:
+    return ((actual - expected).abs().max() / expected.abs().max()).item()
+
+
+@pytest.mark.parametrize("plan", WINDOW_PLANS, ids=["parallel", "chunks", "decode"])
+@pytest.mark.parametrize("case", list(WINDOW_CASES))
+def test_window_against_reference_with_gradients(case, plan):
+    """Outputs and the gradients of x and of every parameter equal the dense float64 reference's."""
+    m = make(bias=True, **WINDOW_CASES[case])
+    x = rand_x(2, 37, m.d_model, seed=7).requires_grad_()
+    y, _ = run_plan(m, x, plan)
+    ref = reference(m, x)
+    assert relative_error(y, ref) < 1e-12
+    params = [x, *m.parameters()]
+    go = torch.randn_like(ref)
+    grads = torch.autograd.grad(y, params, go)
+    ref_grads = torch.autograd.grad(ref, params, go)
+    for name, g, r in zip(["x", *dict(m.named_parameters())], grads, ref_grads):
+        assert relative_error(g, r) < 1e-11, name
+
+
+def test_window_backend_flex_on_cpu():
+    """FlexAttention (eager off CUDA, forward only) through the layer, parallel and chunked."""
+    pytest.importorskip("torch.nn.attention.flex_attention")
+    m = make(d_model=24, n_heads=6, n_kv_heads=2, placement="qkvo", window=5, window_backend="flex")
+    x = rand_x(2, 29, m.d_model)
+    with torch.no_grad(), pytest.warns(UserWarning):  # eager FlexAttention warns it is not compiled
+        y, _ = run_plan(m, x, [("f", 12), ("f", 17)])
+    torch.testing.assert_close(y, reference(m, x), **F64)
+
+
+class _NewTensors(torch.utils._python_dispatch.TorchDispatchMode):
+    """The largest number of elements of a tensor an op allocates (outputs that alias an input excluded)."""
+
+    def __init__(self):
+        super().__init__()
+        self.largest = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        inputs = {a.untyped_storage().data_ptr() for a in args if isinstance(a, torch.Tensor)}
+        for t in out if isinstance(out, (tuple, list)) else (out,):
+            if isinstance(t, torch.Tensor) and t.untyped_storage().data_ptr() not in inputs:
+                self.largest = max(self.largest, t.numel())
+        return out
+
+
+@pytest.mark.parametrize("prefill", [30, 70])  # ring partly filled (masked) / full
+@pytest.mark.parametrize("n_kv_heads", [4, 2])
+def test_decode_writes_the_ring_in_place(n_kv_heads, prefill):
+    m = make(d_model=32, n_heads=4, n_kv_heads=n_kv_heads, placement="qkvo", window=64)
+    x = rand_x(2, prefill + 3, 32)
+    with torch.no_grad():
+        y_full, _ = m(x)
+        _, s = m(x[:, :prefill])
+        ring = s.k
+        ys = []
+        for t in range(prefill, prefill + 3):
+            with _NewTensors() as probe:
+                y, s = m.step(x[:, t], s)
+            ys.append(y)
+            assert s.k is ring and s.k.data_ptr() == ring.data_ptr()  # the same storage, written in place
+            assert probe.largest < ring.numel() // 8  # nothing of the ring's size is allocated per token
+    torch.testing.assert_close(torch.stack(ys, 1), y_full[:, prefill:], **F64)
+
+
+def test_windowed_state_is_consumed_without_grad_and_clone_branches():
+    m = make(d_model=18, n_heads=3, placement="qkvo", window=4)
+    x, alt = rand_x(1, 12, 18), rand_x(1, 2, 18, seed=9)
+    with torch.no_grad():
+        _, s = m(x[:, :7])
+        branch = s.clone()
+        y_a, s_a = m.step(x[:, 7], s)  # consumes s
+        with pytest.raises(ValueError, match=r"state: expected the newest state of its window cache.*clone\(\)"):
+            m.step(alt[:, 0], s)
+        with pytest.raises(ValueError, match=r"state: expected the newest state"):
+            m(alt, s)
+        with pytest.raises(ValueError, match=r"state: expected the newest state"):
+            s.clone()
+        y_b, s_b = m(alt, branch)  # the clone continues independently
+        y_a2, _ = m(x[:, 8:], s_a)  # and did not disturb the first branch
+        ref_a, _ = m(x)
+        ref_b, _ = m(torch.cat([x[:, :7], alt], 1))
+    torch.testing.assert_close(torch.cat([y_a[:, None], y_a2], 1), ref_a[:, 7:], **F64)
+    torch.testing.assert_close(y_b, ref_b[:, 7:], **F64)
+
+
+def test_states_are_not_modified_under_autograd():
+    """With gradients every update is out of place: an old windowed state can be continued again."""
+    m = make(d_model=18, n_heads=3, placement="qk", window=4)
+    x = rand_x(1, 10, 18)
+    _, s = m(x[:, :6])
+    k_before = s.k.clone()
+    y1, _ = m(x[:, 6:], s)
+    y2, _ = m.step(x[:, 6], s)
+    torch.testing.assert_close(s.k, k_before, atol=0, rtol=0)
+    torch.testing.assert_close(y2, y1[:, 0], **F64)
+
+
+def test_window_backend_error():
+    with pytest.raises(ValueError, match=r"window_backend: expected None, 'auto' or one of"):
+        Attention(12, 2, window=3, window_backend="fast")
