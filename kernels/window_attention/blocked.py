@@ -23,6 +23,9 @@ def sdpa_bthd(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, scale: float
     """SDPA on `(..., T, H, D)` queries and `(..., S, G, D)` keys/values; mask bool broadcastable to
     `(..., H, T, S)` (True = attend). Broadcasts kv heads with `enable_gqa` where the kernel does it itself
     (CPU, or no mask); CUDA's masked kernel does not, so kv heads are repeated there."""
+    lead = q.shape[:-3]
+    if len(lead) > 1:  # fused kernels (CPU flash, CUDA flash / memory-efficient) take one batch dimension
+        q, k, v = q.flatten(0, len(lead) - 1), k.flatten(0, len(lead) - 1), v.flatten(0, len(lead) - 1)  # (N, T|S, ·, D)
     q, k, v = q.transpose(-3, -2), k.transpose(-3, -2).to(q.dtype), v.transpose(-3, -2).to(q.dtype)  # (…, heads, T|S, D)
     H, G = q.shape[-3], k.shape[-3]
     extra = {}
@@ -32,7 +35,7 @@ def sdpa_bthd(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, scale: float
         else:
             k, v = k.repeat_interleave(H // G, dim=-3), v.repeat_interleave(H // G, dim=-3)  # (…, H, S, D)
     o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal, scale=scale, **extra)
-    return o.transpose(-3, -2)  # (…, T, H, D)
+    return o.transpose(-3, -2).unflatten(0, lead) if len(lead) > 1 else o.transpose(-3, -2)  # (…, T, H, D)
 
 
 def band_mask(n_queries: int, n_keys: int, prefix: int, window: int, device) -> Tensor:

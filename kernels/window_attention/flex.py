@@ -20,21 +20,26 @@ FLEX_AVAILABLE = importlib.util.find_spec("torch.nn.attention.flex_attention") i
 def _compiled_flex():
     from torch.nn.attention.flex_attention import flex_attention
 
-    return torch.compile(flex_attention, dynamic=False)
+    return torch.compile(flex_attention)
 
 
 @functools.lru_cache(maxsize=32)
 def _block_mask(n_queries: int, n_keys: int, window: int, device: str):
     """The band of `window_attention_reference` as a FlexAttention BlockMask (cached: a training loop asks
     for the same few shapes every step)."""
+    import inspect
+
     from torch.nn.attention.flex_attention import create_block_mask
 
     prefix = n_keys - n_queries
+    # compiled on CUDA: eager create_block_mask evaluates the mask over the whole (T, S) grid
+    compile_it = device.startswith("cuda") and "_compile" in inspect.signature(create_block_mask).parameters
 
     def in_window(b, h, q_idx, kv_idx):
         return (kv_idx <= q_idx + prefix) & (kv_idx > q_idx + prefix - window)
 
-    return create_block_mask(in_window, None, None, n_queries, n_keys, device=device)
+    extra = {"_compile": True} if compile_it else {}
+    return create_block_mask(in_window, None, None, n_queries, n_keys, device=device, **extra)
 
 
 def window_attention_flex(q: Tensor, k: Tensor, v: Tensor, window: int, scale: float) -> Tensor:
