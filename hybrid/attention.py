@@ -284,8 +284,12 @@ class Attention(nn.Module):
         length = min(L + T, w)
         if T == 1:  # decode: write in place first; the ring then holds exactly the window of the query
             ring = ring.update(k, v)
-            mask = None if length == w else (ring.positions() >= off + 1 - length)[None, :]  # (1, w)
-            o = sdpa_bthd(q, ring.k, ring.k if shared else ring.v, mask, self.scale)
+            keys, values, mask = ring.k, ring.v, None  # (B, w, G, D)
+            if length < w and (off + 1 - length) % w == 0:  # not full, held in slots 0 … length − 1: a view
+                keys, values = keys[:, :length], None if shared else values[:, :length]  # (B, length, G, D)
+            elif length < w:  # not full, wrapped around the end (a state started at an offset)
+                mask = (ring.positions() >= off + 1 - length)[None, :]  # (1, w)
+            o = sdpa_bthd(q, keys, keys if shared else values, mask, self.scale)
             return o, ring, length
 
         # chunk: the last w − 1 cached tokens (in position order) then the new ones, block-local in O(T·w)
