@@ -7,8 +7,9 @@ Ways, all exact (the same numbers to the rounding of the dtype):
     "flex"       FlexAttention with a sliding-window block mask (compiled on CUDA; eager elsewhere)
     "blocked"    block-local SDPA, O(T·w) on any device
     "reference"  dense mask, O(T·S): tests only
-"auto" (the default) takes the first of flash, flex, blocked that the tensors allow on CUDA, and blocked
-elsewhere (eager FlexAttention off CUDA is dense, so it is never chosen automatically).
+"auto" (the default) takes the first of flash, flex (head dim a power of two, 16 … 256), blocked that the
+tensors allow on CUDA, and blocked elsewhere (eager FlexAttention off CUDA is dense, so it is never chosen
+automatically).
 """
 from __future__ import annotations
 
@@ -24,6 +25,8 @@ from .reference import window_attention_reference
 
 BACKENDS = ("flash", "flex", "blocked", "reference")
 BACKEND_ENV = "HYBRID_WINDOW_BACKEND"
+# head dims FlexAttention's CUDA kernel handles in every torch release it ships in; others take "blocked"
+_FLEX_HEAD_DIMS = (16, 32, 64, 128, 256)
 _FORMS = {"flash": window_attention_flash, "flex": window_attention_flex, "blocked": window_attention_blocked,
           "reference": window_attention_reference}
 
@@ -36,7 +39,7 @@ def resolve_window_backend(backend: str | None, q: Tensor) -> str:
     if backend is None or backend == "auto":
         if q.is_cuda and flash_supports(q):
             return "flash"
-        if q.is_cuda and FLEX_AVAILABLE:
+        if q.is_cuda and FLEX_AVAILABLE and q.shape[-1] in _FLEX_HEAD_DIMS:
             return "flex"
         return "blocked"
     if backend not in BACKENDS:

@@ -184,3 +184,24 @@ def test_errors(call, message):
     q, k, v = inputs(2, 5, 3, 6, 1, 4)
     with pytest.raises(ValueError, match=message):
         call(q, k, v)
+
+
+def test_auto_on_cuda_prefers_flash_then_flex_then_blocked(monkeypatch):
+    """The choice logic, with CUDA-ness and availability faked (no kernel runs)."""
+    interface = importlib.import_module("hybrid.kernels.window_attention.interface")
+    monkeypatch.delenv("HYBRID_WINDOW_BACKEND", raising=False)
+
+    class FakeCuda:
+        is_cuda = True
+
+        def __init__(self, D):
+            self.shape = (1, 3, 2, D)
+
+    monkeypatch.setattr(interface, "flash_supports", lambda q: True)
+    monkeypatch.setattr(interface, "FLEX_AVAILABLE", True)
+    assert interface.resolve_window_backend(None, FakeCuda(64)) == "flash"
+    monkeypatch.setattr(interface, "flash_supports", lambda q: False)
+    assert interface.resolve_window_backend(None, FakeCuda(64)) == "flex"
+    assert interface.resolve_window_backend(None, FakeCuda(24)) == "blocked"
+    monkeypatch.setattr(interface, "FLEX_AVAILABLE", False)
+    assert interface.resolve_window_backend(None, FakeCuda(64)) == "blocked"
