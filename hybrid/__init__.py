@@ -19,6 +19,7 @@ import importlib
 from . import rotary
 from .attention import Attention, AttentionState
 from .conv import CausalConv1d
+from .kv_cache import KVCache, RingKVCache
 from .mlp import SwiGLU
 from .norms import RMSNorm
 from .recurrence import RecurrenceState, VORecurrence
@@ -48,6 +49,6 @@ def __dir__():
 
 
 __all__ = [*_LAZY,
-    "Attention", "AttentionState", "CausalConv1d", "MultiScaleRetention", "RMSNorm", "RecurrenceState",
-    "RetentionState", "SwiGLU", "VORecurrence", "rotary",
+    "Attention", "AttentionState", "CausalConv1d", "KVCache", "MultiScaleRetention", "RMSNorm", "RecurrenceState",
+    "RetentionState", "RingKVCache", "SwiGLU", "VORecurrence", "rotary",
 ]

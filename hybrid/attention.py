@@ -145,7 +145,9 @@ class Attention(nn.Module):
                 f"got placement {pl.name!r}"
             )
         if window_backend not in (None, "auto", *WINDOW_BACKENDS):
-            raise ValueError(f"window_backend: expected None, 'auto' or one of {WINDOW_BACKENDS}, got {window_backend!r}")
+            raise ValueError(
+                f"window_backend: expected None, 'auto' or one of {WINDOW_BACKENDS}, got {window_backend!r}"
+            )
         if carope and not rotates:
             raise ValueError(f"carope: expected a placement that rotates something, got placement {pl.name!r}")
         if carope and rope_scaling is not None:

@@ -25,8 +25,8 @@ def sdpa_bthd(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, scale: float
     (CPU, or no mask); CUDA's masked kernel does not, so kv heads are repeated there."""
     lead = q.shape[:-3]
     if len(lead) > 1:  # fused kernels (CPU flash, CUDA flash / memory-efficient) take one batch dimension
-        q, k, v = q.flatten(0, len(lead) - 1), k.flatten(0, len(lead) - 1), v.flatten(0, len(lead) - 1)  # (N, T|S, ·, D)
-    q, k, v = q.transpose(-3, -2), k.transpose(-3, -2).to(q.dtype), v.transpose(-3, -2).to(q.dtype)  # (…, heads, T|S, D)
+        q, k, v = (t.flatten(0, len(lead) - 1) for t in (q, k, v))  # (N, T|S, heads, D)
+    q, k, v = q.transpose(-3, -2), k.transpose(-3, -2).to(q.dtype), v.transpose(-3, -2).to(q.dtype)  # (…, heads, ·, D)
     H, G = q.shape[-3], k.shape[-3]
     extra = {}
     if H != G:
@@ -39,7 +39,7 @@ def sdpa_bthd(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, scale: float
 
 
 def band_mask(n_queries: int, n_keys: int, prefix: int, window: int, device) -> Tensor:
-    """`(n_queries, n_keys)` bool: query r at key index `prefix + r` sees keys j with prefix + r − w < j ≤ prefix + r."""
+    """`(n_queries, n_keys)` bool: query r, at key index `prefix + r`, sees keys `prefix + r − w < j ≤ prefix + r`."""
     r = prefix + torch.arange(n_queries, device=device)[:, None]  # (n_queries, 1)
     j = torch.arange(n_keys, device=device)[None, :]  # (1, n_keys)
     return (j <= r) & (j > r - window)
