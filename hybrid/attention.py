@@ -40,8 +40,7 @@ import torch
 from torch import Tensor, nn
 
 from hybrid.checks import check_positive_int
-from hybrid.kernels.window_attention import BACKENDS as WINDOW_BACKENDS, window_attention
-from hybrid.kernels.window_attention.blocked import band_mask, sdpa_bthd
+from hybrid.kernels.window_attention import BACKENDS as WINDOW_BACKENDS, band_mask, sdpa_bthd, window_attention
 from hybrid.kv_cache import KVCache, RingKVCache
 from hybrid.rotary import CARoPE, Rotary, apply_rotary, cos_sin_from_phases, parse_placement
 

@@ -35,7 +35,7 @@ WAYS = ("global", "dense-mask", "blocked", "flex", "flash")
 
 def _dense_mask_window_attention(q, k, v, window, *, scale=None, backend=None):
     """The layer's former windowed path: a dense `(T, S)` band mask through SDPA."""
-    from hybrid.kernels.window_attention.blocked import band_mask, sdpa_bthd
+    from hybrid.kernels.window_attention import band_mask, sdpa_bthd
 
     T, S = q.shape[1], k.shape[1]
     return sdpa_bthd(q, k, v, band_mask(T, S, S - T, window, q.device), scale)
