@@ -48,7 +48,7 @@ def build_mixer(config: HybridConfig, letter: str) -> nn.Module:
     if letter == "M":
         return MultiScaleRetention(
             c.d_model, c.n_heads, c.resolved_head_dim, rope_base=c.rope_base, rope_layout=c.rope_layout,
-            norm_eps=c.norm_eps,
+            norm_eps=c.norm_eps, retention_chunk=c.retention_chunk,
         )
     raise ValueError(f"pattern: unknown mixer letter {letter!r}")
 
