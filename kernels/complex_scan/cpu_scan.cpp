@@ -1,5 +1,7 @@
 // The "cpu" backend of complex_scan: the recurrence run sequentially in time, vectorised over rotary pairs,
-// with (batch, head, pair block) rows shared dynamically among a few threads.
+// with rows of (batch, head, up to `block` pairs) shared dynamically among a few threads. The caller may pass
+// H = 1 and P = heads · pairs: the heads of one (b, t) are contiguous, so a row then spans several heads and
+// each step reads one contiguous run of memory.
 //
 //     s_t = a_t · s_{t−1} + x_t                          (forward,  y_t = s_t)
 //     λ_t = dy_t + conj(a_{t+1}) · λ_{t+1}                (backward, λ_{T−1} = dy_{T−1} + dfinal)
@@ -23,7 +25,7 @@
 
 namespace {
 
-constexpr int64_t kPairs = 32;  // pairs per row block: state lives in registers / L1
+constexpr int64_t kPairs = 64;  // the most pairs per row block (its state lives in L1)
 
 // Run body(item) for item in [0, n_items) on up to n_threads threads (the caller is one of them).
 // Items are handed out one at a time, so a thread descheduled by another process delays only its row.
@@ -52,22 +54,23 @@ struct Row {
   int64_t b, h, p0, n;  // batch, head, first pair, pairs in this block
 };
 
-inline Row row_of(int64_t item, int64_t H, int64_t P) {
-  const int64_t blocks = (P + kPairs - 1) / kPairs;
+inline Row row_of(int64_t item, int64_t H, int64_t P, int64_t block) {
+  const int64_t blocks = (P + block - 1) / block;
   Row r;
-  r.p0 = (item % blocks) * kPairs;
+  r.p0 = (item % blocks) * block;
   r.h = (item / blocks) % H;
   r.b = item / (blocks * H);
-  r.n = std::min(kPairs, P - r.p0);
+  r.n = std::min(block, P - r.p0);
   return r;
 }
 
 template <typename F>
 void forward(const F* x, Decay<F> dec, const F* s0, F* y, F* final_state, int64_t B, int64_t T, int64_t H,
-             int64_t P, int n_threads) {
+             int64_t P, int64_t block, int n_threads) {
   const int64_t D = 2 * P, step = H * D;
-  run_rows(B * H * ((P + kPairs - 1) / kPairs), n_threads, [&](int64_t item) {
-    const Row r = row_of(item, H, P);
+  block = std::max<int64_t>(1, std::min(block, kPairs));
+  run_rows(B * H * ((P + block - 1) / block), n_threads, [&](int64_t item) {
+    const Row r = row_of(item, H, P, block);
     F sr[kPairs], si[kPairs];
     const F* init = s0 ? s0 + (r.b * H + r.h) * D + 2 * r.p0 : nullptr;
     for (int64_t j = 0; j < r.n; ++j) {
@@ -101,11 +104,13 @@ void forward(const F* x, Decay<F> dec, const F* s0, F* y, F* final_state, int64_
 
 template <typename F>
 void backward(Decay<F> dec, const F* y, const F* s0, const F* dy, const F* dfinal, F* dx, F* gz,
-              int64_t gz_time, F* ds0, int64_t B, int64_t T, int64_t H, int64_t P, int n_threads) {
+              int64_t gz_time, F* ds0, int64_t B, int64_t T, int64_t H, int64_t P, int64_t block,
+              int n_threads) {
   const int64_t D = 2 * P, step = H * D;
   const int64_t gz_batch = (gz_time ? T : 1) * H * D;
-  run_rows(B * H * ((P + kPairs - 1) / kPairs), n_threads, [&](int64_t item) {
-    const Row r = row_of(item, H, P);
+  block = std::max<int64_t>(1, std::min(block, kPairs));
+  run_rows(B * H * ((P + block - 1) / block), n_threads, [&](int64_t item) {
+    const Row r = row_of(item, H, P, block);
     const int64_t head = r.h * D + 2 * r.p0;  // offset of the block within one (b, t) slice
     F cr[kPairs], ci[kPairs];                  // carry: conj(a_{t+1}) λ_{t+1} (+ dfinal at the end)
     F ar[kPairs], ai[kPairs], lr[kPairs], li[kPairs];  // a_t and λ_t
@@ -196,19 +201,20 @@ void backward(Decay<F> dec, const F* y, const F* s0, const F* dy, const F* dfina
 #define HYBRID_SCAN_ENTRY_POINTS(F, suffix)                                                                 \
   extern "C" void scan_forward_##suffix(const F* x, const F* gamma, const F* cos, const F* sin,            \
                                         const int64_t* decay_strides, const F* s0, F* y, F* final_state,   \
-                                        int64_t B, int64_t T, int64_t H, int64_t P, int n_threads) {        \
+                                        int64_t B, int64_t T, int64_t H, int64_t P, int64_t block,          \
+                                        int n_threads) {                                                    \
     const int64_t* d = decay_strides; /* g_batch, g_time, c_batch, c_time */                                \
     forward<F>(x, Decay<F>{gamma, cos, sin, d[0], d[1], d[2], d[3]}, s0, y, final_state, B, T, H, P,       \
-               n_threads);                                                                                  \
+               block, n_threads);                                                                           \
   }                                                                                                         \
   extern "C" void scan_backward_##suffix(const F* gamma, const F* cos, const F* sin,                       \
                                          const int64_t* decay_strides, const F* y, const F* s0,            \
                                          const F* dy, const F* dfinal, F* dx, F* gz, int64_t gz_time,       \
                                          F* ds0, int64_t B, int64_t T, int64_t H, int64_t P,                \
-                                         int n_threads) {                                                   \
+                                         int64_t block, int n_threads) {                                    \
     const int64_t* d = decay_strides;                                                                       \
     backward<F>(Decay<F>{gamma, cos, sin, d[0], d[1], d[2], d[3]}, y, s0, dy, dfinal, dx, gz, gz_time,     \
-                ds0, B, T, H, P, n_threads);                                                                \
+                ds0, B, T, H, P, block, n_threads);                                                         \
   }
 
 HYBRID_SCAN_ENTRY_POINTS(float, f32)

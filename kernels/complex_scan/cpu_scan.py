@@ -1,7 +1,8 @@
 """The "cpu" backend: the compiled sequential scan of ``cpu_scan.cpp``, forward and backward.
 
-Each (batch, head, block of 32 pairs) row runs through time on one thread, vectorised over its pairs; rows
-are handed out to ``torch.get_num_threads()`` threads one at a time. One call is one parallel region, so a
+Each row (a batch element and a block of 8–64 consecutive pairs of the flattened heads × pairs, so that a
+step reads one contiguous run) runs through time on one thread, vectorised over its pairs; rows are handed
+out to ``torch.get_num_threads()`` threads one at a time. One call is one parallel region, so a
 second process on the machine delays a row, never a barrier per step (the blocked torch backend has a few
 thousand small parallel ops per call, each waiting on every thread). The decay ``a_t = γ_t e^{−iθ_t}`` comes
 as ``γ = exp(log_decay)``, ``cos θ`` and ``sin θ``, formed beforehand by torch's vectorised exp / cos / sin,
@@ -57,8 +58,13 @@ class _Decay:
 _MIN_THREADED_WORK = 1 << 16
 
 
-def _threads(B: int, T: int, H: int, P: int) -> int:
-    return torch.get_num_threads() if B * T * H * P >= _MIN_THREADED_WORK else 1
+def _launch(B: int, T: int, H: int, P: int) -> tuple[int, int, int, int, int]:
+    """The kernel's (B, T, H, P, block, threads): heads and pairs flattened into one axis of H·P pairs
+    (contiguous in every tensor), cut into blocks of 8 to 64 pairs (whole cache lines), small enough to give
+    each thread about 4 rows to pick from."""
+    threads = torch.get_num_threads() if B * T * H * P >= _MIN_THREADED_WORK else 1
+    block = max(8, min(64, (B * H * P) // (4 * threads) // 8 * 8))
+    return B, T, 1, H * P, block, threads
 
 
 def _entry(kind: str, dtype: torch.dtype):
@@ -74,7 +80,7 @@ def _forward(x, log_decay, theta, initial_state):
     y = _empty(B, T, H, D, dtype=real)
     final = _empty(B, H, D, dtype=real)
     _entry("forward", real)(xr.data_ptr(), *decay.args(), _ptr(initial_state), y.data_ptr(), final.data_ptr(),
-                            B, T, H, D // 2, _threads(B, T, H, D // 2))
+                            *_launch(B, T, H, D // 2))
     return y, final
 
 
@@ -113,8 +119,7 @@ class CpuComplexScan(torch.autograd.Function):
         gz = _empty(B, Tz, H, P, 2, dtype=real) if (need_ld or need_th) else None  # (B, Tz, H, P, 2)
         ds0 = _empty(B, H, D, dtype=real) if need_s0 else None
         _entry("backward", real)(*decay.args(), y.data_ptr(), _ptr(initial_state), _ptr(dy), _ptr(dfinal),
-                                 _ptr(dx), _ptr(gz), H * D if Tz > 1 else 0, _ptr(ds0), B, T, H, P,
-                                 _threads(B, T, H, P))
+                                 _ptr(dx), _ptr(gz), H * D if Tz > 1 else 0, _ptr(ds0), *_launch(B, T, H, P))
         grad_x = None if dx is None else dx.to(ctx.x_dtype)
         grad_ld = _reduce_to(gz[..., 0], log_decay.shape) if need_ld else None
         grad_th = _reduce_to(gz[..., 1], theta.shape) if need_th else None

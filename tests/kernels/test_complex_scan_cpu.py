@@ -1,8 +1,9 @@
 """The compiled CPU scan (backend "cpu") against the float64 sequential reference, and its build.
 
 Float64 inputs run the float64 build of the kernel, so forward and gradients must match the reference to
-float64 rounding; float32 ones to a relative 1e-5 per tensor (max|err| / max|ref|). Sizes are odd, pair
-counts straddle the kernel's 32-pair row blocks, and decays / angles take every broadcast shape.
+float64 rounding; float32 ones to a relative 1e-5 per tensor (max|err| / max|ref|). Sizes are odd, the
+heads × pairs of a step leave partial row blocks (8 to 64 pairs, across head boundaries), and decays /
+angles take every broadcast shape.
 """
 from __future__ import annotations
 
@@ -58,8 +59,8 @@ NAMES = ("y", "final", "grad x", "grad log_decay", "grad theta", "grad initial_s
 CASES = [  # (B, T, H, D, decay shape, angle shape, initial state)
     (1, 1, 1, 2, "static", "static", False),
     (2, 7, 3, 6, "dep", "dep", True),
-    (3, 45, 2, 70, "static", "dep", True),  # 35 pairs: a full 32-pair block and a block of 3
-    (2, 33, 5, 130, "dep", "static", False),  # 65 pairs: three blocks
+    (3, 45, 2, 70, "static", "dep", True),  # 70 pairs a step: rows of 48 and 22, across the two heads
+    (2, 33, 5, 130, "dep", "static", False),  # 325 pairs a step: five rows of 64 and one of 5
     (2, 61, 3, 10, (1, 61, 3, 5), (2, 1, 1, 5), True),  # time-varying shared by the batch / per-batch static
     (1, 300, 1, 4, "dep", "dep", True),
 ]
