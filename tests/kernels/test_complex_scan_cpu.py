@@ -204,3 +204,12 @@ def test_no_compiler_falls_back_to_torch(tmp_path, monkeypatch):
 def test_cpu_backend_rejects_other_devices():
     with pytest.raises(ValueError, match=r"backend: the 'cpu' backend needs CPU tensors, got tensors on meta"):
         resolve_backend("cpu", torch.device("meta"))
+
+
+def test_failed_build_warns_and_leaves_nothing(tmp_path, monkeypatch):
+    builder = _load_builder()
+    monkeypatch.setenv("HYBRID_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("CXX", "false")  # found on the PATH, fails every command
+    with pytest.warns(RuntimeWarning, match="building the CPU scan failed"):
+        assert builder.load() is None
+    assert list(tmp_path.iterdir()) == []  # no library, no temporary file
