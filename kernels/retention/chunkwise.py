@@ -61,8 +61,12 @@ def retention_chunkwise(q: Tensor, k: Tensor, v: Tensor, log_gamma: Tensor, S: T
 
     Returns ``o`` ``(B, T, H, Dv)`` and ``S'`` ``(B, H, Dk, Dv)``, the same numbers as ``retention_reference``.
     """
-    T = q.shape[1]
-    C = max(1, min(retention_chunk, T))
+    if isinstance(retention_chunk, bool) or not isinstance(retention_chunk, int) or retention_chunk < 1:
+        raise ValueError(f"retention_chunk: expected a positive int, got {retention_chunk!r}")
+    B, T, H, Dk = q.shape
+    if T == 0:  # nothing to mix: the state passes through
+        return v.new_zeros(v.shape), (S if S is not None else v.new_zeros(B, H, Dk, v.shape[-1]))
+    C = min(retention_chunk, T)
     full = T - T % C
     if full == T:
         return _tiles(q, k, v, log_gamma, S, C)

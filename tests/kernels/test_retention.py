@@ -97,3 +97,17 @@ def test_float32_close_to_float64():
     o_ref, S_ref = retention_reference(q, k, v, lg, S)
     o, S32 = retention_chunkwise(*(t.float() for t in (q, k, v, lg, S)))
     assert relative_error(o.double(), o_ref) < 1e-5 and relative_error(S32.double(), S_ref) < 1e-5
+
+
+@pytest.mark.parametrize("bad", [0, -3, 2.0, True])
+def test_bad_retention_chunk(bad):
+    with pytest.raises(ValueError, match=r"retention_chunk: expected a positive int, got"):
+        retention_chunkwise(*make(1, 5, 1, 2, 2, False), retention_chunk=bad)
+
+
+def test_empty_sequence_passes_the_state():
+    q, k, v, lg, S = make(2, 0, 3, 4, 6, True)
+    o, S2 = retention_chunkwise(q, k, v, lg, S)
+    assert o.shape == (2, 0, 3, 6) and torch.equal(S2, S)
+    _, S0 = retention_chunkwise(q, k, v, lg)
+    assert S0.shape == (2, 3, 4, 6) and not S0.any()
