@@ -6,12 +6,14 @@ Per head h (decay γ_h = 1 − 2^{−5−h}), with positions p_n = offset + n an
     o_n = Σ_{m≤n} γ^{n−m} (q̃_n · k̃_m) v_m                    (q̃_n·k̃_m = q_nᵀ R_{m−n} k_m: relative)
     y_n = W_o( swish(W_g x_n) ⊙ groupnorm(o_n) ),   groupnorm = per-head RMS norm over D, no weight
 
-Three forms give the same o:
-- parallel: o = ((Q̃ K̃ᵀ) ⊙ Dec) V with Dec[n, m] = exp((n − m)·log γ) for m ≤ n, else 0 (no division,
-  nothing overflows; far entries underflow to 0).
-- chunkwise (a block continuing a state S): the parallel form inside the block plus γ^{n+1} q̃_n S, and
-  S' = γ^T S + Σ_m γ^{T−1−m} k̃_mᵀ v_m. `forward` is this one code path (parallel form without a state).
-- recurrent: S_t = γ S_{t−1} + k̃_tᵀ v_t, o_t = q̃_t S_t (`step`).
+The retention itself is the op `hybrid.kernels.retention`; this layer holds the projections, rotary,
+norm and gate. Three forms give the same o:
+- parallel: o = ((Q̃ K̃ᵀ) ⊙ Dec) V with Dec[n, m] = exp((n − m)·log γ) for m ≤ n, else 0
+  (`retention_reference`: O(T²), the tests' ground truth).
+- chunkwise: the parallel form inside tiles of `retention_chunk` tokens plus γ^{c+1} q̃_c S carried in,
+  S' = γ^C S + Σ_m γ^{C−1−m} k̃_mᵀ v_m across tiles (`retention_chunkwise`, O(T·retention_chunk)).
+  `forward` runs it for whole sequences, with or without an incoming state.
+- recurrent: S_t = γ S_{t−1} + k̃_tᵀ v_t, o_t = q̃_t S_t (`retention_step`, used by `step`).
 S is (B, H, D, D) float32 (float64 for float64 inputs); q, k, v and o are computed in that precision,
 with autocast disabled around the retention.
 
@@ -34,10 +36,11 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from hybrid.checks import check_positive_int
+from hybrid.kernels.retention import DEFAULT_RETENTION_CHUNK, retention_chunkwise, retention_step
 from hybrid.norms import head_rms_norm
 from hybrid.rotary import Rotary, apply_rotary
 
-__all__ = ["MultiScaleRetention", "RetentionState", "retention_log_decay", "retention_block"]
+__all__ = ["MultiScaleRetention", "RetentionState", "retention_log_decay"]
 
 _LAYOUTS = ("interleaved", "half")
 
@@ -64,34 +67,11 @@ def retention_log_decay(n_heads: int, device=None, dtype: torch.dtype = torch.fl
     return torch.log1p(-torch.exp2(-5.0 - h)).to(device=device, dtype=dtype)
 
 
-def retention_block(q: Tensor, k: Tensor, v: Tensor, log_gamma: Tensor, S: Tensor | None = None):
-    """One block of retention continuing state S (chunkwise form; parallel form when S is None).
-
-    q, k: (B, T, H, Dk) rotated (k scaled); v: (B, T, H, Dv); log_gamma: (H,); S: (B, H, Dk, Dv) or None.
-    Returns o (B, T, H, Dv) and S' (B, H, Dk, Dv):
-        o_n = Σ_{m≤n} γ^{n−m} (q_n·k_m) v_m + γ^{n+1} q_n S,    S' = γ^T S + Σ_m γ^{T−1−m} k_mᵀ v_m
-    """
-    T = q.shape[1]
-    n = torch.arange(T, device=q.device, dtype=log_gamma.dtype)
-    diff = n[:, None] - n[None, :]  # (T, T): n − m
-    decay = torch.exp(diff.clamp(min=0)[None] * log_gamma[:, None, None])  # (H, T, T)
-    decay = decay.masked_fill(diff[None] < 0, 0.0)
-    scores = torch.einsum("bnhd,bmhd->bhnm", q, k) * decay  # (B, H, T, T)
-    o = torch.einsum("bhnm,bmhe->bnhe", scores, v)  # (B, T, H, Dv)
-    k_decay = torch.exp((T - 1 - n)[:, None] * log_gamma)  # (T, H): γ^{T−1−m}
-    S_new = torch.einsum("bmhd,bmhe->bhde", k * k_decay[None, :, :, None], v)  # (B, H, Dk, Dv)
-    if S is not None:
-        q_decay = torch.exp((n + 1)[:, None] * log_gamma)  # (T, H): γ^{n+1}
-        o = o + torch.einsum("bnhd,bhde->bnhe", q * q_decay[None, :, :, None], S)
-        S_new = S_new + torch.exp(T * log_gamma)[None, :, None, None] * S
-    return o, S_new
-
-
 class MultiScaleRetention(nn.Module):
     """Multi-scale retention: q, k, v, g projections d_model → H·D, output projection H·D → d_model.
 
-    chunk_size (optional, not part of the mixer interface): when set, `forward` runs its input as
-    consecutive blocks of at most `chunk_size` tokens (same numbers, O(T·chunk_size) memory).
+    retention_chunk: the tile length of the chunkwise form `forward` runs (same numbers for any value;
+    time and memory O(T·retention_chunk)).
     """
 
     def __init__(
@@ -102,7 +82,7 @@ class MultiScaleRetention(nn.Module):
         rope_base: float = 10000.0,
         rope_layout: str = "interleaved",
         *,
-        chunk_size: int | None = None,
+        retention_chunk: int = DEFAULT_RETENTION_CHUNK,
         norm_eps: float = 1e-6,
     ):
         super().__init__()
@@ -121,13 +101,12 @@ class MultiScaleRetention(nn.Module):
             raise ValueError(f"rope_base: expected a finite number > 1, got {rope_base!r}")
         if rope_layout not in _LAYOUTS:
             raise ValueError(f"rope_layout: expected one of {_LAYOUTS}, got {rope_layout!r}")
-        if chunk_size is not None:
-            check_positive_int("chunk_size", chunk_size)
+        check_positive_int("retention_chunk", retention_chunk)
         if not norm_eps >= 0:
             raise ValueError(f"norm_eps: expected a non-negative float, got {norm_eps!r}")
         self.d_model, self.n_heads, self.head_dim = d_model, n_heads, head_dim
         self.rope_base, self.rope_layout = float(rope_base), rope_layout
-        self.chunk_size, self.norm_eps = chunk_size, float(norm_eps)
+        self.retention_chunk, self.norm_eps = retention_chunk, float(norm_eps)
         inner = n_heads * head_dim
         self.q_proj = nn.Linear(d_model, inner, bias=False)
         self.k_proj = nn.Linear(d_model, inner, bias=False)
@@ -145,7 +124,7 @@ class MultiScaleRetention(nn.Module):
 
     def extra_repr(self) -> str:
         return (f"d_model={self.d_model}, n_heads={self.n_heads}, head_dim={self.head_dim}, "
-                f"rope_base={self.rope_base:g}, rope_layout={self.rope_layout!r}, chunk_size={self.chunk_size}")
+                f"rope_base={self.rope_base:g}, rope_layout={self.rope_layout!r}, retention_chunk={self.retention_chunk}")
 
     def init_state(self, batch_size: int, device=None, dtype: torch.dtype | None = None) -> RetentionState:
         """A zero state at position 0; S is float32 whatever `dtype` (accepted for the common mixer signature)."""
@@ -179,8 +158,8 @@ class MultiScaleRetention(nn.Module):
 
     # --- forms --------------------------------------------------------------------------------------
     def forward(self, x: Tensor, state: RetentionState | None = None) -> tuple[Tensor, RetentionState]:
-        """x (B, T, d_model) -> y (B, T, d_model), state after the T tokens. Parallel form when state is
-        None, else the chunkwise form continuing it (the incoming state is not modified)."""
+        """x (B, T, d_model) -> y (B, T, d_model), state after the T tokens: the chunkwise form, continuing
+        `state` when given (it is not modified)."""
         if x.dim() != 3 or x.shape[-1] != self.d_model or x.shape[1] < 1:
             raise ValueError(f"x: expected shape (B, T>=1, {self.d_model}), got {tuple(x.shape)}")
         B, T, _ = x.shape
@@ -192,13 +171,8 @@ class MultiScaleRetention(nn.Module):
             offset, S = state.offset, state.S.to(cdt)
         q, k, v = self._qkv(x, offset, cdt)
         log_gamma = retention_log_decay(self.n_heads, x.device, cdt)
-        c = self.chunk_size or T
-        outs = []
         with torch.autocast(x.device.type, enabled=False):  # keep the retention and S in cdt
-            for t0 in range(0, T, c):  # blocks of ≤ c tokens, each continuing S
-                o, S = retention_block(q[:, t0:t0 + c], k[:, t0:t0 + c], v[:, t0:t0 + c], log_gamma, S)
-                outs.append(o)
-        o = outs[0] if len(outs) == 1 else torch.cat(outs, dim=1)  # (B, T, H, D)
+            o, S = retention_chunkwise(q, k, v, log_gamma, S, self.retention_chunk)  # (B, T, H, D)
         return self._output(x, o), RetentionState(S=S, offset=offset + T)
 
     def step(self, x: Tensor, state: RetentionState | None) -> tuple[Tensor, RetentionState]:
@@ -212,9 +186,8 @@ class MultiScaleRetention(nn.Module):
         cdt = torch.promote_types(x.dtype, torch.float32)
         q, k, v = self._qkv(x[:, None], state.offset, cdt)  # (B, 1, H, D) each
         q, k, v = q[:, 0], k[:, 0], v[:, 0]  # (B, H, D)
-        gamma = retention_log_decay(self.n_heads, x.device, cdt).exp()  # (H,)
+        log_gamma = retention_log_decay(self.n_heads, x.device, cdt)  # (H,)
         with torch.autocast(x.device.type, enabled=False):  # keep the retention and S in cdt
-            S = gamma[None, :, None, None] * state.S.to(cdt) + k[..., :, None] * v[..., None, :]  # (B, H, D, D)
-            o = torch.einsum("bhd,bhde->bhe", q, S)  # (B, H, D)
+            o, S = retention_step(q, k, v, log_gamma, state.S.to(cdt))  # (B, H, D), (B, H, D, D)
         y = self._output(x[:, None], o[:, None])[:, 0]  # (B, d_model)
         return y, RetentionState(S=S, offset=state.offset + 1)

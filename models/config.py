@@ -77,6 +77,8 @@ class HybridConfig:
     rnn_selective: bool = False  # data-dependent decay (RG-LRU-like gate)
     rnn_learnable_theta: bool = False
     rnn_conv_width: int = 4
+    # retention (M)
+    retention_chunk: int = 64  # tile of its chunkwise form: O(T·retention_chunk); same numbers for any value
     # free-form provenance (preset name, size); not used by the model
     meta: dict = field(default_factory=dict)
 
@@ -91,7 +93,7 @@ class HybridConfig:
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
                 raise ValueError(f"{name}: expected a positive number, got {v!r}")
 
-        for name in ("vocab_size", "d_model", "n_layers", "n_heads", "rnn_conv_width"):
+        for name in ("vocab_size", "d_model", "n_layers", "n_heads", "rnn_conv_width", "retention_chunk"):
             positive_int(name)
         for name in ("mlp_ratio", "norm_eps", "init_std", "rope_base"):
             positive_float(name)

@@ -33,7 +33,7 @@ MIXERS: dict[str, MixerSpec] = {
         rotary_dim=c.rotary_dim, window=c.window, shared_kv=c.shared_kv, carope=c.carope)),
     "M": MixerSpec(MultiScaleRetention, lambda c: dict(
         d_model=c.d_model, n_heads=c.n_heads, head_dim=c.resolved_head_dim, rope_base=c.rope_base,
-        rope_layout=c.rope_layout, norm_eps=c.norm_eps)),
+        rope_layout=c.rope_layout, norm_eps=c.norm_eps, retention_chunk=c.retention_chunk)),
 }
 assert set(MIXERS) == set(MIXER_LETTERS), "every pattern letter has one row"
 

@@ -13,7 +13,7 @@ whatever the decay; no inverse decays are ever formed. Time-varying decays take 
 size; time-invariant ones only ``C`` powers. Cost: ``C + N`` Python-level steps instead of ``T``, and a few passes over the data; memory is
 ``O(B·T·H·P)`` like the output. The backward is the same scan run in reverse (see docs/design.md):
 
-    λ_t = g_t + conj(a_{t+1}) λ_{t+1},   ∂x_t = λ_t,   g_z = λ_t · conj(s_t − x_t),
+    λ_t = g_t + conj(a_{t+1}) λ_{t+1},   ∂x_t = λ_t,   g_z = λ_t · conj(a_t · s_{t−1}),
     ∂log γ_t = Re g_z,   ∂θ_t = −Im g_z,   ∂s_0 = conj(a_1) λ_1.
 """
 from __future__ import annotations
@@ -145,12 +145,12 @@ class TorchComplexScan(torch.autograd.Function):
         ctx.chunk_size = chunk_size
         ctx.has_initial = initial_state is not None
         # the fp32 states are needed for the decay gradient; for float32 x they are the output itself
-        ctx.save_for_backward(x, log_decay, theta, y if x.dtype == real else y_real)
+        ctx.save_for_backward(x, log_decay, theta, y if x.dtype == real else y_real, initial_state)
         return y, final
 
     @staticmethod
     def backward(ctx, grad_y, grad_final):
-        x, log_decay, theta, y_real = ctx.saved_tensors
+        x, log_decay, theta, y_real, initial_state = ctx.saved_tensors
         B, T, H, D = x.shape
         P = D // 2
         real = log_decay.dtype
@@ -172,10 +172,16 @@ class TorchComplexScan(torch.autograd.Function):
         if ctx.needs_input_grad[0]:
             grad_x = torch.view_as_real(lam).view(B, T, H, D).to(x.dtype)
         if ctx.needs_input_grad[1] or ctx.needs_input_grad[2]:
-            xc = torch.view_as_complex(x.to(real).view(B, T, H, P, 2))
             yc = torch.view_as_complex(y_real.to(real).view(B, T, H, P, 2))
-            # conj(g_z) = conj(λ_t) · (s_t − x_t): its real part is ∂log γ, its imaginary part ∂θ
-            gz_conj = torch.sub(yc, xc).mul_(lam.conj())  # (B, T, H, P), one buffer
+            # conj(g_z) = conj(λ_t) · a_t · s_{t−1}: its real part is ∂log γ_t, its imaginary part ∂θ_t.
+            # Formed from the product a_t·s_{t−1}, never from s_t − x_t, which cancels when the decay is strong.
+            gz_conj = _empty(B, T, H, P, dtype=cdtype, device=x.device)
+            if ctx.has_initial:
+                gz_conj[:, 0] = torch.view_as_complex(initial_state.view(B, H, P, 2))
+            else:
+                gz_conj[:, 0] = 0
+            gz_conj[:, 1:] = yc[:, : T - 1]  # s_{t−1}
+            gz_conj.mul_(_decay(log_decay, -theta)).mul_(lam.conj())  # (B, T, H, P), one buffer
             dims = tuple(d for d, n in ((0, log_decay.shape[0]), (1, log_decay.shape[1])) if n == 1)
             grad_ld = gz_conj.real.sum(dims, keepdim=True) if dims else gz_conj.real
             dims = tuple(d for d, n in ((0, theta.shape[0]), (1, theta.shape[1])) if n == 1)

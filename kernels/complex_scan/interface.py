@@ -12,6 +12,7 @@ import os
 
 import torch
 
+from . import cpu_scan
 from .chunked import complex_scan_torch
 from .reference import complex_scan_reference
 from .validate import (
@@ -23,7 +24,7 @@ from .validate import (
     state_dtype,
 )
 
-BACKENDS = ("triton", "torch", "reference")
+BACKENDS = ("triton", "cpu", "torch", "reference")
 BACKEND_ENV = "HYBRID_BACKEND"
 
 
@@ -36,14 +37,23 @@ def _interpreting() -> bool:
 
 
 def resolve_backend(backend: str | None, device: torch.device) -> str:
-    """``backend`` if given, else ``$HYBRID_BACKEND``, else triton for CUDA tensors when it imports, else torch."""
+    """``backend`` if given, else ``$HYBRID_BACKEND``, else: triton for CUDA tensors when it imports; cpu
+    (the compiled scan, built on first use) for CPU tensors when a C++ compiler is present; torch otherwise."""
     source = "backend"
     if backend is None and os.environ.get(BACKEND_ENV):
         backend, source = os.environ[BACKEND_ENV], BACKEND_ENV
     if backend is None or backend == "auto":
-        return "triton" if device.type == "cuda" and triton_available() else "torch"
+        if device.type == "cuda" and triton_available():
+            return "triton"
+        return "cpu" if device.type == "cpu" and cpu_scan.available() else "torch"
     if backend not in BACKENDS:
         raise ValueError(f"{source}: expected one of {BACKENDS} or 'auto', got {backend!r}")
+    if backend == "cpu":
+        if device.type != "cpu":
+            raise ValueError(f"{source}: the 'cpu' backend needs CPU tensors, got tensors on {device}")
+        if not cpu_scan.available():
+            raise ValueError(f"{source}: 'cpu' was asked for but the compiled CPU scan could not be built "
+                             "(no C++ compiler, or ${cpu_scan.DISABLE_ENV}=0); use 'torch'")
     if backend == "triton":
         if not triton_available():
             raise ValueError(f"{source}: 'triton' was asked for but the triton package is not installed")
@@ -75,9 +85,11 @@ def complex_scan(
         theta: rotation angle per step in radians, broadcastable likewise (static schedule or CARoPE
             phase increments).
         initial_state: ``(B, H, D)`` float32 or None (zeros).
-        chunk_size: chunk length of the torch backend (default ≈ √T); the Triton kernel tiles on its own.
-        backend: ``"triton"``, ``"torch"`` or ``"reference"``; default ``$HYBRID_BACKEND``, else triton for
-            CUDA tensors when Triton imports, else torch.
+        chunk_size: chunk length of the torch backend (default ≈ √T); the Triton and cpu kernels tile on
+            their own.
+        backend: ``"triton"``, ``"cpu"``, ``"torch"`` or ``"reference"``; default ``$HYBRID_BACKEND``, else
+            triton for CUDA tensors when Triton imports, cpu (compiled on first use) for CPU tensors when a
+            C++ compiler is present, else torch (the blocked scan in plain PyTorch, any device).
         check_values: check ``log_decay ≤ 0`` (one device sync). Models whose decay is ≤ 0 by construction
             pass False.
 
@@ -107,6 +119,8 @@ def complex_scan(
         from .triton_scan import complex_scan_triton
 
         return complex_scan_triton(x, log_decay, theta, initial_state)
+    if which == "cpu":
+        return cpu_scan.complex_scan_cpu(x, log_decay, theta, initial_state)
     return complex_scan_torch(x, log_decay, theta, initial_state, chunk_size)
 
 

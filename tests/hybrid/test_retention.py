@@ -98,12 +98,13 @@ def test_parallel_chunkwise_recurrent_agree(splits):
     assert state.offset == 17
 
 
-@pytest.mark.parametrize("chunk_size", [1, 4, 5, 17, 64])
-def test_internal_chunk_size(chunk_size):
+@pytest.mark.parametrize("retention_chunk", [1, 4, 5, 17, 64])
+def test_retention_chunk_changes_nothing(retention_chunk):
     m = make()
     x = torch.randn(2, 17, 30, dtype=F64)
-    y_par, s_par = m(x)
-    m.chunk_size = chunk_size
+    y_par, s_par = m(x)  # default tile 64 > T: one tile, the parallel form
+    torch.testing.assert_close(y_par, reference(m, x), rtol=1e-5, atol=1e-5)  # float32 cos/sin
+    m.retention_chunk = retention_chunk
     y, s = m(x)
     torch.testing.assert_close(y, y_par, rtol=1e-10, atol=1e-10)
     torch.testing.assert_close(s.S, s_par.S, rtol=1e-10, atol=1e-10)
@@ -127,6 +128,29 @@ def test_handoffs_forward_step_forward():
     assert st.offset == 20
 
 
+def test_no_time_by_time_tensor_at_default_settings():
+    """Training-mode forward and backward at T = 5 tiles + 7: no tensor with two axes of length ≥ T."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    T = 5 * 64 + 7
+    shapes = []
+
+    class Record(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            for t in out if isinstance(out, (tuple, list)) else [out]:
+                if isinstance(t, torch.Tensor):
+                    shapes.append(tuple(t.shape))
+            return out
+
+    m = MultiScaleRetention(24, 2)
+    x = torch.randn(1, T, 24, requires_grad=True)
+    with Record():
+        y, _ = m(x)
+        y.sum().backward()
+    assert shapes and all(sum(d >= T for d in s) < 2 for s in shapes), max(shapes, key=lambda s: sum(s))
+
+
 def test_state_not_modified():
     m = make()
     x = torch.randn(2, 5, 30, dtype=F64)
@@ -138,7 +162,7 @@ def test_state_not_modified():
 
 
 def test_state_size_fixed():
-    m = MultiScaleRetention(24, 2, chunk_size=128)
+    m = MultiScaleRetention(24, 2, retention_chunk=128)
     st0 = m.init_state(2)
     assert st0.S.shape == (2, 2, 12, 12) and st0.S.dtype == torch.float32 and st0.offset == 0
     with torch.no_grad():
@@ -203,7 +227,7 @@ def test_bad_args():
         (dict(d_model=30, n_heads=3, head_dim=7), "head_dim"),
         (dict(d_model=30, n_heads=3, rope_layout="rotate"), "rope_layout"),
         (dict(d_model=30, n_heads=3, rope_base=1.0), "rope_base"),
-        (dict(d_model=30, n_heads=3, chunk_size=0), "chunk_size"),
+        (dict(d_model=30, n_heads=3, retention_chunk=0), "retention_chunk"),
     ]
     for kw, name in cases:
         with pytest.raises(ValueError, match=name):
@@ -230,13 +254,13 @@ def test_group_norm_invariant_to_positive_rescaling(monkeypatch):
     x = torch.randn(2, 11, 30, dtype=F64)
     y, _ = m(x)
     c = torch.exp(torch.randn(2, 11, 3, 1, dtype=F64) * 3)  # factors over ~e^±9
-    block = ret_mod.retention_block
+    chunkwise = ret_mod.retention_chunkwise
 
-    def scaled(q, k, v, lg, S=None):
-        o, S2 = block(q, k, v, lg, S)
+    def scaled(q, k, v, lg, S=None, retention_chunk=64):
+        o, S2 = chunkwise(q, k, v, lg, S, retention_chunk)
         return o * c, S2
 
-    monkeypatch.setattr(ret_mod, "retention_block", scaled)
+    monkeypatch.setattr(ret_mod, "retention_chunkwise", scaled)
     y_scaled, _ = m(x)
     torch.testing.assert_close(y_scaled, y, rtol=1e-12, atol=1e-12)
 

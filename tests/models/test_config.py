@@ -17,6 +17,7 @@ from hybrid.models import PRESETS, SIZES, HybridConfig, HybridLM
         (dict(head_dim=7), r"head_dim: rotary pairs need an even head dimension, got 7"),
         (dict(n_kv_heads=3), r"n_kv_heads: expected a divisor of n_heads=4, got 3"),
         (dict(window=0), r"window: expected a positive int, got 0"),
+        (dict(retention_chunk=0), r"retention_chunk: expected a positive int, got 0"),
         (dict(rotary_dim=5), r"rotary_dim: expected an even number <= head_dim=32, got 5"),
         (dict(rotary_dim=40), r"rotary_dim: expected an even number <= head_dim=32, got 40"),
         (dict(rope_placement="kq"), r"rope_placement: expected one of"),

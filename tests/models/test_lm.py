@@ -35,6 +35,7 @@ def random_config(rng: random.Random) -> HybridConfig:
         carope=carope,
         rnn_selective=rng.random() < 0.5,
         rnn_learnable_theta=not carope and rng.random() < 0.3,
+        retention_chunk=rng.choice([3, 7, 64]),  # drawn last: the other fields keep their draws
     )
 
 
@@ -43,7 +44,10 @@ PRESET_CONFIGS = [
     HybridConfig.preset(name, "tiny", d_model=24, n_heads=2, n_layers=3, vocab_size=VOCAB, window=(5 if name == "hybrid" else None))
     for name in ("transformer", "retnet", "vo-rnn", "hybrid")
 ]
-ALL_CONFIGS = PRESET_CONFIGS + RANDOM_CONFIGS
+# retention in tiles of 4 tokens (the default tile, 64, exceeds the test sequences)
+TILED_RETNET = HybridConfig.preset("retnet", "tiny", d_model=24, n_heads=2, n_layers=2, vocab_size=VOCAB,
+                                   retention_chunk=4, meta={"preset": "retnet-tiles-of-4"})
+ALL_CONFIGS = PRESET_CONFIGS + RANDOM_CONFIGS + [TILED_RETNET]
 IDS = [c.meta.get("preset", f"random-{c.pattern}-{c.rope_placement}") for c in ALL_CONFIGS]
 
 

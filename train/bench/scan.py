@@ -1,24 +1,33 @@
 """Benchmark of complex_scan: backend × size, forward and forward+backward, against a copy of the same bytes.
 
-    python -m hybrid.train.bench.scan                    # CPU: torch backend vs a per-step loop
+    python -m hybrid.train.bench.scan                    # CPU: cpu and torch backends vs a per-step loop
+    python -m hybrid.train.bench.scan --load             # the same while a second process runs matmuls
     python -m hybrid.train.bench.scan --out table.md     # also write the markdown table
     python -m hybrid.train.bench.scan --device cuda      # GPU: runs hybrid.train.bench.scan_gpu (Triton vs torch vs copy, do_bench)
 
 Bytes counted are the minimum a pass must move: forward reads x (+ decays/angles when data-dependent)
 and writes y; backward reads x, y, dy (+ decays/angles) and writes dx (+ their gradients). "copy GB/s" is
 the bandwidth of ``torch.clone`` on a tensor of that size on the same device (allocation included, as the
-op allocates its output); "% copy" is achieved / copy bandwidth.
+op allocates its output); "% copy" is achieved / copy bandwidth; "vs loop" is the per-step loop's forward
+time over the backend's (the ratio the CPU targets are stated in: ≥ 5× quiet, ≥ 3× under ``--load``).
+
+``--load`` starts a competing process first: torch matmuls on 2 threads, without pause, the way a data
+worker or a second job shares the machine; it is stopped when the table is done.
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import platform
 import statistics
+import subprocess
+import sys
 import time
 
 import torch
 
 from hybrid.kernels import complex_scan
+from hybrid.kernels.complex_scan import resolve_backend
 
 CPU_SHAPES = [(4, 4096, 8, 64), (2, 1024, 8, 64), (1, 16384, 4, 128)]
 
@@ -75,6 +84,34 @@ def copy_bandwidth(nbytes, device, measure):
     buf = torch.empty(nbytes // 4, dtype=torch.float32, device=device)
     ms = measure(lambda: buf.clone())
     return 2 * buf.numel() * 4 / (ms * 1e-3) / 1e9
+
+
+# The competing process of --load: 2-thread matmuls until killed; prints "ready" once running.
+_LOAD_SCRIPT = """
+import torch
+torch.set_num_threads(2)
+a = torch.randn(768, 768)
+b = torch.randn(768, 768)
+a @ b
+print("ready", flush=True)
+while True:
+    a @ b
+"""
+
+
+@contextlib.contextmanager
+def competing_load(enabled: bool):
+    """Run the --load process for the duration of the block (nothing when not ``enabled``)."""
+    if not enabled:
+        yield None
+        return
+    proc = subprocess.Popen([sys.executable, "-c", _LOAD_SCRIPT], stdout=subprocess.PIPE, text=True)
+    try:
+        proc.stdout.readline()  # wait until it computes
+        yield proc
+    finally:
+        proc.kill()
+        proc.wait()
 
 
 def run(device: torch.device, shapes, dtypes, backends, reps: int, with_loop: bool):
@@ -141,6 +178,8 @@ def main(argv=None):
     p.add_argument("--dtype", action="append", default=None, choices=["float32", "bfloat16", "float16"])
     p.add_argument("--reps", type=int, default=5, help="repetitions (median reported)")
     p.add_argument("--no-loop", action="store_true", help="skip the per-step loop baseline")
+    p.add_argument("--load", action="store_true",
+                   help="run the table beside a second process doing 2-thread matmuls (CPU only)")
     p.add_argument("--out", default=None, help="also write the markdown table here")
     args, rest = p.parse_known_args(argv)
     if args.device.startswith("cuda"):
@@ -151,8 +190,11 @@ def main(argv=None):
         p.error(f"unrecognized arguments: {' '.join(rest)}")
     shapes = [tuple(int(v) for v in s.split(",")) for s in args.shape] if args.shape else CPU_SHAPES
     dtypes = [getattr(torch, d) for d in (args.dtype or ["float32"])]
-    rows = run(torch.device(args.device), shapes, dtypes, ["torch"], args.reps, not args.no_loop)
-    table = f"complex_scan on {describe()}\n\n" + to_markdown(rows)
+    backends = ["cpu", "torch"] if resolve_backend(None, torch.device(args.device)) == "cpu" else ["torch"]
+    with competing_load(args.load):
+        rows = run(torch.device(args.device), shapes, dtypes, backends, args.reps, not args.no_loop)
+    load = "; beside a second process running 2-thread matmuls (--load)" if args.load else ""
+    table = f"complex_scan on {describe()}{load}\n\n" + to_markdown(rows)
     print(table)
     if args.out:
         with open(args.out, "w") as f:

@@ -1,0 +1,221 @@
+// The "cpu" backend of complex_scan: the recurrence run sequentially in time, vectorised over rotary pairs,
+// with rows of (batch, head, up to `block` pairs) shared dynamically among a few threads. The caller may pass
+// H = 1 and P = heads · pairs: the heads of one (b, t) are contiguous, so a row then spans several heads and
+// each step reads one contiguous run of memory.
+//
+//     s_t = a_t · s_{t−1} + x_t                          (forward,  y_t = s_t)
+//     λ_t = dy_t + conj(a_{t+1}) · λ_{t+1}                (backward, λ_{T−1} = dy_{T−1} + dfinal)
+//     dx_t = λ_t,   gz_t = conj(λ_t) · a_t · s_{t−1},   ds0 = conj(a_0) · λ_0
+//
+// Re gz is ∂log γ_t and Im gz is ∂θ_t (a_t = γ_t e^{−iθ_t}); gz is formed from the product a_t·s_{t−1},
+// never from s_t − x_t (which cancels when the decay is strong).
+//
+// The decay a_t = γ_t (cos θ_t − i sin θ_t) comes as three real arrays formed beforehand by torch's
+// vectorised exp / cos / sin: gamma (Bg, Tg, H, P), cos and sin (Bc, Tc, H, P), each with batch / time
+// strides that are 0 where the caller broadcasts (never materialised).
+// Other layouts (contiguous): x, y, dy, dx (B, T, H, 2P) with pair p at (2p, 2p+1); s0, final, dfinal,
+// ds0 (B, H, 2P); gz (B, Tz, H, P, 2) with Tz ∈ {1, T} (Tz = 1: summed over time here, in double).
+// No torch headers: plain C entry points called through ctypes (which releases the GIL), so the build
+// takes about a second and needs only a C++ compiler.
+#include <algorithm>
+#include <atomic>
+#include <cstdint>
+#include <thread>
+#include <vector>
+
+namespace {
+
+constexpr int64_t kPairs = 64;  // the most pairs per row block (its state lives in L1)
+
+// Run body(item) for item in [0, n_items) on up to n_threads threads (the caller is one of them).
+// Items are handed out one at a time, so a thread descheduled by another process delays only its row.
+template <typename Body>
+void run_rows(int64_t n_items, int n_threads, Body body) {
+  const int n = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(n_threads, n_items)));
+  std::atomic<int64_t> next{0};
+  auto worker = [&]() {
+    for (int64_t i = next.fetch_add(1); i < n_items; i = next.fetch_add(1)) body(i);
+  };
+  std::vector<std::thread> pool;
+  pool.reserve(n - 1);
+  for (int k = 1; k < n; ++k) pool.emplace_back(worker);
+  worker();
+  for (auto& th : pool) th.join();
+}
+
+// Where one row's decay factors start, and how far they move per step.
+template <typename F>
+struct Decay {
+  const F *gamma, *cos, *sin;
+  int64_t g_batch, g_time, c_batch, c_time;
+};
+
+struct Row {
+  int64_t b, h, p0, n;  // batch, head, first pair, pairs in this block
+};
+
+inline Row row_of(int64_t item, int64_t H, int64_t P, int64_t block) {
+  const int64_t blocks = (P + block - 1) / block;
+  Row r;
+  r.p0 = (item % blocks) * block;
+  r.h = (item / blocks) % H;
+  r.b = item / (blocks * H);
+  r.n = std::min(block, P - r.p0);
+  return r;
+}
+
+template <typename F>
+void forward(const F* x, Decay<F> dec, const F* s0, F* y, F* final_state, int64_t B, int64_t T, int64_t H,
+             int64_t P, int64_t block, int n_threads) {
+  const int64_t D = 2 * P, step = H * D;
+  block = std::max<int64_t>(1, std::min(block, kPairs));
+  run_rows(B * H * ((P + block - 1) / block), n_threads, [&](int64_t item) {
+    const Row r = row_of(item, H, P, block);
+    F sr[kPairs], si[kPairs];
+    const F* init = s0 ? s0 + (r.b * H + r.h) * D + 2 * r.p0 : nullptr;
+    for (int64_t j = 0; j < r.n; ++j) {
+      sr[j] = init ? init[2 * j] : F(0);
+      si[j] = init ? init[2 * j + 1] : F(0);
+    }
+    const F* xt = x + (r.b * T * H + r.h) * D + 2 * r.p0;
+    F* yt = y + (r.b * T * H + r.h) * D + 2 * r.p0;
+    const int64_t pair = r.h * P + r.p0;
+    const F* gt = dec.gamma + r.b * dec.g_batch + pair;
+    const F* ct = dec.cos + r.b * dec.c_batch + pair;
+    const F* st = dec.sin + r.b * dec.c_batch + pair;
+    for (int64_t t = 0; t < T; ++t, xt += step, yt += step, gt += dec.g_time, ct += dec.c_time, st += dec.c_time) {
+      for (int64_t j = 0; j < r.n; ++j) {
+        const F ar = gt[j] * ct[j], ai = -gt[j] * st[j];
+        const F nr = ar * sr[j] - ai * si[j] + xt[2 * j];
+        const F ni = ar * si[j] + ai * sr[j] + xt[2 * j + 1];
+        sr[j] = nr;
+        si[j] = ni;
+        yt[2 * j] = nr;
+        yt[2 * j + 1] = ni;
+      }
+    }
+    F* fin = final_state + (r.b * H + r.h) * D + 2 * r.p0;
+    for (int64_t j = 0; j < r.n; ++j) {
+      fin[2 * j] = sr[j];
+      fin[2 * j + 1] = si[j];
+    }
+  });
+}
+
+template <typename F>
+void backward(Decay<F> dec, const F* y, const F* s0, const F* dy, const F* dfinal, F* dx, F* gz,
+              int64_t gz_time, F* ds0, int64_t B, int64_t T, int64_t H, int64_t P, int64_t block,
+              int n_threads) {
+  const int64_t D = 2 * P, step = H * D;
+  const int64_t gz_batch = (gz_time ? T : 1) * H * D;
+  block = std::max<int64_t>(1, std::min(block, kPairs));
+  run_rows(B * H * ((P + block - 1) / block), n_threads, [&](int64_t item) {
+    const Row r = row_of(item, H, P, block);
+    const int64_t head = r.h * D + 2 * r.p0;  // offset of the block within one (b, t) slice
+    F cr[kPairs], ci[kPairs];                  // carry: conj(a_{t+1}) λ_{t+1} (+ dfinal at the end)
+    F ar[kPairs], ai[kPairs], lr[kPairs], li[kPairs];  // a_t and λ_t
+    F zr[kPairs], zi[kPairs];                  // conj(λ_t) a_t s_{t−1}
+    double gr[kPairs], gi[kPairs];             // time-summed gz (gz_time == 0)
+    const F* fin = dfinal ? dfinal + r.b * H * D + head : nullptr;
+    for (int64_t j = 0; j < r.n; ++j) {
+      cr[j] = fin ? fin[2 * j] : F(0);
+      ci[j] = fin ? fin[2 * j + 1] : F(0);
+      gr[j] = gi[j] = 0.0;
+    }
+    const F* init = s0 ? s0 + r.b * H * D + head : nullptr;
+    for (int64_t t = T - 1; t >= 0; --t) {
+      const int64_t off = (r.b * T + t) * step + head;
+      const int64_t pair = r.h * P + r.p0;
+      const F* gt = dec.gamma + r.b * dec.g_batch + t * dec.g_time + pair;
+      const F* ct = dec.cos + r.b * dec.c_batch + t * dec.c_time + pair;
+      const F* st = dec.sin + r.b * dec.c_batch + t * dec.c_time + pair;
+      for (int64_t j = 0; j < r.n; ++j) {  // a_t
+        ar[j] = gt[j] * ct[j];
+        ai[j] = -gt[j] * st[j];
+      }
+      const F* dyt = dy ? dy + off : nullptr;
+      const F* prev = t > 0 ? y + off - step : init;  // s_{t−1}, or s0 (null: zeros) at t = 0
+      F* dxt = dx ? dx + off : nullptr;
+      // Separate loops, each without a branch inside, so that every one vectorises.
+      if (dyt) {
+        for (int64_t j = 0; j < r.n; ++j) {
+          lr[j] = cr[j] + dyt[2 * j];
+          li[j] = ci[j] + dyt[2 * j + 1];
+        }
+      } else {
+        for (int64_t j = 0; j < r.n; ++j) {
+          lr[j] = cr[j];
+          li[j] = ci[j];
+        }
+      }
+      if (dxt) {
+        for (int64_t j = 0; j < r.n; ++j) {
+          dxt[2 * j] = lr[j];
+          dxt[2 * j + 1] = li[j];
+        }
+      }
+      if (gz) {
+        for (int64_t j = 0; j < r.n; ++j) {
+          const F pr = prev ? prev[2 * j] : F(0), pi = prev ? prev[2 * j + 1] : F(0);
+          const F qr = ar[j] * pr - ai[j] * pi, qi = ar[j] * pi + ai[j] * pr;  // a_t · s_{t−1}
+          zr[j] = lr[j] * qr + li[j] * qi;                          // conj(λ_t) · a_t · s_{t−1}
+          zi[j] = lr[j] * qi - li[j] * qr;
+        }
+        if (gz_time) {
+          F* gzt = gz + r.b * gz_batch + t * gz_time + head;
+          for (int64_t j = 0; j < r.n; ++j) {
+            gzt[2 * j] = zr[j];
+            gzt[2 * j + 1] = zi[j];
+          }
+        } else {
+          for (int64_t j = 0; j < r.n; ++j) {
+            gr[j] += zr[j];
+            gi[j] += zi[j];
+          }
+        }
+      }
+      for (int64_t j = 0; j < r.n; ++j) {
+        cr[j] = ar[j] * lr[j] + ai[j] * li[j];  // conj(a_t) · λ_t
+        ci[j] = ar[j] * li[j] - ai[j] * lr[j];
+      }
+    }
+    if (gz && !gz_time) {
+      F* g = gz + r.b * gz_batch + head;
+      for (int64_t j = 0; j < r.n; ++j) {
+        g[2 * j] = static_cast<F>(gr[j]);
+        g[2 * j + 1] = static_cast<F>(gi[j]);
+      }
+    }
+    if (ds0) {
+      F* d = ds0 + r.b * H * D + head;
+      for (int64_t j = 0; j < r.n; ++j) {
+        d[2 * j] = cr[j];
+        d[2 * j + 1] = ci[j];
+      }
+    }
+  });
+}
+
+}  // namespace
+
+#define HYBRID_SCAN_ENTRY_POINTS(F, suffix)                                                                 \
+  extern "C" void scan_forward_##suffix(const F* x, const F* gamma, const F* cos, const F* sin,            \
+                                        const int64_t* decay_strides, const F* s0, F* y, F* final_state,   \
+                                        int64_t B, int64_t T, int64_t H, int64_t P, int64_t block,          \
+                                        int n_threads) {                                                    \
+    const int64_t* d = decay_strides; /* g_batch, g_time, c_batch, c_time */                                \
+    forward<F>(x, Decay<F>{gamma, cos, sin, d[0], d[1], d[2], d[3]}, s0, y, final_state, B, T, H, P,       \
+               block, n_threads);                                                                           \
+  }                                                                                                         \
+  extern "C" void scan_backward_##suffix(const F* gamma, const F* cos, const F* sin,                       \
+                                         const int64_t* decay_strides, const F* y, const F* s0,            \
+                                         const F* dy, const F* dfinal, F* dx, F* gz, int64_t gz_time,       \
+                                         F* ds0, int64_t B, int64_t T, int64_t H, int64_t P,                \
+                                         int64_t block, int n_threads) {                                    \
+    const int64_t* d = decay_strides;                                                                       \
+    backward<F>(Decay<F>{gamma, cos, sin, d[0], d[1], d[2], d[3]}, y, s0, dy, dfinal, dx, gz, gz_time,     \
+                ds0, B, T, H, P, block, n_threads);                                                         \
+  }
+
+HYBRID_SCAN_ENTRY_POINTS(float, f32)
+HYBRID_SCAN_ENTRY_POINTS(double, f64)

@@ -1,0 +1,18 @@
+"""The recurrent form of retention: one token.
+
+    S_t = γ S_{t−1} + k_tᵀ v_t,      o_t = q_t S_t
+"""
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+
+def retention_step(q: Tensor, k: Tensor, v: Tensor, log_gamma: Tensor, S: Tensor | None = None):
+    """q, k: ``(B, H, Dk)``; v: ``(B, H, Dv)``; log_gamma: ``(H,)``; S: ``(B, H, Dk, Dv)`` or None (zeros).
+
+    Returns ``o_t`` ``(B, H, Dv)`` and ``S_t`` ``(B, H, Dk, Dv)``.
+    """
+    kv = k[..., :, None] * v[..., None, :]  # (B, H, Dk, Dv)
+    S_new = kv if S is None else torch.exp(log_gamma)[None, :, None, None] * S + kv
+    return torch.einsum("bhd,bhde->bhe", q, S_new), S_new
