@@ -5,6 +5,7 @@ Each check runs Python in a subprocess from a directory outside the repository, 
 checkout is on ``sys.path`` except through the install itself.
 """
 import os
+import shutil
 import subprocess
 import sys
 import sysconfig
@@ -73,9 +74,13 @@ def test_library_and_clis_work_beside_users_train_models_kernels(users_project):
 
 
 def test_wheel_holds_only_hybrid_and_imports_in_a_fresh_venv(tmp_path):
+    # build from a copy: setuptools writes build/ into the tree it builds, and a stale build/ would leak old files
+    source = tmp_path / "source"
+    shutil.copytree(REPO, source, ignore=shutil.ignore_patterns(
+        ".git", ".venv", "build", "runs", "*.egg-info", "__pycache__", ".pytest_cache"))
     wheels = tmp_path / "wheels"
     run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(wheels),
-         str(REPO)], cwd=tmp_path)
+         str(source)], cwd=tmp_path)
     (wheel,) = wheels.glob("hybrid-*.whl")
     with zipfile.ZipFile(wheel) as zf:
         tops = {name.split("/")[0] for name in zf.namelist()}

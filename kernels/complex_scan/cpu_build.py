@@ -1,7 +1,7 @@
 """Build ``cpu_scan.cpp`` on first use and load it with ctypes; cached per source and compiler.
 
-The library is built once per machine into ``$HYBRID_CACHE_DIR`` (default ``$XDG_CACHE_HOME/hybrid`` or
-``~/.cache/hybrid``), named by a hash of the source, the compile command and the compiler's version, so an
+The library is built once per machine into ``kernels/`` of the library's cache, ``$HYBRID_CACHE`` (default
+``$XDG_CACHE_HOME/hybrid`` or ``~/.cache/hybrid``, the same cache the data pipeline uses), named by a hash of the source, the compile command and the compiler's version, so an
 edit or another compiler builds a new file and a stale one is never loaded. Concurrent processes (pytest
 workers, torchrun ranks) are safe without a lock: each compiles into its own temporary file and renames it
 into place, an atomic step, so a reader sees either no file or a whole one; a process that loses the race
@@ -30,10 +30,10 @@ DISABLE_ENV = "HYBRID_CPU_SCAN"
 
 
 def cache_dir() -> Path:
-    root = os.environ.get("HYBRID_CACHE_DIR")
+    root = os.environ.get("HYBRID_CACHE")
     if root:
-        return Path(root)
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "hybrid"
+        return Path(root).expanduser() / "kernels"
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "hybrid" / "kernels"
 
 
 def compiler() -> str | None:

@@ -179,18 +179,18 @@ def test_concurrent_first_builds_agree(tmp_path):
         "lib = m.load()\n"
         "print(lib._name if lib is not None else 'NONE')\n"
     )
-    env = {"HYBRID_CACHE_DIR": str(tmp_path), "PATH": os.environ["PATH"]}
+    env = {"HYBRID_CACHE": str(tmp_path), "PATH": os.environ["PATH"]}
     procs = [subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE, text=True)
              for _ in range(3)]
     names = {p.communicate(timeout=300)[0].strip() for p in procs}
     assert all(p.returncode == 0 for p in procs)
-    files = sorted(f.name for f in tmp_path.iterdir())
+    files = sorted(f.name for f in (tmp_path / "kernels").iterdir())
     assert len(names) == 1 and "NONE" not in names and len(files) == 1 and files[0].endswith(".so")
 
 
 def test_no_compiler_falls_back_to_torch(tmp_path, monkeypatch):
     builder = _load_builder()
-    monkeypatch.setenv("HYBRID_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("HYBRID_CACHE", str(tmp_path))
     monkeypatch.setenv("CXX", "no-such-compiler-here")
     with pytest.warns(RuntimeWarning, match="no C\\+\\+ compiler"):
         assert builder.load() is None
@@ -208,8 +208,8 @@ def test_cpu_backend_rejects_other_devices():
 
 def test_failed_build_warns_and_leaves_nothing(tmp_path, monkeypatch):
     builder = _load_builder()
-    monkeypatch.setenv("HYBRID_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("HYBRID_CACHE", str(tmp_path))
     monkeypatch.setenv("CXX", "false")  # found on the PATH, fails every command
     with pytest.warns(RuntimeWarning, match="building the CPU scan failed"):
         assert builder.load() is None
-    assert list(tmp_path.iterdir()) == []  # no library, no temporary file
+    assert list((tmp_path / "kernels").glob("*")) == []  # no library, no temporary file
