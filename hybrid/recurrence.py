@@ -13,8 +13,10 @@ With static γ and θ the scan output is exactly VO-RoPE with exponential decay,
   ``γ² ~ U[r_min², r_max²]``; ``selective=True`` makes it data-dependent as in the RG-LRU:
   ``log γ_t = c·r_t·log γ`` with the recurrence gate ``r_t = σ(u_t W_a + b_a)``, c = 8, and an input gate
   ``i_t = σ(u_t W_x + b_x)`` (both block-diagonal per head);
-- angles θ: ``hybrid.rotary.inv_freq(head_dim, base, scaling)`` per pair (optionally learnable), or
-  data-dependent CARoPE phase increments ``θ_t = f(x_t)^i``.
+- angles θ, by ``phase``: ``"static"``, the rotary schedule ``hybrid.rotary.inv_freq(head_dim, base, scaling)``
+  per pair; ``"learned"``, the same as a parameter; ``"carope"``, CARoPE phase increments ``θ_t = f(x_t)^i``
+  ∈ (0, 1]; ``"data"``, ``θ_t = π·σ(W x_t + b)`` per pair (``hybrid.rotary.DataPhase``), so that a token can
+  flip a pair's sign (state tracking: parity, modular counting).
 
 The input normalisation ``sqrt(1 − γ²)`` keeps the state's variance near the input's.
 """
@@ -32,10 +34,11 @@ from hybrid.kernels import complex_scan, complex_scan_step
 
 from .checks import check_positive_int
 from .conv import CausalConv1d
-from .rotary import CARoPE, inv_freq
+from .rotary import PHASE_MAPS, CARoPE, DataPhase, inv_freq
 
 GATE_ACTIVATIONS = {"gelu": F.gelu, "silu": F.silu}
 SELECTIVE_C = 8.0
+PHASES = ("static", "learned", "carope", "data")
 
 
 @dataclass
@@ -76,6 +79,8 @@ class VORecurrence(nn.Module):
         selective: bool = False,
         rope_base: float = 10000.0,
         rope_scaling: dict | None = None,
+        phase: str = "static",
+        phase_map: str = "pi-sigmoid",
         learnable_theta: bool = False,
         carope: bool = False,
         gate_activation: str = "gelu",
@@ -97,13 +102,23 @@ class VORecurrence(nn.Module):
             raise ValueError(f"r_min, r_max: expected 0 < r_min <= r_max < 1, got r_min={r_min}, r_max={r_max}")
         if learnable_theta and carope:
             raise ValueError("learnable_theta: has no effect with carope=True (CARoPE supplies the angles); set one")
+        if phase not in PHASES:
+            raise ValueError(f"phase: expected one of {PHASES}, got {phase!r}")
+        if phase_map not in PHASE_MAPS:
+            raise ValueError(f"phase_map: expected one of {PHASE_MAPS}, got {phase_map!r}")
+        older_spellings = (("learnable_theta", learnable_theta, "learned"), ("carope", carope, "carope"))
+        for alias, given, meaning in older_spellings:
+            if given:
+                if phase not in ("static", meaning):
+                    raise ValueError(f"{alias}: means phase={meaning!r} and contradicts phase={phase!r}; set one")
+                phase = meaning
         if gate_activation not in GATE_ACTIVATIONS:
             raise ValueError(f"gate_activation: expected one of {sorted(GATE_ACTIVATIONS)}, got {gate_activation!r}")
         self.d_model, self.n_heads, self.head_dim = d_model, n_heads, head_dim
         self.n_pairs = head_dim // 2
         self.d_rnn = n_heads * head_dim
         self.r_min, self.r_max = r_min, r_max
-        self.selective, self.carope_enabled = selective, carope
+        self.selective, self.phase = selective, phase
         self.gate_activation = gate_activation
         self.scan_backend, self.chunk_size = scan_backend, chunk_size
         H, P, hd = n_heads, self.n_pairs, head_dim
@@ -120,11 +135,12 @@ class VORecurrence(nn.Module):
             self.input_gate_bias = nn.Parameter(torch.empty(H, hd))
         freqs, _ = inv_freq(head_dim, base=rope_base, scaling=rope_scaling)
         theta = freqs.repeat(H, 1)  # (H, P): every head gets the rotary schedule
-        if learnable_theta:
+        if phase == "learned":
             self.theta = nn.Parameter(theta)
         else:
             self.register_buffer("theta", theta, persistent=False)
-        self.carope = CARoPE(d_model, H, hd, base=rope_base) if carope else None
+        self.carope = CARoPE(d_model, H, hd, base=rope_base) if phase == "carope" else None
+        self.data_phase = DataPhase(d_model, theta, phase_map) if phase == "data" else None
         self.reset_parameters()
 
     @torch.no_grad()
@@ -143,7 +159,7 @@ class VORecurrence(nn.Module):
     def extra_repr(self) -> str:
         return (
             f"d_model={self.d_model}, n_heads={self.n_heads}, head_dim={self.head_dim}, "
-            f"selective={self.selective}, carope={self.carope_enabled}"
+            f"selective={self.selective}, phase={self.phase!r}"
         )
 
     # ------------------------------------------------------------------------------------------ pieces
@@ -177,7 +193,12 @@ class VORecurrence(nn.Module):
         norm = torch.sqrt(-torch.expm1(2.0 * log_decay))  # sqrt(1 − γ²), (…, H, P)
         pairs = rearrange(uh, "b t h (p two) -> b t h p two", two=2)
         v = rearrange(pairs * norm.unsqueeze(-1), "b t h p two -> b t h (p two)")  # both parts of each pair
-        theta = self.carope.increments(x) if self.carope is not None else _at_least_float32(self.theta)
+        if self.carope is not None:
+            theta = self.carope.increments(x)  # (B, T, H, P)
+        elif self.data_phase is not None:
+            theta = self.data_phase.increments(x)  # (B, T, H, P)
+        else:
+            theta = _at_least_float32(self.theta)  # (H, P)
         return v.to(u.dtype), log_decay, theta
 
     def _check_state(self, state: RecurrenceState, batch: int) -> None:

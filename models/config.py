@@ -21,7 +21,8 @@ from dataclasses import dataclass, field, fields
 
 import torch
 
-from hybrid.rotary import PLACEMENTS, inv_freq, parse_placement
+from hybrid.recurrence import PHASES as RNN_PHASES
+from hybrid.rotary import PHASE_MAPS, PLACEMENTS, inv_freq, parse_placement
 
 MIXER_LETTERS = {"R": "VO-RoPE recurrence", "A": "attention", "M": "multi-scale retention"}
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "float64": torch.float64}
@@ -42,6 +43,23 @@ PRESETS = {
     "vo-rnn": dict(pattern="R"),
     "hybrid": dict(pattern="RRA", rope_placement="qkvo", window="size"),
 }
+
+
+def _upgrade(d: dict) -> dict:
+    """Older configs (checkpoints) in today's fields: ``rnn_learnable_theta`` became ``rnn_phase="learned"``."""
+    if "rnn_learnable_theta" not in d:
+        return d
+    d = dict(d)
+    learnable = d.pop("rnn_learnable_theta")
+    if not isinstance(learnable, bool):
+        raise ValueError(f"rnn_learnable_theta: expected True or False, got {learnable!r}")
+    if learnable:
+        if d.get("rnn_phase") not in (None, "learned"):
+            raise ValueError(f"rnn_learnable_theta: contradicts rnn_phase={d['rnn_phase']!r}; set one")
+        if d.get("carope") and "R" in d.get("pattern", "R"):
+            raise ValueError("rnn_learnable_theta: has no effect with carope=True (CARoPE supplies the angles)")
+        d["rnn_phase"] = "learned"
+    return d
 
 
 @dataclass
@@ -75,7 +93,10 @@ class HybridConfig:
     rnn_r_min: float = 0.9
     rnn_r_max: float = 0.999
     rnn_selective: bool = False  # data-dependent decay (RG-LRU-like gate)
-    rnn_learnable_theta: bool = False
+    # rotation angles: "static" (rotary schedule), "learned" (the schedule as a parameter), "carope" (CARoPE
+    # increments), "data" (θ_t = π·σ(W x_t + b) per pair); None = "carope" when carope=True, else "static"
+    rnn_phase: str | None = None
+    rnn_phase_map: str = "pi-sigmoid"  # the "data" angle map: "pi-sigmoid" (0, π) or "2pi-tanh" (−2π, 2π)
     rnn_conv_width: int = 4
     # retention (M)
     retention_chunk: int = 64  # tile of its chunkwise form: O(T·retention_chunk); same numbers for any value
@@ -153,11 +174,15 @@ class HybridConfig:
             raise ValueError("carope: CARoPE has no context-extension scaling; set rope_scaling=None or carope=False")
         if self.carope and self.rope_placement == "none" and "A" in self.pattern:
             raise ValueError("carope: rope_placement='none' rotates nothing, so CARoPE's phases would be unused")
-        if self.rnn_learnable_theta and self.carope and "R" in self.pattern:
-            raise ValueError("rnn_learnable_theta: has no effect with carope=True (CARoPE supplies the angles)")
+        if self.rnn_phase is not None and self.rnn_phase not in RNN_PHASES:
+            raise ValueError(f"rnn_phase: expected one of {RNN_PHASES} or None, got {self.rnn_phase!r}")
+        if self.rnn_phase_map not in PHASE_MAPS:
+            raise ValueError(f"rnn_phase_map: expected one of {PHASE_MAPS}, got {self.rnn_phase_map!r}")
+        if self.rnn_phase == "carope" and self.rope_scaling is not None and "R" in self.pattern:
+            raise ValueError("rnn_phase: CARoPE has no context-extension scaling; set rope_scaling=None or another rnn_phase")
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype: expected one of {list(DTYPES)}, got {self.dtype!r}")
-        for name in ("tie_embeddings", "shared_kv", "carope", "rnn_selective", "rnn_learnable_theta"):
+        for name in ("tie_embeddings", "shared_kv", "carope", "rnn_selective"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name}: expected True or False, got {getattr(self, name)!r}")
 
@@ -166,6 +191,13 @@ class HybridConfig:
     @property
     def resolved_head_dim(self) -> int:
         return self.head_dim if self.head_dim is not None else self.d_model // self.n_heads
+
+    @property
+    def resolved_rnn_phase(self) -> str:
+        """The R layers' angle kind: ``rnn_phase``, or by default "carope" when carope=True, else "static"."""
+        if self.rnn_phase is not None:
+            return self.rnn_phase
+        return "carope" if self.carope else "static"
 
     @property
     def layer_types(self) -> str:
@@ -191,6 +223,7 @@ class HybridConfig:
     def from_dict(cls, d: dict) -> "HybridConfig":
         if not isinstance(d, dict):
             raise ValueError(f"config: expected a dict, got {type(d).__name__}")
+        d = _upgrade(d)
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(d) - known)
         if unknown:

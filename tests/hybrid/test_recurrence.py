@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import itertools
+import math
 
 import pytest
 import torch
@@ -25,6 +26,8 @@ def make(dtype=torch.float64, **kw):
         for name, p in m.named_parameters():
             if "bias" in name:
                 p.add_(0.3 * torch.randn(p.shape, generator=gen(), dtype=p.dtype))
+        if m.data_phase is not None:  # data-dependent angles that reach past π (the init is the static schedule)
+            m.data_phase.weight.normal_(0.0, 1.0, generator=gen())
     return m
 
 
@@ -60,6 +63,12 @@ def reference(m: VORecurrence, x: torch.Tensor) -> torch.Tensor:
         z = x @ m.carope.weight.double().T + m.carope.bias.double()
         f = 1.0 / (F.softplus(z) + 1.0)  # (B, T, H)
         theta = f.unsqueeze(-1) ** torch.arange(P, dtype=torch.float64)
+    elif m.data_phase is not None:
+        z = (x @ m.data_phase.weight.double().T).view(B, T, H, P) + m.data_phase.bias.double()
+        if m.data_phase.phase_map == "pi-sigmoid":
+            theta = math.pi / (1.0 + torch.exp(-z))  # π·σ(z)
+        else:
+            theta = 2.0 * math.pi * torch.tanh(z)
     else:
         theta = m.theta.double().expand(B, T, H, P)
     o = torch.zeros(B, T, H, P, 2, dtype=torch.float64)
@@ -80,6 +89,9 @@ VARIANTS = {
     "carope": dict(carope=True),
     "selective-carope": dict(selective=True, carope=True),
     "selective-learnable-theta": dict(selective=True, learnable_theta=True),
+    "data": dict(phase="data"),
+    "selective-data": dict(selective=True, phase="data"),
+    "selective-data-2pi-tanh": dict(selective=True, phase="data", phase_map="2pi-tanh"),
     "scaled-theta": dict(rope_scaling={"rope_type": "linear", "factor": 4.0}, r_min=0.5, r_max=0.9),
 }
 
@@ -133,7 +145,10 @@ def test_state_size_is_fixed():
     assert s64.nbytes == (3 * 16) * 4 + 2 * 8 * 4  # conv tail (W−1)·d_rnn + complex state H·hd, float32
 
 
-@pytest.mark.parametrize("kwargs", [dict(selective=True, carope=True), dict(selective=True, learnable_theta=True)])
+@pytest.mark.parametrize(
+    "kwargs",
+    [dict(selective=True, carope=True), dict(selective=True, learnable_theta=True), dict(selective=True, phase="data")],
+)
 def test_gradients_reach_every_parameter(kwargs):
     m = make(dtype=torch.float32, **kwargs)
     y, s = m(x_of(2, 9, 12, torch.float32))
@@ -146,6 +161,58 @@ def test_gradcheck_through_the_scan():
     m = make(selective=True, carope=True, d_model=6, n_heads=1, head_dim=4)
     x = x_of(1, 5, 6).requires_grad_()
     assert torch.autograd.gradcheck(lambda t: m(t)[0], (x,), eps=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("phase_map", ["pi-sigmoid", "2pi-tanh"])
+def test_gradcheck_through_the_data_phase(phase_map):
+    m = make(selective=True, phase="data", phase_map=phase_map, d_model=6, n_heads=1, head_dim=4)
+    x = x_of(1, 5, 6).requires_grad_()
+    params = (m.data_phase.weight, m.data_phase.bias)
+    assert torch.autograd.gradcheck(lambda t, w, b: _with_phase(m, w, b)(t), (x, *params), eps=1e-6, atol=1e-7)
+
+
+def _with_phase(m, weight, bias):
+    """m's forward with the data-phase parameters given as inputs (so gradcheck differentiates them)."""
+    def run(x):
+        saved = m.data_phase.weight, m.data_phase.bias
+        del m.data_phase.weight, m.data_phase.bias
+        m.data_phase.weight, m.data_phase.bias = weight, bias
+        try:
+            return m(x)[0]
+        finally:
+            del m.data_phase.weight, m.data_phase.bias
+            m.data_phase.weight, m.data_phase.bias = saved
+    return run
+
+
+@pytest.mark.parametrize("phase_map", ["pi-sigmoid", "2pi-tanh"])
+def test_data_phase_starts_as_the_static_schedule_and_reaches_a_flip(phase_map):
+    torch.manual_seed(3)
+    static = VORecurrence(12, 3).double()
+    data = VORecurrence(12, 3, phase="data", phase_map=phase_map).double()
+    data.load_state_dict(static.state_dict(), strict=False)
+    data.data_phase.reset_parameters()  # the float64 inverse of the schedule (construction rounded it to float32)
+    x = x_of(2, 9, 12)
+    torch.testing.assert_close(data(x)[0], static(x)[0], rtol=1e-12, atol=1e-12)  # W = 0: θ_t = the schedule
+    with torch.no_grad():
+        data.data_phase.bias.fill_(30.0 if phase_map == "pi-sigmoid" else math.atanh(0.5))
+    torch.testing.assert_close(data.data_phase.increments(x), torch.full((2, 9, 3, 2), math.pi, dtype=torch.float64))
+
+
+def test_data_phase_through_the_triton_backend():
+    """The Triton scan (the interpreter on CPU) takes the per-token angles and gives the torch backend's
+    numbers and gradients (float32, so the tolerance is the kernels' float32 one)."""
+    pytest.importorskip("triton")
+    m = make(dtype=torch.float32, selective=True, phase="data", d_model=8, n_heads=2)
+    x = x_of(2, 7, 8, torch.float32).requires_grad_()
+    outs = {}
+    for backend in ("triton", "torch"):
+        m.scan_backend = backend
+        y, s = m(x)
+        grads = torch.autograd.grad((y.square().sum() + s.scan.sum()), (x, m.data_phase.weight))
+        outs[backend] = (y, s.scan, *grads)
+    for got, want in zip(outs["triton"], outs["torch"]):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5 * want.abs().max().item())
 
 
 def test_low_precision_keeps_dtype():
@@ -168,6 +235,9 @@ def test_low_precision_keeps_dtype():
         (dict(d_model=12, n_heads=2, gate_activation="tanh"), r"gate_activation: expected one of"),
         (dict(d_model=12, n_heads=2, conv_width=0), r"conv_width: expected a positive int"),
         (dict(d_model=12, n_heads=2, carope=True, learnable_theta=True), r"learnable_theta: has no effect with carope"),
+        (dict(d_model=12, n_heads=2, phase="dynamic"), r"phase: expected one of \('static', 'learned', 'carope', 'data'\), got 'dynamic'"),
+        (dict(d_model=12, n_heads=2, phase="data", phase_map="tanh"), r"phase_map: expected one of"),
+        (dict(d_model=12, n_heads=2, phase="data", carope=True), r"carope: means phase='carope' and contradicts phase='data'"),
     ],
 )
 def test_value_errors(kwargs, match):

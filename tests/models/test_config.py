@@ -28,7 +28,9 @@ from hybrid.models import PRESETS, SIZES, HybridConfig, HybridLM
         (dict(shared_kv=True, rope_placement="vo"), r"shared_kv: .*'vo'"),
         (dict(rnn_r_min=0.99, rnn_r_max=0.9), r"rnn_r_min, rnn_r_max: expected 0 < rnn_r_min <= rnn_r_max < 1"),
         (dict(rnn_r_max=1.0), r"rnn_r_min, rnn_r_max"),
-        (dict(carope=True, rnn_learnable_theta=True), r"rnn_learnable_theta: has no effect with carope=True"),
+        (dict(rnn_phase="dynamic"), r"rnn_phase: expected one of \('static', 'learned', 'carope', 'data'\) or None, got 'dynamic'"),
+        (dict(rnn_phase_map="sigmoid"), r"rnn_phase_map: expected one of \('pi-sigmoid', '2pi-tanh'\), got 'sigmoid'"),
+        (dict(rnn_phase="carope", rope_scaling={"rope_type": "linear", "factor": 2.0}), r"rnn_phase: CARoPE has no"),
         (dict(carope=True, rope_scaling={"rope_type": "linear", "factor": 2.0}), r"carope: CARoPE has no context-extension"),
         (dict(carope=True, rope_placement="none"), r"carope: rope_placement='none'"),
         (dict(dtype="float8"), r"dtype: expected one of"),
@@ -88,3 +90,25 @@ def test_dict_round_trip_and_unknown_keys():
     assert c.replace(window=8).window == 8
     with pytest.raises(ValueError, match=r"unknown field"):
         c.replace(depth=2)
+
+
+def test_rnn_phase_default_follows_carope():
+    assert HybridConfig().resolved_rnn_phase == "static"
+    assert HybridConfig(carope=True).resolved_rnn_phase == "carope"
+    assert HybridConfig(carope=True, rnn_phase="data").resolved_rnn_phase == "data"
+    assert HybridConfig(rnn_phase="learned").resolved_rnn_phase == "learned"
+
+
+def test_old_configs_with_rnn_learnable_theta_still_load():
+    old = HybridConfig.preset("vo-rnn").to_dict()
+    del old["rnn_phase"], old["rnn_phase_map"]  # a config saved before rnn_phase existed
+    assert HybridConfig.from_dict({**old, "rnn_learnable_theta": True}).resolved_rnn_phase == "learned"
+    assert HybridConfig.from_dict({**old, "rnn_learnable_theta": False}).resolved_rnn_phase == "static"
+    with pytest.raises(ValueError, match=r"rnn_learnable_theta: has no effect with carope=True"):
+        HybridConfig.from_dict({**old, "rnn_learnable_theta": True, "carope": True})
+    with pytest.raises(ValueError, match=r"rnn_learnable_theta: contradicts rnn_phase='data'"):
+        HybridConfig.from_dict({**old, "rnn_learnable_theta": True, "rnn_phase": "data"})
+    # the weights of an old learnable-theta model load into the model the upgraded config builds
+    torch.manual_seed(0)
+    model = HybridLM(HybridConfig.from_dict({**old, "d_model": 16, "n_heads": 2, "n_layers": 1, "rnn_learnable_theta": True}))
+    assert "blocks.0.mixer.theta" in model.state_dict()

@@ -34,8 +34,9 @@ def random_config(rng: random.Random) -> HybridConfig:
         rope_layout=rng.choice(["interleaved", "half"]),
         carope=carope,
         rnn_selective=rng.random() < 0.5,
-        rnn_learnable_theta=not carope and rng.random() < 0.3,
-        retention_chunk=rng.choice([3, 7, 64]),  # drawn last: the other fields keep their draws
+        rnn_phase=rng.choice([None, "learned", "carope", "data"]),
+        rnn_phase_map=rng.choice(["pi-sigmoid", "2pi-tanh"]),
+        retention_chunk=rng.choice([3, 7, 64]),
     )
 
 
