@@ -1,0 +1,115 @@
+"""``hybrid-synthetic`` (= ``python -m hybrid.train.tasks``): one model on one task, or a whole suite.
+
+User errors print one line, ``hybrid-synthetic: error: …``, and exit 2.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+from hybrid.models import PRESETS
+
+from ..cli import _Parser, _positive_int, _set_pair
+from ..suite import markdown_table, parse_int_list, parse_name_list
+from . import TASK_NAMES, make_task
+from .suite import BUDGETS, MODELS, SUITES, budget_for, run_synthetic_suite, task_params
+from .train import TaskRunConfig, train_task
+
+EPILOG = """\
+examples:
+  hybrid-synthetic --task parity --preset vo-rnn --set rnn_phase='"data"' --out runs/parity-data
+  hybrid-synthetic --suite state-tracking --budget cpu --out runs/synth
+  hybrid-synthetic --suite all --budget smoke --out runs/synth-smoke      # every task and model in seconds
+  hybrid-synthetic --suite mqar --budget cpu --models transformer,vo-rnn-data --seeds 0,1 --out runs/mqar
+
+models of a suite: """ + ", ".join(MODELS) + """
+outputs: a run directory per task/model/lr/seed (checkpoint/, task.json, results.json, metrics.jsonl);
+a suite adds results.jsonl (one record per finished run; a second invocation resumes) and report.md + PNGs
+"""
+
+
+def parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="hybrid-synthetic", epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
+                description="Synthetic capability tasks: parity and modular arithmetic (state tracking), MQAR "
+                            "(associative recall). Train one model on one task, or run a suite of models.")
+    what = p.add_mutually_exclusive_group(required=True)
+    what.add_argument("--task", choices=TASK_NAMES, help="train one model on this task")
+    what.add_argument("--suite", choices=sorted(SUITES), help="run every model of the budget on these tasks")
+    p.add_argument("--budget", choices=list(BUDGETS), default="cpu",
+                   help="sizes, steps, lengths, seeds and learning rates (default: cpu)")
+    p.add_argument("--out", required=True, help="the run directory (--task) or the suite directory (--suite)")
+    p.add_argument("--steps", type=_positive_int, help="optimizer steps per run (overrides the budget)")
+    p.add_argument("--seq-len", type=_positive_int, help="longest training length (overrides the budget)")
+    p.add_argument("--seeds", help="comma-separated seeds, e.g. 0,1,2 (overrides the budget)")
+    p.add_argument("--models", help="comma-separated suite models (overrides the budget): " + ", ".join(MODELS))
+    p.add_argument("--device", default="auto", help="auto (cuda when available), cpu, cuda, cuda:N")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    g = p.add_argument_group("one run (--task)")
+    g.add_argument("--preset", choices=sorted(PRESETS), default="vo-rnn", help="architecture (default: vo-rnn)")
+    g.add_argument("--set", dest="sets", metavar="KEY=VALUE", type=_set_pair, action="append", default=[],
+                   help="any HybridConfig field, VALUE parsed as JSON (e.g. --set rnn_phase='\"data\"'); the "
+                        "budget sets d_model, n_layers and n_heads; repeatable")
+    g.add_argument("--lr", type=float, help="learning rate (default: the largest of the budget's grid)")
+    g.add_argument("--batch-size", type=_positive_int, help="sequences per step (default: the budget's)")
+    return p
+
+
+def _one_run(args, budget) -> int:
+    seed = budget.seeds[0]
+    model = {"d_model": budget.d_model, "n_layers": budget.n_layers, "n_heads": budget.n_heads, **dict(args.sets)}
+    config = TaskRunConfig(task=args.task, task_params=task_params(budget, args.task), preset=args.preset,
+                           model=model, steps=budget.steps, batch_size=args.batch_size or budget.batch_size,
+                           lr=args.lr if args.lr is not None else max(budget.lrs), seed=seed,
+                           eval_size=budget.eval_size, device=args.device)
+    config.model_config(make_task(config.task, **config.task_params))  # a bad --set fails here, before training
+    print(budget.describe())
+    print(f"run: {json.dumps(config.to_dict())}")
+    bar = None
+    if not args.quiet:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=config.steps, desc=args.task, unit="step", dynamic_ncols=True)
+    try:
+        results = train_task(config, args.out, on_step=(lambda s, loss: (bar.update(1), bar.set_postfix(loss=f"{loss:.4f}")))
+                             if bar is not None else None)
+    finally:
+        if bar is not None:
+            bar.close()
+    points = list(results["accuracy"])
+    print(markdown_table(["", "valid"] + points,
+                         [["accuracy", f"{results['valid_accuracy']:.4f}"] + [f"{results['accuracy'][p]:.4f}" for p in points],
+                          ["scaled", ""] + [f"{results['scaled_accuracy'][p]:.4f}" for p in points]]))
+    print(f"status {results['status']}; results in {Path(args.out) / 'results.json'}")
+    return 0 if results["status"] == "finished" else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = parser()
+    args = p.parse_args(argv)
+    try:
+        seeds = parse_int_list(args.seeds) if args.seeds is not None else None
+        models = parse_name_list(args.models) if args.models is not None else None
+        budget = budget_for(args.budget, steps=args.steps, seq_len=args.seq_len, seeds=seeds, models=models)
+        if args.suite is not None:
+            if args.sets or args.lr is not None or args.batch_size is not None:
+                raise ValueError("--set, --lr and --batch-size: apply to one run (--task); a suite takes its "
+                                 "models, rates and batch from the budget")
+            print(budget.describe(), flush=True)
+            report = run_synthetic_suite(args.suite, budget, args.out, device=args.device, verbose=not args.quiet)
+            print(f"report: {report}")
+            return 0
+        return _one_run(args, budget)
+    except (ValueError, FileNotFoundError) as e:
+        if os.environ.get("HYBRID_TRACEBACK"):
+            raise
+        p.exit(2, f"{p.prog}: error: {e}\n")
+    except KeyboardInterrupt:
+        print(f"{p.prog}: interrupted; run the same command again to resume", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,103 @@
+"""Multi-query associative recall (MQAR), as Zoology defines it (Arora et al., arXiv 2312.04927).
+
+A sequence of length L holds ``pairs`` key-value pairs, then the queries:
+
+    k_1 v_1 k_2 v_2 … k_p v_p  |  x x k_3 x x x k_1 x …      labels: the value of k_i AT the query k_i
+
+- keys are drawn without replacement from the lower half of the vocabulary (``1 … V/2 − 1``), values without
+  replacement from the upper half (``V/2 … V − 1``);
+- every key is queried once, in a random order; query i sits at ``2·p + 2·g_i`` where the gaps ``g_i`` are drawn
+  without replacement from ``0 … (L − 2p)/2 − 1`` with probability ``∝ a·j^(a−1)`` (j = g + 1, a = 0.01): a
+  power law that puts most queries close to the pairs and some far away;
+- every other position after the pairs holds a uniformly random token; only the queries are labelled.
+
+The grid points are named ``"{L}x{pairs}"``; ``train_batch`` draws each batch at one grid point, chosen at random.
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from .base import IGNORE, Batch, Task
+
+ZOOLOGY_GRID = ((64, 4), (128, 8), (256, 16))
+POWER_A = 0.01
+
+
+def point_name(length: int, pairs: int) -> str:
+    return f"{length}x{pairs}"
+
+
+def parse_point(point: str) -> tuple[int, int]:
+    try:
+        length, pairs = (int(v) for v in point.split("x"))
+    except ValueError:
+        raise ValueError(f"point: expected 'LENGTHxPAIRS' (e.g. '64x4'), got {point!r}") from None
+    return length, pairs
+
+
+class MQAR(Task):
+    name = "mqar"
+    score = "all"
+
+    def __init__(self, grid=ZOOLOGY_GRID, vocab_size: int = 8192, power_a: float = POWER_A):
+        self.grid = tuple((int(L), int(p)) for L, p in grid)
+        if not self.grid:
+            raise ValueError("grid: expected at least one (length, pairs) point, got none")
+        if isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or vocab_size < 8 or vocab_size % 2:
+            raise ValueError(f"vocab_size: expected an even int >= 8, got {vocab_size!r}")
+        for L, p in self.grid:
+            if p < 1 or L % 2 or 4 * p > L:
+                raise ValueError(f"grid: expected even lengths with 1 <= 4·pairs <= length, got ({L}, {p})")
+            if p > vocab_size // 2 - 1:
+                raise ValueError(f"vocab_size: {vocab_size} has only {vocab_size // 2 - 1} keys, got pairs={p}")
+        if not 0.0 < power_a < 1.0:
+            raise ValueError(f"power_a: expected a number in (0, 1), got {power_a!r}")
+        self.V, self.power_a = vocab_size, float(power_a)
+        self.chance = 2.0 / vocab_size  # a uniform guess among the values
+        # tokens are their own ids; the key/value halves and <pad> are named in task.json's params
+        self.tokens = {str(i): i for i in range(vocab_size)}
+
+    @property
+    def pad_id(self) -> int:
+        return 0  # never used: every MQAR sequence at a grid point has the same length
+
+    def params(self) -> dict:
+        return {"grid": [list(p) for p in self.grid], "vocab_size": self.V, "power_a": self.power_a}
+
+    def describe(self) -> dict:
+        return {"sequence": "k_1 v_1 … k_p v_p, then queries among random tokens", "tokens": "a token is its id",
+                "keys": [1, self.V // 2 - 1], "values": [self.V // 2, self.V - 1], "label_at": "each query key",
+                "queries": "at 2·pairs + 2·gap, gaps without replacement, P(gap) ∝ a·(gap + 1)^(a − 1)"}
+
+    def test_points(self) -> list[str]:
+        return [point_name(L, p) for L, p in self.grid]
+
+    def gap_probabilities(self, length: int, pairs: int) -> np.ndarray:
+        space = (length - 2 * pairs) // 2
+        j = np.arange(1, space + 1, dtype=np.float64)
+        p = self.power_a * j ** (self.power_a - 1.0)
+        return p / p.sum()
+
+    def sample(self, length: int, pairs: int, n: int, rng: np.random.Generator) -> Batch:
+        half = self.V // 2
+        keys = np.stack([rng.choice(np.arange(1, half), size=pairs, replace=False) for _ in range(n)])  # (n, p)
+        values = np.stack([rng.choice(np.arange(half, self.V), size=pairs, replace=False) for _ in range(n)])
+        probs = self.gap_probabilities(length, pairs)
+        gaps = np.stack([rng.choice(len(probs), size=pairs, replace=False, p=probs) for _ in range(n)])  # (n, p)
+        ids = rng.integers(0, self.V, size=(n, length))  # the filler; pairs and queries overwrite it
+        ids[:, 0 : 2 * pairs : 2], ids[:, 1 : 2 * pairs : 2] = keys, values
+        labels = np.full((n, length), IGNORE, dtype=np.int64)
+        query_pos = 2 * pairs + 2 * gaps  # (n, p): key i is queried at query_pos[:, i]
+        rows = np.arange(n)[:, None]
+        ids[rows, query_pos] = keys
+        labels[rows, query_pos] = values
+        return Batch(torch.from_numpy(ids.astype(np.int64)), torch.from_numpy(labels))
+
+    def train_batch(self, batch_size: int, rng: np.random.Generator) -> Batch:
+        L, p = self.grid[int(rng.integers(0, len(self.grid)))]
+        return self.sample(L, p, batch_size, rng)
+
+    def test_batch(self, point: str, batch_size: int, rng: np.random.Generator) -> Batch:
+        L, p = parse_point(point)
+        return self.sample(L, p, batch_size, rng)

@@ -1,0 +1,193 @@
+"""The synthetic suites: which models, which tasks, which budgets, and the report.
+
+Suites: ``state-tracking`` (parity, mod5, mod5-brackets), ``mqar`` (the Zoology grid at two widths), ``all``.
+Every model runs every learning rate of the budget's grid and every seed; the report keeps, per task and model,
+the learning rate with the best in-distribution (validation) accuracy, as the papers pick the best of a grid.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from pathlib import Path
+
+from ..suite import Budget, RunSpec, fmt_mean_std, markdown_table, mean_std, plot_lines, run_suite, write_report
+from .train import TaskRunConfig, train_task
+
+# model name -> (preset, HybridConfig overrides)
+MODELS = {
+    "transformer": ("transformer", {}),
+    "retnet": ("retnet", {}),
+    "vo-rnn": ("vo-rnn", {"rnn_phase": "static"}),
+    "vo-rnn-data": ("vo-rnn", {"rnn_phase": "data"}),
+    "vo-rnn-data-selective": ("vo-rnn", {"rnn_phase": "data", "rnn_selective": True}),
+    "hybrid": ("hybrid", {}),
+    "hybrid-data": ("hybrid", {"rnn_phase": "data"}),
+}
+SUITES = {"state-tracking": ("parity", "mod5", "mod5-brackets"), "mqar": ("mqar",)}
+SUITES["all"] = SUITES["state-tracking"] + SUITES["mqar"]
+
+ALL = tuple(MODELS)
+SMOKE_TASKS = {"state": {"train_lengths": [3, 10], "test_lengths": [10, 20]},
+               "mqar": {"grid": [[16, 2], [32, 4]], "vocab_size": 32}}
+BUDGETS = {
+    # seconds on a 2-core CPU, for the tests: every model, tiny everything
+    "smoke": Budget(name="smoke", models=ALL, steps=3, seq_len=10, seeds=(0,), batch_size=4, d_model=16,
+                    n_layers=1, n_heads=2, lrs=(3e-3,), eval_size=8,
+                    extra={"task_params": SMOKE_TASKS, "mqar_widths": [16]}),
+    # state tracking ≈ 30 min and MQAR ≈ 60 min on a 2-core CPU (one seed, a two-point learning-rate grid)
+    "cpu": Budget(name="cpu", models=ALL, steps=600, seq_len=40, seeds=(0,), batch_size=64, d_model=64,
+                  n_layers=2, n_heads=2, lrs=(1e-3, 3e-3), eval_size=256,
+                  extra={"task_params": {"mqar": {"vocab_size": 512}}, "mqar_widths": [64, 128],
+                         "mqar_steps": 1500}),
+    # about one GPU-hour: three seeds, a wider grid, Zoology's vocabulary
+    "gpu": Budget(name="gpu", models=ALL, steps=4000, seq_len=40, seeds=(0, 1, 2), batch_size=128, d_model=128,
+                  n_layers=2, n_heads=4, lrs=(3e-4, 1e-3, 3e-3), eval_size=1024,
+                  extra={"task_params": {"mqar": {"vocab_size": 8192}}, "mqar_widths": [64, 128],
+                         "mqar_steps": 8000}),
+}
+
+
+def budget_for(name: str, *, steps=None, seq_len=None, seeds=None, models=None) -> Budget:
+    """The named budget with the command line's overrides; ``steps`` sets every task's steps (MQAR's too)."""
+    if name not in BUDGETS:
+        raise ValueError(f"budget: expected one of {list(BUDGETS)}, got {name!r}")
+    budget = BUDGETS[name].override(steps=steps, seq_len=seq_len, seeds=seeds, models=models, known_models=MODELS)
+    if steps is not None and "mqar_steps" in budget.extra:
+        budget = dataclasses.replace(budget, extra={k: v for k, v in budget.extra.items() if k != "mqar_steps"})
+    return budget
+
+
+def task_params(budget: Budget, task: str) -> dict:
+    """The generator parameters a budget sets for ``task``; ``seq_len`` is the longest training length."""
+    given = budget.extra.get("task_params", {})
+    if task == "mqar":
+        return dict(given.get("mqar", {}))
+    params = dict(given.get("state", {}))
+    lo, hi = params.get("train_lengths", [3, 40])
+    if budget.seq_len != hi:  # --seq-len moves the longest training length
+        params["train_lengths"] = [min(lo, budget.seq_len), budget.seq_len]
+    return params
+
+
+def lr_name(lr: float) -> str:
+    return f"lr{lr:g}"
+
+
+def build_specs(suite: str, budget: Budget, *, device: str = "auto") -> list[RunSpec]:
+    """Every run of ``suite`` under ``budget``: task × (width) × model × lr × seed."""
+    if suite not in SUITES:
+        raise ValueError(f"suite: expected one of {sorted(SUITES)}, got {suite!r}")
+    specs = []
+    for task in SUITES[suite]:
+        widths = budget.extra.get("mqar_widths", [budget.d_model]) if task == "mqar" else [budget.d_model]
+        steps = budget.extra.get("mqar_steps", budget.steps) if task == "mqar" else budget.steps
+        for width in widths:
+            task_label = f"{task}-d{width}" if task == "mqar" else task
+            for model in budget.models:
+                preset, overrides = MODELS[model]
+                shape = {"d_model": width, "n_layers": budget.n_layers, "n_heads": budget.n_heads}
+                for lr in budget.lrs:
+                    for seed in budget.seeds:
+                        config = TaskRunConfig(
+                            task=task, task_params=task_params(budget, task), preset=preset,
+                            model={**shape, **overrides}, steps=steps, batch_size=budget.batch_size, lr=lr,
+                            seed=seed, eval_size=budget.eval_size, device=device,
+                        )
+                        specs.append(RunSpec(run=f"{task_label}/{model}/{lr_name(lr)}/seed{seed}", model=model,
+                                             seed=seed, steps=steps,
+                                             config={"task_label": task_label, **config.to_dict()}))
+    return specs
+
+
+def execute(spec: RunSpec, run_dir: Path, advance) -> dict:
+    config = TaskRunConfig(**{k: v for k, v in spec.config.items() if k != "task_label"})
+    return train_task(config, run_dir, on_step=lambda step, loss: advance(1))
+
+
+# ---------------------------------------------------------------------------------------------------- report
+
+
+def _best_lr(records: list[dict]) -> float:
+    """The learning rate whose seeds have the best mean validation accuracy (ties: the lower validation loss)."""
+    by_lr: dict[float, list[dict]] = {}
+    for r in records:
+        by_lr.setdefault(r["config"]["lr"], []).append(r["metrics"])
+
+    def key(lr):
+        acc, _ = mean_std(m["valid_accuracy"] for m in by_lr[lr])
+        loss, _ = mean_std(m["valid_loss"] for m in by_lr[lr])
+        return (-(acc if math.isfinite(acc) else -1.0), loss if math.isfinite(loss) else math.inf)
+
+    return min(by_lr, key=key)
+
+
+def summarise(records: list[dict]) -> dict:
+    """{task_label: {model: {"lr", "records"}}} with the best learning rate's records per model."""
+    grouped: dict[str, dict[str, list[dict]]] = {}
+    for r in records:
+        grouped.setdefault(r["config"]["task_label"], {}).setdefault(r["model"], []).append(r)
+    out = {}
+    for task_label, models in grouped.items():
+        out[task_label] = {}
+        for model, recs in models.items():
+            lr = _best_lr(recs)
+            out[task_label][model] = {"lr": lr, "records": [r for r in recs if r["config"]["lr"] == lr]}
+    return out
+
+
+def write_suite_report(out, suite: str, budget: Budget, records: list[dict]) -> Path:
+    out = Path(out)
+    summary = summarise(records)
+    sections = [
+        f"Suite `{suite}`, budget `{budget.name}`: {len(records)} runs, "
+        f"{len(budget.seeds)} seed(s), learning-rate grid {', '.join(f'{v:g}' for v in budget.lrs)} "
+        "(each row keeps the rate with the best validation accuracy, i.e. accuracy on fresh sequences of the "
+        "training distribution, as the papers report the best of a small grid).",
+        "```\n" + budget.describe() + "\n```",
+    ]
+    commits = sorted({r.get("commit", "unknown") for r in records})
+    machines = sorted({str(r.get("machine", {}).get("gpu") or r.get("machine", {}).get("platform")) for r in records})
+    sections.append(f"Commit(s): {', '.join(commits)}. Machine(s): {', '.join(machines)}.")
+    for task_label, models in summary.items():
+        any_metrics = next(iter(models.values()))["records"][0]["metrics"]
+        points = list(any_metrics["accuracy"])
+        chance = any_metrics["chance"]
+        where = "every query" if any_metrics["score"] == "all" else "the last labelled position"
+        headers = ["model", "lr", "valid acc"] + [f"acc@{p}" for p in points] + [f"scaled@{points[-1]}"]
+        rows, series = [], {}
+        for model in [m for m in MODELS if m in models]:
+            recs = [r["metrics"] for r in models[model]["records"]]
+            row = [model, f"{models[model]['lr']:g}", fmt_mean_std([m["valid_accuracy"] for m in recs])]
+            row += [fmt_mean_std([m["accuracy"][p] for m in recs]) for p in points]
+            row.append(fmt_mean_std([m["scaled_accuracy"][points[-1]] for m in recs]))
+            rows.append(row)
+            xs = [int(p.split("x")[0]) for p in points]
+            stats = [mean_std(m["accuracy"][p] for m in recs) for p in points]
+            series[model] = (xs, [s[0] for s in stats], [s[1] for s in stats])
+        plot = f"{task_label}.png"
+        plot_lines(out / plot, series, xlabel="test length", ylabel="accuracy", title=task_label, logx=True,
+                   hline=chance)
+        sections += [
+            f"## {task_label}",
+            f"Accuracy at {where}; chance {chance:.3g}; scaled = (acc − chance) / (1 − chance) "
+            "(Grazzi et al.: 1 perfect, 0 chance).",
+            markdown_table(headers, rows),
+            f"![{task_label}]({plot})",
+        ]
+    all_rows = []
+    for r in records:
+        m = r["metrics"]
+        last = list(m["accuracy"])[-1]
+        all_rows.append([r["config"]["task_label"], r["model"], f"{r['config']['lr']:g}", r["seed"], m["status"],
+                         f"{m['final_loss']:.4f}", f"{m['valid_accuracy']:.3f}", f"{m['accuracy'][last]:.3f}",
+                         f"{r['seconds']:.0f}"])
+    sections += ["## Every run", markdown_table(
+        ["task", "model", "lr", "seed", "status", "final loss", "valid acc", "acc@last", "seconds"], all_rows)]
+    return write_report(out / "report.md", f"# Synthetic capability suite: {suite}", sections)
+
+
+def run_synthetic_suite(suite: str, budget: Budget, out, *, device: str = "auto", verbose: bool = True) -> Path:
+    """Run (or resume) the suite and write ``report.md``; returns its path."""
+    specs = build_specs(suite, budget, device=device)
+    records = run_suite(out, specs, execute, suite=suite, verbose=verbose)
+    return write_suite_report(out, suite, budget, records)

@@ -1,0 +1,196 @@
+"""Train one model on one synthetic task and score it: a small loop for labels at chosen positions.
+
+    result = train_task(TaskRunConfig(task="parity", preset="vo-rnn", model={"rnn_phase": "data"}), "runs/p")
+
+The loss is the cross-entropy at the labelled positions only (the model predicts ``labels[t]`` from position t's
+output). Training data depends on the seed only, so every model of a suite sees the same sequences in the same
+order; test data is the same for every model and seed (``TEST_SEED``).
+
+The run directory holds ``checkpoint/`` (``hybrid.train.checkpoint.load_checkpoint`` opens it; the task and this
+config ride in its ``extra``), ``task.json`` (the token map), ``results.json`` (accuracy per test point) and
+``metrics.jsonl`` (the loss curve).
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from hybrid.models import PRESETS, SIZES, HybridConfig, HybridLM
+
+from ..checkpoint import load_checkpoint, save_checkpoint
+from ..optim import build_optimizer
+from ..schedule import warmup_cosine
+from . import make_task
+from .base import IGNORE, Batch, Task, rng_of, scaled_accuracy
+
+TEST_SEED = 1_000_003
+VALID_SEED = 2_000_003
+TASK_FILE, RESULTS_FILE, METRICS_FILE = "task.json", "results.json", "metrics.jsonl"
+
+
+@dataclass
+class TaskRunConfig:
+    """One training run on one task. ``model`` overrides any HybridConfig field of the preset at ``size``."""
+
+    task: str = "parity"
+    task_params: dict = field(default_factory=dict)
+    preset: str = "vo-rnn"
+    size: str = "tiny"
+    model: dict = field(default_factory=dict)
+    steps: int = 1000
+    batch_size: int = 64
+    lr: float = 1e-3
+    weight_decay: float = 0.1
+    warmup: int | None = None  # None = min(100, steps // 10)
+    grad_clip: float | None = 1.0
+    seed: int = 0
+    eval_size: int = 512  # test sequences per test point
+    log_every: int = 25
+    device: str = "auto"
+
+    def __post_init__(self):
+        if self.preset not in PRESETS:
+            raise ValueError(f"preset: expected one of {sorted(PRESETS)}, got {self.preset!r}")
+        if self.size not in SIZES:
+            raise ValueError(f"size: expected one of {list(SIZES)}, got {self.size!r}")
+        for name in ("steps", "batch_size", "eval_size", "log_every"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"{name}: expected a positive int, got {v!r}")
+        if not (isinstance(self.lr, (int, float)) and math.isfinite(self.lr) and self.lr > 0):
+            raise ValueError(f"lr: expected a positive number, got {self.lr!r}")
+        if self.warmup is None:
+            self.warmup = min(100, self.steps // 10)
+        if isinstance(self.warmup, bool) or not isinstance(self.warmup, int) or not 0 <= self.warmup <= self.steps:
+            raise ValueError(f"warmup: expected an int in [0, steps={self.steps}], got {self.warmup!r}")
+        make_task(self.task, **self.task_params)  # validates the task and its parameters
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    def model_config(self, task: Task) -> HybridConfig:
+        overrides = {"vocab_size": task.vocab_size, **self.model}
+        return HybridConfig.preset(self.preset, self.size, **overrides)
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+def masked_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Mean cross-entropy over the labelled positions. logits ``(N, T, V)``, labels ``(N, T)``."""
+    return F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(), ignore_index=IGNORE)
+
+
+def scored_positions(labels: torch.Tensor, score: str) -> torch.Tensor:
+    """Boolean ``(N, T)``: every labelled position ("all"), or the last labelled one of each row ("last")."""
+    labelled = labels != IGNORE
+    if score == "all":
+        return labelled
+    last = labelled.size(1) - 1 - labelled.flip(1).int().argmax(1)  # (N,) index of the last labelled position
+    mask = torch.zeros_like(labelled)
+    mask[torch.arange(labels.size(0)), last] = True
+    return mask & labelled
+
+
+@torch.no_grad()
+def accuracy(model: HybridLM, batch: Batch, score: str, device: torch.device, chunk: int = 128) -> tuple[float, float]:
+    """(accuracy at the scored positions, mean loss at the labelled ones) of ``model`` on ``batch``."""
+    hits = total = 0
+    loss_sum = loss_n = 0.0
+    for start in range(0, batch.ids.size(0), chunk):
+        ids = batch.ids[start : start + chunk].to(device)
+        labels = batch.labels[start : start + chunk].to(device)
+        logits, _ = model(ids)  # (n, T, V)
+        mask = scored_positions(labels, score)
+        hits += int((logits.argmax(-1) == labels)[mask].sum())
+        total += int(mask.sum())
+        n_labelled = int((labels != IGNORE).sum())
+        loss_sum += float(masked_loss(logits, labels)) * n_labelled
+        loss_n += n_labelled
+    return hits / max(total, 1), loss_sum / max(loss_n, 1)
+
+
+def evaluate_task(model: HybridLM, task: Task, eval_size: int, device: torch.device) -> dict:
+    """Accuracy (raw and scaled) at every test point, on the shared test sequences."""
+    model.eval()
+    out = {"accuracy": {}, "scaled_accuracy": {}, "test_loss": {}}
+    for i, point in enumerate(task.test_points()):
+        acc, loss = accuracy(model, task.test_batch(point, eval_size, rng_of(TEST_SEED + i)), task.score, device)
+        out["accuracy"][point] = acc
+        out["scaled_accuracy"][point] = scaled_accuracy(acc, task.chance)
+        out["test_loss"][point] = loss
+    return out
+
+
+def train_task(config: TaskRunConfig, out, *, on_step=None) -> dict:
+    """Train, score and save into ``out``; returns the results (also written to ``out/results.json``).
+
+    ``on_step(step, loss)`` is called after every optimizer step (progress bars).
+    """
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    task = make_task(config.task, **config.task_params)
+    (out / TASK_FILE).write_text(json.dumps(task.to_json(), indent=1))
+    device = resolve_device(config.device)
+    torch.manual_seed(config.seed)
+    model_config = config.model_config(task)
+    model = HybridLM(model_config).to(device)
+    optimizer = build_optimizer(model, lr=config.lr, weight_decay=config.weight_decay)
+    scheduler = warmup_cosine(optimizer, warmup=config.warmup, total=config.steps)
+    rng = rng_of(config.seed)
+    start, status, loss_value = time.perf_counter(), "finished", float("nan")
+    with open(out / METRICS_FILE, "w") as metrics:
+        for step in range(1, config.steps + 1):
+            model.train()
+            batch = task.train_batch(config.batch_size, rng)
+            logits, _ = model(batch.ids.to(device))
+            loss = masked_loss(logits, batch.labels.to(device))
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            if config.grad_clip:
+                torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
+            optimizer.step()
+            scheduler.step()
+            loss_value = loss.detach().item()
+            if not math.isfinite(loss_value):
+                status = "diverged"
+                break
+            if step % config.log_every == 0 or step == config.steps:
+                metrics.write(json.dumps({"step": step, "loss": loss_value, "lr": scheduler.get_last_lr()[0]}) + "\n")
+            if on_step is not None:
+                on_step(step, loss_value)
+    train_seconds = time.perf_counter() - start
+    model.eval()
+    valid_acc, valid_loss = accuracy(model, task.train_batch(config.eval_size, rng_of(VALID_SEED)), "all", device)
+    results = {
+        "task": task.name, "status": status, "steps": step, "final_loss": loss_value,
+        "valid_accuracy": valid_acc, "valid_loss": valid_loss, "chance": task.chance, "score": task.score,
+        **evaluate_task(model, task, config.eval_size, device),
+        "train_seconds": train_seconds, "parameters": model.num_parameters(exclude_embeddings=True),
+        "device": str(device),
+    }
+    save_checkpoint(out, model_state=model.state_dict(), config=model_config.to_dict(), optimizer_state=None,
+                    scheduler_state=None, rng_state=None, data_state=None, step=step,
+                    extra={"task": task.to_json(), "task_run": config.to_dict()})
+    (out / RESULTS_FILE).write_text(json.dumps(results, indent=1))
+    return results
+
+
+def load_task_run(run_dir, device: str | torch.device = "cpu") -> tuple[HybridLM, Task]:
+    """The trained model (eval mode) and the task of a ``train_task`` run directory."""
+    ckpt = load_checkpoint(run_dir)
+    spec = json.loads((Path(run_dir) / TASK_FILE).read_text())
+    task = make_task(spec["task"], **spec["params"])
+    model = HybridLM(HybridConfig.from_dict(ckpt.config))
+    model.load_state_dict(ckpt.model_state)
+    return model.to(device).eval(), task
