@@ -27,21 +27,22 @@ SUITES = {"state-tracking": ("parity", "mod5", "mod5-brackets"), "mqar": ("mqar"
 SUITES["all"] = SUITES["state-tracking"] + SUITES["mqar"]
 
 ALL = tuple(MODELS)
+# Three layers everywhere: the hybrid's pattern "RRA" needs three to hold an attention layer.
 SMOKE_TASKS = {"state": {"train_lengths": [3, 10], "test_lengths": [10, 20]},
                "mqar": {"grid": [[16, 2], [32, 4]], "vocab_size": 32}}
 BUDGETS = {
     # seconds on a 2-core CPU, for the tests: every model, tiny everything
     "smoke": Budget(name="smoke", models=ALL, steps=3, seq_len=10, seeds=(0,), batch_size=4, d_model=16,
-                    n_layers=1, n_heads=2, lrs=(3e-3,), eval_size=8,
+                    n_layers=3, n_heads=2, lrs=(3e-3,), eval_size=8,
                     extra={"task_params": SMOKE_TASKS, "mqar_widths": [16]}),
     # state tracking ≈ 30 min and MQAR ≈ 60 min on a 2-core CPU (one seed, a two-point learning-rate grid)
     "cpu": Budget(name="cpu", models=ALL, steps=600, seq_len=40, seeds=(0,), batch_size=64, d_model=64,
-                  n_layers=2, n_heads=2, lrs=(1e-3, 3e-3), eval_size=256,
+                  n_layers=3, n_heads=2, lrs=(1e-3, 3e-3), eval_size=256,
                   extra={"task_params": {"mqar": {"vocab_size": 512}}, "mqar_widths": [64, 128],
                          "mqar_steps": 1500}),
     # about one GPU-hour: three seeds, a wider grid, Zoology's vocabulary
     "gpu": Budget(name="gpu", models=ALL, steps=4000, seq_len=40, seeds=(0, 1, 2), batch_size=128, d_model=128,
-                  n_layers=2, n_heads=4, lrs=(3e-4, 1e-3, 3e-3), eval_size=1024,
+                  n_layers=3, n_heads=4, lrs=(3e-4, 1e-3, 3e-3), eval_size=1024,
                   extra={"task_params": {"mqar": {"vocab_size": 8192}}, "mqar_widths": [64, 128],
                          "mqar_steps": 8000}),
 }
