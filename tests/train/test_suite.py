@@ -177,3 +177,21 @@ def test_command_line_errors_are_one_line(tmp_path, capsys, argv, message):
     assert e.value.code == 2
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_report_picks_the_best_rate_and_states_the_target(tmp_path):
+    from hybrid.train.tasks.suite import write_suite_report
+
+    def record(model, lr, valid, acc256):
+        return {"run": f"parity/{model}/{lr}", "model": model, "seed": 0, "seconds": 1.0,
+                "config": {"task_label": "parity", "lr": lr},
+                "metrics": {"status": "finished", "final_loss": 0.1, "valid_accuracy": valid, "valid_loss": 1 - valid,
+                            "chance": 0.5, "score": "last", "accuracy": {"40": valid, "256": acc256},
+                            "scaled_accuracy": {"40": 2 * valid - 1, "256": 2 * acc256 - 1}}}
+
+    records = [record("vo-rnn-data", 1e-3, 0.8, 0.99), record("vo-rnn-data", 3e-3, 1.0, 0.9), record("vo-rnn", 1e-3, 0.6, 0.5)]
+    text = write_suite_report(tmp_path, "state-tracking", BUDGETS["cpu"], records).read_text()
+    assert "| vo-rnn-data | 0.003 | 1.000 | 1.000 | 0.900 | 0.800 |" in text  # the rate with the best validation
+    assert "- Target: vo-rnn-data ≥ 0.99 accuracy at length 256: 0.900, missed by 0.090." in text
+    assert "vo-rnn-data-selective ≥" not in text  # no runs, no line
+    assert (tmp_path / "parity.png").read_bytes()[:8] == PNG_MAGIC

@@ -15,7 +15,7 @@ from hybrid.models import PRESETS
 from ..cli import _Parser, _positive_int, _set_pair
 from ..suite import markdown_table, parse_int_list, parse_name_list
 from . import TASK_NAMES, make_task
-from .suite import BUDGETS, MODELS, SUITES, budget_for, run_synthetic_suite, task_params
+from .suite import BUDGETS, MODELS, SUITES, budget_for, model_shape, run_synthetic_suite, task_params
 from .train import TaskRunConfig, train_task
 
 EPILOG = """\
@@ -51,7 +51,7 @@ def parser() -> argparse.ArgumentParser:
     g.add_argument("--preset", choices=sorted(PRESETS), default="vo-rnn", help="architecture (default: vo-rnn)")
     g.add_argument("--set", dest="sets", metavar="KEY=VALUE", type=_set_pair, action="append", default=[],
                    help="any HybridConfig field, VALUE parsed as JSON (e.g. --set rnn_phase='\"data\"'); the "
-                        "budget sets d_model, n_layers and n_heads; repeatable")
+                        "budget sets d_model, n_layers and n_heads (--set overrides them too); repeatable")
     g.add_argument("--lr", type=float, help="learning rate (default: the largest of the budget's grid)")
     g.add_argument("--batch-size", type=_positive_int, help="sequences per step (default: the budget's)")
     return p
@@ -59,7 +59,7 @@ def parser() -> argparse.ArgumentParser:
 
 def _one_run(args, budget) -> int:
     seed = budget.seeds[0]
-    model = {"d_model": budget.d_model, "n_layers": budget.n_layers, "n_heads": budget.n_heads, **dict(args.sets)}
+    model = {**model_shape(budget, args.task, args.preset), **dict(args.sets)}
     config = TaskRunConfig(task=args.task, task_params=task_params(budget, args.task), preset=args.preset,
                            model=model, steps=budget.steps, batch_size=args.batch_size or budget.batch_size,
                            lr=args.lr if args.lr is not None else max(budget.lrs), seed=seed,
