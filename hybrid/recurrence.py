@@ -65,7 +65,11 @@ def _at_least_float32(t: torch.Tensor) -> torch.Tensor:
 
 
 class VORecurrence(nn.Module):
-    """VO-RoPE recurrence block. Input and output ``(B, T, d_model)``."""
+    """VO-RoPE recurrence block. Input and output ``(B, T, d_model)``.
+
+    ``phase`` picks the angles (``PHASES``; ``phase_map`` shapes the ``"data"`` ones, ``hybrid.rotary.DataPhase``);
+    ``learnable_theta=True`` and ``carope=True`` are the older spellings of ``phase="learned"`` / ``"carope"``.
+    """
 
     def __init__(
         self,

@@ -43,7 +43,7 @@ BUDGETS = {
                     n_layers=1, n_heads=2, lrs=(3e-3,), eval_size=8,
                     extra={"task_params": SMOKE_TASKS, "mqar_widths": [16], "mqar_layers": 2}),
     # state tracking ≈ 30 min and MQAR ≈ 60 min on a 2-core CPU (one seed, a two-point learning-rate grid)
-    "cpu": Budget(name="cpu", models=ALL, steps=600, seq_len=40, seeds=(0,), batch_size=64, d_model=64,
+    "cpu": Budget(name="cpu", models=ALL, steps=1000, seq_len=40, seeds=(0,), batch_size=64, d_model=64,
                   n_layers=1, n_heads=2, lrs=(1e-3, 3e-3), eval_size=256,
                   extra={"task_params": {"mqar": {"vocab_size": 512}}, "mqar_widths": [64, 128],
                          "mqar_steps": 1500, "mqar_layers": 2}),
