@@ -15,6 +15,7 @@ position 0, so logits at real positions equal those of the unpadded row (logits 
 from __future__ import annotations
 
 import contextlib
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -26,6 +27,17 @@ from hybrid.models import HybridLM
 
 from .cache import HybridCache, select_rows
 from .configuration import HybridHFConfig
+
+# Files written beside the weights for trust_remote_code: they import the installed library (pip install hybrid[hf]).
+REMOTE_CODE_FILES = {
+    "configuration_hybrid.py": "from hybrid.models.hf.configuration import HybridHFConfig  # noqa: F401\n",
+    "modeling_hybrid.py": "from hybrid.models.hf.modeling import HybridForCausalLM  # noqa: F401\n",
+}
+AUTO_MAP = {
+    "AutoConfig": "configuration_hybrid.HybridHFConfig",
+    "AutoModel": "modeling_hybrid.HybridForCausalLM",
+    "AutoModelForCausalLM": "modeling_hybrid.HybridForCausalLM",
+}
 
 
 class HybridPreTrainedModel(PreTrainedModel):
@@ -52,6 +64,14 @@ class HybridForCausalLM(HybridPreTrainedModel, GenerationMixin):
         self._buffer_values = {name: b.detach().clone() for name, b in _non_persistent_buffers(self)}
         self._tied_weights_keys = {"model.lm_head.weight": "model.embed.weight"} if config.tie_word_embeddings else {}
         self.post_init()
+
+    def save_pretrained(self, save_directory, *args, **kwargs):
+        """transformers' save_pretrained, plus two one-line modules and ``auto_map`` in config.json, so that
+        ``AutoModelForCausalLM.from_pretrained(dir, trust_remote_code=True)`` works without importing us first."""
+        self.config.auto_map = dict(AUTO_MAP)
+        super().save_pretrained(save_directory, *args, **kwargs)
+        for filename, text in REMOTE_CODE_FILES.items():
+            (Path(save_directory) / filename).write_text(text)
 
     @classmethod
     def from_pretrained(cls, *args, **kwargs):
