@@ -116,17 +116,20 @@ def test_sampling_generate_equals_hybridlm_recurrent(name):
         assert theirs.tolist() == ours.tolist()
 
 
-@pytest.mark.parametrize("name", list(CASES))
+PRESETS = ["hybrid", "transformer", "retnet", "vo-rnn"]
+
+
+@pytest.mark.parametrize("name", PRESETS)
 def test_beam_search_with_cache_equals_beam_search_recomputing(name):
     """Reordered recurrent states (reorder_cache) give the beams of full recomputation (no cache)."""
     model = make(name)
     ids = ids_for(2, 7)
-    kw = dict(max_new_tokens=6, do_sample=False, num_beams=2, pad_token_id=0)
+    kw = dict(max_new_tokens=5, do_sample=False, num_beams=2, pad_token_id=0)
+    if name == "hybrid":
+        kw["num_return_sequences"] = 2
     cached = model.generate(ids, **kw)
     recomputed = model.generate(ids, use_cache=False, **kw)
     assert cached.tolist() == recomputed.tolist()
-    both = model.generate(ids, num_return_sequences=2, **kw)
-    assert both.tolist() == model.generate(ids, num_return_sequences=2, use_cache=False, **kw).tolist()
 
 
 def left_padded(rows):
@@ -139,7 +142,7 @@ def left_padded(rows):
     return ids, mask
 
 
-@pytest.mark.parametrize("name", list(CASES))
+@pytest.mark.parametrize("name", PRESETS)
 def test_left_padding_gives_the_unpadded_rows(name):
     model = make(name)
     rows = [ids_for(1, 7, seed=2), ids_for(1, 4, seed=3), ids_for(1, 7, seed=4)]
@@ -149,10 +152,12 @@ def test_left_padding_gives_the_unpadded_rows(name):
         n = r.shape[1]
         torch.testing.assert_close(logits[i, -n:], model.model(r)[0][0], rtol=1e-6, atol=1e-6)
         assert not logits[i, : 7 - n].any()  # zeros at pads
-    out = model.generate(ids, attention_mask=mask, max_new_tokens=5, do_sample=False, pad_token_id=0)
+    out = model.generate(ids, attention_mask=mask, max_new_tokens=4, do_sample=False, pad_token_id=0)
     for i, r in enumerate(rows):
-        assert out[i, 7:].tolist() == model.model.generate(r, 5, temperature=0)[0, r.shape[1]:].tolist()
-    kw = dict(attention_mask=mask, max_new_tokens=5, do_sample=False, num_beams=2, pad_token_id=0)
+        assert out[i, 7:].tolist() == model.model.generate(r, 4, temperature=0)[0, r.shape[1]:].tolist()
+    if name != "hybrid":  # beams over padded rows: once (the slowest test otherwise)
+        return
+    kw = dict(attention_mask=mask, max_new_tokens=4, do_sample=False, num_beams=2, pad_token_id=0)
     assert model.generate(ids, **kw).tolist() == model.generate(ids, use_cache=False, **kw).tolist()
 
 
