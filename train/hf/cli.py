@@ -93,6 +93,8 @@ def eval_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-length", type=_positive_int, default=None,
                    help="longest input in tokens (default: lm-eval's, 2048)")
     p.add_argument("--output", default=None, metavar="FILE", help="also write the results as JSON")
+    p.add_argument("--log-samples", action="store_true",
+                   help="with --output: add every document's requests and responses (under 'samples')")
     return p
 
 
@@ -109,14 +111,15 @@ def eval_main(argv: list[str] | None = None) -> int:
             raise ValueError(f"--tasks: expected comma-separated task names, got {args.tasks!r}")
         out = evaluate(args.path, tasks, include_path=args.include_path, device=args.device,
                        batch_size=args.batch_size, limit=args.limit, num_fewshot=args.num_fewshot,
-                       max_length=args.max_length)
+                       max_length=args.max_length, log_samples=args.log_samples and bool(args.output))
         results = out["results"]
         for task, metrics in results.items():
             shown = ", ".join(f"{k} = {v:.4f}" for k, v in metrics.items() if isinstance(v, float))
             print(f"{task}: {shown}")
         if args.output:
+            record = {"results": results, **({"samples": out["samples"]} if "samples" in out else {})}
             with open(args.output, "w") as f:
-                json.dump(results, f, indent=2, default=str)
+                json.dump(record, f, indent=2, default=str)
         return 0
 
     return _guarded("hybrid-eval", run)

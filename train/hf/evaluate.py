@@ -34,8 +34,10 @@ def load_for_eval(path, device: str = "cpu"):
 
 
 def evaluate(path, tasks: list[str], *, include_path=None, device: str = "cpu", batch_size: int = 1,
-             limit: int | None = None, num_fewshot: int | None = None, max_length: int | None = None) -> dict:
-    """lm-eval's results dict (``results[task][metric]``) for ``tasks`` on the model at ``path``."""
+             limit: int | None = None, num_fewshot: int | None = None, max_length: int | None = None,
+             log_samples: bool = False) -> dict:
+    """lm-eval's output for ``tasks`` on the model at ``path``: ``out["results"][task][metric]``, and with
+    ``log_samples`` the per-document requests and responses in ``out["samples"][task]``."""
     try:
         import lm_eval
         from lm_eval.models.huggingface import HFLM
@@ -47,4 +49,4 @@ def evaluate(path, tasks: list[str], *, include_path=None, device: str = "cpu", 
               max_length=max_length)
     manager = TaskManager(include_path=str(include_path) if include_path else None)
     return lm_eval.simple_evaluate(model=lm, tasks=list(tasks), task_manager=manager, limit=limit,
-                                   num_fewshot=num_fewshot, log_samples=False)
+                                   num_fewshot=num_fewshot, log_samples=log_samples)

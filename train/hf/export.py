@@ -18,11 +18,11 @@ def hf_model_from_run(run: LoadedRun):
     from hybrid.models.hf import HybridForCausalLM, HybridHFConfig
 
     tok = run.tokenizer
-    config = HybridHFConfig(run.model.config, bos_token_id=tok.bos_id, eos_token_id=tok.eos_id, pad_token_id=tok.pad_id)
+    config = HybridHFConfig(run.model.config, bos_token_id=tok.eos_id, eos_token_id=tok.eos_id, pad_token_id=tok.pad_id)
     model = HybridForCausalLM(config)
     model.model.load_state_dict(run.model.state_dict())
     model.to(run.model.embed.weight.device).eval()
-    model.generation_config.bos_token_id = tok.bos_id
+    model.generation_config.bos_token_id = tok.eos_id  # documents start from eos (see tokenizer.py)
     model.generation_config.eos_token_id = tok.eos_id
     model.generation_config.pad_token_id = tok.pad_id
     return model

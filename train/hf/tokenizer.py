@@ -4,6 +4,11 @@ A ``FileTokenizer`` is its own ``tokenizer.json``. The ``ByteTokenizer`` becomes
 model: a byte-level pre-tokenizer (each UTF-8 byte shown as one printable character, GPT-2's byte alphabet),
 a BPE without merges whose vocabulary gives byte ``b`` id ``b``, then ``<bos>``, ``<eos>``, ``<pad>`` as 256-258,
 so token ids are identical.
+
+Documents start from ``eos`` in this library (training streams are ``[eos] doc [eos] doc …``, prompts are
+``[eos] + prompt``), so the transformers tokenizer adds ``eos`` in front when asked for special tokens (its
+default, and what lm-eval does), and names it as its ``bos_token``: ``tok(text).input_ids == [eos] + ids``.
+``add_special_tokens=False`` gives the plain ids.
 """
 from __future__ import annotations
 
@@ -40,13 +45,17 @@ def _byte_level_tokenizer():
 
 def to_hf_tokenizer(tok: Tokenizer) -> PreTrainedTokenizerFast:
     """A ``PreTrainedTokenizerFast`` with the same ids as ``tok`` (eos, bos, pad included)."""
+    from tokenizers import Tokenizer as RawTokenizer
+    from tokenizers.processors import TemplateProcessing
+
     if isinstance(tok, ByteTokenizer):
         raw = _byte_level_tokenizer()
     elif isinstance(tok, FileTokenizer):
-        raw = tok._tok
+        raw = RawTokenizer.from_str(tok._tok.to_str())  # a copy: the run's tokenizer stays as it is
     else:
         raise ValueError(f"tokenizer: expected a ByteTokenizer or FileTokenizer, got {type(tok).__name__}")
-    name = raw.id_to_token
-    hf = PreTrainedTokenizerFast(tokenizer_object=raw, eos_token=name(tok.eos_id), bos_token=name(tok.bos_id),
-                                 pad_token=name(tok.pad_id))
-    return hf
+    eos = raw.id_to_token(tok.eos_id)
+    raw.post_processor = TemplateProcessing(single=f"{eos} $A", pair=f"{eos} $A {eos} $B:1",
+                                            special_tokens=[(eos, tok.eos_id)])
+    return PreTrainedTokenizerFast(tokenizer_object=raw, eos_token=eos, bos_token=eos,
+                                   pad_token=raw.id_to_token(tok.pad_id))
