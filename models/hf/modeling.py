@@ -6,11 +6,12 @@
 
 The wrapped model is ``model.model`` (a ``HybridLM``), so the weights are ``model.<HybridLM key>``. Decoding
 keeps a ``HybridCache`` (our per-layer states, see cache.py): a prompt is prefilled in parallel mode, then
-each new token is one recurrent step, the same computation as ``HybridLM.generate(mode="recurrent")``.
+each new token continues the state, as in ``HybridLM.generate(mode="recurrent")``.
 
 ``attention_mask`` (1 = token, 0 = pad) may pad rows on either side: each row sees only its own tokens, from
 position 0, so logits at real positions equal those of the unpadded row (logits at pads are 0).
-``position_ids`` are ignored: positions follow from each row's state.
+``position_ids`` are ignored: positions follow from each row's state. With padded rows, set ``labels`` to -100
+at the pads.
 """
 from __future__ import annotations
 
@@ -75,9 +76,15 @@ class HybridForCausalLM(HybridPreTrainedModel, GenerationMixin):
 
     @classmethod
     def from_pretrained(cls, *args, **kwargs):
-        model = super().from_pretrained(*args, **kwargs)
+        """transformers' from_pretrained; a checkpoint missing any of our weights is refused (transformers would
+        leave them uninitialised), and the non-persistent buffers are put back."""
+        want_info = kwargs.pop("output_loading_info", False)
+        model, info = super().from_pretrained(*args, output_loading_info=True, **kwargs)
+        missing = sorted(set(info.get("missing_keys", ())) - set(model._tied_weights_keys))
+        if missing:
+            raise ValueError(f"checkpoint: expected every weight of the model, got none for {missing[:5]}")
         model._restore_buffers()
-        return model
+        return (model, info) if want_info else model
 
     @torch.no_grad()
     def _restore_buffers(self) -> None:

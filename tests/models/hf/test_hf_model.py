@@ -79,6 +79,17 @@ def test_save_and_auto_from_pretrained_give_the_same_logits(name, tmp_path):
     assert type(AutoModel.from_pretrained(tmp_path)) is HybridForCausalLM
 
 
+def test_from_pretrained_refuses_a_checkpoint_missing_a_weight(tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    make("vo-rnn").save_pretrained(tmp_path)
+    weights = load_file(tmp_path / "model.safetensors")
+    del weights["model.blocks.1.mlp.w_up.weight"]
+    save_file(weights, tmp_path / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(ValueError, match=r"checkpoint: expected every weight.*'model.blocks.1.mlp.w_up.weight'"):
+        HybridForCausalLM.from_pretrained(tmp_path)
+
+
 def test_loss_from_labels_is_next_token_cross_entropy():
     model = make("hybrid")
     ids = ids_for(2, 8)
