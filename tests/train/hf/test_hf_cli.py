@@ -140,6 +140,18 @@ def test_train_init_from_starts_from_the_imported_weights_and_tokenizer(tmp_path
     assert tuned.config == {**source.config, "window": 8} and tuned.step == 1
     for key, value in source.model_state.items():  # one AdamW step of lr 1e-9 moves each weight by ~1e-9
         assert (tuned.model_state[key] - value).abs().max() < 1e-7, key
+    resumed = Trainer.from_checkpoint(tmp_path / "ft", steps=2, trainer_kwargs=dict(verbose=0, progress=False))
+    resumed.fit()  # a run started --init-from resumes from its own checkpoint (its model config)
+    assert load_checkpoint(tmp_path / "ft").step == 2
+
+
+def test_train_cli_passes_init_from_to_the_train_config():
+    from hybrid.train.cli import config_from_args, train_parser
+
+    given = config_from_args(train_parser().parse_args(["--init-from", "runs/llama", "--window", "8"]))
+    assert given == {"init_from": "runs/llama", "model": {"window": 8}}
+    with pytest.raises(ValueError, match="init_from: expected a string or None, got 3"):
+        TrainConfig(init_from=3)
 
 
 def test_train_init_from_refuses_overrides_that_change_shapes(tmp_path, corpus):
