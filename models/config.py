@@ -74,6 +74,7 @@ class HybridConfig:
     pattern: str = "RRA"
     head_dim: int | None = None  # default d_model // n_heads
     mlp_ratio: float = 8 / 3  # SwiGLU hidden ≈ mlp_ratio · d_model (rounded up to a multiple of 32)
+    mlp_hidden: int | None = None  # explicit SwiGLU hidden width (imported checkpoints); overrides mlp_ratio
     norm_eps: float = 1e-6
     tie_embeddings: bool = True
     init_std: float = 0.02
@@ -82,6 +83,7 @@ class HybridConfig:
     n_kv_heads: int | None = None  # GQA / MQA; default n_heads
     window: int | None = None  # sliding window; None = global
     shared_kv: bool = False  # one projection serves as key and value (cache holds one tensor)
+    attention_bias: bool = False  # biases on the q/k/v and output projections (imported Qwen2 / Llama checkpoints)
     # rotary (A, R, M)
     rope_base: float = 10000.0
     rope_scaling: dict | None = None  # Llama/HF-style: {"rope_type": "yarn", "factor": 4, ...}
@@ -144,6 +146,8 @@ class HybridConfig:
                 raise ValueError(f"n_kv_heads: expected a divisor of n_heads={self.n_heads}, got {self.n_kv_heads}")
         if self.window is not None:
             positive_int("window")
+        if self.mlp_hidden is not None:
+            positive_int("mlp_hidden")
         if self.rotary_dim is not None:
             positive_int("rotary_dim")
             if self.rotary_dim % 2 or self.rotary_dim > self.resolved_head_dim:
@@ -182,7 +186,7 @@ class HybridConfig:
             raise ValueError("rnn_phase: CARoPE has no context-extension scaling; set rope_scaling=None or another rnn_phase")
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype: expected one of {list(DTYPES)}, got {self.dtype!r}")
-        for name in ("tie_embeddings", "shared_kv", "carope", "rnn_selective"):
+        for name in ("tie_embeddings", "shared_kv", "attention_bias", "carope", "rnn_selective"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name}: expected True or False, got {getattr(self, name)!r}")
 

@@ -38,7 +38,7 @@ class Block(nn.Module):
         self.mixer_norm = RMSNorm(config.d_model, eps=config.norm_eps)
         self.mixer = build_mixer(config, letter)
         self.mlp_norm = RMSNorm(config.d_model, eps=config.norm_eps)
-        self.mlp = SwiGLU(config.d_model, mlp_ratio=config.mlp_ratio)
+        self.mlp = SwiGLU(config.d_model, hidden=config.mlp_hidden, mlp_ratio=config.mlp_ratio)
 
     def forward(self, x: torch.Tensor, state):
         """x ``(B, T, d_model)``: the parallel / chunk form."""

@@ -30,7 +30,7 @@ MIXERS: dict[str, MixerSpec] = {
     "A": MixerSpec(Attention, lambda c: dict(
         d_model=c.d_model, n_heads=c.n_heads, n_kv_heads=c.n_kv_heads, head_dim=c.resolved_head_dim,
         placement=c.rope_placement, rope_base=c.rope_base, rope_scaling=c.rope_scaling, rope_layout=c.rope_layout,
-        rotary_dim=c.rotary_dim, window=c.window, shared_kv=c.shared_kv, carope=c.carope)),
+        rotary_dim=c.rotary_dim, window=c.window, shared_kv=c.shared_kv, carope=c.carope, bias=c.attention_bias)),
     "M": MixerSpec(MultiScaleRetention, lambda c: dict(
         d_model=c.d_model, n_heads=c.n_heads, head_dim=c.resolved_head_dim, rope_base=c.rope_base,
         rope_layout=c.rope_layout, norm_eps=c.norm_eps, retention_chunk=c.retention_chunk)),

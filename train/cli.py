@@ -146,6 +146,9 @@ def train_parser() -> argparse.ArgumentParser:
     g.add_argument("--resume", metavar="DIR",
                    help="continue the run in DIR from its checkpoint (same data order, optimizer and RNG); "
                         "change --steps and the intervals, not the model or data")
+    g.add_argument("--init-from", default=S, metavar="RUN_DIR",
+                   help="start from the weights and model config of another run (e.g. one written by "
+                        "hybrid-import); not its optimizer or step; --preset/--size are then ignored")
     g.add_argument("--overwrite", action="store_true", help="start over in an --out that already has a checkpoint")
     g.add_argument("--eval-every", type=_count, default=S,
                    help=f"steps between evaluations, 0 = only at the end (default: {D.eval_every})")

@@ -24,6 +24,7 @@ class TrainConfig:
     # the data
     data: str | None = None  # None / "stdlib": this Python's standard library; a path; a hub dataset name
     tokenizer: str | None = None  # None / "bytes": byte-level; a tokenizer.json (or its directory)
+    init_from: str | None = None  # a run directory whose weights and model config start this run (train/init_from.py)
     valid_fraction: float = 0.05
     seq_len: int = 256
     batch_size: int = 16  # sequences per rank per micro-batch
@@ -77,7 +78,7 @@ class TrainConfig:
             raise ValueError(f"size: expected one of {list(SIZES)}, got {self.size!r}")
         if not isinstance(self.model, dict):
             raise ValueError(f"model: expected a dict of HybridConfig overrides, got {type(self.model).__name__}")
-        for name in ("data", "tokenizer"):
+        for name in ("data", "tokenizer", "init_from"):
             if getattr(self, name) is not None and not isinstance(getattr(self, name), str):
                 raise ValueError(f"{name}: expected a string or None, got {getattr(self, name)!r}")
         number("valid_fraction", 0.0, 1.0, low_open=True)

@@ -49,6 +49,7 @@ from .config import TrainConfig
 from .data import PreparedData, prepare_data
 from .distributed import DistEnv, full_state, init_distributed, load_full_state, resolve_device, wrap_model
 from .evaluate import evaluate
+from .init_from import load_init
 from .metrics import METRICS_FILE, MetricsLogger, plot_loss_curve
 from .optim import build_optimizer
 from .resume import resume_config
@@ -61,10 +62,14 @@ __all__ = ["Trainer", "TrainResult", "model_config_for", "train", "PLOT_FILE", "
 PLOT_FILE, CONFIG_FILE = "loss.png", "train_config.json"
 
 
-def model_config_for(config: TrainConfig, tokenizer: Tokenizer) -> HybridConfig:
-    """The preset at its size, ``vocab_size = round_vocab_size(tokenizer.vocab_size)``, then ``config.model``."""
-    overrides = {"vocab_size": round_vocab_size(tokenizer.vocab_size), **config.model}
-    model_config = HybridConfig.preset(config.preset, config.size, **overrides)
+def model_config_for(config: TrainConfig, tokenizer: Tokenizer, base: HybridConfig | None = None) -> HybridConfig:
+    """The preset at its size, ``vocab_size = round_vocab_size(tokenizer.vocab_size)``, then ``config.model``;
+    with ``base`` (``--init-from``'s model), ``base`` then ``config.model``."""
+    if base is not None:
+        model_config = base.replace(**config.model)
+    else:
+        overrides = {"vocab_size": round_vocab_size(tokenizer.vocab_size), **config.model}
+        model_config = HybridConfig.preset(config.preset, config.size, **overrides)
     if model_config.vocab_size < tokenizer.vocab_size:
         raise ValueError(
             f"vocab_size: the model's {model_config.vocab_size} is smaller than the tokenizer's "
@@ -189,9 +194,15 @@ class Trainer:
         np.random.seed(c.seed)
         torch.manual_seed(c.seed)
 
+        init = load_init(c.init_from) if c.init_from and self.checkpoint is None else None
+        if init is not None and c.tokenizer is None:  # the source run's tokenizer, recorded in train_config.json
+            self.config = c = c.replace(tokenizer=init.tokenizer)
         self.data = self._prepare_data()
         self.tokenizer = self.data.tokenizer
-        self.model_config = model_config_for(c, self.tokenizer)
+        base = init.config if init is not None else None
+        if c.init_from and self.checkpoint is not None:  # resuming a run that started from another's weights
+            base = HybridConfig.from_dict(self.checkpoint.config)
+        self.model_config = model_config_for(c, self.tokenizer, base)
         as_saved = json.loads(json.dumps(self.model_config.to_dict()))
         if self.checkpoint is not None and self.checkpoint.config != as_saved:
             raise CheckpointError(self.checkpoint.path / "config.json",
@@ -199,6 +210,12 @@ class Trainer:
         if c.fsdp and not self.env.distributed:
             self.notes.append("--fsdp: one process, nothing to shard; training without FSDP")
         self.model = HybridLM(self.model_config).to(self.device)  # the module: state dicts, evaluation
+        if init is not None:
+            try:
+                self.model.load_state_dict(init.model_state)
+            except RuntimeError as e:
+                raise ValueError(f"init_from: the weights of {c.init_from} do not fit the model config "
+                                 f"({' '.join(str(e).split())[:300]})") from None
         self.num_parameters = self.model.num_parameters()
         wrapped = wrap_model(self.model, self.env, fsdp=c.fsdp, device=self.device)
         self.ddp = wrapped if wrapped is not self.model else None

@@ -1,0 +1,28 @@
+"""Differences between transformers releases, each behind one named flag (tests/models/hf/test_compat.py).
+
+Tested range: transformers >= 5.0, < 6 (the ``hf`` extra).
+"""
+from __future__ import annotations
+
+import inspect
+
+import transformers
+from packaging.version import Version
+from transformers.cache_utils import Cache
+
+TRANSFORMERS_VERSION = Version(transformers.__version__)
+MIN_VERSION, MAX_VERSION = Version("5.0"), Version("6.0")
+
+# transformers 4.56 reworked Cache into a list of layer objects: Cache(layers=...) instead of Cache().
+CACHE_INIT_TAKES_LAYERS = "layers" in inspect.signature(Cache.__init__).parameters
+# transformers 5 renamed `rope_scaling` + `rope_theta` to one `rope_parameters` dict holding both.
+ROPE_PARAMETERS = TRANSFORMERS_VERSION >= Version("5.0")
+
+
+def check_version() -> None:
+    """Refuse a transformers release outside the tested range, naming it."""
+    if not MIN_VERSION <= TRANSFORMERS_VERSION < MAX_VERSION:
+        raise ImportError(
+            f"transformers: expected a release in [{MIN_VERSION}, {MAX_VERSION}) for hybrid.models.hf, "
+            f"got {transformers.__version__}; pip install 'hybrid[hf]'"
+        )

@@ -1,0 +1,221 @@
+"""HybridForCausalLM: ``HybridLM`` behind transformers' ``PreTrainedModel`` and ``GenerationMixin``.
+
+    model = HybridForCausalLM(HybridHFConfig(HybridConfig.preset("hybrid")))
+    out = model(input_ids, attention_mask=mask, labels=input_ids)     # out.loss, out.logits
+    model.generate(input_ids, attention_mask=mask, max_new_tokens=20, num_beams=2)
+
+The wrapped model is ``model.model`` (a ``HybridLM``), so the weights are ``model.<HybridLM key>``. Decoding
+keeps a ``HybridCache`` (our per-layer states, see cache.py): a prompt is prefilled in parallel mode, then
+each new token continues the state, as in ``HybridLM.generate(mode="recurrent")``.
+
+``attention_mask`` (1 = token, 0 = pad) may pad rows on either side: each row sees only its own tokens, from
+position 0, so logits at real positions equal those of the unpadded row (logits at pads are 0).
+``position_ids`` are ignored: positions follow from each row's state. With padded rows, set ``labels`` to -100
+at the pads.
+"""
+from __future__ import annotations
+
+import contextlib
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from transformers import GenerationMixin, PreTrainedModel
+from transformers.cache_utils import Cache
+from transformers.modeling_outputs import CausalLMOutputWithPast
+
+from hybrid.models import HybridLM
+
+from .cache import HybridCache, select_rows
+from .configuration import HybridHFConfig
+
+# Files written beside the weights for trust_remote_code: they import the installed library (pip install hybrid[hf]).
+REMOTE_CODE_FILES = {
+    "configuration_hybrid.py": "from hybrid.models.hf.configuration import HybridHFConfig  # noqa: F401\n",
+    "modeling_hybrid.py": "from hybrid.models.hf.modeling import HybridForCausalLM  # noqa: F401\n",
+}
+AUTO_MAP = {
+    "AutoConfig": "configuration_hybrid.HybridHFConfig",
+    "AutoModel": "modeling_hybrid.HybridForCausalLM",
+    "AutoModelForCausalLM": "modeling_hybrid.HybridForCausalLM",
+}
+
+
+class HybridPreTrainedModel(PreTrainedModel):
+    config_class = HybridHFConfig
+    base_model_prefix = "model"
+    main_input_name = "input_ids"
+    _no_split_modules = ["Block"]
+    _is_stateful = True  # no assisted decoding: recurrent states cannot be rolled back
+    _supports_cache_class = True
+
+    def _init_weights(self, module):
+        """Weights come from ``HybridLM``'s own initialisation (or the checkpoint); nothing to do here."""
+
+
+class HybridForCausalLM(HybridPreTrainedModel, GenerationMixin):
+    def __init__(self, config: HybridHFConfig):
+        super().__init__(config)
+        # from_pretrained builds models on the meta device; ours computes rotary tables and decay constants at
+        # construction, so it is built for real (on the CPU) and its non-persistent buffers are kept aside:
+        # transformers re-allocates them uninitialised while loading, and from_pretrained puts them back.
+        on_meta = torch.empty(0).device.type == "meta"
+        with torch.device("cpu") if on_meta else contextlib.nullcontext():
+            self.model = HybridLM(config.to_hybrid_config())
+        self._buffer_values = {name: b.detach().clone() for name, b in _non_persistent_buffers(self)}
+        self._tied_weights_keys = {"model.lm_head.weight": "model.embed.weight"} if config.tie_word_embeddings else {}
+        self.post_init()
+
+    def save_pretrained(self, save_directory, *args, **kwargs):
+        """transformers' save_pretrained, plus two one-line modules and ``auto_map`` in config.json, so that
+        ``AutoModelForCausalLM.from_pretrained(dir, trust_remote_code=True)`` works without importing us first."""
+        self.config.auto_map = dict(AUTO_MAP)
+        super().save_pretrained(save_directory, *args, **kwargs)
+        for filename, text in REMOTE_CODE_FILES.items():
+            (Path(save_directory) / filename).write_text(text)
+
+    @classmethod
+    def from_pretrained(cls, *args, **kwargs):
+        """transformers' from_pretrained; a checkpoint missing any of our weights is refused (transformers would
+        leave them uninitialised), and the non-persistent buffers are put back."""
+        want_info = kwargs.pop("output_loading_info", False)
+        model, info = super().from_pretrained(*args, output_loading_info=True, **kwargs)
+        missing = sorted(set(info.get("missing_keys", ())) - set(model._tied_weights_keys))
+        if missing:
+            raise ValueError(f"checkpoint: expected every weight of the model, got none for {missing[:5]}")
+        model._restore_buffers()
+        return (model, info) if want_info else model
+
+    @torch.no_grad()
+    def _restore_buffers(self) -> None:
+        """Put back the non-persistent buffers computed at construction (on each buffer's current device)."""
+        for name, buffer in _non_persistent_buffers(self):
+            module_name, _, buffer_name = name.rpartition(".")
+            module = self.get_submodule(module_name)
+            module._buffers[buffer_name] = self._buffer_values[name].to(buffer.device)
+
+    @classmethod
+    def _supports_default_dynamic_cache(cls) -> bool:
+        return False  # generate must not hand us a DynamicCache: forward builds a HybridCache
+
+    def get_input_embeddings(self):
+        return self.model.embed
+
+    def set_input_embeddings(self, value):
+        self.model.embed = value
+
+    def get_output_embeddings(self):
+        return self.model.lm_head
+
+    def set_output_embeddings(self, value):
+        self.model.lm_head = value
+
+    # ------------------------------------------------------------------------------------------ forward
+
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        past_key_values: Cache | None = None,
+        labels: torch.LongTensor | None = None,
+        use_cache: bool | None = None,
+        return_dict: bool | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        position_ids: torch.LongTensor | None = None,
+        **kwargs,
+    ):
+        """input_ids ``(B, T)``, attention_mask ``(B, past + T)`` or None → logits ``(B, T, vocab)``; ``loss``
+        (mean next-token cross-entropy over labels != -100) when ``labels`` ``(B, T)`` are given."""
+        if inputs_embeds is not None:
+            raise ValueError("inputs_embeds: expected None (HybridForCausalLM takes input_ids), got a tensor")
+        if input_ids is None:
+            raise ValueError("input_ids: expected a (B, T) tensor of token ids, got None")
+        use_cache = self.config.use_cache if use_cache is None else use_cache
+        cache = self._cache_for(past_key_values, use_cache)
+        past = cache.columns if cache is not None else 0
+        B, T = input_ids.shape
+        mask = None
+        if attention_mask is not None:
+            if attention_mask.dim() != 2 or attention_mask.shape[0] != B or attention_mask.shape[1] not in (T, past + T):
+                raise ValueError(
+                    f"attention_mask: expected shape ({B}, {past + T}) (past + new tokens), "
+                    f"got {tuple(attention_mask.shape)}"
+                )
+            mask = attention_mask[:, -T:].bool()
+            if bool(mask.all()):
+                mask = None
+
+        if cache is None and mask is None:
+            logits, _ = self.model(input_ids)
+        else:
+            logits = self._forward_streams(input_ids, mask, cache if cache is not None else HybridCache())
+            if cache is not None:
+                cache.columns = past + T
+
+        loss = None
+        if labels is not None:
+            loss = F.cross_entropy(
+                logits[:, :-1].flatten(0, 1).float(), labels[:, 1:].flatten().to(logits.device), ignore_index=-100
+            )
+        return CausalLMOutputWithPast(loss=loss, logits=logits, past_key_values=cache)
+
+    def _cache_for(self, past_key_values, use_cache: bool) -> HybridCache | None:
+        if isinstance(past_key_values, HybridCache):
+            return past_key_values
+        if past_key_values is not None and not isinstance(past_key_values, Cache):
+            raise ValueError(f"past_key_values: expected a HybridCache or None, got {type(past_key_values).__name__}")
+        if past_key_values is not None and past_key_values.get_seq_length() > 0:
+            raise ValueError(f"past_key_values: expected a HybridCache, got a filled {type(past_key_values).__name__}")
+        return HybridCache() if use_cache else None
+
+    def _forward_streams(self, input_ids: torch.Tensor, mask: torch.Tensor | None, cache: HybridCache) -> torch.Tensor:
+        """Run each stream of rows on its real tokens; returns logits ``(B, T, V)`` (0 at pads)."""
+        B, T = input_ids.shape
+        if not cache.streams:
+            cache.streams = [(torch.arange(B, device=input_ids.device), None)]
+        logits = None
+        new_streams = []
+        for rows, state in cache.streams:
+            rows = rows.to(input_ids.device)
+            if mask is None:
+                patterns, inverse = None, torch.zeros(rows.numel(), dtype=torch.long, device=rows.device)
+                n_groups = 1
+            else:
+                patterns, inverse = torch.unique(mask[rows], dim=0, return_inverse=True)  # (G, T), (n,)
+                n_groups = patterns.shape[0]
+            for g in range(n_groups):
+                local = (inverse == g).nonzero().flatten()  # (n_g,)
+                group_rows = rows[local]
+                group_state = state if (state is None or n_groups == 1) else select_rows(state, local)
+                positions = torch.arange(T, device=rows.device) if patterns is None else patterns[g].nonzero().flatten()
+                if positions.numel() == 0:
+                    new_streams.append((group_rows, group_state))
+                    continue
+                ids = input_ids[group_rows][:, positions]  # (n_g, T_g)
+                group_logits, group_state = self.model(ids, state=group_state)
+                if logits is None:
+                    logits = group_logits.new_zeros(B, T, group_logits.shape[-1])
+                logits[group_rows[:, None], positions[None, :]] = group_logits
+                new_streams.append((group_rows, group_state))
+        cache.streams = new_streams
+        if logits is None:  # every new column was padding
+            logits = self.model.lm_head.weight.new_zeros(B, T, self.config.vocab_size)
+        return logits
+
+    # ------------------------------------------------------------------------------------------ generate
+
+    def prepare_inputs_for_generation(self, input_ids, past_key_values=None, attention_mask=None, use_cache=True,
+                                      **kwargs):
+        """The columns the cache has not consumed yet (all of them on the first call)."""
+        if isinstance(past_key_values, HybridCache) and past_key_values.columns > 0:
+            input_ids = input_ids[:, past_key_values.columns:]
+        return {"input_ids": input_ids.contiguous(), "attention_mask": attention_mask,
+                "past_key_values": past_key_values, "use_cache": use_cache}
+
+
+def _non_persistent_buffers(model: torch.nn.Module):
+    """(qualified name, buffer) of every buffer that is not part of the state dict."""
+    for module_name, module in model.named_modules():
+        for name in module._non_persistent_buffers_set:
+            if module._buffers.get(name) is not None:
+                yield (f"{module_name}.{name}" if module_name else name), module._buffers[name]

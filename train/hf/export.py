@@ -1,0 +1,38 @@
+"""Run directory → save_pretrained directory.
+
+    export_run("runs/demo", "hf/demo")      # model.safetensors, config.json, tokenizer.json, remote-code shims
+
+``AutoModelForCausalLM.from_pretrained("hf/demo")`` (after ``import hybrid.models.hf``, or with
+``trust_remote_code=True``) then gives the run's logits; ``AutoTokenizer.from_pretrained("hf/demo")`` its token ids.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from ..inference import LoadedRun, load_run
+from .tokenizer import to_hf_tokenizer
+
+
+def hf_model_from_run(run: LoadedRun):
+    """A ``HybridForCausalLM`` holding the run's weights (same device, eval mode) and its generation ids."""
+    from hybrid.models.hf import HybridForCausalLM, HybridHFConfig
+
+    tok = run.tokenizer
+    config = HybridHFConfig(run.model.config, bos_token_id=tok.eos_id, eos_token_id=tok.eos_id, pad_token_id=tok.pad_id)
+    model = HybridForCausalLM(config)
+    model.model.load_state_dict(run.model.state_dict())
+    model.to(run.model.embed.weight.device).eval()
+    model.generation_config.bos_token_id = tok.eos_id  # documents start from eos (see tokenizer.py)
+    model.generation_config.eos_token_id = tok.eos_id
+    model.generation_config.pad_token_id = tok.pad_id
+    return model
+
+
+def export_run(run_dir, out_dir) -> Path:
+    """Write the run's model and tokenizer as a transformers directory; returns ``out_dir``."""
+    run = load_run(run_dir)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    hf_model_from_run(run).save_pretrained(out)
+    to_hf_tokenizer(run.tokenizer).save_pretrained(out)
+    return out

@@ -1,0 +1,61 @@
+"""Our tokenizers as transformers fast tokenizers (for save_pretrained directories and lm-eval).
+
+A ``FileTokenizer`` is its own ``tokenizer.json``. The ``ByteTokenizer`` becomes an equivalent ``tokenizers``
+model: a byte-level pre-tokenizer (each UTF-8 byte shown as one printable character, GPT-2's byte alphabet),
+a BPE without merges whose vocabulary gives byte ``b`` id ``b``, then ``<bos>``, ``<eos>``, ``<pad>`` as 256-258,
+so token ids are identical.
+
+Documents start from ``eos`` in this library (training streams are ``[eos] doc [eos] doc …``, prompts are
+``[eos] + prompt``), so the transformers tokenizer adds ``eos`` in front when asked for special tokens (its
+default, and what lm-eval does), and names it as its ``bos_token``: ``tok(text).input_ids == [eos] + ids``.
+``add_special_tokens=False`` gives the plain ids.
+"""
+from __future__ import annotations
+
+from transformers import PreTrainedTokenizerFast
+
+from ..tokenizer import ByteTokenizer, FileTokenizer, Tokenizer
+
+
+def byte_alphabet() -> list[str]:
+    """The printable character standing for each byte 0..255: bytes that are printable Latin-1 characters stand
+    for themselves, the others take the code points 256, 257, … in byte order."""
+    printable = set(range(ord("!"), ord("~") + 1)) | set(range(ord("¡"), ord("¬") + 1)) | set(range(ord("®"), ord("ÿ") + 1))
+    chars, extra = [], 0
+    for b in range(256):
+        if b in printable:
+            chars.append(chr(b))
+        else:
+            chars.append(chr(256 + extra))
+            extra += 1
+    return chars
+
+
+def _byte_level_tokenizer():
+    from tokenizers import Tokenizer as RawTokenizer
+    from tokenizers import decoders, models, pre_tokenizers
+
+    vocab = {ch: b for b, ch in enumerate(byte_alphabet())}
+    raw = RawTokenizer(models.BPE(vocab=vocab, merges=[]))
+    raw.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    raw.decoder = decoders.ByteLevel()
+    raw.add_special_tokens([ByteTokenizer.specials[i] for i in sorted(ByteTokenizer.specials)])  # ids 256, 257, 258
+    return raw
+
+
+def to_hf_tokenizer(tok: Tokenizer) -> PreTrainedTokenizerFast:
+    """A ``PreTrainedTokenizerFast`` with the same ids as ``tok`` (eos, bos, pad included)."""
+    from tokenizers import Tokenizer as RawTokenizer
+    from tokenizers.processors import TemplateProcessing
+
+    if isinstance(tok, ByteTokenizer):
+        raw = _byte_level_tokenizer()
+    elif isinstance(tok, FileTokenizer):
+        raw = RawTokenizer.from_str(tok._tok.to_str())  # a copy: the run's tokenizer stays as it is
+    else:
+        raise ValueError(f"tokenizer: expected a ByteTokenizer or FileTokenizer, got {type(tok).__name__}")
+    eos = raw.id_to_token(tok.eos_id)
+    raw.post_processor = TemplateProcessing(single=f"{eos} $A", pair=f"{eos} $A {eos} $B:1",
+                                            special_tokens=[(eos, tok.eos_id)])
+    return PreTrainedTokenizerFast(tokenizer_object=raw, eos_token=eos, bos_token=eos,
+                                   pad_token=raw.id_to_token(tok.pad_id))
