@@ -98,7 +98,8 @@ def _fig5(result, path, plt, head):
 def _fig8(result, path, plt):
     P = result.phi.shape[-1]
     shown = list(range(max(0, P - N_FIG8_PAIRS), P))
-    fig, axes = plt.subplots(1, len(shown), figsize=(3 * len(shown), 3.6), sharey=True, squeeze=False)
+    fig, axes = plt.subplots(1, len(shown), figsize=(2.6 * len(shown) + 1.2, 3.6), sharey=True, squeeze=False,
+                             layout="constrained")
     L = result.phi.shape[0]
     colors = torch.arange(L)[:, None].expand(L, result.phi.shape[1])
     for ax, i in zip(axes[0], shown):
@@ -113,7 +114,7 @@ def _fig8(result, path, plt):
         ax.set_title(f"pair {i}, θ={float(result.theta[..., i].mean()):.2e}", fontsize=8)
         ax.set_xlabel("φ_i (rad)")
     axes[0][0].set_ylabel("key radius |k̄_i|")
-    fig.colorbar(sc, ax=axes[0].tolist(), label="layer (analysed index)")
+    fig.colorbar(sc, ax=axes[0].tolist(), label="layer (analysed index)", fraction=0.03, pad=0.01)
     fig.savefig(path, dpi=110)
     plt.close(fig)
 
