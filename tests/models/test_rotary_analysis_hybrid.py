@@ -39,7 +39,8 @@ def _direct_qk(model, batches):
             T = ids.shape[1]
             if attn.carope is None:
                 ang = rotary_angles(torch.arange(T), attn.rotary.inv_freq)  # (T, P)
-                qa, ka = ang.expand(ids.shape[0], H, T, -1).transpose(1, 2), ang.expand(ids.shape[0], G, T, -1).transpose(1, 2)
+                qa = ang[None, :, None].expand(ids.shape[0], T, H, -1)  # (B, T, H, P)
+                ka = ang[None, :, None].expand(ids.shape[0], T, G, -1)  # (B, T, G, P)
             else:
                 inc = attn.carope.increments(x)  # (B, T, G, P)
                 ka = torch.cumsum(inc, dim=1)

@@ -3,9 +3,10 @@
 A model adapter describes each attention layer that rotates q and k by a `RotaryLayer`: the attention module to
 hook, optional `sources` (named sub-modules, e.g. `q_proj`, whose outputs are kept for the call) and an
 `extract(module, args, kwargs, output, seen) -> Captured` (`seen`: source name -> its output during this call)
-that returns that layer's pre-rotation q `(B, T, H, D)` and k `(B, T, G, D)` (G = kv heads; query head h reads kv head h // (H/G)). Each batch is a fresh sequence at
-positions 0 … T − 1, so the rotation is `t·θ_i` unless the adapter returns its own angles (CARoPE: the
-data-dependent phases, plus the per-token increments whose mean becomes the feature's effective θ).
+that returns that layer's pre-rotation q `(B, T, H, D)` and k `(B, T, G, D)` (G = kv heads; query head h
+reads kv head h // (H/G)). Each batch is a fresh sequence at positions 0 … T − 1, so the rotation is `t·θ_i`
+unless the adapter returns its own angles (CARoPE: the data-dependent phases, plus the per-token increments
+whose mean becomes the feature's effective θ).
 
 `capture_statistics(forward, layers, batches)` runs `forward(batch)` under `torch.no_grad()` for every batch,
 with a tqdm bar over tokens, and returns one `LayerStats` per layer. Only running sums are kept: memory is

@@ -178,7 +178,8 @@ def load_hf_causal_lm(name_or_path: str, *, device="cpu", dtype=torch.float32):
         kwargs = {"local_files_only": True}
     except (OSError, ValueError) as e:
         if local.is_dir():
-            raise ModelNotFoundError(f"model: could not load the local directory {source!r}: {_first_line(e)}") from None
+            raise ModelNotFoundError(f"model: could not load the local directory {source!r}: "
+                                     f"{_first_line(e)}") from None
         reason = _hub_offline_reason()
         if reason:
             raise ModelNotFoundError(f"model: {name_or_path!r} is not a local directory nor in the Hugging Face "

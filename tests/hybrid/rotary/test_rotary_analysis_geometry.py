@@ -173,3 +173,25 @@ def test_table2_on_hand_built_features():
     # Definition 3.1 agrees with the LB on these low-frequency pairs
     assert torch.equal(result.is_rof[..., 2:], result.meets_lower_bound[..., 2:])
     assert table2(result, radii=(100,))["rows"][0]["ub_recall"] is None
+
+
+@pytest.mark.parametrize("name, rotary_dim, p_max, scaling", [
+    ("Phi-1", 32, 2048, None),
+    ("Llama-2-7b", 128, 4096, None),
+    ("DeepSeek-V2-Lite", 64, 163840, {"rope_type": "yarn", "factor": 40.0, "original_max_position_embeddings": 4096,
+                                      "beta_fast": 32, "beta_slow": 1, "mscale": 0.707, "mscale_all_dim": 0.707}),
+])
+def test_seed_pct_rof_and_mean_lb_follow_from_the_frequencies(name, rotary_dim, p_max, scaling):
+    """%ROF and the mean LB of the seed's Table 2 depend only on θ (after scaling) and p_max: reproduce them."""
+    from hybrid.rotary import inv_freq
+    from hybrid.rotary.analysis import SEED_TABLE2
+
+    theta = inv_freq(rotary_dim, 10000.0, scaling)[0].double()
+    P = rotary_dim // 2
+    g = torch.Generator().manual_seed(0)
+    stats = _stats_with_means(torch.randn(1, P, 2, generator=g, dtype=torch.float64),
+                              torch.randn(1, P, 2, generator=g, dtype=torch.float64), theta)
+    t = table2(analyze([stats], p_max))
+    _, pct, mean_lb, _ = SEED_TABLE2[name]
+    assert round(t["pct_rof"]) == pct
+    assert round(t["mean_lb"], 2) == mean_lb
