@@ -64,3 +64,26 @@ def test_errors_are_one_line(trained, tmp_path, capsys, monkeypatch):
     one_line_error(capsys, "--head")
     assert analyze_main([str(trained), "--tokens", "0"]) == 2
     one_line_error(capsys, "--tokens")
+
+
+def test_analyze_a_hugging_face_directory(corpus, tmp_path, capsys):
+    transformers = pytest.importorskip("transformers", reason="transformers is not installed (hybrid[analysis])")
+    tokenizers = pytest.importorskip("tokenizers", reason="tokenizers is not installed")
+    chars = sorted(set("".join(p.read_text() for p in corpus.iterdir())))
+    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2, **{c: i + 3 for i, c in enumerate(chars)}}
+    tok = tokenizers.Tokenizer(tokenizers.models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = tokenizers.pre_tokenizers.Split("", "isolated")  # one token per character
+    fast = transformers.PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", bos_token="<s>",
+                                                eos_token="</s>")
+    torch.manual_seed(0)
+    config = transformers.PhiConfig(vocab_size=len(vocab), hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+                                    num_attention_heads=2, max_position_embeddings=20, partial_rotary_factor=0.5)
+    model_dir = tmp_path / "tiny-phi"
+    transformers.PhiForCausalLM(config).save_pretrained(model_dir)
+    fast.save_pretrained(model_dir)
+    out = tmp_path / "analysis"
+    assert analyze_main([str(model_dir), "--data", str(corpus), "--tokens", "100", "--out", str(out), "--no-figures",
+                         "--quiet", "--device", "cpu"]) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert (summary["p_max"], summary["head_dim"], summary["rotary_dim"], summary["layout"]) == (20, 16, 8, "half")
+    assert summary["tokens"] == 100 and len(summary["features"]) == 2 * 2 * 4
