@@ -56,14 +56,14 @@ def one_line_error(capsys, *needles):
 
 
 def test_errors_are_one_line(trained, tmp_path, capsys, monkeypatch):
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    pytest.importorskip("transformers", reason="transformers is not installed: the hub-name path needs it")
-    assert analyze_main(["no-owner/no-model", "--out", str(tmp_path / "a")]) == 2
-    one_line_error(capsys, "no-owner/no-model")
     assert analyze_main([str(trained), "--head", "x", "--out", str(tmp_path / "b")]) == 2
     one_line_error(capsys, "--head")
     assert analyze_main([str(trained), "--tokens", "0"]) == 2
     one_line_error(capsys, "--tokens")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    pytest.importorskip("transformers", reason="transformers is not installed: the hub-name path needs it")
+    assert analyze_main(["no-owner/no-model", "--out", str(tmp_path / "a")]) == 2
+    one_line_error(capsys, "no-owner/no-model", "unreachable")
 
 
 def test_analyze_a_hugging_face_directory(corpus, tmp_path, capsys):
