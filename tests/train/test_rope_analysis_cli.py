@@ -1,0 +1,89 @@
+"""hybrid-rope-analyze: a run directory end to end (summary.json, report.md, figures), the token batcher,
+and one-line errors (exit 2)."""
+import json
+
+import pytest
+import torch
+
+from hybrid.train.cli import train_main
+from hybrid.train.rope_analysis import analyze_main, token_batches
+
+TINY = ["--preset", "transformer", "--d-model", "32", "--n-layers", "2", "--n-heads", "2", "--seq-len", "24",
+        "--batch-size", "4", "--lr", "1e-2", "--warmup", "2", "--eval-batches", "1", "--device", "cpu"]
+
+
+@pytest.fixture
+def trained(corpus, tmp_path_factory):
+    out = tmp_path_factory.mktemp("runs") / "tf"
+    assert train_main(["--data", str(corpus), "--out", str(out), "--steps", "6", *TINY, "--quiet"]) == 0
+    return out
+
+
+def test_analyze_a_run(trained, corpus, tmp_path, capsys):
+    out = tmp_path / "analysis"
+    assert analyze_main([str(trained), "--data", str(corpus), "--tokens", "300", "--out", str(out),
+                         "--batch-size", "2", "--radii", "0.5", "1", "--device", "cpu"]) == 0
+    printed = capsys.readouterr()
+    assert "meet Definition 3.1" in printed.out
+    assert "hybrid-rope-analyze" in printed.err  # the progress bar
+    names = {p.name for p in out.iterdir()}
+    assert {"summary.json", "report.md", "channels.npz", "fig1_max_qk.png", "fig2_angle_std.png",
+            "fig5_offset_curves.png", "fig8_radius_phi.png", "fig10_positional_attention.png"} <= names
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["p_max"] == 24 and summary["tokens"] == 312  # 13 sequences of 24 tokens reach 300
+    assert summary["n_layers"] == 2 and summary["rotary_dim"] == 16
+    assert len(summary["features"]) == 2 * 2 * 8 == summary["table2"]["n_features"]
+    assert [r["radius"] for r in summary["table2"]["rows"]] == [0.5, 1.0]
+    assert "Llama-2-7b (seed)" in (out / "report.md").read_text()
+
+
+def test_token_batches_cut_a_stream():
+    docs = ["abcdefgh", "ij", "klmnopqrstuvwxyz"]
+    batches = list(token_batches(docs, lambda t: [ord(c) for c in t], separator=0, prefix=None, seq_len=5,
+                                 batch_size=2, tokens=12))
+    assert [b.shape for b in batches] == [torch.Size([2, 5]), torch.Size([1, 5])]
+    assert batches[0][0].tolist() == [0, 97, 98, 99, 100]
+    with_bos = list(token_batches(docs, lambda t: [ord(c) for c in t], separator=None, prefix=1, seq_len=4,
+                                  batch_size=1, tokens=4))
+    assert [b.tolist() for b in with_bos] == [[[1, 97, 98, 99]]]
+
+
+def one_line_error(capsys, *needles):
+    err = capsys.readouterr().err
+    assert err.startswith("hybrid-rope-analyze: error: ") and err.count("\n") == 1 and "Traceback" not in err, err
+    for needle in needles:
+        assert needle in err, err
+
+
+def test_errors_are_one_line(trained, tmp_path, capsys, monkeypatch):
+    assert analyze_main([str(trained), "--head", "x", "--out", str(tmp_path / "b")]) == 2
+    one_line_error(capsys, "--head")
+    assert analyze_main([str(trained), "--tokens", "0"]) == 2
+    one_line_error(capsys, "--tokens")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    pytest.importorskip("transformers", reason="transformers is not installed: the hub-name path needs it")
+    assert analyze_main(["no-owner/no-model", "--out", str(tmp_path / "a")]) == 2
+    one_line_error(capsys, "no-owner/no-model", "unreachable")
+
+
+def test_analyze_a_hugging_face_directory(corpus, tmp_path, capsys):
+    transformers = pytest.importorskip("transformers", reason="transformers is not installed (hybrid[analysis])")
+    tokenizers = pytest.importorskip("tokenizers", reason="tokenizers is not installed")
+    chars = sorted(set("".join(p.read_text() for p in corpus.iterdir())))
+    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2, **{c: i + 3 for i, c in enumerate(chars)}}
+    tok = tokenizers.Tokenizer(tokenizers.models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = tokenizers.pre_tokenizers.Split("", "isolated")  # one token per character
+    fast = transformers.PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", bos_token="<s>",
+                                                eos_token="</s>")
+    torch.manual_seed(0)
+    config = transformers.PhiConfig(vocab_size=len(vocab), hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+                                    num_attention_heads=2, max_position_embeddings=20, partial_rotary_factor=0.5)
+    model_dir = tmp_path / "tiny-phi"
+    transformers.PhiForCausalLM(config).save_pretrained(model_dir)
+    fast.save_pretrained(model_dir)
+    out = tmp_path / "analysis"
+    assert analyze_main([str(model_dir), "--data", str(corpus), "--tokens", "100", "--out", str(out), "--no-figures",
+                         "--quiet", "--device", "cpu"]) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert (summary["p_max"], summary["head_dim"], summary["rotary_dim"], summary["layout"]) == (20, 16, 8, "half")
+    assert summary["tokens"] == 100 and len(summary["features"]) == 2 * 2 * 4

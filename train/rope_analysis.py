@@ -1,0 +1,176 @@
+"""``hybrid-rope-analyze``: the rotary outlier analysis (seed 003) of one of our runs or a Hugging Face model.
+
+    hybrid-rope-analyze runs/tf --tokens 200000 --out runs/tf/rope-analysis
+    hybrid-rope-analyze ./Llama-2-7b-hf --data ~/texts --tokens 1000000 --out llama2   [needs hybrid[analysis]]
+
+MODEL is a run directory of ours (its checkpoint/) or a transformers causal LM (local directory or hub name).
+The corpus (``--data``, as for hybrid-train: default this Python's standard library) is read in sequences of
+``--seq-len`` tokens (default: p_max, at most 2048), documents in a fixed shuffled order, until ``--tokens``
+tokens. Outputs in ``--out``: summary.json, channels.npz, report.md and fig{1,2,5,8,10}_*.png (see
+hybrid/rotary/analysis/report.py for the schema and docs/rotary.md for a guide).
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from .cli import UsageError, _guarded, _Parser, _positive_int
+
+DEFAULT_SEQ_CAP = 2048
+
+
+def analyze_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="hybrid-rope-analyze",
+                description="Rotary offset features (seed 003): capture pre-rotation queries and keys over a "
+                            "corpus and write Table 2, the per-feature summary and the figures.",
+                epilog=__doc__.split("\n\n")[1], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("model", metavar="MODEL", help="our run directory, or a Hugging Face model directory or name")
+    p.add_argument("--data", default=None, help="corpus: a path, 'stdlib' (default) or a hub dataset name")
+    p.add_argument("--tokens", type=_positive_int, default=100_000, help="tokens to read (default: 100000)")
+    p.add_argument("--out", default="rope-analysis", metavar="DIR", help="output directory (default: rope-analysis)")
+    p.add_argument("--seq-len", type=_positive_int, default=None,
+                   help=f"tokens per sequence (default: p_max, at most {DEFAULT_SEQ_CAP})")
+    p.add_argument("--batch-size", type=_positive_int, default=1, help="sequences per forward pass (default: 1)")
+    p.add_argument("--p-max", type=_positive_int, default=None,
+                   help="context length for the bounds (default: our training seq_len, or the HF config's "
+                        "max_position_embeddings)")
+    p.add_argument("--radii", type=float, nargs="+", default=[6.0, 9.0, 12.0],
+                   help="outlier key radii for Table 2 (default: 6 9 12, the seed's)")
+    p.add_argument("--head", default=None, metavar="LAYER,HEAD",
+                   help="analysed-layer index and head for figures 5 and 10 (default: the largest key radius)")
+    p.add_argument("--include-retention", action="store_true", help="also analyse retention (M) layers")
+    p.add_argument("--no-figures", action="store_true", help="skip the PNG figures")
+    p.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N (default: auto)")
+    p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="float32",
+                   help="weights' dtype for Hugging Face models (default: float32)")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    return p
+
+
+def _parse_head(text: str | None):
+    if text is None:
+        return None
+    try:
+        layer, head = (int(v) for v in text.split(","))
+    except ValueError:
+        raise UsageError(f"--head: expected LAYER,HEAD (two ints), got {text!r}") from None
+    return layer, head
+
+
+def _documents(data):
+    """The corpus's documents as strings, in a fixed shuffled order."""
+    from .data.prepare import default_cache_dir
+    from .data.sources import resolve_source
+
+    docs = resolve_source(data).load(str(default_cache_dir() / "datasets"))
+    order = np.random.default_rng(0).permutation(len(docs))
+    for i in order:
+        text = docs[int(i)]["text"]
+        if text:
+            yield text
+
+
+def token_batches(docs, encode, *, separator: int | None, prefix: int | None, seq_len: int, batch_size: int,
+                  tokens: int):
+    """Batches `(B, seq_len)` of ids from documents joined by `separator`; each sequence starts with `prefix`
+    (when given). Stops once `tokens` tokens were yielded (the last batch may be smaller)."""
+    body = seq_len - (prefix is not None)
+    if body < 1:
+        raise UsageError(f"--seq-len: expected at least 2 with a BOS prefix, got {seq_len}")
+    buffer: list[int] = []
+    rows, sent = [], 0
+    for doc in docs:
+        if separator is not None:
+            buffer.append(separator)
+        buffer.extend(encode(doc))
+        while len(buffer) >= body and sent < tokens:
+            rows.append(([prefix] if prefix is not None else []) + buffer[:body])
+            del buffer[:body]
+            if len(rows) == batch_size or sent + seq_len * len(rows) >= tokens:
+                yield torch.tensor(rows, dtype=torch.long)
+                sent += seq_len * len(rows)
+                rows = []
+        if sent >= tokens:
+            return
+    if rows:
+        yield torch.tensor(rows, dtype=torch.long)
+    elif sent == 0:
+        raise ValueError(f"--data: the corpus holds fewer than one sequence of {seq_len} tokens")
+
+
+def _load(args, device):
+    """(layers, notes, forward, encode, separator, prefix, p_max, name)."""
+    from .checkpoint import has_checkpoint
+
+    if has_checkpoint(args.model):
+        from hybrid.models.rotary_analysis import hybrid_forward, hybrid_rotary_layers
+
+        from .inference import load_run
+
+        run = load_run(args.model, device=device)
+        layers, notes = hybrid_rotary_layers(run.model, include_retention=args.include_retention)
+        p_max = int(run.train_config.get("seq_len") or 0) or None
+        if p_max is None and args.p_max is None:
+            raise UsageError(f"--p-max: the run {args.model} records no training seq_len; pass --p-max")
+        tok = run.tokenizer
+        return (layers, notes, hybrid_forward(run.model), tok.encode, tok.eos_id, None, p_max,
+                Path(args.model).name or str(args.model))
+    from hybrid.rotary.analysis.hf import hf_rotary_layers, load_hf_causal_lm
+
+    model, tok = load_hf_causal_lm(args.model, device=device, dtype=getattr(torch, args.dtype))
+    if tok is None:
+        raise FileNotFoundError(f"MODEL: {args.model!r} has no tokenizer files; the corpus cannot be encoded")
+    layers, p_max = hf_rotary_layers(model)
+
+    def forward(ids):
+        return model(input_ids=ids.to(device), use_cache=False)
+
+    def encode(text):
+        return tok(text, add_special_tokens=False)["input_ids"]
+
+    sep = tok.eos_token_id if tok.eos_token_id is not None else tok.bos_token_id
+    return layers, [], forward, encode, sep, tok.bos_token_id, p_max, str(args.model)
+
+
+def _analyze(args: argparse.Namespace) -> int:
+    from hybrid.rotary.analysis import analyze, capture_statistics, write_outputs
+
+    from .distributed import resolve_device
+
+    if args.device not in ("auto", "cpu", "cuda") and not args.device.startswith("cuda:"):
+        raise UsageError(f"--device: expected auto, cpu, cuda or cuda:N, got {args.device!r}")
+    if any(not r > 0 for r in args.radii):
+        raise UsageError(f"--radii: expected positive numbers, got {args.radii}")
+    head = _parse_head(args.head)
+    device = resolve_device(args.device)
+    layers, notes, forward, encode, sep, prefix, p_max, name = _load(args, device)
+    p_max = args.p_max or p_max
+    seq_len = args.seq_len or min(p_max, DEFAULT_SEQ_CAP)
+    batches = token_batches(_documents(args.data), encode, separator=sep, prefix=prefix, seq_len=seq_len,
+                            batch_size=args.batch_size, tokens=args.tokens)
+    stats = capture_statistics(forward, layers, batches, total_tokens=args.tokens, progress=not args.quiet,
+                               desc="hybrid-rope-analyze")
+    result = analyze(stats, p_max)
+    summary = write_outputs(result, args.out, model=name, radii=args.radii, notes=notes,
+                            figures=not args.no_figures, head=head)
+    t = summary["table2"]
+    print(f"{name}: {t['n_features']} features, {t['pct_rof']:.0f}% under the upper bound, "
+          f"{t['n_definition_3_1']} meet Definition 3.1; wrote {args.out}/report.md")
+    return 0
+
+
+def analyze_main(argv: list[str] | None = None) -> int:
+    """``hybrid-rope-analyze``: returns the exit status."""
+    try:
+        args = analyze_parser().parse_args(argv)
+    except SystemExit as e:
+        return e.code
+    return _guarded("hybrid-rope-analyze", lambda: _analyze(args))
+
+
+if __name__ == "__main__":
+    sys.exit(analyze_main())
