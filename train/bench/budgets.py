@@ -2,14 +2,15 @@
 
 | budget | for | reference model | training | seeds |
 |---|---|---|---|---|
-| ``smoke`` | the tests: all four suites in ≤ 5 minutes on 2 CPU cores | d 64, 2 layers, 2 heads | 12 steps of 4 × 32 | 1 |
+| ``smoke`` | the tests: all four suites in ≤ 5 minutes on 2 CPU cores | d 64, 3 layers, 2 heads | 12 steps of 4 × 32 | 1 |
 | ``cpu`` | each suite ≤ 60 minutes on 2 CPU cores | d 128, 4 layers, 4 heads | 400 steps of 16 × 128 | 3 |
 | ``gpu`` | about one GPU-hour per suite | d 384, 8 layers, 6 heads | 4000 steps of 32 × 512 | 3 |
 
 ``extra`` holds what only this harness needs: the attention ``window`` of the windowed models, ``warmup``
 steps, ``long_seqs`` (validation sequences of 8 × the training length for the long-context figures),
 ``decode_contexts`` and ``decode_tokens`` (the decoding cost), and ``finetune_steps`` (the extension suite's
-fine-tune at 2×). ``eval_size`` is the number of validation batches behind ``val_bpb``.
+fine-tune at 2×). ``eval_size`` is the number of validation batches behind ``val_bpb``. Every budget has at
+least 3 layers, so that the RRA and MMA hybrids hold an attention layer.
 """
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ __all__ = ["BUDGETS", "bench_budget"]
 
 BUDGETS = {
     "smoke": Budget(name="smoke", models=("-",), steps=12, seq_len=32, seeds=(0,), batch_size=4, d_model=64,
-                    n_layers=2, n_heads=2, lrs=(3e-3,), eval_size=2,
+                    n_layers=3, n_heads=2, lrs=(3e-3,), eval_size=2,
                     extra={"window": 8, "warmup": 2, "long_seqs": 2, "decode_contexts": [64, 128],
                            "decode_tokens": 2, "finetune_steps": 4}),
     "cpu": Budget(name="cpu", models=("-",), steps=400, seq_len=128, seeds=(0, 1, 2), batch_size=16, d_model=128,

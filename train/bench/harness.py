@@ -50,7 +50,8 @@ def _resolve(value, budget: Budget):
 
 
 def suite_configs(suite: Suite, budget: Budget, vocab_size: int) -> dict[str, HybridConfig]:
-    """The model configs of ``budget.models``, each sized to the suite's first model at the budget's width."""
+    """The model configs of ``budget.models``, each sized to the suite's first model at the budget's width: a model
+    within ±5% of it at that width keeps it, any other gets ``match_width``'s d_model (and SwiGLU width)."""
     def config_of(name):
         overrides = {k: _resolve(v, budget) for k, v in suite.models[name].items() if k != "preset"}
         config = HybridConfig.preset(suite.models[name]["preset"], "tiny", d_model=budget.d_model,
@@ -62,11 +63,17 @@ def suite_configs(suite: Suite, budget: Budget, vocab_size: int) -> dict[str, Hy
     target = non_embedding_parameters(reference)
     configs = {}
     for name in budget.models:
-        config = reference if name == reference.meta["model"] else match_width(config_of(name), target, PARAM_TOLERANCE)
+        config = config_of(name)
         n = non_embedding_parameters(config)
+        if abs(n - target) > PARAM_TOLERANCE * target:  # the budget's width unless it misses the reference
+            config = match_width(config, target, PARAM_TOLERANCE)
+            n = non_embedding_parameters(config)
         if abs(n - target) > PARAM_TOLERANCE * target:
             raise ValueError(f"d_model: no width gives {name} {target:,} ± 5% non-embedding parameters "
                              f"(closest {n:,} at d_model {config.d_model}); change the budget's d_model or n_heads")
+        if set(config.layer_types) != set(config.pattern):
+            raise ValueError(f"n_layers: {config.n_layers} layers give {name} the mixers {config.layer_types!r}, "
+                             f"not every letter of its pattern {config.pattern!r}; use at least {len(config.pattern)}")
         configs[name] = config
     return configs
 

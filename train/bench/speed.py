@@ -53,8 +53,15 @@ def non_embedding_parameters(config: HybridConfig) -> int:
     key = json.dumps(config.to_dict(), sort_keys=True, default=str)
     if key not in _SIZE_CACHE:
         with torch.device("meta"):
-            _SIZE_CACHE[key] = HybridLM(config).num_parameters(exclude_embeddings=True)
+            _SIZE_CACHE[key] = _Uninitialised(config).num_parameters(exclude_embeddings=True)
     return _SIZE_CACHE[key]
+
+
+class _Uninitialised(HybridLM):
+    """A HybridLM that skips its weight initialisation: only for counting parameters (fast on meta)."""
+
+    def _init_weights(self) -> None:
+        pass
 
 
 def match_width(config: HybridConfig, target: int, tolerance: float | None = None) -> HybridConfig:
