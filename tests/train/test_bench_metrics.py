@@ -17,6 +17,15 @@ from hybrid.train.data import PreparedData
 from hybrid.train.tokenizer import ByteTokenizer
 
 L = 6  # the "training length"
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """One thread: on a shared 2-core machine two threads spin against other processes (tens of × slower)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
 VOCAB = 264
 
 
