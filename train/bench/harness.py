@@ -13,17 +13,16 @@ function of the seed) with the same AdamW and warmup-cosine schedule.
 Each run's metrics: ``params``; ``val_loss`` / ``val_bpb`` at the training length (``eval_size`` validation
 batches); the long-context figures of ``hybrid.train.bench.quality``; ``tokens_per_s`` (the median of the
 trainer's records, the first one left out as warm-up); ``train_memory_bytes`` (``cost.training_memory``);
-``loss_curve``; for the first seed of each model, ``decode`` at each of the budget's contexts.
+``loss_curve``; for the first seed of each model (fine-tunes aside), ``decode`` at each of the budget's contexts.
 The extension suite adds, on the Transformer's runs, ``extension``: the figures under each scaling at each
-factor; and fine-tune runs (``finetune-pi``, ``finetune-yarn``) that continue a trained Transformer at 2 × the
-length with that scaling for ``finetune_steps`` steps at a tenth of the learning rate.
+factor; and fine-tune runs (``finetune-none``, ``finetune-pi``, ``finetune-yarn``) that continue a trained
+Transformer at 2 × the length with that scaling (none: the control) for ``finetune_steps`` steps at a tenth of the
+learning rate.
 """
 from __future__ import annotations
 
 import statistics
 from pathlib import Path
-
-import torch
 
 from hybrid.models import HybridConfig, HybridLM
 
@@ -150,7 +149,7 @@ def _measure(spec: RunSpec, trainer: Trainer, result, budget: Budget) -> dict:
     if spec.config["suite"] == "extension" and spec.model == "transformer":
         metrics["extension"] = extension_metrics(model, data, seqs, seq_len=base_len,
                                                  factors=[k for k in factors if k > 1])
-    if spec.seed == budget.seeds[0]:
+    if spec.seed == budget.seeds[0] and "base_run" not in spec.config:  # a fine-tune decodes as its base
         limit = model.config.max_positions
         metrics["decode"] = {
             str(c): decode_cost(model, context=c, new_tokens=budget.extra["decode_tokens"])
@@ -202,5 +201,4 @@ def run_bench(suite_name: str, budget: Budget, *, out, data=None, tokenizer=None
     prepared = prepare_data(data, tokenizer=tokenizer)
     vocab = round_vocab_size(prepared.tokenizer.vocab_size)
     specs = suite_specs(suite_name, budget, vocab_size=vocab, data=data, tokenizer=tokenizer, device=device)
-    torch.set_grad_enabled(True)
     return run_suite(Path(out) / suite_name, specs, make_execute(budget), suite=suite_name, verbose=verbose)

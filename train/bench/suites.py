@@ -11,7 +11,8 @@ budget's window; ``"seq_len"`` for its training length.
 - ``positions`` (seed 004, Table 1): RoPE, CARoPE, learned and sinusoidal absolute positions, at the training
   length and at 2×; the seed's GPT-Tiny perplexities go beside ours.
 - ``extension`` (seed 002): the global QK-RoPE Transformer at 2×, 4×, 8× its training length under each
-  context-extension scaling, without fine-tuning, and after a short fine-tune at 2× (PI and YaRN).
+  context-extension scaling, without fine-tuning, and after a short fine-tune at 2× (PI and YaRN, and without
+  scaling as the control: the same extra training at 2L).
 """
 from __future__ import annotations
 
@@ -81,7 +82,8 @@ SUITES = {s.name: s for s in (BASELINES, PLACEMENTS, POSITIONS, EXTENSION)}
 
 # context-extension methods (hybrid.rotary.inv_freq's HF rope_scaling dicts), factor s, training length L
 SCALINGS = ("none", "pi", "ntk", "dynamic", "yarn", "llama3")
-FINETUNES = ("pi", "yarn")  # fine-tuned at 2× with their factor-2 scaling
+# fine-tuned at 2× with their factor-2 scaling; "none" (no scaling, the same extra training) is the control
+FINETUNES = ("none", "pi", "yarn")
 
 
 def scaling_for(method: str, factor: int, seq_len: int) -> dict | None:
