@@ -94,6 +94,17 @@ def test_resume_after_a_run_interrupted_halfway(tmp_path, corpus, monkeypatch):
     assert records[0] == first[0]  # the finished run was skipped, not redone
     assert "Does the hybrid's recurrence carry information" in (suite / "report.md").read_text()
 
+    # the same directory with other settings is refused rather than mixed into the records
+    assert bench_main([*argv, "--set", "rnn_r_max=0.9999"]) == 2
+    assert bench_main([*argv[:-3], "--steps", "4", "--quiet"]) == 2
+    assert records_of(suite) == records
+
+
+def test_set_overrides_every_model_before_sizing():
+    b = bench_budget("smoke", "baselines")
+    configs = suite_configs(SUITES["baselines"], b, vocab_size=320, sets={"rnn_r_max": 0.9999, "window": 4})
+    assert all(c.rnn_r_max == 0.9999 and c.window == 4 for c in configs.values())
+
 
 @pytest.mark.parametrize("budget", ["smoke", "cpu"])
 @pytest.mark.parametrize("suite", list(SUITES))

@@ -10,7 +10,7 @@ import shlex
 import sys
 from pathlib import Path
 
-from ..cli import _guarded, _Parser, _positive_int
+from ..cli import _guarded, _Parser, _positive_int, _set_pair
 from ..suite import ResultsLog, parse_int_list, parse_name_list
 from .budgets import BUDGETS, bench_budget
 from .suites import SUITES
@@ -23,6 +23,7 @@ examples:
   hybrid-bench --suite all --budget smoke --out runs/smoke           # every suite in minutes
   hybrid-bench --suite placements --budget cpu --seeds 0 --models qk,nope,v
   hybrid-bench --suite baselines --out runs/bench --report-only      # rewrite report.md from the records
+  hybrid-bench --suite baselines --models hybrid,transformer-window --set rnn_r_max=0.9999 --out runs/decay
 
 outputs in OUT/<suite>/: results.jsonl (one record per finished run), <model>/seed<k>/ (run directories that
 hybrid.train.load_run opens), report.md and its PNG plots. Run the same command again to continue.
@@ -42,6 +43,9 @@ def bench_parser() -> argparse.ArgumentParser:
     p.add_argument("--seq-len", type=_positive_int, default=None, help="override the budget's training length L")
     p.add_argument("--seeds", default=None, help="override the budget's seeds, e.g. 0,1,2")
     p.add_argument("--models", default=None, help="only these models of the suite, e.g. transformer,hybrid")
+    p.add_argument("--set", dest="sets", metavar="KEY=VALUE", type=_set_pair, action="append", default=[],
+                   help="a HybridConfig field for every model of the suite, VALUE parsed as JSON (e.g. --set "
+                        "rnn_r_max=0.9999); use a fresh --out, the records do not mix settings; repeatable")
     p.add_argument("--data", default=None, metavar="PATH_OR_DATASET",
                    help="any --data that hybrid-train accepts (default: this Python's stdlib sources)")
     p.add_argument("--tokenizer", default=None, metavar="PATH", help="a tokenizer.json (default: bytes)")
@@ -78,7 +82,7 @@ def _run(args: argparse.Namespace, argv: list[str]) -> int:
                 raise ValueError(f"--report-only: expected records in {directory / 'results.jsonl'}, found none")
         else:
             records = run_bench(name, budget, out=args.out, data=args.data, tokenizer=args.tokenizer,
-                                device=args.device, verbose=not args.quiet)
+                                device=args.device, sets=dict(args.sets), verbose=not args.quiet)
         path = write_bench_report(directory, name, records, budget_text=budget.describe(), command=command)
         print(f"report: {path}", flush=True)
     return 0

@@ -21,6 +21,7 @@ learning rate.
 """
 from __future__ import annotations
 
+import json
 import statistics
 from pathlib import Path
 
@@ -29,7 +30,7 @@ from hybrid.models import HybridConfig, HybridLM
 from ..checkpoint import load_checkpoint
 from ..config import TrainConfig
 from ..data import prepare_data
-from ..suite import Budget, RunSpec, run_suite
+from ..suite import Budget, ResultsLog, RunSpec, run_suite
 from ..tokenizer import round_vocab_size
 from ..trainer import Trainer
 from .cost import decode_cost, training_memory
@@ -48,11 +49,13 @@ def _resolve(value, budget: Budget):
         if isinstance(value, str) else value
 
 
-def suite_configs(suite: Suite, budget: Budget, vocab_size: int) -> dict[str, HybridConfig]:
+def suite_configs(suite: Suite, budget: Budget, vocab_size: int, sets: dict | None = None) -> dict[str, HybridConfig]:
     """The model configs of ``budget.models``, each sized to the suite's first model at the budget's width: a model
-    within ±5% of it at that width keeps it, any other gets ``match_width``'s d_model (and SwiGLU width)."""
+    within ±5% of it at that width keeps it, any other gets ``match_width``'s d_model (and SwiGLU width).
+    ``sets`` (``--set``) overrides HybridConfig fields of every model, after the suite's own."""
     def config_of(name):
         overrides = {k: _resolve(v, budget) for k, v in suite.models[name].items() if k != "preset"}
+        overrides.update(sets or {})
         config = HybridConfig.preset(suite.models[name]["preset"], "tiny", d_model=budget.d_model,
                                      n_layers=budget.n_layers, n_heads=budget.n_heads, vocab_size=vocab_size,
                                      **overrides)
@@ -90,10 +93,10 @@ def _train_config(budget: Budget, model: HybridConfig, seed: int, *, data, token
 
 
 def suite_specs(suite_name: str, budget: Budget, *, vocab_size: int, data=None, tokenizer=None,
-                device: str = "auto") -> list[RunSpec]:
+                device: str = "auto", sets: dict | None = None) -> list[RunSpec]:
     """One RunSpec per model and seed (and, for ``extension``, per fine-tune and seed), in run order."""
     suite = SUITES[suite_name]
-    configs = suite_configs(suite, budget, vocab_size)
+    configs = suite_configs(suite, budget, vocab_size, sets)
     common = {"suite": suite_name, "budget": budget.to_dict(), "factors": [1, *suite.factors]}
     specs = []
     for name, config in configs.items():
@@ -195,10 +198,25 @@ def make_execute(budget: Budget, verbose: bool = False):
     return execute
 
 
+def check_records_match(directory: Path, specs: list[RunSpec]) -> None:
+    """A finished run is only skipped if it was trained as asked now; otherwise the suite would mix settings."""
+    done = ResultsLog(directory).by_run()
+    for spec in specs:
+        record = done.get(spec.run)
+        if record is None:
+            continue
+        asked = {k: spec.config[k] for k in ("model", "train")}
+        if {k: record["config"].get(k) for k in asked} != json.loads(json.dumps(asked)):
+            raise ValueError(f"out: {directory / spec.run} was trained with another model or training config than "
+                             f"this command asks for (budget, --steps, --seq-len, --set, --data); use another --out")
+
+
 def run_bench(suite_name: str, budget: Budget, *, out, data=None, tokenizer=None, device: str = "auto",
-              verbose: bool = True) -> list[dict]:
+              sets: dict | None = None, verbose: bool = True) -> list[dict]:
     """Train and measure what is not finished in ``OUT/<suite>``; return the suite's records."""
     prepared = prepare_data(data, tokenizer=tokenizer)
     vocab = round_vocab_size(prepared.tokenizer.vocab_size)
-    specs = suite_specs(suite_name, budget, vocab_size=vocab, data=data, tokenizer=tokenizer, device=device)
+    specs = suite_specs(suite_name, budget, vocab_size=vocab, data=data, tokenizer=tokenizer, device=device,
+                        sets=sets)
+    check_records_match(Path(out) / suite_name, specs)
     return run_suite(Path(out) / suite_name, specs, make_execute(budget), suite=suite_name, verbose=verbose)
