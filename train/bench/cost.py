@@ -16,6 +16,7 @@ Decoding: a chunked prefill of ``context`` tokens, one warm-up step, then the me
 """
 from __future__ import annotations
 
+import contextlib
 import time
 
 import torch
@@ -35,8 +36,10 @@ def _ids(model, batch_size: int, length: int, seed: int = 0) -> torch.Tensor:
     return torch.randint(0, model.config.vocab_size, (batch_size, length), generator=generator).to(device)
 
 
-def training_memory(model: torch.nn.Module, *, batch_size: int, seq_len: int) -> dict:
-    """Peak training memory of one step; see the module docstring for what is counted on each device."""
+def training_memory(model: torch.nn.Module, *, batch_size: int, seq_len: int,
+                    autocast=contextlib.nullcontext) -> dict:
+    """Peak training memory of one step (its forward under ``autocast()``, as the trainer runs it); see the
+    module docstring for what is counted on each device."""
     device = model.embed.weight.device
     ids = _ids(model, batch_size, seq_len + 1)
     x, y = ids[:, :-1], ids[:, 1:]
@@ -53,13 +56,14 @@ def training_memory(model: torch.nn.Module, *, batch_size: int, seq_len: int) ->
         if device.type == "cuda":
             _sync(device)
             torch.cuda.reset_peak_memory_stats(device)
-            logits, _ = model(x)
+            with autocast():
+                logits, _ = model(x)
             F.cross_entropy(logits.float().flatten(0, 1), y.flatten()).backward()
             _sync(device)
             result = {"train_memory_bytes": int(torch.cuda.max_memory_allocated(device)),
                       "memory_kind": "cuda max allocated"}
         else:
-            with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), autocast():
                 logits, _ = model(x)
                 loss = F.cross_entropy(logits.float().flatten(0, 1), y.flatten())
             loss.backward()

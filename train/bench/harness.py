@@ -143,7 +143,7 @@ def _measure(spec: RunSpec, trainer: Trainer, result, budget: Budget) -> dict:
         "val_bpb": result.val_bpb, "bytes_per_token": data.bytes_per_token,
         "tokens_per_s": statistics.median(speeds) if speeds else None,
         "loss_curve": [[r["step"], r["loss"]] for r in train_records],
-        **training_memory(model, batch_size=budget.batch_size, seq_len=L),
+        **training_memory(model, batch_size=budget.batch_size, seq_len=L, autocast=trainer.autocast),
     }
     factors = spec.config["factors"]
     base_len = budget.seq_len  # the long-context figures count in the pre-training length
