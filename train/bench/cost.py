@@ -12,7 +12,8 @@ Training memory, one forward + backward of the cross-entropy at ``(batch_size, s
   the interpreter, so it is a lower bound of the process's growth, identical on every machine.
 
 Decoding: a chunked prefill of ``context`` tokens, one warm-up step, then the mean wall time of
-``new_tokens`` recurrent steps (greedy), and the state's bytes after the context (``HybridState.nbytes``).
+``new_tokens`` recurrent steps (greedy), each continuing the newest state, and the state's bytes after the
+context (``HybridState.nbytes``).
 """
 from __future__ import annotations
 
@@ -92,7 +93,8 @@ def decode_cost(model: torch.nn.Module, *, context: int, new_tokens: int, chunk_
         prefill = time.perf_counter() - start
         state_bytes = state.nbytes
         token = logits[:, -1].argmax(-1)
-        model.step(token, state)  # warm-up
+        logits, state = model.step(token, state)  # warm-up; a windowed state is continued only once
+        token = logits.argmax(-1)
         _sync(device)
         start = time.perf_counter()
         for _ in range(new_tokens):
