@@ -187,7 +187,7 @@ def placements_table(groups) -> str:
     rows = [[m, fmt_mean_std(_values(groups[m], "val_loss")), f"{r:g}", f"{s:.3f}", f"{sr:g}"]
             for m, r, s, sr in zip(names, ours_rank, seed, seed_rank)]
     rho = spearman(ours, seed)
-    return ("## Against seed 001 (rotary placements)\n\nOur validation loss is nats per byte, the seed's per "
+    return ("## Against seed 001 (rotary placements)\n\nOur validation loss is in nats per byte-level token, the seed's per "
             "GPT-2 token: compare the orderings.\n\n"
             + markdown_table(["placement", "our val loss", "our rank", "seed loss", "seed rank"], rows)
             + f"\n\nSpearman rank correlation of our ordering with the seed's: **ρ = {rho:.3f}** "
