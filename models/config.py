@@ -21,6 +21,7 @@ from dataclasses import dataclass, field, fields
 
 import torch
 
+from hybrid.abs_pos import ABS_POS_KINDS
 from hybrid.recurrence import PHASES as RNN_PHASES
 from hybrid.rotary import PHASE_MAPS, PLACEMENTS, inv_freq, parse_placement
 
@@ -91,6 +92,10 @@ class HybridConfig:
     rope_layout: str = "interleaved"  # or "half"
     rotary_dim: int | None = None  # partial rotary (attention); default head_dim
     carope: bool = False  # context-aware phases (attention and recurrence)
+    # absolute positions added to the token embedding: None, "learned" (a table of abs_pos_max_len vectors;
+    # longer inputs are an error) or "sinusoidal" (fixed, any length)
+    abs_pos: str | None = None
+    abs_pos_max_len: int | None = None
     # recurrence (R)
     rnn_r_min: float = 0.9
     rnn_r_max: float = 0.999
@@ -184,6 +189,19 @@ class HybridConfig:
             raise ValueError(f"rnn_phase_map: expected one of {PHASE_MAPS}, got {self.rnn_phase_map!r}")
         if self.rnn_phase == "carope" and self.rope_scaling is not None and "R" in self.pattern:
             raise ValueError("rnn_phase: CARoPE has no context-extension scaling; set rope_scaling=None or another rnn_phase")
+        if self.abs_pos is not None and self.abs_pos not in ABS_POS_KINDS:
+            raise ValueError(f"abs_pos: expected None or one of {ABS_POS_KINDS}, got {self.abs_pos!r}")
+        if self.abs_pos == "learned":
+            if self.abs_pos_max_len is None:
+                raise ValueError("abs_pos_max_len: abs_pos='learned' needs the table length, expected a positive int, got None")
+            positive_int("abs_pos_max_len")
+        elif self.abs_pos_max_len is not None:
+            raise ValueError(
+                f"abs_pos_max_len: only abs_pos='learned' has a table length, expected None with abs_pos="
+                f"{self.abs_pos!r}, got {self.abs_pos_max_len!r}"
+            )
+        if self.abs_pos == "sinusoidal" and self.d_model % 2:
+            raise ValueError(f"d_model: sinusoidal positions need an even d_model, got {self.d_model}")
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype: expected one of {list(DTYPES)}, got {self.dtype!r}")
         for name in ("tie_embeddings", "shared_kv", "attention_bias", "carope", "rnn_selective"):
@@ -217,6 +235,11 @@ class HybridConfig:
     def state_is_fixed(self) -> bool:
         """True when the decode state does not grow with the sequence (no global attention layer)."""
         return "A" not in self.layer_types or self.window is not None
+
+    @property
+    def max_positions(self) -> int | None:
+        """The longest sequence the model can take (learned absolute positions), None when unlimited."""
+        return self.abs_pos_max_len if self.abs_pos == "learned" else None
 
     # ------------------------------------------------------------------------------------------ I/O
 

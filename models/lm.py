@@ -1,6 +1,6 @@
 """HybridLM: a stack of pre-norm blocks whose token mixers follow the config's pattern.
 
-    h = embed(ids)
+    h = embed(ids) (+ absolute positions, when config.abs_pos is set)
     for each layer:  h = h + mixer(rmsnorm(h));  h = h + swiglu(rmsnorm(h))
     logits = lm_head(rmsnorm(h))                      (lm_head tied to the embedding by default)
 
@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 from hybrid import MultiScaleRetention, RMSNorm, SwiGLU
+from hybrid.abs_pos import AbsolutePositions, sinusoidal_scale
 
 from .config import HybridConfig
 from .mixers import build_mixer
@@ -62,6 +63,8 @@ class HybridLM(nn.Module):
             raise ValueError(f"config: expected a HybridConfig, got {type(config).__name__}")
         self.config = config
         self.embed = nn.Embedding(config.vocab_size, config.d_model)
+        self.abs_pos = None if config.abs_pos is None else AbsolutePositions(
+            config.abs_pos, config.d_model, max_len=config.abs_pos_max_len, scale=sinusoidal_scale(config.init_std))
         self.blocks = nn.ModuleList(Block(config, letter) for letter in config.layer_types)
         self.norm = RMSNorm(config.d_model, eps=config.norm_eps)
         self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
@@ -90,8 +93,22 @@ class HybridLM(nn.Module):
                 nn.init.normal_(block.mixer.out_proj.weight, mean=0.0, std=depth_std)
 
     def num_parameters(self, exclude_embeddings: bool = False) -> int:
+        """All parameters, or without the token and (learned) position embedding tables."""
         n = sum(p.numel() for p in self.parameters())
-        return n - self.embed.weight.numel() if exclude_embeddings else n
+        if exclude_embeddings:
+            n -= self.embed.weight.numel()
+            if self.abs_pos is not None and self.abs_pos.kind == "learned":
+                n -= self.abs_pos.table.weight.numel()
+        return n
+
+    def _embed(self, ids: torch.Tensor, offset: int) -> torch.Tensor:
+        """Token embeddings ``(B, T, d)`` (or ``(B, d)`` for one step) plus absolute positions offset … offset+T−1."""
+        h = self.embed(ids)
+        if self.abs_pos is None:
+            return h
+        T = ids.shape[1] if ids.dim() == 2 else 1
+        pos = self.abs_pos(offset, T, device=h.device, dtype=h.dtype)  # (T, d)
+        return h + (pos if ids.dim() == 2 else pos[0])
 
     # ------------------------------------------------------------------------------------------ state
 
@@ -158,7 +175,7 @@ class HybridLM(nn.Module):
         return (logits[0] if len(logits) == 1 else torch.cat(logits, dim=1)), state
 
     def _forward_block(self, ids: torch.Tensor, state: HybridState):
-        h = self.embed(ids)  # (B, T, d_model)
+        h = self._embed(ids, state.offset)  # (B, T, d_model)
         layers = []
         for block, layer_state in zip(self.blocks, state.layers):
             h, layer_state = block(h, layer_state)
@@ -170,7 +187,7 @@ class HybridLM(nn.Module):
         if token_ids.dim() != 1:
             raise ValueError(f"token_ids: expected shape (B,), got {tuple(token_ids.shape)}")
         state = self._check_state(state, token_ids.shape[0])
-        h = self.embed(token_ids)  # (B, d_model)
+        h = self._embed(token_ids, state.offset)  # (B, d_model)
         layers = []
         for block, layer_state in zip(self.blocks, state.layers):
             h, layer_state = block.step(h, layer_state)

@@ -12,6 +12,8 @@
 from __future__ import annotations
 
 import argparse
+import json
+import math
 import platform
 import statistics
 import time
@@ -19,6 +21,8 @@ import time
 import torch
 
 from hybrid.models import HybridConfig, HybridLM
+
+from .cost import decode_cost
 
 PRESET_NAMES = ("transformer", "retnet", "vo-rnn", "hybrid")
 
@@ -41,19 +45,59 @@ def timed(fn, device, reps: int) -> float:
     return statistics.median(times)
 
 
+_SIZE_CACHE: dict[str, int] = {}
+
+
+def non_embedding_parameters(config: HybridConfig) -> int:
+    """Parameters without the token and position tables, counted on the meta device (nothing allocated)."""
+    key = json.dumps(config.to_dict(), sort_keys=True, default=str)
+    if key not in _SIZE_CACHE:
+        with torch.device("meta"):
+            _SIZE_CACHE[key] = _Uninitialised(config).num_parameters(exclude_embeddings=True)
+    return _SIZE_CACHE[key]
+
+
+class _Uninitialised(HybridLM):
+    """A HybridLM that skips its weight initialisation: only for counting parameters (fast on meta)."""
+
+    def _init_weights(self) -> None:
+        pass
+
+
+def match_width(config: HybridConfig, target: int, tolerance: float | None = None) -> HybridConfig:
+    """``config`` with the d_model (a multiple of 2·n_heads) whose non-embedding size is closest to ``target``.
+
+    The size grows with d_model, so the width is found by bisection. With ``tolerance`` (a fraction, e.g.
+    0.05) and no width within it, the SwiGLU width is searched as well (hidden a multiple of 32 between 2
+    and 4 × d_model, at the widths around the best): of the sizes within the tolerance, the one whose
+    mlp_ratio is nearest the config's; when none is within, the closest size.
+    """
+    step = 2 * config.n_heads
+    size = lambda d: non_embedding_parameters(config.replace(d_model=d * step))  # noqa: E731
+    lo, hi = max(1, 4 * config.n_heads // step), 4096 // step  # in units of step
+    while lo < hi:  # the smallest width whose size reaches the target (or the largest width)
+        mid = (lo + hi) // 2
+        lo, hi = (mid + 1, hi) if size(mid) < target else (lo, mid)
+    units = min((u for u in (lo - 1, lo) if u >= 1), key=lambda u: abs(size(u) - target))
+    best = config.replace(d_model=units * step)
+    if tolerance is None or abs(size(units) - target) <= tolerance * target:
+        return best
+    scored = []
+    for u in range(max(1, units - 2), units + 3):
+        d_model = u * step
+        for hidden in range(32 * math.ceil(2 * d_model / 32), 4 * d_model + 1, 32):
+            candidate = config.replace(d_model=d_model, mlp_ratio=hidden / d_model)
+            n = non_embedding_parameters(candidate)
+            within = abs(n - target) <= tolerance * target
+            scored.append((not within, abs(hidden / d_model - config.mlp_ratio), abs(n - target), candidate))
+    return min(scored, key=lambda s: s[:3])[3]
+
+
 def matched_config(name: str, target: int, n_layers: int, n_heads: int, vocab: int, window: int) -> HybridConfig:
     """The preset with the d_model (a multiple of 2·n_heads) whose non-embedding size is closest to target."""
-    best = None
-    for d_model in range(8 * n_heads, 2048 + 1, 2 * n_heads):
-        config = HybridConfig.preset(name, "tiny", d_model=d_model, n_layers=n_layers, n_heads=n_heads,
-                                     vocab_size=vocab, **({"window": window} if name == "hybrid" else {}))
-        with torch.device("meta"):
-            n = HybridLM(config).num_parameters(exclude_embeddings=True)
-        if best is None or abs(n - target) < abs(best[1] - target):
-            best = (config, n)
-        if n > target:
-            break
-    return best[0]
+    config = HybridConfig.preset(name, "tiny", n_layers=n_layers, n_heads=n_heads, vocab_size=vocab,
+                                 **({"window": window} if name == "hybrid" else {}))
+    return match_width(config, target)
 
 
 def training_table(device, dtype, d_model, n_layers, n_heads, seq_len, batch, reps) -> list[str]:
@@ -101,23 +145,9 @@ def decoding_table(device, dtype, contexts, new_tokens, d_model, n_layers, n_hea
         torch.manual_seed(0)
         model = HybridLM(config).to(device).eval()
         for context in contexts:
-            ids = torch.randint(0, vocab, (1, context), device=device)
-            with torch.no_grad():
-                sync(device)
-                start = time.perf_counter()
-                logits, state = model(ids, mode="chunked", chunk_size=1024)
-                sync(device)
-                prefill = time.perf_counter() - start
-                token = logits[:, -1].argmax(-1)
-                model.step(token, state)  # warm-up
-                sync(device)
-                start = time.perf_counter()
-                for _ in range(new_tokens):
-                    logits, state = model.step(token, state)
-                    token = logits.argmax(-1)
-                sync(device)
-                per_token = (time.perf_counter() - start) / new_tokens
-            rows.append(f"| {name} | {context} | {prefill:.2f} | {per_token * 1e3:.2f} | {state.nbytes:,} |")
+            cost = decode_cost(model, context=context, new_tokens=new_tokens)
+            rows.append(f"| {name} | {context} | {cost['prefill_s']:.2f} | {cost['ms_per_token']:.2f} | "
+                        f"{cost['state_bytes']:,} |")
     return rows
 
 

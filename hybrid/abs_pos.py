@@ -1,0 +1,69 @@
+"""Absolute position embeddings, added to the token embedding: a learned table or fixed sinusoids.
+
+    pos = AbsolutePositions("sinusoidal", d_model=128)
+    h = embed(ids) + pos(offset, T)                   # (B, T, d) + (T, d), positions offset … offset+T−1
+
+- ``"learned"``: one trained vector per position, ``max_len`` of them (Devlin et al.); a position ≥ ``max_len``
+  has no vector, and asking for one is an error.
+- ``"sinusoidal"``: Vaswani et al.'s fixed table, ``PE(p, 2i) = sin(p·ω_i)``, ``PE(p, 2i+1) = cos(p·ω_i)``,
+  ``ω_i = 10000^(−2i/d)``, for any position (it extrapolates). It is scaled by ``scale`` (the model passes its
+  ``init_std·√2``), so that each coordinate's RMS equals the token embeddings' and the learned table's at
+  initialisation; unscaled, the sinusoids would be ~50× the tokens and the pre-norm would see mostly position.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from .checks import check_positive_int
+
+ABS_POS_KINDS = ("learned", "sinusoidal")
+
+
+def sinusoidal_table(positions: torch.Tensor, dim: int) -> torch.Tensor:
+    """``(n, dim)`` float64 sinusoids at integer ``positions`` ``(n,)``; ``dim`` even."""
+    omega = torch.pow(10000.0, -torch.arange(0, dim, 2, dtype=torch.float64) / dim)  # (dim/2,)
+    angles = positions.to(torch.float64)[:, None] * omega  # (n, dim/2)
+    return torch.stack((angles.sin(), angles.cos()), dim=-1).flatten(-2)  # (n, dim): sin, cos interleaved
+
+
+class AbsolutePositions(nn.Module):
+    """``forward(offset, length) -> (length, d_model)``: the vectors of positions offset … offset+length−1."""
+
+    def __init__(self, kind: str, d_model: int, *, max_len: int | None = None, scale: float = 1.0):
+        super().__init__()
+        if kind not in ABS_POS_KINDS:
+            raise ValueError(f"kind: expected one of {ABS_POS_KINDS}, got {kind!r}")
+        check_positive_int("d_model", d_model)
+        if kind == "learned":
+            check_positive_int("max_len", max_len)
+            self.table = nn.Embedding(max_len, d_model)
+        else:
+            if d_model % 2:
+                raise ValueError(f"d_model: sinusoids come in sin/cos pairs, expected an even number, got {d_model}")
+            if max_len is not None:
+                raise ValueError(f"max_len: sinusoids have no length limit, expected None, got {max_len!r}")
+        self.kind, self.d_model, self.max_len, self.scale = kind, d_model, max_len, float(scale)
+
+    def extra_repr(self) -> str:
+        return f"{self.kind!r}, d_model={self.d_model}, max_len={self.max_len}, scale={self.scale:g}"
+
+    def forward(self, offset: int, length: int, device=None, dtype=None) -> torch.Tensor:
+        end = offset + length
+        if self.kind == "learned":
+            if end > self.max_len:
+                raise ValueError(
+                    f"positions: learned absolute positions cover 0 … {self.max_len - 1} (abs_pos_max_len), "
+                    f"got positions up to {end - 1}"
+                )
+            ids = torch.arange(offset, end, device=self.table.weight.device)
+            return self.table(ids)  # (length, d_model)
+        table = sinusoidal_table(torch.arange(offset, end), self.d_model) * self.scale  # (length, d_model)
+        return table.to(device=device, dtype=dtype if dtype is not None else torch.get_default_dtype())
+
+
+def sinusoidal_scale(init_std: float) -> float:
+    """The sinusoid amplitude whose per-coordinate RMS (amplitude/√2) is ``init_std``."""
+    return init_std * math.sqrt(2.0)

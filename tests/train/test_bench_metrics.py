@@ -1,0 +1,147 @@
+"""hybrid-bench metrics against direct computations on tiny models: bits per byte at k × L (full-context and
+streaming, whole and last window), loss by position, training memory, decoding state, rank correlation."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from hybrid.models import HybridConfig, HybridLM
+from hybrid.train.bench.cost import decode_cost, training_memory
+from hybrid.train.bench.quality import context_metrics, long_sequences, position_edges, token_losses
+from hybrid.train.bench.report import ranks, spearman
+from hybrid.train.data import PreparedData
+from hybrid.train.tokenizer import ByteTokenizer
+
+L = 6  # the "training length"
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """One thread: on a shared 2-core machine two threads spin against other processes (tens of × slower)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+VOCAB = 264
+
+
+def prepared(n_tokens=200, valid_bytes=150, seed=0) -> PreparedData:
+    rng = np.random.default_rng(seed)
+    valid = rng.integers(0, 259, n_tokens).astype(np.uint16)
+    return PreparedData(train=valid.copy(), valid=valid, tokenizer=ByteTokenizer(),
+                        stats={"valid_bytes": valid_bytes})
+
+
+def model_of(**overrides) -> HybridLM:
+    torch.manual_seed(0)
+    # init_std 0.5: logits far from uniform, so that every position and mixer shows in the losses
+    fields = dict(vocab_size=VOCAB, d_model=12, n_heads=2, n_layers=2, pattern="RA", window=4, init_std=0.5)
+    config = HybridConfig(**{**fields, **overrides})
+    return HybridLM(config).eval()
+
+
+def direct_losses(model, seqs: torch.Tensor) -> torch.Tensor:
+    """Cross-entropy of every target, one sequence at a time, from log-softmax in float64."""
+    rows = []
+    with torch.no_grad():
+        for seq in seqs:
+            logits, _ = model(seq[None, :-1])
+            logp = torch.log_softmax(logits[0].double(), dim=-1)  # (T, V)
+            rows.append(-logp.gather(1, seq[1:, None]).squeeze(1))
+    return torch.stack(rows)
+
+
+def test_long_sequences_are_consecutive_blocks_of_the_stream():
+    data = prepared()
+    seqs = long_sequences(data.valid, length=8 * L, count=3)
+    assert seqs.shape == (3, 8 * L + 1)
+    for i in range(3):
+        assert seqs[i].tolist() == data.valid[i * 8 * L: (i + 1) * 8 * L + 1].tolist()
+    with pytest.raises(ValueError, match="count: the validation stream .* holds 4 sequences of 48 tokens, expected at least 5"):
+        long_sequences(data.valid, length=8 * L, count=5)
+
+
+def test_position_edges():
+    assert position_edges(8, 4) == [0, 2, 4, 6, 8, 16, 24, 32]
+    assert position_edges(2, 2) == [0, 1, 2, 4]  # quarters collapse at tiny lengths
+
+
+def test_bpb_is_mean_loss_over_ln2_per_byte_and_streaming_equals_full_context():
+    data = prepared()
+    model = model_of()
+    seqs = long_sequences(data.valid, length=8 * L, count=3)
+    m = context_metrics(model, data, seqs, seq_len=L, factors=(1, 2, 4, 8), batch_size=2)
+    bytes_per_token = 150 / 199
+    for k in (1, 2, 4, 8):
+        losses = direct_losses(model, seqs[:, :k * L + 1])  # (3, kL)
+        whole = losses.mean().item() / math.log(2) / bytes_per_token
+        last = losses[:, (k - 1) * L:].mean().item() / math.log(2) / bytes_per_token
+        assert m[f"bpb_full_{k}x"] == pytest.approx(whole, rel=1e-6)
+        assert m[f"bpb_full_{k}x_last"] == pytest.approx(last, rel=1e-6)
+        # no position limit, nothing length-dependent: streaming in chunks of L is the same model
+        assert m[f"bpb_stream_{k}x"] == pytest.approx(whole, rel=1e-5)
+        assert m[f"bpb_stream_{k}x_last"] == pytest.approx(last, rel=1e-5)
+    losses = direct_losses(model, seqs)
+    edges = m["position_edges"]
+    assert edges == position_edges(L, 8)
+    for (a, b), got in zip(zip(edges[:-1], edges[1:]), m["position_bpb"]):
+        assert got == pytest.approx(losses[:, a:b].mean().item() / math.log(2) / bytes_per_token, rel=1e-6)
+
+
+def test_streaming_differs_where_the_frequencies_follow_the_length():
+    """Dynamic NTK rescales with the length processed so far: chunk by chunk is not one long forward."""
+    data = prepared()
+    scaling = {"rope_type": "dynamic", "factor": 1.0, "original_max_position_embeddings": L}
+    model = model_of(rope_scaling=scaling, pattern="A", window=None, rope_placement="qk")
+    seqs = long_sequences(data.valid, length=4 * L, count=2)
+    m = context_metrics(model, data, seqs, seq_len=L, factors=(4,))
+    assert abs(m["bpb_stream_4x"] - m["bpb_full_4x"]) > 1e-4 * m["bpb_full_4x"]
+    stream = token_losses(model, seqs, mode="chunked", chunk_size=L)
+    assert m["bpb_stream_4x"] == pytest.approx(data.bpb(stream.mean().item()), rel=1e-9)
+
+
+def test_learned_positions_have_no_figures_past_their_table():
+    data = prepared()
+    model = model_of(abs_pos="learned", abs_pos_max_len=2 * L)
+    seqs = long_sequences(data.valid, length=4 * L, count=2)
+    m = context_metrics(model, data, seqs, seq_len=L, factors=(1, 2, 4))
+    assert m["bpb_full_2x"] is not None and m["bpb_stream_2x"] is not None
+    assert m["bpb_full_4x"] is None and m["bpb_stream_4x_last"] is None and m["position_bpb"] is None
+    losses = direct_losses(model, seqs[:, :2 * L + 1])
+    assert m["bpb_stream_2x"] == pytest.approx(data.bpb(losses.mean().item()), rel=1e-5)
+
+
+def test_training_memory_counts_weights_grads_moments_and_saved_activations():
+    model = model_of()
+    weights = sum(p.numel() * 4 for p in model.parameters())
+    short = training_memory(model, batch_size=2, seq_len=5)["train_memory_bytes"]
+    long = training_memory(model, batch_size=2, seq_len=10)["train_memory_bytes"]
+    assert short > 4 * weights  # activations on top of weights, grads and two AdamW moments
+    assert long - 4 * weights > 1.5 * (short - 4 * weights)  # activations grow with the length
+    assert all(p.grad is None for p in model.parameters())
+
+
+def test_decode_state_bytes_are_the_cache_and_the_recurrent_state():
+    config = HybridConfig(vocab_size=VOCAB, d_model=12, n_heads=2, n_layers=2, pattern="A", rope_placement="qk")
+    model = HybridLM(config).eval()
+    for context in (7, 13):
+        cost = decode_cost(model, context=context, new_tokens=2)
+        # a global attention cache: keys and values, per layer, per held token, float32
+        assert cost["state_bytes"] == 2 * 2 * context * 12 * 4
+        assert cost["ms_per_token"] > 0 and cost["context"] == context
+    windowed = HybridLM(config.replace(pattern="RA", window=4)).eval()
+    assert decode_cost(windowed, context=7, new_tokens=1)["state_bytes"] == \
+        decode_cost(windowed, context=13, new_tokens=1)["state_bytes"]
+
+
+def test_spearman_against_hand_computed_values():
+    assert ranks([3.0, 1.0, 2.0, 1.0]) == [4.0, 1.5, 3.0, 1.5]
+    assert spearman([1, 2, 3, 4], [10, 20, 30, 40]) == pytest.approx(1.0)
+    assert spearman([1, 2, 3, 4], [4, 3, 2, 1]) == pytest.approx(-1.0)
+    # d = rank differences (0, 0, 1, -1, 0): ρ = 1 − 6·Σd² / (n(n²−1)) = 1 − 12/120
+    assert spearman([1, 2, 3, 4, 5], [1, 2, 4, 3, 5]) == pytest.approx(0.9)
+    assert math.isnan(spearman([1, 1], [1, 2]))

@@ -1,0 +1,98 @@
+"""``hybrid-bench`` (= ``python -m hybrid.train.bench``): train the suites on equal budgets and report.
+
+User errors print one line and exit 2 (``hybrid.train.cli``'s conventions); an interrupted suite exits 130 and
+the next invocation continues it.
+"""
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+from pathlib import Path
+
+from ..cli import _guarded, _Parser, _positive_int, _set_pair
+from ..suite import ResultsLog, parse_int_list, parse_name_list
+from .budgets import BUDGETS, bench_budget
+from .suites import SUITES
+
+__all__ = ["bench_main", "bench_parser"]
+
+EPILOG = """\
+examples:
+  hybrid-bench --suite baselines --budget cpu --out runs/bench      # one suite (≤ 60 min on 2 cores)
+  hybrid-bench --suite all --budget smoke --out runs/smoke           # every suite in minutes
+  hybrid-bench --suite placements --budget cpu --seeds 0 --models qk,nope,v
+  hybrid-bench --suite baselines --out runs/bench --report-only      # rewrite report.md from the records
+  hybrid-bench --suite baselines --models hybrid,transformer-window --set rnn_r_max=0.9999 --out runs/decay
+
+outputs in OUT/<suite>/: results.jsonl (one record per finished run), <model>/seed<k>/ (run directories that
+hybrid.train.load_run opens), report.md and its PNG plots. Run the same command again to continue.
+"""
+
+
+def bench_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="hybrid-bench", epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
+                description="Train the hybrids and the Transformer / RetNet baselines on equal budgets; report "
+                            "quality at and beyond the training length, speed and memory.")
+    p.add_argument("--suite", required=True, choices=[*SUITES, "all"], help="which suite (or all four)")
+    p.add_argument("--budget", default="smoke", choices=list(BUDGETS),
+                   help="smoke: minutes, for tests; cpu: ≤ 60 min per suite on 2 cores; gpu: ≈ 1 GPU-hour per suite "
+                        "(default: smoke)")
+    p.add_argument("--out", default="runs/bench", help="suite directories go here (default: runs/bench)")
+    p.add_argument("--steps", type=_positive_int, default=None, help="override the budget's training steps")
+    p.add_argument("--seq-len", type=_positive_int, default=None, help="override the budget's training length L")
+    p.add_argument("--seeds", default=None, help="override the budget's seeds, e.g. 0,1,2")
+    p.add_argument("--models", default=None, help="only these models of the suite, e.g. transformer,hybrid")
+    p.add_argument("--set", dest="sets", metavar="KEY=VALUE", type=_set_pair, action="append", default=[],
+                   help="a HybridConfig field for every model of the suite, VALUE parsed as JSON (e.g. --set "
+                        "rnn_r_max=0.9999); use a fresh --out, the records do not mix settings; repeatable")
+    p.add_argument("--data", default=None, metavar="PATH_OR_DATASET",
+                   help="any --data that hybrid-train accepts (default: this Python's stdlib sources)")
+    p.add_argument("--tokenizer", default=None, metavar="PATH", help="a tokenizer.json (default: bytes)")
+    p.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N (default: auto)")
+    p.add_argument("--threads", type=_positive_int, default=None,
+                   help="torch CPU threads (default: torch's choice; 1 is fastest on a machine shared with others)")
+    p.add_argument("--report-only", action="store_true", help="write the reports from the records, train nothing")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    return p
+
+
+def _run(args: argparse.Namespace, argv: list[str]) -> int:
+    from .harness import run_bench
+    from .report import write_bench_report
+
+    if args.threads is not None:
+        import torch
+
+        torch.set_num_threads(args.threads)
+    suites = list(SUITES) if args.suite == "all" else [args.suite]
+    if args.models is not None and len(suites) > 1:
+        raise ValueError("--models: expected a single --suite (model names differ between suites), got --suite all")
+    seeds = None if args.seeds is None else parse_int_list(args.seeds)
+    models = None if args.models is None else parse_name_list(args.models)
+    command = "hybrid-bench " + " ".join(shlex.quote(a) for a in argv)
+    for name in suites:
+        budget = bench_budget(args.budget, name).override(steps=args.steps, seq_len=args.seq_len, seeds=seeds,
+                                                          models=models, known_models=list(SUITES[name].models))
+        directory = Path(args.out) / name
+        print(f"suite {name!r} → {directory}/\n{budget.describe()}", flush=True)
+        if args.report_only:
+            records = ResultsLog(directory).records()
+            if not records:
+                raise ValueError(f"--report-only: expected records in {directory / 'results.jsonl'}, found none")
+        else:
+            records = run_bench(name, budget, out=args.out, data=args.data, tokenizer=args.tokenizer,
+                                device=args.device, sets=dict(args.sets), verbose=not args.quiet)
+        path = write_bench_report(directory, name, records, budget_text=budget.describe(), command=command)
+        print(f"report: {path}", flush=True)
+    return 0
+
+
+def bench_main(argv: list[str] | None = None) -> int:
+    """``hybrid-bench``: returns the exit status (the console script exits with it)."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    try:
+        args = bench_parser().parse_args(argv)
+    except SystemExit as e:  # --help (0) or a bad option (2, message printed)
+        return e.code
+    return _guarded("hybrid-bench", lambda: _run(args, argv))

@@ -1,0 +1,222 @@
+"""Run a suite of ``hybrid-bench``: size its models alike, train each seed into its own run directory, measure.
+
+    records = run_bench("baselines", bench_budget("smoke", "baselines"), out="runs/bench")
+
+Layout: ``OUT/<suite>/results.jsonl`` (one record per finished run, ``hybrid.train.suite``), one run directory
+per model and seed, ``OUT/<suite>/<model>/seed<k>/`` (a ``hybrid.train.Trainer`` run: ``load_run`` opens it),
+and ``OUT/<suite>/report.md`` with its PNG plots. A second call skips the finished runs.
+
+Equal budgets: every model of the suite is sized to the first one (``match_width``, ±5% non-embedding
+parameters); for one seed every model sees the same batches in the same order (the data loader's order is a
+function of the seed) with the same AdamW and warmup-cosine schedule.
+
+Each run's metrics: ``params``; ``val_loss`` / ``val_bpb`` at the training length (``eval_size`` validation
+batches); the long-context figures of ``hybrid.train.bench.quality``; ``tokens_per_s`` (the median of the
+trainer's records, the first one left out as warm-up); ``train_memory_bytes`` (``cost.training_memory``);
+``loss_curve``; for the first seed of each model (fine-tunes aside), ``decode`` at each of the budget's contexts.
+The extension suite adds, on the Transformer's runs, ``extension``: the figures under each scaling at each
+factor; and fine-tune runs (``finetune-none``, ``finetune-pi``, ``finetune-yarn``) that continue a trained
+Transformer at 2 × the length with that scaling (none: the control) for ``finetune_steps`` steps at a tenth of the
+learning rate.
+"""
+from __future__ import annotations
+
+import json
+import statistics
+from pathlib import Path
+
+from hybrid.models import HybridConfig, HybridLM
+
+from ..checkpoint import load_checkpoint
+from ..config import TrainConfig
+from ..data import prepare_data
+from ..suite import Budget, ResultsLog, RunSpec, run_suite
+from ..tokenizer import round_vocab_size
+from ..trainer import Trainer
+from .cost import decode_cost, training_memory
+from .quality import context_metrics, long_sequences
+from .speed import match_width, non_embedding_parameters
+from .suites import FINETUNES, SCALINGS, SUITES, Suite, scaling_for
+
+__all__ = ["suite_configs", "suite_specs", "run_bench", "PARAM_TOLERANCE"]
+
+PARAM_TOLERANCE = 0.05
+FINETUNE_LR_RATIO = 0.1
+
+
+def _resolve(value, budget: Budget):
+    return {"window": budget.extra["window"], "seq_len": budget.seq_len}.get(value, value) \
+        if isinstance(value, str) else value
+
+
+def suite_configs(suite: Suite, budget: Budget, vocab_size: int, sets: dict | None = None) -> dict[str, HybridConfig]:
+    """The model configs of ``budget.models``, each sized to the suite's first model at the budget's width: a model
+    within ±5% of it at that width keeps it, any other gets ``match_width``'s d_model (and SwiGLU width).
+    ``sets`` (``--set``) overrides HybridConfig fields of every model, after the suite's own."""
+    def config_of(name):
+        overrides = {k: _resolve(v, budget) for k, v in suite.models[name].items() if k != "preset"}
+        overrides.update(sets or {})
+        config = HybridConfig.preset(suite.models[name]["preset"], "tiny", d_model=budget.d_model,
+                                     n_layers=budget.n_layers, n_heads=budget.n_heads, vocab_size=vocab_size,
+                                     **overrides)
+        return config.replace(meta={"preset": suite.models[name]["preset"], "bench": suite.name, "model": name})
+
+    reference = config_of(next(iter(suite.models)))
+    target = non_embedding_parameters(reference)
+    configs = {}
+    for name in budget.models:
+        config = config_of(name)
+        n = non_embedding_parameters(config)
+        if abs(n - target) > PARAM_TOLERANCE * target:  # the budget's width unless it misses the reference
+            config = match_width(config, target, PARAM_TOLERANCE)
+            n = non_embedding_parameters(config)
+        if abs(n - target) > PARAM_TOLERANCE * target:
+            raise ValueError(f"d_model: no width gives {name} {target:,} ± 5% non-embedding parameters "
+                             f"(closest {n:,} at d_model {config.d_model}); change the budget's d_model or n_heads")
+        if set(config.layer_types) != set(config.pattern):
+            raise ValueError(f"n_layers: {config.n_layers} layers give {name} the mixers {config.layer_types!r}, "
+                             f"not every letter of its pattern {config.pattern!r}; use at least {len(config.pattern)}")
+        configs[name] = config
+    return configs
+
+
+def _train_config(budget: Budget, model: HybridConfig, seed: int, *, data, tokenizer, device, seq_len=None,
+                  steps=None, lr=None, warmup=None) -> dict:
+    steps = steps or budget.steps
+    return TrainConfig(
+        preset="transformer", size="tiny", model=model.to_dict(), data=data, tokenizer=tokenizer,
+        seq_len=seq_len or budget.seq_len, batch_size=budget.batch_size, steps=steps, lr=lr or budget.lrs[0],
+        warmup=min(budget.extra["warmup"], steps) if warmup is None else warmup, eval_every=0,
+        eval_batches=budget.eval_size, log_every=max(1, steps // 50), save_every=0, seed=seed, device=device,
+        out="-",
+    ).to_dict()
+
+
+def suite_specs(suite_name: str, budget: Budget, *, vocab_size: int, data=None, tokenizer=None,
+                device: str = "auto", sets: dict | None = None) -> list[RunSpec]:
+    """One RunSpec per model and seed (and, for ``extension``, per fine-tune and seed), in run order."""
+    suite = SUITES[suite_name]
+    configs = suite_configs(suite, budget, vocab_size, sets)
+    common = {"suite": suite_name, "budget": budget.to_dict(), "factors": [1, *suite.factors]}
+    specs = []
+    for name, config in configs.items():
+        for seed in budget.seeds:
+            train = _train_config(budget, config, seed, data=data, tokenizer=tokenizer, device=device)
+            specs.append(RunSpec(run=f"{name}/seed{seed}", model=name, seed=seed, steps=budget.steps,
+                                 config={**common, "model": config.to_dict(), "train": train}))
+    if suite_name == "extension" and "transformer" in configs:
+        L, ft_steps = budget.seq_len, budget.extra["finetune_steps"]
+        for method in FINETUNES:
+            config = configs["transformer"].replace(rope_scaling=scaling_for(method, 2, L))
+            for seed in budget.seeds:
+                train = _train_config(budget, config, seed, data=data, tokenizer=tokenizer, device=device,
+                                      seq_len=2 * L, steps=ft_steps, lr=budget.lrs[0] * FINETUNE_LR_RATIO,
+                                      warmup=min(budget.extra["warmup"], ft_steps // 10))
+                specs.append(RunSpec(run=f"finetune-{method}/seed{seed}", model=f"finetune-{method}", seed=seed,
+                                     steps=ft_steps, config={**common, "model": config.to_dict(), "train": train,
+                                                             "base_run": f"transformer/seed{seed}",
+                                                             "factors": [1, 2, 4, 8]}))
+    return specs
+
+
+class _FineTune(Trainer):
+    """A fresh run whose weights start from another run's checkpoint (the model config may differ in its
+    length-only fields, e.g. ``rope_scaling``)."""
+
+    def __init__(self, config, base_dir: Path, **kwargs):
+        super().__init__(config, **kwargs)
+        self.base_dir = base_dir
+
+    def _setup(self):
+        super()._setup()
+        if self.checkpoint is None:
+            self.model.load_state_dict(load_checkpoint(self.base_dir).model_state)
+
+
+def _measure(spec: RunSpec, trainer: Trainer, result, budget: Budget) -> dict:
+    model, data = trainer.model, trainer.data
+    L = trainer.config.seq_len
+    train_records = [r for r in result.history if "tokens_per_s" in r]
+    speeds = [r["tokens_per_s"] for r in (train_records[1:] or train_records)]
+    metrics = {
+        "params": model.num_parameters(exclude_embeddings=True), "val_loss": result.val_loss,
+        "val_bpb": result.val_bpb, "bytes_per_token": data.bytes_per_token,
+        "tokens_per_s": statistics.median(speeds) if speeds else None,
+        "loss_curve": [[r["step"], r["loss"]] for r in train_records],
+        **training_memory(model, batch_size=budget.batch_size, seq_len=L, autocast=trainer.autocast),
+    }
+    factors = spec.config["factors"]
+    base_len = budget.seq_len  # the long-context figures count in the pre-training length
+    seqs = long_sequences(data.valid, length=max(factors) * base_len, count=budget.extra["long_seqs"])
+    metrics.update(context_metrics(model, data, seqs, seq_len=base_len, factors=factors))
+    if spec.config["suite"] == "extension" and spec.model == "transformer":
+        metrics["extension"] = extension_metrics(model, data, seqs, seq_len=base_len,
+                                                 factors=[k for k in factors if k > 1])
+    if spec.seed == budget.seeds[0] and "base_run" not in spec.config:  # a fine-tune decodes as its base
+        limit = model.config.max_positions
+        metrics["decode"] = {
+            str(c): decode_cost(model, context=c, new_tokens=budget.extra["decode_tokens"])
+            if limit is None or c + budget.extra["decode_tokens"] + 1 <= limit else None
+            for c in budget.extra["decode_contexts"]}
+    return metrics
+
+
+def extension_metrics(model: HybridLM, data, seqs, *, seq_len: int, factors) -> dict:
+    """``{method: {"<k>": figures at k × seq_len}}`` for the model re-read under each scaling of ``SCALINGS``."""
+    out = {}
+    for method in SCALINGS:
+        out[method] = {}
+        for k in factors:
+            config = model.config.replace(rope_scaling=scaling_for(method, k, seq_len))
+            scaled = HybridLM(config).to(model.embed.weight.device)
+            scaled.load_state_dict(model.state_dict())
+            figures = context_metrics(scaled, data, seqs, seq_len=seq_len, factors=(k,))
+            out[method][str(k)] = {key.replace(f"_{k}x", ""): v for key, v in figures.items()
+                                   if key.startswith("bpb_")}
+    return out
+
+
+def make_execute(budget: Budget, verbose: bool = False):
+    """The ``execute(spec, run_dir, advance)`` of ``run_suite`` for this budget."""
+
+    def execute(spec: RunSpec, run_dir: Path, advance) -> dict:
+        config = TrainConfig.from_dict({**spec.config["train"], "out": str(run_dir)})
+        last = [0]
+
+        def on_log(record):
+            advance(record["step"] - last[0])
+            last[0] = record["step"]
+
+        kwargs = dict(verbose=0, progress=False, on_log=on_log)
+        if "base_run" in spec.config:
+            trainer = _FineTune(config, run_dir.parents[1] / spec.config["base_run"], **kwargs)
+        else:
+            trainer = Trainer(config, **kwargs)
+        result = trainer.fit()
+        return _measure(spec, trainer, result, budget)
+
+    return execute
+
+
+def check_records_match(directory: Path, specs: list[RunSpec]) -> None:
+    """A finished run is only skipped if it was trained as asked now; otherwise the suite would mix settings."""
+    done = ResultsLog(directory).by_run()
+    for spec in specs:
+        record = done.get(spec.run)
+        if record is None:
+            continue
+        asked = {k: spec.config[k] for k in ("model", "train")}
+        if {k: record["config"].get(k) for k in asked} != json.loads(json.dumps(asked)):
+            raise ValueError(f"out: {directory / spec.run} was trained with another model or training config than "
+                             f"this command asks for (budget, --steps, --seq-len, --set, --data); use another --out")
+
+
+def run_bench(suite_name: str, budget: Budget, *, out, data=None, tokenizer=None, device: str = "auto",
+              sets: dict | None = None, verbose: bool = True) -> list[dict]:
+    """Train and measure what is not finished in ``OUT/<suite>``; return the suite's records."""
+    prepared = prepare_data(data, tokenizer=tokenizer)
+    vocab = round_vocab_size(prepared.tokenizer.vocab_size)
+    specs = suite_specs(suite_name, budget, vocab_size=vocab, data=data, tokenizer=tokenizer, device=device,
+                        sets=sets)
+    check_records_match(Path(out) / suite_name, specs)
+    return run_suite(Path(out) / suite_name, specs, make_execute(budget), suite=suite_name, verbose=verbose)

@@ -1,0 +1,354 @@
+"""``report.md`` of a ``hybrid-bench`` suite, with its PNG plots, written from the suite's records alone.
+
+Every figure is the mean ± sample std over seeds (``hybrid.train.suite.fmt_mean_std``); the "vs best" column
+reads "tie" when the difference to the best model is smaller than the larger of the two spreads. Seed tables
+(placements: seed 001's losses; positions: seed 004's perplexities) go beside ours; for placements the
+Spearman rank correlation of the two orderings is given. Perplexities here are per byte (our tokens are bytes)
+and the seeds' per GPT-2 token, so only the orderings compare.
+"""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+from ..suite import fmt_mean_std, is_tie, markdown_table, mean_std, plot_lines, write_report
+from .suites import FINETUNES, PLACEMENT_SEED_LOSS, POSITIONS_SEED_PPL, SCALINGS, SUITES
+
+__all__ = ["write_bench_report", "spearman", "ranks"]
+
+LN2 = math.log(2.0)
+
+
+def ranks(values: list[float]) -> list[float]:
+    """1-based ranks, smallest first; tied values share their mean rank."""
+    order = sorted(range(len(values)), key=lambda i: values[i])
+    out = [0.0] * len(values)
+    i = 0
+    while i < len(order):
+        j = i
+        while j + 1 < len(order) and values[order[j + 1]] == values[order[i]]:
+            j += 1
+        for k in range(i, j + 1):
+            out[order[k]] = (i + j) / 2 + 1
+        i = j + 1
+    return out
+
+
+def spearman(a: list[float], b: list[float]) -> float:
+    """Spearman's ρ: the Pearson correlation of the ranks (NaN with fewer than two pairs or no spread)."""
+    if len(a) != len(b) or len(a) < 2:
+        return float("nan")
+    ra, rb = ranks(a), ranks(b)
+    ma, mb = sum(ra) / len(ra), sum(rb) / len(rb)
+    cov = sum((x - ma) * (y - mb) for x, y in zip(ra, rb))
+    var = math.sqrt(sum((x - ma) ** 2 for x in ra) * sum((y - mb) ** 2 for y in rb))
+    return cov / var if var else float("nan")
+
+
+# ---------------------------------------------------------------------------------------------- helpers
+
+def _by_model(records: list[dict]) -> dict[str, list[dict]]:
+    out: dict[str, list[dict]] = {}
+    for r in records:
+        out.setdefault(r["model"], []).append(r)
+    return out
+
+
+def _values(runs: list[dict], key: str) -> list:
+    return [r["metrics"].get(key) for r in runs]
+
+
+def _cell(runs, key, digits=3) -> str:
+    return fmt_mean_std(_values(runs, key), digits)
+
+
+def _bytes(n) -> str:
+    if n is None:
+        return "–"
+    for unit in ("B", "KB", "MB", "GB"):
+        if n < 1024 or unit == "GB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+
+
+def _decode(runs: list[dict]) -> dict:
+    """The decoding figures of the model's first run that has them."""
+    for r in runs:
+        if r["metrics"].get("decode"):
+            return r["metrics"]["decode"]
+    return {}
+
+
+def _ppl(runs, key) -> list:
+    """Per-byte-token perplexity ``exp(loss)`` of a bpb figure (loss = bpb · ln 2 · bytes/token)."""
+    out = []
+    for r in runs:
+        m = r["metrics"]
+        v = m.get(key)
+        out.append(None if v is None else math.exp(v * LN2 * m["bytes_per_token"]))
+    return out
+
+
+def _vs_best(groups: dict[str, list[dict]], key: str) -> dict[str, str]:
+    means = {m: mean_std(_values(runs, key))[0] for m, runs in groups.items()}
+    finite = {m: v for m, v in means.items() if math.isfinite(v)}
+    if not finite:
+        return {m: "–" for m in groups}
+    best = min(finite, key=finite.get)
+    out = {}
+    for m, runs in groups.items():
+        if m not in finite:
+            out[m] = "–"
+        elif m == best:
+            out[m] = "best"
+        elif is_tie(_values(runs, key), _values(groups[best], key)):
+            out[m] = "tie"
+        else:
+            out[m] = f"+{finite[m] - finite[best]:.3f}"
+    return out
+
+
+def _series(groups, xs_of, ys_of):
+    series = {}
+    for model, runs in groups.items():
+        xs, ys, errs = xs_of(runs), [], []
+        for i in range(len(xs)):
+            mean, std = mean_std([ys_of(r)[i] for r in runs])
+            ys.append(mean)
+            errs.append(std)
+        if any(math.isfinite(y) for y in ys):
+            series[model] = (xs, ys, errs)
+    return series
+
+
+# ---------------------------------------------------------------------------------------------- tables
+
+def quality_tables(groups, factors) -> list[str]:
+    best = _vs_best(groups, "val_bpb")
+    long = [k for k in factors if k > 1]
+    head = ["model", "params (non-emb)", "val bpb", "vs best"] + [f"{k}× full" for k in long] \
+        + [f"{k}× full, last L" for k in long]
+    rows = []
+    for model, runs in groups.items():
+        params = runs[0]["metrics"]["params"]
+        rows.append([model, f"{params:,}", _cell(runs, "val_bpb"), best[model]]
+                    + [_cell(runs, f"bpb_full_{k}x") for k in long] + [_cell(runs, f"bpb_full_{k}x_last") for k in long])
+    stream_head = ["model"] + [f"{k}× streaming" for k in long] + [f"{k}× streaming, last L" for k in long]
+    stream_rows = [[m] + [_cell(runs, f"bpb_stream_{k}x") for k in long]
+                   + [_cell(runs, f"bpb_stream_{k}x_last") for k in long] for m, runs in groups.items()]
+    return [
+        "## Quality (bits per byte, lower is better)\n\nval bpb: the validation split at the training length L. "
+        "k× full: one forward over sequences of k·L tokens; \"last L\": their last training-length window.\n\n"
+        + markdown_table(head, rows),
+        "### Streaming (the chunked mode carrying its state, L tokens at a time)\n\n" + markdown_table(stream_head, stream_rows),
+    ]
+
+
+def position_table(groups) -> str:
+    edges = next((r["metrics"]["position_edges"] for runs in groups.values() for r in runs
+                  if r["metrics"].get("position_edges")), None)
+    if not edges:
+        return ""
+    head = ["model"] + [f"[{a}, {b})" for a, b in zip(edges[:-1], edges[1:])]
+    rows = []
+    for model, runs in groups.items():
+        per = [r["metrics"].get("position_bpb") for r in runs]
+        cells = []
+        for i in range(len(edges) - 1):
+            cells.append(fmt_mean_std([p[i] if p else None for p in per]))
+        rows.append([model] + cells)
+    return ("## Loss by position (bpb in buckets of token positions along the longest sequences, full-context)\n\n"
+            "Falling along the sequence: the model uses context beyond its window or training length; flat: it "
+            "does not.\n\n" + markdown_table(head, rows))
+
+
+def cost_table(groups, contexts) -> str:
+    head = ["model", "train tokens/s", "train memory"] + [f"decode ms/token @{c}" for c in contexts] \
+        + [f"state @{c}" for c in contexts]
+    rows = []
+    kind = ""
+    for model, runs in groups.items():
+        decode = _decode(runs)
+        mem = mean_std(_values(runs, "train_memory_bytes"))[0]
+        kind = runs[0]["metrics"].get("memory_kind", kind)
+        rows.append([model, _cell(runs, "tokens_per_s", 0), _bytes(mem if math.isfinite(mem) else None)]
+                    + [f"{decode[str(c)]['ms_per_token']:.2f}" if decode.get(str(c)) else "–" for c in contexts]
+                    + [_bytes(decode[str(c)]["state_bytes"]) if decode.get(str(c)) else "–" for c in contexts])
+    return (f"## Cost\n\nTraining at L (tokens/s: median of the training log; memory: {kind}). Decoding one "
+            "sequence after a chunked prefill of the context (first seed). Timings are only meaningful from a "
+            "quiet machine.\n\n" + markdown_table(head, rows))
+
+
+def placements_table(groups) -> str:
+    names = [m for m in groups if _placement(m) in PLACEMENT_SEED_LOSS]
+    ours = [mean_std(_values(groups[m], "val_loss"))[0] for m in names]
+    seed = [PLACEMENT_SEED_LOSS[_placement(m)] for m in names]
+    ours_rank, seed_rank = ranks(ours), ranks(seed)
+    rows = [[m, fmt_mean_std(_values(groups[m], "val_loss")), f"{r:g}", f"{s:.3f}", f"{sr:g}"]
+            for m, r, s, sr in zip(names, ours_rank, seed, seed_rank)]
+    rho = spearman(ours, seed)
+    return ("## Against seed 001 (rotary placements)\n\nOur validation loss is in nats per byte-level token, the seed's per "
+            "GPT-2 token: compare the orderings.\n\n"
+            + markdown_table(["placement", "our val loss", "our rank", "seed loss", "seed rank"], rows)
+            + f"\n\nSpearman rank correlation of our ordering with the seed's: **ρ = {rho:.3f}** "
+              f"over {len(names)} placements.")
+
+
+def _placement(model: str) -> str:
+    return "none" if model == "nope" else model
+
+
+def positions_table(groups) -> str:
+    rows = []
+    for m, runs in groups.items():
+        seed = POSITIONS_SEED_PPL.get(m, (None, None))
+        at_l = [None if r["metrics"].get("val_loss") is None else math.exp(r["metrics"]["val_loss"]) for r in runs]
+        rows.append([m, fmt_mean_std(at_l, 3), fmt_mean_std(_ppl(runs, "bpb_full_2x"), 3),
+                     "–" if seed[0] is None else f"{seed[0]:.2f}", "–" if seed[1] is None else f"{seed[1]:.2f}"])
+    return ("## Against seed 004, Table 1 (GPT-Tiny)\n\nOur perplexity is per byte, the seed's per GPT-2 token: "
+            "compare the orderings, and each model's growth from L to 2L. A learned table has no positions past "
+            "L (–).\n\n" + markdown_table(["position", "our ppl @L", "our ppl @2L", "seed ppl @512", "seed ppl @1024"], rows))
+
+
+def extension_tables(groups, factors) -> list[str]:
+    base = groups.get("transformer", [])
+    long = [k for k in factors if k > 1]
+    out = []
+    for suffix, what in (("full", "whole sequence"), ("full_last", "last training-length window"),
+                         ("stream", "streaming, whole sequence")):
+        rows = []
+        for method in SCALINGS:
+            cells = [fmt_mean_std([(r["metrics"].get("extension") or {}).get(method, {}).get(str(k), {}).get(
+                f"bpb_{suffix}") for r in base]) for k in long]
+            rows.append([method] + cells)
+        for method in FINETUNES:
+            runs = groups.get(f"finetune-{method}", [])
+            key = lambda k: f"bpb_{suffix.replace('_last', '')}_{k}x" + ("_last" if suffix.endswith("_last") else "")  # noqa: E731
+            rows.append([f"{method}, fine-tuned at 2×"] + [fmt_mean_std(_values(runs, key(k))) for k in long])
+        out.append(f"### bpb at k × L, {what}\n\n" + markdown_table(["scaling"] + [f"{k}×" for k in long], rows))
+    return ["## Context extension of the global QK-RoPE Transformer\n\nEach scaling at factor k is read at k·L "
+            "(dynamic NTK: factor 1, the base following the length). Fine-tuned rows keep their factor-2 scaling "
+            "at every length."] + out
+
+
+def recurrence_question(groups) -> str:
+    """Does the hybrid's recurrence carry information past its attention window? The numbers that answer it.
+
+    Both models read the same text, so the per-bucket gap (hybrid − windowed Transformer) removes how hard each
+    stretch of text is. Past the window, attention sees the same number of tokens at every position; if the
+    recurrence carries information from further back, the gap widens (grows more negative) along the sequence.
+    """
+    pair = ("hybrid", "transformer-window")
+    if not all(m in groups for m in pair):
+        return ""
+    budget = groups["hybrid"][0]["config"]["budget"]
+    L, window = budget["seq_len"], budget["extra"]["window"]
+    per = {m: [r["metrics"].get("position_bpb") for r in groups[m] if r["metrics"].get("position_bpb")] for m in pair}
+    edges = groups["hybrid"][0]["metrics"].get("position_edges")
+    if not edges or not all(per.values()):
+        return ""
+    buckets = list(zip(edges[:-1], edges[1:]))
+    means = {m: [mean_std([p[i] for p in per[m]])[0] for i in range(len(buckets))] for m in pair}
+    gap = [h - t for h, t in zip(means["hybrid"], means["transformer-window"])]
+    inside = [g for (a, b), g in zip(buckets, gap) if a >= window and b <= L]
+    beyond = [g for (a, b), g in zip(buckets, gap) if a >= L]
+    rows = [[m] + [f"{v:.3f}" for v in means[m]] for m in pair] + [["gap"] + [f"{g:+.3f}" for g in gap]]
+    lines = ["## Does the hybrid's recurrence carry information past its window?\n",
+             f"The hybrid against the windowed Transformer of the same window ({window}) and size, on the same text. "
+             "Past the window attention sees the same number of tokens everywhere, so if the recurrence carries "
+             "information from further back the gap (hybrid − Transformer) widens along the sequence.\n",
+             markdown_table(["bpb by position"] + [f"[{a}, {b})" for a, b in buckets], rows), ""]
+    if inside and beyond:
+        a, b = sum(inside) / len(inside), sum(beyond) / len(beyond)
+        lines.append(f"Mean gap past the window inside the first L: {a:+.3f} bpb; beyond L: {b:+.3f} bpb "
+                     f"(change {b - a:+.3f}).")
+    x, y = (_values(groups[m], "bpb_full_8x_last") for m in pair)
+    if x and y and all(v is not None for v in x + y):
+        verdict = "a tie (the difference is within the seeds' spread)" if is_tie(x, y) else (
+            "lower for the hybrid" if mean_std(x)[0] < mean_std(y)[0] else "lower for the windowed Transformer")
+        lines.append(f"At 8×, over the last training-length window, the bpb is {verdict}: hybrid "
+                     f"{_cell(groups['hybrid'], 'bpb_full_8x_last')}, windowed Transformer "
+                     f"{_cell(groups['transformer-window'], 'bpb_full_8x_last')}.")
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------------------------- plots
+
+def write_plots(directory: Path, groups, factors) -> list[str]:
+    out = []
+    ks = sorted(set([1, *factors]))
+    series = _series(groups, lambda runs: ks, lambda r: [r["metrics"].get(f"bpb_full_{k}x") for k in ks])
+    if series:
+        plot_lines(directory / "bpb_vs_length.png", series, xlabel="evaluation length (× training length)",
+                   ylabel="bits per byte", title="bpb against evaluation length (full-context)", logx=True)
+        out.append("![bpb against evaluation length](bpb_vs_length.png)")
+    curves = {}
+    for model, runs in groups.items():
+        curve = [r["metrics"].get("loss_curve") or [] for r in runs]
+        steps = [s for s, _ in curve[0]] if curve and curve[0] else []
+        if steps:
+            ys = [mean_std([c[i][1] for c in curve if len(c) > i])[0] for i in range(len(steps))]
+            curves[model] = (steps, ys)
+    if curves:
+        plot_lines(directory / "loss_curves.png", curves, xlabel="step", ylabel="training loss (nats/token)",
+                   title="loss curves (mean over seeds)")
+        out.append("![loss curves](loss_curves.png)")
+    edges = next((r["metrics"]["position_edges"] for runs in groups.values() for r in runs
+                  if r["metrics"].get("position_edges")), None)
+    if edges:
+        mids = [(a + b) / 2 for a, b in zip(edges[:-1], edges[1:])]
+        series = _series(groups, lambda runs: mids,
+                         lambda r: r["metrics"].get("position_bpb") or [None] * len(mids))
+        if series:
+            plot_lines(directory / "loss_by_position.png", series, xlabel="token position", ylabel="bits per byte",
+                       title="loss by position along the longest sequences")
+            out.append("![loss by position](loss_by_position.png)")
+    decode = {m: _decode(runs) for m, runs in groups.items()}
+    contexts = sorted({int(c) for d in decode.values() for c, v in d.items() if v})
+    for key, name, label in (("ms_per_token", "decode_ms.png", "decode ms/token"),
+                             ("state_bytes", "state_bytes.png", "state bytes")):
+        series = {}
+        for m, d in decode.items():
+            pts = [(c, d[str(c)][key]) for c in contexts if d.get(str(c))]
+            if pts:
+                series[m] = ([p[0] for p in pts], [p[1] for p in pts])
+        if series:
+            plot_lines(directory / name, series, xlabel="context (tokens)", ylabel=label, logx=True,
+                       title=f"{label} against the context T")
+            out.append(f"![{label}]({name})")
+    return out
+
+
+def write_bench_report(directory, suite_name: str, records: list[dict], *, budget_text: str = "",
+                       command: str = "") -> Path:
+    """Write ``directory/report.md`` (and its plots) for the records of one suite; returns its path."""
+    directory = Path(directory)
+    suite = SUITES[suite_name]
+    groups = _by_model(records)
+    factors = sorted({k for r in records for k in r["config"].get("factors", [])} | {1})
+    commits = sorted({r.get("commit", "?") for r in records})
+    machines = sorted({(r.get("machine") or {}).get("platform", "?") + f", {(r.get('machine') or {}).get('torch_threads', '?')} threads"
+                       + (f", {r['machine']['gpu']}" if (r.get("machine") or {}).get("gpu") else "") for r in records})
+    finished = max((r.get("finished_at", "") for r in records), default="")
+    seconds = sum(r.get("seconds", 0) for r in records)
+    header = [suite.about, f"- command: `{command}`" if command else "",
+              f"- runs: {len(records)} ({len(groups)} models), {seconds / 60:.1f} min of training and measuring",
+              f"- commit: {', '.join(commits)}", f"- machine: {'; '.join(machines)}", f"- finished: {finished}",
+              f"\n```\n{budget_text}\n```" if budget_text else ""]
+    sections = ["\n".join(h for h in header if h)]
+    contexts = sorted({int(c) for runs in groups.values() for c in _decode(runs)})
+    if suite_name == "extension":
+        sections += extension_tables(groups, factors)
+        sections += quality_tables(groups, factors)
+    else:
+        sections += quality_tables(groups, factors)
+    if suite_name == "placements":
+        sections.append(placements_table(groups))
+    if suite_name == "positions":
+        sections.append(positions_table(groups))
+    if suite_name == "baselines":
+        sections.append(recurrence_question(groups))
+    sections.append(position_table(groups))
+    sections.append(cost_table(groups, contexts))
+    sections += write_plots(directory, groups, factors)
+    return write_report(directory / "report.md", f"# hybrid-bench: {suite_name}", [s for s in sections if s])
