@@ -39,7 +39,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from hybrid.checks import check_positive_int
+from hybrid.checks import check_even_dim, check_input_dtype, check_number, check_positive_int
 from hybrid.kernels.window_attention import BACKENDS as WINDOW_BACKENDS, band_mask, sdpa_bthd, window_attention
 from hybrid.kv_cache import KVCache, RingKVCache
 from hybrid.rotary import CARoPE, Rotary, apply_rotary, cos_sin_from_phases, parse_placement
@@ -126,16 +126,12 @@ class Attention(nn.Module):
         pl = parse_placement(placement)
         rotates = pl.q or pl.k or pl.v or pl.o
         if rotates:
-            if rotary_dim is None and head_dim % 2:
-                raise ValueError(
-                    f"head_dim: expected an even head_dim with rotary placement {pl.name!r} "
-                    f"(or an even rotary_dim), got {head_dim}"
-                )
-            if rotary_dim is not None and (rotary_dim % 2 or rotary_dim > head_dim):
-                raise ValueError(f"rotary_dim: expected an even int ≤ head_dim={head_dim}, got {rotary_dim}")
+            if rotary_dim is None:
+                check_even_dim("head_dim", head_dim)  # or pass an even rotary_dim
+            else:
+                check_even_dim("rotary_dim", rotary_dim, at_most=head_dim)
         rotary_dim = head_dim if rotary_dim is None else rotary_dim
-        if isinstance(rope_base, bool) or not isinstance(rope_base, (int, float)) or not 1 < rope_base < float("inf"):
-            raise ValueError(f"rope_base: expected a finite number > 1, got {rope_base!r}")
+        check_number("rope_base", rope_base, low=1, low_open=True)
         if rope_layout not in ("interleaved", "half"):
             raise ValueError(f"rope_layout: expected 'interleaved' or 'half', got {rope_layout!r}")
         if shared_kv and pl.k != pl.v:
@@ -194,6 +190,7 @@ class Attention(nn.Module):
         """x `(B, T, d_model)` → y `(B, T, d_model)` and the state after these T tokens (parallel / chunk)."""
         if x.dim() != 3 or x.shape[-1] != self.d_model:
             raise ValueError(f"x: expected (B, T, d_model={self.d_model}), got shape {tuple(x.shape)}")
+        check_input_dtype("x", x, self.out_proj.weight.dtype)
         if state is None:
             state = self.init_state(x.shape[0], x.device)
         if x.shape[1] == 0:
@@ -204,6 +201,7 @@ class Attention(nn.Module):
         """x `(B, d_model)`: one token → y `(B, d_model)` and the next state (the recurrent form)."""
         if x.dim() != 2 or x.shape[-1] != self.d_model:
             raise ValueError(f"x: expected (B, d_model={self.d_model}), got shape {tuple(x.shape)}")
+        check_input_dtype("x", x, self.out_proj.weight.dtype)
         if state is None:
             state = self.init_state(x.shape[0], x.device)
         y, state = self._attend(x[:, None], state)  # (B, 1, d_model)

@@ -1,10 +1,122 @@
 """Argument checks shared by the building blocks; errors name the argument, the expectation and the value."""
 from __future__ import annotations
 
+import math
+import numbers
+import operator
+
+import torch
+
 
 def check_positive_int(name: str, value, *, allow_none: bool = False) -> None:
     """Raise ``ValueError("{name}: expected a positive int[ or None], got {value!r}")`` unless it is one."""
     if value is None and allow_none:
         return
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+    n = _as_int(value)  # ints, numpy ints, 0-dim integer tensors; never bools
+    if n is None or n < 1:
         raise ValueError(f"{name}: expected a positive int{' or None' if allow_none else ''}, got {value!r}")
+
+
+# ------------------------------------------------------------------------------------------ numbers
+
+
+def _as_int(value):
+    """``int(value)`` for ints, numpy ints and 0-dim integer tensors; None for anything else (bools too)."""
+    if isinstance(value, bool):
+        return None
+    try:
+        return int(operator.index(value))
+    except TypeError:
+        return None
+
+
+def check_int(name: str, value, *, low: int | None = None, high: int | None = None,
+              allow_none: bool = False, what: str | None = None) -> int | None:
+    """``value`` as an int in ``[low, high]``, else ``ValueError("{name}: expected an int >= low…, got …")``.
+
+    ``what`` replaces the generated description (e.g. "a positive int"); returns None when None is allowed.
+    """
+    if value is None and allow_none:
+        return None
+    n = _as_int(value)
+    if n is None or (low is not None and n < low) or (high is not None and n > high):
+        if what is None:
+            bounds = [f">= {low}"] * (low is not None) + [f"<= {high}"] * (high is not None)
+            what = "an int" + (" " + " and ".join(bounds) if bounds else "")
+        raise ValueError(f"{name}: expected {what}{' or None' if allow_none else ''}, got {value!r}")
+    return n
+
+
+def check_even_dim(name: str, value, *, at_most: int | None = None, at_most_name: str = "head_dim") -> int:
+    """A rotary dimension: an even int in ``[2, at_most]`` (pairs of channels rotate together)."""
+    limit = "" if at_most is None else f", at most {at_most_name}={at_most}"
+    n = _as_int(value)
+    if n is None or n < 2 or n % 2 or (at_most is not None and n > at_most):
+        raise ValueError(f"{name}: expected an even int >= 2 (rotary pairs){limit}, got {value!r}")
+    return n
+
+
+def check_number(name: str, value, *, low: float | None = None, high: float | None = None,
+                 low_open: bool = False, high_open: bool = False, allow_none: bool = False) -> float | None:
+    """A finite real number in the given (open or closed) bounds, as a float; NaN and ±inf are refused."""
+    if value is None and allow_none:
+        return None
+    ok = isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
+    if ok and low is not None:
+        ok = value > low if low_open else value >= low
+    if ok and high is not None:
+        ok = value < high if high_open else value <= high
+    if not ok:
+        if low is not None and high is not None:
+            what = f"a number in {'(' if low_open else '['}{low:g}, {high:g}{')' if high_open else ']'}"
+        elif low is not None:
+            what = f"a number {'>' if low_open else '>='} {low:g}"
+        elif high is not None:
+            what = f"a number {'<' if high_open else '<='} {high:g}"
+        else:
+            what = "a finite number"
+        raise ValueError(f"{name}: expected {what}{' or None' if allow_none else ''}, got {value!r}")
+    return float(value)
+
+
+def check_choice(name: str, value, choices) -> None:
+    """``value`` is one of ``choices``."""
+    if not isinstance(value, (str, int, float, type(None))) or value not in choices:
+        raise ValueError(f"{name}: expected one of {list(choices)}, got {value!r}")
+
+
+# ------------------------------------------------------------------------------------------ tensors
+
+
+def check_float_tensor(name: str, x, dtypes=None) -> None:
+    """``x`` is a floating-point tensor (of one of ``dtypes`` when given)."""
+    if not isinstance(x, torch.Tensor):
+        raise ValueError(f"{name}: expected a float tensor, got {type(x).__name__}")
+    if dtypes is not None and x.dtype not in dtypes:
+        names = ", ".join(str(d).removeprefix("torch.") for d in dtypes)
+        raise ValueError(f"{name}: expected a tensor of dtype {names}, got {str(x.dtype).removeprefix('torch.')}")
+    if not x.is_floating_point():
+        raise ValueError(f"{name}: expected a float tensor, got dtype {str(x.dtype).removeprefix('torch.')}")
+
+
+def check_finite(name: str, x: torch.Tensor) -> None:
+    """No NaN / ±inf in ``x``. On the CPU a ValueError; on an accelerator (or while compiling) an
+    asynchronous device assertion, so the check costs no host synchronisation."""
+    if x.device.type != "cpu" or torch.compiler.is_compiling():
+        torch._assert_async(torch.isfinite(x).all(), f"{name}: expected finite values, got NaN or inf")
+    elif not bool(torch.isfinite(x).all()):
+        raise ValueError(f"{name}: expected finite values, got {_nonfinite_summary(x)}")
+
+
+def _nonfinite_summary(x: torch.Tensor) -> str:
+    n_nan, n_inf = int(torch.isnan(x).sum()), int(torch.isinf(x).sum())
+    parts = [f"{n_nan} NaN"] * bool(n_nan) + [f"{n_inf} inf"] * bool(n_inf)
+    return " and ".join(parts) + f" among {x.numel()} values"
+
+
+def check_input_dtype(name: str, x: torch.Tensor, param_dtype: torch.dtype) -> None:
+    """``x`` has the module's parameter dtype (any dtype under autocast, which casts per op)."""
+    if x.dtype != param_dtype and not torch.is_autocast_enabled(x.device.type):
+        p, g = str(param_dtype).removeprefix("torch."), str(x.dtype).removeprefix("torch.")
+        raise ValueError(f"{name}: expected dtype {p} (the module's parameters; convert the module with "
+                         f".to(torch.{g}) or the input with .to(torch.{p})), got {g}")

@@ -9,6 +9,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from .checks import check_positive_int
+
 __all__ = ["rms_norm", "head_rms_norm", "RMSNorm"]
 
 
@@ -37,8 +39,7 @@ class RMSNorm(nn.Module):
 
     def __init__(self, dim: int, eps: float = 1e-6):
         super().__init__()
-        if not isinstance(dim, int) or isinstance(dim, bool) or dim < 1:
-            raise ValueError(f"dim: expected a positive int, got {dim!r}")
+        check_positive_int("dim", dim)
         if not eps >= 0:
             raise ValueError(f"eps: expected a non-negative float, got {eps!r}")
         self.dim, self.eps = dim, float(eps)

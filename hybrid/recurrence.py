@@ -32,7 +32,7 @@ from torch import nn
 
 from hybrid.kernels import complex_scan, complex_scan_step
 
-from .checks import check_positive_int
+from .checks import check_even_dim, check_input_dtype, check_number, check_positive_int
 from .conv import CausalConv1d
 from .rotary import PHASE_MAPS, CARoPE, DataPhase, inv_freq
 
@@ -99,9 +99,8 @@ class VORecurrence(nn.Module):
             if d_model % n_heads:
                 raise ValueError(f"n_heads: expected a divisor of d_model={d_model}, got {n_heads}")
             head_dim = d_model // n_heads
-        check_positive_int("head_dim", head_dim)
-        if head_dim % 2:
-            raise ValueError(f"head_dim: expected an even number (rotary pairs), got {head_dim}")
+        check_even_dim("head_dim", head_dim)
+        check_number("rope_base", rope_base, low=1, low_open=True)
         if not (0.0 < r_min <= r_max < 1.0):
             raise ValueError(f"r_min, r_max: expected 0 < r_min <= r_max < 1, got r_min={r_min}, r_max={r_max}")
         if learnable_theta and carope:
@@ -218,6 +217,7 @@ class VORecurrence(nn.Module):
         """Parallel / chunk form. x ``(B, T, d_model)`` -> (y ``(B, T, d_model)``, new state)."""
         if x.dim() != 3 or x.shape[-1] != self.d_model:
             raise ValueError(f"x: expected shape (B, T, d_model={self.d_model}), got {tuple(x.shape)}")
+        check_input_dtype("x", x, self.value_proj.weight.dtype)
         B, T, _ = x.shape
         if state is None:
             state = self.init_state(B, x.device, x.dtype)
@@ -237,6 +237,7 @@ class VORecurrence(nn.Module):
         """Recurrent form, one token. x ``(B, d_model)`` -> (y ``(B, d_model)``, new state)."""
         if x.dim() != 2 or x.shape[-1] != self.d_model:
             raise ValueError(f"x: expected shape (B, d_model={self.d_model}), got {tuple(x.shape)}")
+        check_input_dtype("x", x, self.value_proj.weight.dtype)
         B = x.shape[0]
         if state is None:
             state = self.init_state(B, x.device, x.dtype)

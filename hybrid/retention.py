@@ -28,14 +28,13 @@ the invariance (random positive factors, and torchscale's two normalisers).
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from hybrid.checks import check_positive_int
+from hybrid.checks import check_even_dim, check_input_dtype, check_number, check_positive_int
 from hybrid.kernels.retention import DEFAULT_RETENTION_CHUNK, retention_chunkwise, retention_step
 from hybrid.norms import head_rms_norm
 from hybrid.rotary import Rotary, apply_rotary
@@ -94,11 +93,8 @@ class MultiScaleRetention(nn.Module):
                     f"n_heads: expected a divisor of d_model={d_model} (head_dim=None), got {n_heads}"
                 )
             head_dim = d_model // n_heads
-        check_positive_int("head_dim", head_dim)
-        if head_dim % 2:
-            raise ValueError(f"head_dim: expected an even int (rotary pairs), got {head_dim}")
-        if isinstance(rope_base, bool) or not isinstance(rope_base, (int, float)) or not 1 < rope_base < math.inf:
-            raise ValueError(f"rope_base: expected a finite number > 1, got {rope_base!r}")
+        check_even_dim("head_dim", head_dim)
+        check_number("rope_base", rope_base, low=1, low_open=True)
         if rope_layout not in _LAYOUTS:
             raise ValueError(f"rope_layout: expected one of {_LAYOUTS}, got {rope_layout!r}")
         check_positive_int("retention_chunk", retention_chunk)
@@ -162,6 +158,7 @@ class MultiScaleRetention(nn.Module):
         `state` when given (it is not modified)."""
         if x.dim() != 3 or x.shape[-1] != self.d_model or x.shape[1] < 1:
             raise ValueError(f"x: expected shape (B, T>=1, {self.d_model}), got {tuple(x.shape)}")
+        check_input_dtype("x", x, self.out_proj.weight.dtype)
         B, T, _ = x.shape
         offset = 0
         cdt = torch.promote_types(x.dtype, torch.float32)
@@ -179,6 +176,7 @@ class MultiScaleRetention(nn.Module):
         """x (B, d_model) -> y (B, d_model); the recurrent form S_t = γ S_{t−1} + k̃_tᵀ v_t, o_t = q̃_t S_t."""
         if x.dim() != 2 or x.shape[-1] != self.d_model:
             raise ValueError(f"x: expected shape (B, {self.d_model}), got {tuple(x.shape)}")
+        check_input_dtype("x", x, self.out_proj.weight.dtype)
         B = x.shape[0]
         if state is None:
             state = self.init_state(B, x.device)

@@ -16,12 +16,12 @@ Presets (``HybridConfig.preset(name, size)``):
 from __future__ import annotations
 
 import dataclasses
-import math
 from dataclasses import dataclass, field, fields
 
 import torch
 
 from hybrid.abs_pos import ABS_POS_KINDS
+from hybrid.checks import check_even_dim, check_number, check_positive_int
 from hybrid.recurrence import PHASES as RNN_PHASES
 from hybrid.rotary import PHASE_MAPS, PLACEMENTS, inv_freq, parse_placement
 
@@ -112,19 +112,17 @@ class HybridConfig:
 
     def __post_init__(self):
         def positive_int(name):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise ValueError(f"{name}: expected a positive int, got {v!r}")
+            check_positive_int(name, getattr(self, name))
 
         def positive_float(name):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
-                raise ValueError(f"{name}: expected a positive number, got {v!r}")
+            check_number(name, getattr(self, name), low=0, low_open=True)
 
         for name in ("vocab_size", "d_model", "n_layers", "n_heads", "rnn_conv_width", "retention_chunk"):
             positive_int(name)
-        for name in ("mlp_ratio", "norm_eps", "init_std", "rope_base"):
+        for name in ("mlp_ratio", "norm_eps", "init_std"):
             positive_float(name)
+        # base <= 1 would make the rotary frequencies base^(-2i/d) >= 1: no slow pairs, no long-range positions
+        check_number("rope_base", self.rope_base, low=1, low_open=True)
         if not isinstance(self.pattern, str) or not self.pattern:
             raise ValueError(f"pattern: expected a non-empty string of mixer letters {sorted(MIXER_LETTERS)}, got {self.pattern!r}")
         bad = sorted(set(self.pattern) - set(MIXER_LETTERS))
@@ -140,11 +138,7 @@ class HybridConfig:
                 )
         else:
             positive_int("head_dim")
-        if self.resolved_head_dim % 2:
-            raise ValueError(
-                f"head_dim: rotary pairs need an even head dimension, got {self.resolved_head_dim} "
-                f"(d_model={self.d_model}, n_heads={self.n_heads})"
-            )
+        check_even_dim("head_dim", self.resolved_head_dim)  # d_model // n_heads when head_dim is None
         if self.n_kv_heads is not None:
             positive_int("n_kv_heads")
             if self.n_heads % self.n_kv_heads:
@@ -154,11 +148,7 @@ class HybridConfig:
         if self.mlp_hidden is not None:
             positive_int("mlp_hidden")
         if self.rotary_dim is not None:
-            positive_int("rotary_dim")
-            if self.rotary_dim % 2 or self.rotary_dim > self.resolved_head_dim:
-                raise ValueError(
-                    f"rotary_dim: expected an even number <= head_dim={self.resolved_head_dim}, got {self.rotary_dim}"
-                )
+            check_even_dim("rotary_dim", self.rotary_dim, at_most=self.resolved_head_dim)
         if self.rope_placement not in PLACEMENTS:
             raise ValueError(f"rope_placement: expected one of {list(PLACEMENTS)}, got {self.rope_placement!r}")
         if self.rope_layout not in ("interleaved", "half"):

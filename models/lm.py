@@ -21,6 +21,8 @@ from torch import nn
 from hybrid import MultiScaleRetention, RMSNorm, SwiGLU
 from hybrid.abs_pos import AbsolutePositions, sinusoidal_scale
 
+from hybrid.checks import check_int
+
 from .config import HybridConfig
 from .mixers import build_mixer
 from .sampling import check_sampling, sample_next
@@ -128,21 +130,22 @@ class HybridLM(nn.Module):
             raise ValueError(f"state: expected {len(self.blocks)} layer states, got {len(state.layers)}")
         return state
 
-    def _check_ids(self, input_ids) -> None:
+    def _check_ids(self, input_ids, name: str = "input_ids", shape: str = "(B, T)") -> None:
+        ndim = len([axis for axis in shape.strip("()").split(",") if axis.strip()])
         if not isinstance(input_ids, torch.Tensor) or input_ids.dtype not in (torch.int64, torch.int32):
             got = input_ids.dtype if isinstance(input_ids, torch.Tensor) else type(input_ids).__name__
-            raise ValueError(f"input_ids: expected an int64 tensor of shape (B, T), got {got}")
-        if input_ids.dim() != 2:
-            raise ValueError(f"input_ids: expected shape (B, T), got {tuple(input_ids.shape)}")
+            raise ValueError(f"{name}: expected an int64 tensor of shape {shape}, got {got}")
+        if input_ids.dim() != ndim:
+            raise ValueError(f"{name}: expected shape {shape}, got {tuple(input_ids.shape)}")
         if not input_ids.numel():
             return
         V = self.config.vocab_size
-        if input_ids.is_cuda or torch.compiler.is_compiling():
+        if input_ids.device.type != "cpu" or torch.compiler.is_compiling():
             # no host sync in the training loop: the device raises when the ids are out of range
-            torch._assert_async(((input_ids >= 0) & (input_ids < V)).all(), f"input_ids: expected token ids in [0, {V})")
+            torch._assert_async(((input_ids >= 0) & (input_ids < V)).all(), f"{name}: expected token ids in [0, {V})")
         elif int(input_ids.min()) < 0 or int(input_ids.max()) >= V:
             raise ValueError(
-                f"input_ids: expected token ids in [0, {V}), got values in "
+                f"{name}: expected token ids in [0, {V}), got values in "
                 f"[{int(input_ids.min())}, {int(input_ids.max())}]"
             )
 
@@ -155,8 +158,7 @@ class HybridLM(nn.Module):
         self._check_ids(input_ids)
         if mode not in MODES:
             raise ValueError(f"mode: expected one of {MODES}, got {mode!r}")
-        if chunk_size is not None and (isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1):
-            raise ValueError(f"chunk_size: expected a positive int or None, got {chunk_size!r}")
+        check_int("chunk_size", chunk_size, low=1, allow_none=True, what="a positive int")
         B, T = input_ids.shape
         state = self._check_state(state, B)
         if T == 0:
@@ -164,7 +166,7 @@ class HybridLM(nn.Module):
         if mode == "recurrent":
             logits = []
             for t in range(T):
-                step_logits, state = self.step(input_ids[:, t], state)
+                step_logits, state = self._step(input_ids[:, t], state)
                 logits.append(step_logits)
             return torch.stack(logits, dim=1), state
         size = T if mode == "parallel" else (chunk_size or DEFAULT_CHUNK_SIZE)
@@ -184,9 +186,11 @@ class HybridLM(nn.Module):
 
     def step(self, token_ids: torch.Tensor, state: HybridState | None = None):
         """One token per sequence: ``token_ids`` ``(B,)`` -> (logits ``(B, vocab_size)``, new state)."""
-        if token_ids.dim() != 1:
-            raise ValueError(f"token_ids: expected shape (B,), got {tuple(token_ids.shape)}")
-        state = self._check_state(state, token_ids.shape[0])
+        self._check_ids(token_ids, "token_ids", "(B,)")
+        return self._step(token_ids, self._check_state(state, token_ids.shape[0]))
+
+    def _step(self, token_ids: torch.Tensor, state: HybridState):
+        """``step`` on checked ids and state."""
         h = self._embed(token_ids, state.offset)  # (B, d_model)
         layers = []
         for block, layer_state in zip(self.blocks, state.layers):
@@ -209,6 +213,7 @@ class HybridLM(nn.Module):
         generator: torch.Generator | None = None,
         eos_token_id: int | None = None,
         chunk_size: int | None = None,
+        vocab_limit: int | None = None,
     ) -> torch.Tensor:
         """Continue ``input_ids`` ``(B, T)`` by up to ``max_new_tokens`` tokens; returns ``(B, T + n)``.
 
@@ -216,10 +221,11 @@ class HybridLM(nn.Module):
         token at a time from the state; "parallel" and "chunked" recompute the whole sequence for every new
         token (no state: the slow reference the recurrent decoder must match). Temperature 0 is greedy.
         Sequences that produced ``eos_token_id`` are padded with it; generation stops when all have.
+        ``vocab_limit``: the tokenizer's vocabulary size; ids from it up to ``vocab_size`` (padding rows of
+        the embedding) are never produced, in any sampling mode (default: every id may be produced).
         """
         self._check_ids(input_ids)
-        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
-            raise ValueError(f"max_new_tokens: expected an int >= 0, got {max_new_tokens!r}")
+        check_int("max_new_tokens", max_new_tokens, low=0)
         if mode not in MODES:
             raise ValueError(f"mode: expected one of {MODES}, got {mode!r}")
         if prefill not in ("parallel", "chunked"):
@@ -227,12 +233,16 @@ class HybridLM(nn.Module):
         if input_ids.shape[1] == 0:
             raise ValueError("input_ids: expected a prompt of at least one token, got an empty sequence")
         check_sampling(temperature, top_k, top_p)
+        V = self.config.vocab_size
+        vocab_limit = check_int("vocab_limit", vocab_limit, low=1, high=V, allow_none=True)
+        limit = V if vocab_limit is None else vocab_limit
+        check_int("eos_token_id", eos_token_id, low=0, high=limit - 1, allow_none=True)
         B = input_ids.shape[0]
         finished = torch.zeros(B, dtype=torch.bool, device=input_ids.device)
         new_tokens = []
 
         def pick(logits):
-            token = sample_next(logits, temperature, top_k, top_p, generator)
+            token = sample_next(logits, temperature, top_k, top_p, generator, vocab_limit=vocab_limit)
             if eos_token_id is not None:
                 token = torch.where(finished, torch.full_like(token, eos_token_id), token)
                 finished.logical_or_(token == eos_token_id)
@@ -246,7 +256,7 @@ class HybridLM(nn.Module):
                 token = pick(next_logits)
                 if i + 1 == max_new_tokens or (eos_token_id is not None and bool(finished.all())):
                     break
-                next_logits, state = self.step(token, state)
+                next_logits, state = self._step(token, state)
         else:
             sequence = input_ids
             for _ in range(max_new_tokens):

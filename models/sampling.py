@@ -1,16 +1,23 @@
-"""Next-token sampling: greedy, temperature, top-k and top-p (nucleus)."""
+"""Next-token sampling: greedy, temperature, top-k and top-p (nucleus), over the ids a tokenizer can decode."""
 from __future__ import annotations
 
 import torch
 
+from hybrid.checks import check_int, check_number
+
 
 def check_sampling(temperature, top_k, top_p) -> None:
-    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or temperature < 0:
-        raise ValueError(f"temperature: expected a number >= 0 (0 = greedy), got {temperature!r}")
-    if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1):
-        raise ValueError(f"top_k: expected a positive int or None, got {top_k!r}")
-    if top_p is not None and (isinstance(top_p, bool) or not isinstance(top_p, (int, float)) or not 0 < top_p <= 1):
-        raise ValueError(f"top_p: expected a number in (0, 1] or None, got {top_p!r}")
+    check_number("temperature", temperature, low=0)  # 0 = greedy; NaN and inf are refused
+    check_int("top_k", top_k, low=1, allow_none=True, what="a positive int")
+    check_number("top_p", top_p, low=0, low_open=True, high=1, allow_none=True)
+
+
+def mask_padding(logits: torch.Tensor, vocab_limit: int | None) -> torch.Tensor:
+    """``logits`` ``(B, V)`` with the ids ``>= vocab_limit`` set to −inf (the embedding rows a padded
+    vocabulary adds beyond the tokenizer's: no tokenizer can decode them). None or ``V``: unchanged."""
+    if vocab_limit is None or vocab_limit >= logits.shape[-1]:
+        return logits
+    return logits.masked_fill(torch.arange(logits.shape[-1], device=logits.device) >= vocab_limit, float("-inf"))
 
 
 def sample_next(
@@ -19,12 +26,15 @@ def sample_next(
     top_k: int | None = None,
     top_p: float | None = None,
     generator: torch.Generator | None = None,
+    vocab_limit: int | None = None,
 ) -> torch.Tensor:
-    """Pick one token per row of ``logits`` ``(B, V)``; returns ``(B,)`` int64.
+    """Pick one token per row of ``logits`` ``(B, V)``; returns ``(B,)`` int64, every id ``< vocab_limit``.
 
-    temperature 0 is greedy (argmax); otherwise softmax(logits / temperature) restricted to the ``top_k``
-    most likely tokens and to the smallest set whose probability reaches ``top_p``.
+    The ids ``>= vocab_limit`` are masked out first (``mask_padding``). Temperature 0 is greedy (argmax);
+    otherwise softmax(logits / temperature) restricted to the ``top_k`` most likely tokens and to the
+    smallest set whose probability reaches ``top_p``.
     """
+    logits = mask_padding(logits, vocab_limit)
     if temperature == 0:
         return logits.argmax(dim=-1)
     scores = logits.float() / temperature

@@ -12,13 +12,16 @@ Layout of `<run_dir>/checkpoint/`::
 
 Atomic save: everything is written and fsynced into a fresh `checkpoint-tmp-XXXX/` beside it; then the
 complete `checkpoint/` (if any) is renamed to `checkpoint.old/`, the new directory is renamed to
-`checkpoint/`, and `checkpoint.old/` is removed. Renames are atomic, so `checkpoint/` is always complete
-when it exists, and a crash between the two renames leaves a complete `checkpoint.old/`, which the loader
-falls back to only when `checkpoint/` is absent. One process saves into a run directory at a time.
+`checkpoint/`, and `checkpoint.old/` is renamed to `checkpoint-step-N/` (N its step) when earlier
+checkpoints are kept (`keep` > 1: the newest `keep − 1` of them stay), else removed. Renames are atomic, so
+`checkpoint/` is always complete when it exists, and a crash between the two renames leaves a complete
+`checkpoint.old/`, which the loader falls back to only when `checkpoint/` is absent (then to the newest
+`checkpoint-step-N/`). One process saves into a run directory at a time.
 
 Loading checks everything before returning numbers: manifest format and version, each file's size and
-sha256, config against `expected_config`, and the tensor names; any failure is a `CheckpointError`
-(a `ValueError`) naming the file and the problem. A missing checkpoint is a `FileNotFoundError`.
+sha256, config against `expected_config`, the tensor names, and that every weight is finite (a diverged
+run's NaN weights are refused, naming the earlier checkpoints); any failure is a `CheckpointError` (a
+`ValueError`) naming the file and the problem. A missing checkpoint is a `FileNotFoundError`.
 """
 from __future__ import annotations
 
@@ -45,6 +48,8 @@ __all__ = [
     "save_checkpoint",
     "load_checkpoint",
     "has_checkpoint",
+    "kept_checkpoints",
+    "nonfinite_tensors",
     "capture_rng_state",
     "restore_rng_state",
     "FORMAT_VERSION",
@@ -52,7 +57,7 @@ __all__ = [
 
 FORMAT = "hybrid-checkpoint"
 FORMAT_VERSION = 1
-DIR, OLD, TMP_PREFIX = "checkpoint", "checkpoint.old", "checkpoint-tmp-"
+DIR, OLD, TMP_PREFIX, KEPT_PREFIX = "checkpoint", "checkpoint.old", "checkpoint-tmp-", "checkpoint-step-"
 MODEL, CONFIG, STATE, MANIFEST = "model.safetensors", "config.json", "trainer_state.pt", "checkpoint.json"
 _STATE_KEYS = ("step", "optimizer", "scheduler", "rng", "data", "extra")
 
@@ -121,7 +126,7 @@ def _split_ties(model_state: dict[str, torch.Tensor]) -> tuple[dict[str, torch.T
     seen: dict[tuple, str] = {}
     for key, t in model_state.items():
         if not isinstance(t, torch.Tensor):
-            raise TypeError(f"save_checkpoint: model_state[{key!r}] must be a Tensor, got {type(t).__name__}")
+            raise TypeError(f"model_state[{key!r}]: expected a Tensor, got {type(t).__name__}")
         t = t.detach()
         alias = (t.device, t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), t.stride(), t.dtype)
         if t.numel() > 0 and alias in seen:
@@ -165,7 +170,7 @@ def _jsonable(config: Any) -> dict:
     if dataclasses.is_dataclass(config) and not isinstance(config, type):
         config = dataclasses.asdict(config)
     if not isinstance(config, dict):
-        raise TypeError(f"config must be a dict or a dataclass instance, got {type(config).__name__}")
+        raise TypeError(f"config: expected a dict or a dataclass instance, got {type(config).__name__}")
     return json.loads(json.dumps(config))  # tuples -> lists, as they will read back
 
 
@@ -204,8 +209,12 @@ def save_checkpoint(
     data_state: Any,
     step: int,
     extra: Any = None,
+    keep: int = 1,
 ) -> Path:
-    """Write `<run_dir>/checkpoint/` atomically (see the module doc); returns its path."""
+    """Write `<run_dir>/checkpoint/` atomically (see the module doc); returns its path. ``keep``: how many
+    checkpoints stay, this one included (the others as `checkpoint-step-N/`)."""
+    if isinstance(keep, bool) or not isinstance(keep, int) or keep < 1:
+        raise ValueError(f"keep: expected a positive int, got {keep!r}")
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     for stale in run_dir.glob(TMP_PREFIX + "*"):  # left by a save that crashed
@@ -228,8 +237,33 @@ def save_checkpoint(
         os.replace(final, old)
     os.replace(tmp, final)
     _fsync(run_dir)
+    if old.exists() and keep > 1:
+        kept = run_dir / f"{KEPT_PREFIX}{_manifest_step(old)}"
+        shutil.rmtree(kept, ignore_errors=True)  # the same step saved again (a resume at the last step)
+        os.replace(old, kept)
+        _fsync(run_dir)
     shutil.rmtree(old, ignore_errors=True)
+    for _, stale in kept_checkpoints(run_dir)[keep - 1:]:
+        shutil.rmtree(stale, ignore_errors=True)
     return final
+
+
+def _manifest_step(ckpt: Path) -> int:
+    try:
+        return int(json.loads((ckpt / MANIFEST).read_text(encoding="utf-8"))["step"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return -1  # unreadable: named checkpoint-step--1, pruned first
+
+
+def kept_checkpoints(run_dir: str | os.PathLike) -> list[tuple[int, Path]]:
+    """The earlier checkpoints kept beside `checkpoint/`, newest first: [(step, path)]."""
+    found = []
+    for path in Path(run_dir).glob(KEPT_PREFIX + "*"):
+        try:
+            found.append((int(path.name[len(KEPT_PREFIX):]), path))
+        except ValueError:
+            continue
+    return sorted(found, key=lambda item: item[0], reverse=True)
 
 
 # ------------------------------------------------------------------------------------------------ loading
@@ -244,6 +278,9 @@ def _locate(run_dir: Path) -> Path:
         return run_dir / DIR
     if (run_dir / OLD).is_dir():  # a save crashed between its two renames
         return run_dir / OLD
+    kept = kept_checkpoints(run_dir)
+    if kept:
+        return kept[0][1]
     raise FileNotFoundError(f"no checkpoint in {run_dir} (expected {run_dir / DIR}/{MANIFEST})")
 
 
@@ -306,8 +343,10 @@ def load_checkpoint(
     *,
     expected_config: dict | None = None,
     map_location: str | torch.device = "cpu",
+    allow_nonfinite: bool = False,
 ) -> Checkpoint:
-    """Load and verify the checkpoint of `run_dir` (or a checkpoint directory itself)."""
+    """Load and verify the checkpoint of `run_dir` (or a checkpoint directory itself).
+    ``allow_nonfinite``: load NaN / inf weights instead of refusing them (to inspect a diverged run)."""
     ckpt = _locate(Path(run_dir))
     manifest = _read_json(ckpt / MANIFEST)
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
@@ -330,6 +369,12 @@ def load_checkpoint(
     if sorted(tensors) != manifest.get("tensors"):
         missing = sorted(set(manifest.get("tensors", [])) - set(tensors))
         raise CheckpointError(ckpt / MODEL, f"tensor names differ from the manifest (missing: {missing[:5]})")
+    bad = nonfinite_tensors(tensors)
+    if bad and not allow_nonfinite:
+        earlier = [f"{path} (step {step})" for step, path in kept_checkpoints(ckpt.parent) if path != ckpt]
+        hint = f"; earlier checkpoints: {', '.join(earlier)}" if earlier else ""
+        raise CheckpointError(ckpt / MODEL, f"holds non-finite weights (NaN or inf in {', '.join(bad[:3])}"
+                                            f"{', …' if len(bad) > 3 else ''}): written by a diverged run{hint}")
     ties = manifest.get("ties", {})
     model_state = dict(tensors)
     for key, target in ties.items():
@@ -352,3 +397,8 @@ def load_checkpoint(
         optimizer_state=state["optimizer"], scheduler_state=state["scheduler"], rng_state=state["rng"],
         data_state=state["data"], extra=state["extra"], ties=dict(ties), manifest=manifest,
     )
+
+
+def nonfinite_tensors(tensors: dict[str, torch.Tensor]) -> list[str]:
+    """The names of the floating-point tensors holding a NaN or an inf."""
+    return [name for name, t in tensors.items() if t.is_floating_point() and not bool(torch.isfinite(t).all())]

@@ -14,7 +14,7 @@ from dataclasses import fields
 
 from hybrid.models import PRESETS, SIZES, HybridConfig
 
-from .config import TrainConfig
+from .config import MAX_SKIPS_IN_A_ROW, NONFINITE_POLICIES, TrainConfig
 from .data import HubOfflineError
 
 __all__ = ["train_main", "generate_main", "train_parser", "generate_parser", "config_from_args"]
@@ -145,7 +145,8 @@ def train_parser() -> argparse.ArgumentParser:
     g.add_argument("--out", default=S, metavar="DIR", help=f"run directory (default: {D.out})")
     g.add_argument("--resume", metavar="DIR",
                    help="continue the run in DIR from its checkpoint (same data order, optimizer and RNG); "
-                        "change --steps and the intervals, not the model or data")
+                        "change --steps, the intervals, --lr, --warmup, --weight-decay, --grad-clip, not the "
+                        "model or data")
     g.add_argument("--init-from", default=S, metavar="RUN_DIR",
                    help="start from the weights and model config of another run (e.g. one written by "
                         "hybrid-import); not its optimizer or step; --preset/--size are then ignored")
@@ -158,6 +159,13 @@ def train_parser() -> argparse.ArgumentParser:
                    help=f"steps between checkpoints, 0 = only at the end (default: {D.save_every})")
     g.add_argument("--log-every", type=_positive_int, default=S,
                    help=f"steps between metrics records (default: {D.log_every})")
+    g.add_argument("--keep", type=_positive_int, default=S,
+                   help=f"checkpoints to keep: checkpoint/ and the newest N-1 as checkpoint-step-STEP/ "
+                        f"(default: {D.keep})")
+    g.add_argument("--on-nonfinite", choices=list(NONFINITE_POLICIES), default=S,
+                   help="a non-finite loss or gradient: stop (the run ends; no checkpoint holds it) or skip "
+                        f"(drop that step's update; stop after {MAX_SKIPS_IN_A_ROW} in a row) "
+                        f"(default: {D.on_nonfinite})")
     g.add_argument("--quiet", action="store_true", help="print nothing but errors")
 
     g = p.add_argument_group("execution")
@@ -189,12 +197,14 @@ def config_from_args(args: argparse.Namespace) -> dict:
 def _fail(prog: str, error: BaseException) -> int:
     rank = os.environ.get("RANK")
     where = f"[rank {rank}] " if rank is not None and os.environ.get("WORLD_SIZE", "1") != "1" else ""
+    if isinstance(error, OSError) and error.strerror and error.filename:  # "[Errno 13] …" -> "path: reason"
+        error = f"{error.filename}: {error.strerror}"
     message = " ".join(str(error).split()) or type(error).__name__
     print(f"{prog}: error: {where}{message}", file=sys.stderr)
     return 2
 
 
-USER_ERRORS = (ValueError, FileNotFoundError, NotADirectoryError, HubOfflineError, ImportError)
+USER_ERRORS = (ValueError, OSError, HubOfflineError, ImportError)  # OSError: unwritable --out, a full disk, …
 
 
 def _guarded(prog: str, fn) -> int:
@@ -217,6 +227,12 @@ def _train(args: argparse.Namespace) -> int:
 
     given = config_from_args(args)
     kwargs = dict(verbose=0 if args.quiet else 2)
+    if args.quiet:
+        import datasets
+
+        datasets.disable_progress_bars()  # "Generating train split", "tokenising", "Downloading data"
+        datasets.logging.set_verbosity_error()
+        kwargs["progress"] = False
     if args.resume:
         if "out" in given and os.path.abspath(given["out"]) != os.path.abspath(args.resume):
             raise UsageError(f"--out {given['out']} and --resume {args.resume} name different run directories; "
@@ -247,7 +263,8 @@ def generate_parser() -> argparse.ArgumentParser:
         prog="hybrid-generate",
         description="Continue a prompt with the model of a training run (its checkpoint and tokenizer). The "
                     "prompt is read as the start of a document; the prompt and its continuation are printed.",
-        epilog='example:\n  hybrid-generate --run runs/train --prompt "import os\\n" --temperature 0.8 --top-k 40',
+        epilog="example:\n  hybrid-generate --run runs/train --prompt $'import os\\n' --temperature 0.8 --top-k 40\n"
+               "  ($'…' is bash's quoting that turns \\n into a newline; \"…\" passes a backslash and an n)",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--run", required=True, metavar="DIR",

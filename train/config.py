@@ -12,7 +12,10 @@ from dataclasses import dataclass, field, fields
 
 from hybrid.models import PRESETS, SIZES
 
-__all__ = ["TrainConfig"]
+__all__ = ["TrainConfig", "NONFINITE_POLICIES", "MAX_SKIPS_IN_A_ROW"]
+
+NONFINITE_POLICIES = ("stop", "skip")
+MAX_SKIPS_IN_A_ROW = 5  # on_nonfinite="skip": more consecutive non-finite steps than this end the run
 
 
 @dataclass
@@ -33,7 +36,7 @@ class TrainConfig:
     steps: int = 1000  # total optimizer steps (the new total when resuming)
     lr: float = 2e-3
     min_lr_ratio: float = 0.1  # the cosine decays to lr · min_lr_ratio
-    warmup: int | None = None  # linear warmup steps; None = min(100, steps // 10)
+    warmup: int | None = None  # linear warmup steps; None = min(100, steps // 10), following steps on resume
     weight_decay: float = 0.1  # on the weights of nn.Linear / nn.Embedding only (hybrid.train.optim)
     betas: tuple[float, float] = (0.9, 0.95)
     grad_clip: float | None = 1.0  # max global gradient norm; None or 0 = no clipping
@@ -42,6 +45,8 @@ class TrainConfig:
     eval_batches: int | None = 50  # validation batches per evaluation (None = the whole validation split)
     log_every: int = 10  # steps between metrics records
     save_every: int = 500  # steps between checkpoints (0 = only at the end)
+    keep: int = 2  # checkpoints kept: checkpoint/ and the newest keep − 1 of checkpoint-step-N/
+    on_nonfinite: str = "stop"  # a non-finite loss or gradient: "stop" the run, or "skip" the step's update
     seed: int = 0
     out: str = "runs/train"
     # execution
@@ -54,9 +59,12 @@ class TrainConfig:
             self.betas = tuple(self.betas)
         if self.grad_clip == 0:
             self.grad_clip = None
-        if self.warmup is None and isinstance(self.steps, int):
-            self.warmup = min(100, self.steps // 10)
         self._validate()
+
+    @property
+    def warmup_steps(self) -> int:
+        """``warmup``, or when it is None the derived ``min(100, steps // 10)``."""
+        return min(100, self.steps // 10) if self.warmup is None else self.warmup
 
     def _validate(self) -> None:
         def integer(name, low):
@@ -86,10 +94,15 @@ class TrainConfig:
             raise ValueError(f"valid_fraction: expected a number in (0, 1), got {self.valid_fraction!r}")
         for name in ("seq_len", "batch_size", "grad_accum", "steps", "log_every"):
             integer(name, 1)
-        for name in ("warmup", "eval_every", "save_every", "seed"):
+        for name in ("eval_every", "save_every", "seed"):
             integer(name, 0)
-        if self.warmup > self.steps:
-            raise ValueError(f"warmup: expected at most steps={self.steps}, got {self.warmup}")
+        integer("keep", 1)
+        if self.warmup is not None:
+            integer("warmup", 0)
+            if self.warmup > self.steps:
+                raise ValueError(f"warmup: expected at most steps={self.steps}, got {self.warmup}")
+        if self.on_nonfinite not in NONFINITE_POLICIES:
+            raise ValueError(f"on_nonfinite: expected one of {list(NONFINITE_POLICIES)}, got {self.on_nonfinite!r}")
         number("lr", 0.0, low_open=True)
         number("min_lr_ratio", 0.0, 1.0)
         number("weight_decay", 0.0)

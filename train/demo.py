@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from pathlib import Path
 
 import torch
 
@@ -130,12 +131,22 @@ def main(argv: list[str] | None = None) -> int:
 
     print(f"run directory {result.out}/  (trained in {_clock(t_train)}, {sum(tps) / max(1, len(tps)):,.0f} tokens/s)\n"
           f"  checkpoint/     weights, optimizer, data position; continue with\n"
-          f"                  python -m hybrid.train --resume {result.out} --steps {2 * result.step}\n"
+          f"                  {_command('hybrid-train')} --resume {result.out} --steps {2 * result.step}\n"
           f"  metrics.jsonl   loss, lr, tokens/s every {config.log_every} steps; val_loss, val_bpb per evaluation\n"
           f"  loss.png        loss curve\n"
-          f"sample more:  hybrid-generate --run {result.out} --prompt 'def ' --temperature 0.8\n"
+          f"sample more:  {_command('hybrid-generate')} --run {result.out} --prompt 'def ' --temperature 0.8\n"
           f"total {_clock(time.perf_counter() - t0)}")
     return 0 if same else 1
+
+
+def _command(name: str) -> str:
+    """``name`` as a fresh shell finds it: the script beside this interpreter (``.venv/bin/name`` after
+    ``make demo``), relative to the working directory when it is below it."""
+    path = Path(sys.executable).parent / name
+    try:
+        return str(path.relative_to(Path.cwd()))
+    except ValueError:
+        return str(path)
 
 
 if __name__ == "__main__":

@@ -66,7 +66,8 @@ def generate_ids(run: LoadedRun, prompt: str, *, max_new_tokens: int = 200, mode
     generator = torch.Generator(device=device).manual_seed(seed)
     out = run.model.generate(ids, max_new_tokens, mode=mode, prefill=prefill, temperature=temperature,
                              top_k=top_k, top_p=top_p, generator=generator,
-                             eos_token_id=tok.eos_id if stop_at_eos else None, chunk_size=chunk_size)
+                             eos_token_id=tok.eos_id if stop_at_eos else None, chunk_size=chunk_size,
+                             vocab_limit=tok.vocab_size)  # never the padding ids of a rounded-up vocab
     return out[0].tolist()
 
 

@@ -60,8 +60,10 @@ class MetricsLogger:
         self._f.flush()
         return record
 
-    def log_train(self, step: int, *, loss: float, lr: float, tokens_per_s: float, **extra: Any) -> dict:
-        return self.log(step, loss=loss, lr=lr, tokens_per_s=tokens_per_s, **extra)
+    def log_train(self, step: int, *, loss: float | None, lr: float, tokens_per_s: float, **extra: Any) -> dict:
+        """``loss`` None: every step since the last record was skipped (non-finite), the record has none."""
+        values = {"loss": loss} if loss is not None else {}
+        return self.log(step, **values, lr=lr, tokens_per_s=tokens_per_s, **extra)
 
     def log_eval(self, step: int, *, val_loss: float, val_bpb: float, **extra: Any) -> dict:
         return self.log(step, val_loss=val_loss, val_bpb=val_bpb, **extra)

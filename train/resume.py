@@ -1,8 +1,11 @@
 """What may change when a run is resumed, and how the batch layout follows a new number of ranks.
 
 A resumed run is the saved ``TrainConfig`` with overrides. Fields that define the model, the data order
-and the optimisation (``FIXED``) must keep their saved values; the others may change: ``steps`` (the new
-total), evaluation / logging / checkpoint intervals, device, compile, fsdp, and the batch layout.
+and the optimiser's form (``FIXED``) must keep their saved values; the others may change: ``steps`` (the new
+total), the optimiser hyper-parameters (``OPTIMISER``: lr, warmup, weight decay, gradient clipping; a note
+names each change, e.g. to recover from a divergence), evaluation / logging / checkpoint intervals, the
+non-finite policy, device, compile, fsdp, and the batch layout. A warmup that was never set (None) stays
+derived, so it follows the new ``steps``.
 
 The batch layout keeps the saved global batch ``G = batch_size × grad_accum × world_size`` when it can, so
 the run continues with the same sequences per optimizer step: with neither ``batch_size`` nor
@@ -16,10 +19,11 @@ from __future__ import annotations
 
 from .config import TrainConfig
 
-__all__ = ["FIXED", "resume_config"]
+__all__ = ["FIXED", "OPTIMISER", "resume_config"]
 
-FIXED = ("preset", "size", "model", "data", "tokenizer", "valid_fraction", "seq_len", "seed", "lr",
-         "min_lr_ratio", "warmup", "weight_decay", "betas", "grad_clip")
+FIXED = ("preset", "size", "model", "data", "tokenizer", "valid_fraction", "seq_len", "seed", "min_lr_ratio",
+         "betas")
+OPTIMISER = ("lr", "warmup", "weight_decay", "grad_clip")
 
 
 def _layout(global_batch: int, world_size: int, batch_size: int | None, grad_accum: int | None,
@@ -56,8 +60,17 @@ def resume_config(saved: TrainConfig, *, saved_global_batch: int, world_size: in
                 )
     b, a = _layout(saved_global_batch, world_size, overrides.pop("batch_size", None),
                    overrides.pop("grad_accum", None), saved)
+    if overrides.get("grad_clip") == 0:
+        overrides["grad_clip"] = None  # 0 = no clipping, as in a fresh run
     config = saved.replace(out=out, batch_size=b, grad_accum=a, **overrides)
     notes = []
+    value = lambda c, name: c.warmup_steps if name == "warmup" else getattr(c, name)  # noqa: E731
+    changed = [f"{name} {_show(value(saved, name))} -> {_show(value(config, name))}" for name in OPTIMISER
+               if name in overrides and value(config, name) != value(saved, name)]
+    if saved.warmup is None and config.warmup is None and saved.warmup_steps != config.warmup_steps:
+        changed.append(f"warmup {saved.warmup_steps} -> {config.warmup_steps} (derived: min(100, steps / 10))")
+    if changed:
+        notes.append("optimiser changes on resume: " + ", ".join(changed))
     if b * a * world_size != saved_global_batch:
         notes.append(
             f"global batch changes from {saved_global_batch} to {b * a * world_size} sequences per step "
@@ -68,3 +81,7 @@ def resume_config(saved: TrainConfig, *, saved_global_batch: int, world_size: in
         notes.append(f"batch layout: batch_size {b} × grad_accum {a} × {world_size} ranks keeps the global "
                      f"batch of {saved_global_batch}")
     return config, notes
+
+
+def _show(value) -> str:
+    return "off" if value is None else f"{value:g}" if isinstance(value, float) else str(value)

@@ -48,7 +48,7 @@ class WarmupCosine:
     def __post_init__(self):
         _check(self.warmup, self.total)
         if not 0.0 <= self.min_lr_ratio <= 1.0:
-            raise ValueError(f"WarmupCosine: min_lr_ratio must be in [0, 1], got {self.min_lr_ratio}")
+            raise ValueError(f"min_lr_ratio: expected a number in [0, 1], got {self.min_lr_ratio}")
 
     def __call__(self, step: int) -> float:
         return lr_at(step, lr=1.0, warmup=self.warmup, total=self.total, min_lr=self.min_lr_ratio)

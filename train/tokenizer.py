@@ -107,7 +107,7 @@ class ByteTokenizer:
     def _check(self, ids: list[int]) -> None:
         bad = [i for i in ids if not 0 <= i < self.vocab_size]
         if bad:
-            raise ValueError(f"ByteTokenizer.decode: ids must be in [0, {self.vocab_size}), got {bad[:5]}")
+            raise ValueError(f"ids: expected token ids in [0, {self.vocab_size}) ({self.name}), got {bad[:5]}")
 
     @property
     def fingerprint(self) -> str:
@@ -150,7 +150,11 @@ class FileTokenizer:
                 f"tokenizer file {self.path} changed since it was recorded "
                 f"(sha256 {self.sha256[:12]}…, recorded {sha256[:12]}…); the token ids would not match"
             )
-        self._tok = _HFTokenizer.from_file(str(self.path))
+        try:
+            self._tok = _HFTokenizer.from_file(str(self.path))
+        except Exception as e:  # tokenizers raises a bare Exception for malformed JSON or an unknown model
+            raise ValueError(f"tokenizer: expected a tokenizer.json that `tokenizers` reads, got {self.path} "
+                             f"({e})") from None
         self.eos_token = eos_token
         eos = self._find([eos_token] if eos_token else _EOS_NAMES)
         if eos is None:
@@ -182,7 +186,7 @@ class FileTokenizer:
         ids = [int(i) for i in ids]
         bad = [i for i in ids if not 0 <= i < self.vocab_size]
         if bad:
-            raise ValueError(f"FileTokenizer.decode: ids must be in [0, {self.vocab_size}), got {bad[:5]}")
+            raise ValueError(f"ids: expected token ids in [0, {self.vocab_size}) ({self.name}), got {bad[:5]}")
         return self._tok.decode(ids, skip_special_tokens=skip_special)
 
     @property

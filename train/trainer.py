@@ -5,7 +5,14 @@
 
 One optimizer step: ``grad_accum`` micro-batches per rank (``hybrid.train.sharding``), each ``cross_entropy /
 grad_accum`` backpropagated (gradient sync only on the last, under DDP or FSDP2), the global gradient norm
-clipped, AdamW (``hybrid.train.optim``), the LambdaLR warmup-cosine schedule. bf16 autocast on CUDA, none on CPU.
+clipped, AdamW (``hybrid.train.optim``), the LambdaLR warmup-cosine schedule. bf16 autocast on CUDA, none on CPU;
+a ``dtype=float16`` model trains on CUDA only, with float32 master weights, float16 autocast and a GradScaler.
+
+Divergence never reaches a checkpoint: every step folds "loss or gradient norm not finite" into a flag on the
+device (no host sync per step); the flag, and the weights themselves, are checked before every save and log
+(one sync there). ``on_nonfinite="stop"`` ends the run with a FloatingPointError naming the last good
+checkpoint; ``"skip"`` reads the flag every step (one sync per step), drops that step's update (the data and
+the schedule move on) and stops after ``MAX_SKIPS_IN_A_ROW`` skips in a row. ``keep`` checkpoints are kept.
 
 Step ``k`` (1-based) is logged when ``k % log_every == 0`` (the mean loss of the steps since the previous
 record), evaluated when ``k % eval_every == 0``, saved when ``k % save_every == 0``, and the last step is
@@ -26,12 +33,14 @@ import random
 import shutil
 import sys
 import time
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
 import numpy as np
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 
 from hybrid.models import HybridConfig, HybridLM
@@ -41,11 +50,12 @@ from .checkpoint import (
     CheckpointError,
     capture_rng_state,
     has_checkpoint,
+    kept_checkpoints,
     load_checkpoint,
     restore_rng_state,
     save_checkpoint,
 )
-from .config import TrainConfig
+from .config import MAX_SKIPS_IN_A_ROW, TrainConfig
 from .data import PreparedData, prepare_data
 from .distributed import DistEnv, full_state, init_distributed, load_full_state, resolve_device, wrap_model
 from .evaluate import evaluate
@@ -57,7 +67,7 @@ from .schedule import warmup_cosine
 from .sharding import GlobalBatches
 from .tokenizer import Tokenizer, round_vocab_size
 
-__all__ = ["Trainer", "TrainResult", "model_config_for", "train", "PLOT_FILE", "CONFIG_FILE"]
+__all__ = ["Trainer", "TrainResult", "model_config_for", "train", "PLOT_FILE", "CONFIG_FILE", "MAX_SKIPS_IN_A_ROW"]
 
 PLOT_FILE, CONFIG_FILE = "loss.png", "train_config.json"
 
@@ -125,6 +135,7 @@ class Trainer:
         A missing checkpoint is a FileNotFoundError; a corrupt or incompatible one a CheckpointError.
         """
         ckpt = load_checkpoint(run_dir)
+        run_dir = ckpt.path.parent  # run_dir may name a checkpoint directory itself (checkpoint-step-N/)
         extra = ckpt.extra if isinstance(ckpt.extra, dict) else {}
         if "train_config" not in extra or "global_batch" not in extra:
             raise CheckpointError(ckpt.path, "has no training record (train_config, global_batch): it was not "
@@ -134,8 +145,8 @@ class Trainer:
             world_size = int(os.environ.get("WORLD_SIZE", "1"))
         overrides.pop("out", None)
         if overrides.get("steps") is not None and overrides["steps"] < ckpt.step:
-            raise ValueError(f"steps: the checkpoint is at step {ckpt.step}; --steps is the new total and must be "
-                             f">= {ckpt.step}, got {overrides['steps']}")
+            raise ValueError(f"steps: expected the new total, at least the checkpoint's step {ckpt.step}, got "
+                             f"{overrides['steps']}")
         config, notes = resume_config(saved, saved_global_batch=int(extra["global_batch"]),
                                       world_size=world_size, out=str(run_dir), **overrides)
         return cls(config, _checkpoint=ckpt, _notes=tuple(notes), **(trainer_kwargs or {}))
@@ -176,6 +187,8 @@ class Trainer:
         if self.env.is_main:
             for name in ("checkpoint", "checkpoint.old"):
                 shutil.rmtree(self.out / name, ignore_errors=True)
+            for _, kept in kept_checkpoints(self.out):
+                shutil.rmtree(kept, ignore_errors=True)
             for name in (METRICS_FILE, PLOT_FILE, CONFIG_FILE):
                 (self.out / name).unlink(missing_ok=True)
 
@@ -187,8 +200,6 @@ class Trainer:
             torch.cuda.set_device(self.device)
             torch.backends.cuda.matmul.allow_tf32 = True
             torch.backends.cudnn.allow_tf32 = True
-        bf16 = self.device.type == "cuda" and torch.cuda.is_bf16_supported()
-        self.autocast = (lambda: torch.autocast("cuda", dtype=torch.bfloat16)) if bf16 else contextlib.nullcontext
         self._check_out_dir()
         random.seed(c.seed)
         np.random.seed(c.seed)
@@ -209,6 +220,7 @@ class Trainer:
                                   "the model config does not match the one its training record describes")
         if c.fsdp and not self.env.distributed:
             self.notes.append("--fsdp: one process, nothing to shard; training without FSDP")
+        self._set_precision()
         self.model = HybridLM(self.model_config).to(self.device)  # the module: state dicts, evaluation
         if init is not None:
             try:
@@ -216,19 +228,43 @@ class Trainer:
             except RuntimeError as e:
                 raise ValueError(f"init_from: the weights of {c.init_from} do not fit the model config "
                                  f"({' '.join(str(e).split())[:300]})") from None
+        if self.scaler is not None:
+            self.model.float()  # float32 master weights; float16 autocast runs the model
         self.num_parameters = self.model.num_parameters()
         wrapped = wrap_model(self.model, self.env, fsdp=c.fsdp, device=self.device)
         self.ddp = wrapped if wrapped is not self.model else None
         self.fsdp = c.fsdp and self.env.distributed
         self.train_model = torch.compile(wrapped) if c.compile else wrapped
         self.optimizer = build_optimizer(self.model, lr=c.lr, weight_decay=c.weight_decay, betas=c.betas)
-        self.scheduler = warmup_cosine(self.optimizer, warmup=c.warmup, total=c.steps, min_lr_ratio=c.min_lr_ratio)
+        self.scheduler = warmup_cosine(self.optimizer, warmup=c.warmup_steps, total=c.steps,
+                                       min_lr_ratio=c.min_lr_ratio)
         self.batches = GlobalBatches(self.data, seq_len=c.seq_len, batch_size=c.batch_size,
                                      grad_accum=c.grad_accum, seed=c.seed, rank=self.env.rank,
                                      world_size=self.env.world_size)
         self.step = 0
+        self.last_saved: tuple[int, Path] | None = None  # (step, path) of the newest checkpoint of this run
+        self.nonfinite_at = torch.zeros((), dtype=torch.float64, device=self.device)  # first bad step, 0 = none
+        self.skipped, self.skips_in_a_row = 0, 0
         if self.checkpoint is not None:
             self._restore(self.checkpoint)
+
+    def _set_precision(self) -> None:
+        """``autocast`` and ``scaler``: bf16 autocast on CUDA; a float16 model: float16 autocast and a GradScaler."""
+        self.scaler = None
+        cuda = self.device.type == "cuda"
+        if self.model_config.dtype == "float16":
+            if not cuda:
+                raise ValueError(
+                    "dtype: float16 training needs a CUDA device (float32 master weights, float16 autocast and a "
+                    "gradient scaler; the CPU has no float16 autocast), got float16 on the cpu; train with "
+                    "--set dtype=float32 or bfloat16"
+                )
+            self.scaler = torch.amp.GradScaler("cuda")
+            self.autocast = lambda: torch.autocast("cuda", dtype=torch.float16)
+        elif cuda and torch.cuda.is_bf16_supported():
+            self.autocast = lambda: torch.autocast("cuda", dtype=torch.bfloat16)
+        else:
+            self.autocast = contextlib.nullcontext
 
     def _restore(self, ckpt: Checkpoint) -> None:
         """Weights, optimizer, scheduler (its total set to ``steps``), data position, RNG, step."""
@@ -238,13 +274,29 @@ class Trainer:
         except (KeyError, RuntimeError, ValueError, TypeError) as e:
             problem = f"does not fit this model and optimizer ({type(e).__name__}: {e})"
             raise CheckpointError(ckpt.path, problem) from None
+        self._apply_optimiser_config()  # --lr, --warmup, --weight-decay given on resume
         self._set_schedule_total(self.config.steps)  # --steps on resume is the new total
+        scaler_state = (ckpt.extra or {}).get("grad_scaler")
+        if self.scaler is not None and scaler_state:
+            self.scaler.load_state_dict(scaler_state)
         exact = self.batches.load_state_dict(ckpt.data_state)
         if not exact:
             self.notes.append("the data position is not on a global-batch boundary: up to one global batch of "
                               "this epoch is seen again")
         restore_rng_state(ckpt.rng_state)
         self.step = ckpt.step
+        self.last_saved = (ckpt.step, ckpt.path)
+
+    def _apply_optimiser_config(self) -> None:
+        """The config's lr, warmup and weight decay over those the checkpoint's optimizer and scheduler hold
+        (the same values unless the resume changed them)."""
+        c = self.config
+        self.scheduler.lr_lambdas[0].warmup = c.warmup_steps
+        self.scheduler.base_lrs = [c.lr for _ in self.optimizer.param_groups]
+        for i, group in enumerate(self.optimizer.param_groups):
+            group["initial_lr"] = c.lr
+            decayed = group.get("group", "decay" if i == 0 else "no_decay") == "decay"
+            group["weight_decay"] = c.weight_decay if decayed else 0.0
 
     def _set_schedule_total(self, steps: int) -> None:
         """Stretch the cosine to end at ``steps``, including the lr of the step about to run."""
@@ -260,10 +312,11 @@ class Trainer:
         Called before the warmup ends, the learning rates seen so far are unchanged (warmup does not depend
         on the total), so the run is the one that ``steps`` would have given from the start.
         """
-        if isinstance(steps, bool) or not isinstance(steps, int) or steps < max(self.step, 1, self.config.warmup):
+        warmup = self.config.warmup_steps  # kept: a derived warmup does not follow a total changed mid-run
+        if isinstance(steps, bool) or not isinstance(steps, int) or steps < max(self.step, 1, warmup):
             raise ValueError(f"steps: expected an int >= max(current step {self.step}, warmup "
-                             f"{self.config.warmup}), got {steps!r}")
-        self.config = self.config.replace(steps=steps)
+                             f"{warmup}), got {steps!r}")
+        self.config = self.config.replace(steps=steps, warmup=warmup)
         self._set_schedule_total(steps)
         if self.bar is not None:
             self.bar.total = steps
@@ -271,8 +324,9 @@ class Trainer:
 
     # ------------------------------------------------------------------------------------------ steps
 
-    def _train_step(self) -> tuple[torch.Tensor, torch.Tensor | None, float]:
-        """One optimizer step; returns (mean loss over this rank's micro-batches, grad norm or None, lr)."""
+    def _train_step(self) -> tuple[torch.Tensor, torch.Tensor | None, float, bool]:
+        """One optimizer step; returns (mean loss over this rank's micro-batches, grad norm or None, lr,
+        whether the update was skipped)."""
         c = self.config
         micro = self.batches.next_step()
         loss_sum = torch.zeros((), device=self.device)
@@ -286,18 +340,71 @@ class Trainer:
                 with self.autocast():
                     logits, _ = self.train_model(x)
                 loss = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), y.reshape(-1))
-                (loss / len(micro)).backward()
+                scaled = loss / len(micro)
+                (self.scaler.scale(scaled) if self.scaler is not None else scaled).backward()
             loss_sum += loss.detach()
+        if self.scaler is not None:
+            self.scaler.unscale_(self.optimizer)  # true gradients for clipping; records float16 overflows
         norm = None
         if c.grad_clip is not None:
             norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), c.grad_clip)
             if hasattr(norm, "full_tensor"):  # a DTensor under FSDP
                 norm = norm.full_tensor()
+        mean_loss = loss_sum / len(micro)
+        bad = ~torch.isfinite(mean_loss)
+        if norm is not None and self.scaler is None:  # with a scaler, overflowing gradients are routine
+            bad = bad | ~torch.isfinite(norm)
+        skip = False
+        if c.on_nonfinite == "skip":
+            skip = self.env.all_reduce(bad.double()).item() > 0  # every rank skips alike; one sync per step
+        else:  # remember the first bad step on the device; checked at the next log or save
+            self.nonfinite_at = torch.where(bad & (self.nonfinite_at == 0), float(self.step + 1), self.nonfinite_at)
         lr = self.optimizer.param_groups[0]["lr"]
-        self.optimizer.step()
-        self.scheduler.step()
+        if skip:
+            if self.scaler is not None:
+                self.scaler.update()  # the overflow recorded by unscale_ lowers the scale
+        elif self.scaler is not None:
+            self.scaler.step(self.optimizer)  # skips the update itself when float16 gradients overflowed
+            self.scaler.update()
+        else:
+            self.optimizer.step()
+        with warnings.catch_warnings():  # a skipped first step: "lr_scheduler.step() before optimizer.step()"
+            warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler.step\(\)`")
+            self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
-        return loss_sum / len(micro), norm, lr
+        return mean_loss, norm, lr, skip
+
+    def _check_health(self, *, weights: bool) -> None:
+        """Raise FloatingPointError (on every rank) if a step since the start had a non-finite loss or gradient
+        norm, or (``weights``) a weight is not finite. One collective and one host sync."""
+        flags = [self.nonfinite_at]
+        if weights:
+            finite = [torch.isfinite(p.to_local() if hasattr(p, "to_local") else p).all() for p in self.model.parameters()]
+            flags.append((~torch.stack(finite).all()).double())
+        first_bad, bad_weights = (self.env.all_reduce(torch.stack(flags), op=dist.ReduceOp.MAX).tolist()
+                                  + [0.0])[:2]
+        if first_bad:
+            raise FloatingPointError(self._diverged(f"the training loss or gradient norm was not finite at step "
+                                                    f"{int(first_bad)}", first_bad=int(first_bad)))
+        if bad_weights:
+            raise FloatingPointError(self._diverged(f"the weights are not finite after step {self.step}"))
+
+    def _diverged(self, what: str, first_bad: int | None = None) -> str:
+        c = self.config
+        if self.last_saved is None:
+            where = "no checkpoint was written; start again with a lower --lr or a longer --warmup"
+        else:
+            step, path = self.last_saved
+            where = (f"the last good checkpoint is {path} (step {step}): continue it "
+                     f"with a lower learning rate, e.g. hybrid-train --resume {self.out} --lr {c.lr / 10:g}, or a "
+                     f"longer --warmup")
+            earlier = [(s, p) for s, p in kept_checkpoints(self.out) if s < step]
+            if first_bad == step + 1 and earlier:  # the first step from those weights: they may be the cause
+                where += (f"; if it fails again at once, resume the one before, {earlier[0][1]} "
+                          f"(step {earlier[0][0]})")
+        hints = ["--on-nonfinite skip drops isolated non-finite steps"] * (c.on_nonfinite == "stop")
+        hints += ["float16 overflows easily: --set dtype=bfloat16"] * (self.scaler is not None)
+        return f"training diverged: {what}; {where}" + (f" ({'; '.join(hints)})" if hints else "")
 
     def _evaluate(self) -> dict:
         c = self.config
@@ -315,34 +422,40 @@ class Trainer:
 
     def _save(self) -> None:
         c = self.config
+        self._check_health(weights=True)  # never write a diverged model
         model_state, optim_state = full_state(self.model, self.optimizer)  # a collective under FSDP
         if self.env.is_main:
             (self.out / CONFIG_FILE).write_text(json.dumps(c.to_dict(), indent=2) + "\n")
             extra = {"train_config": c.to_dict(), "tokenizer": self.tokenizer.to_dict(),
                      "world_size": self.env.world_size, "global_batch": self.batches.global_batch,
                      "data_stats": {k: v for k, v in self.data.stats.items() if isinstance(v, (int, str, bool))}}
+            if self.scaler is not None:
+                extra["grad_scaler"] = self.scaler.state_dict()
             save_checkpoint(self.out, model_state=model_state, config=self.model_config.to_dict(),
                             optimizer_state=optim_state, scheduler_state=self.scheduler.state_dict(),
                             rng_state=capture_rng_state(), data_state=self.batches.state_dict(),
-                            step=self.step, extra=extra)
+                            step=self.step, extra=extra, keep=c.keep)
         self.env.barrier()
+        self.last_saved = (self.step, self.out / "checkpoint")
         self._say(f"step {self.step:>6}  checkpoint saved to {self.out / 'checkpoint'}")
 
-    def _log(self, loss_sum: torch.Tensor, norm, lr: float, n_steps: int, seconds: float) -> dict:
+    def _log(self, loss_sum: torch.Tensor, norm, lr: float, n_steps: int, n_skipped: int, seconds: float) -> dict:
         c = self.config
-        loss = self.env.all_reduce(loss_sum.double().clone()).item() / (n_steps * self.env.world_size)
-        if not math.isfinite(loss):
-            raise FloatingPointError(
-                f"training loss is {loss} at step {self.step}: the run diverged; lower --lr or raise --warmup "
-                f"(the last checkpoint is in {self.out})"
-            )
+        self._check_health(weights=False)
+        n_kept = n_steps - n_skipped  # skipped steps' losses are not in loss_sum
+        total = self.env.all_reduce(loss_sum.double().clone()).item()
+        loss = total / (n_kept * self.env.world_size) if n_kept else None
+        if loss is not None and not math.isfinite(loss):
+            raise FloatingPointError(self._diverged(f"the training loss is {loss} at step {self.step}"))
         tokens = n_steps * self.batches.global_batch * c.seq_len
-        record = {"step": self.step, "loss": loss, "lr": lr,
+        record = {"step": self.step, **({"loss": loss} if loss is not None else {}), "lr": lr,
                   "tokens_per_s": tokens / max(seconds, 1e-9)}
-        if norm is not None:
+        if norm is not None and math.isfinite(float(norm)):
             record["grad_norm"] = float(norm)
+        if n_skipped:
+            record["skipped"] = n_skipped
         if self.env.is_main:
-            self.metrics.log_train(**record)
+            self.metrics.log_train(**{"loss": None, **record})
             self.history.append(record)
             if self.on_log:
                 self.on_log(record)
@@ -396,35 +509,53 @@ class Trainer:
         """Train to ``self.config.steps`` (read every step: ``set_total_steps`` may change it); returns the last
         evaluation record, None when there was nothing to train."""
         loss_sum = torch.zeros((), device=self.device, dtype=torch.float64)
-        n_steps, seconds, last_eval = 0, 0.0, None
+        n_steps, n_skipped, seconds, last_eval = 0, 0, 0.0, None
         while self.step < self.config.steps:
             t0 = time.perf_counter()
-            loss, norm, lr = self._train_step()
+            loss, norm, lr, skipped = self._train_step()
             self.step += 1
-            loss_sum += loss.double()
             n_steps += 1
+            if skipped:
+                self._count_skip()
+                n_skipped += 1
+            else:
+                self.skips_in_a_row = 0
+                loss_sum += loss.double()
             c = self.config
             if self.step % c.log_every == 0 or self.step == c.steps:
                 seconds += time.perf_counter() - t0  # after the loss sync, so queued GPU work is counted
-                record = self._log(loss_sum, norm, lr, n_steps, seconds)
+                record = self._log(loss_sum, norm, lr, n_steps, n_skipped, seconds)
                 loss_sum.zero_()
-                n_steps, seconds = 0, 0.0
+                n_steps, n_skipped, seconds = 0, 0, 0.0
+                shown = f"{record['loss']:.4f}" if "loss" in record else "-"
+                skips = f"  skipped {record['skipped']}" if "skipped" in record else ""
                 if self.bar is not None:
-                    self.bar.set_postfix(loss=f"{record['loss']:.3f}", lr=f"{record['lr']:.2e}",
-                                         tok_s=f"{record['tokens_per_s']:.0f}")
+                    self.bar.set_postfix(loss=shown, lr=f"{record['lr']:.2e}", tok_s=f"{record['tokens_per_s']:.0f}")
                 else:
-                    self._say(f"step {self.step:>6}  loss {record['loss']:.4f}  lr {record['lr']:.3e}  "
-                              f"{record['tokens_per_s']:,.0f} tok/s", level=2)
+                    self._say(f"step {self.step:>6}  loss {shown}  lr {record['lr']:.3e}  "
+                              f"{record['tokens_per_s']:,.0f} tok/s{skips}", level=2)
             else:
                 seconds += time.perf_counter() - t0
             if self.bar is not None:
                 self.bar.update(1)
             c = self.config  # on_log may have changed the total
             if (c.eval_every and self.step % c.eval_every == 0) or self.step == c.steps:
+                self._check_health(weights=True)  # no NaN validation record either
                 last_eval = self._evaluate()
             if (c.save_every and self.step % c.save_every == 0) or self.step == c.steps:
                 self._save()
         return last_eval
+
+    def _count_skip(self) -> None:
+        self.skipped += 1
+        self.skips_in_a_row += 1
+        self._say(f"step {self.step:>6}  non-finite loss or gradient: update skipped ({self.skips_in_a_row} in a row, "
+                  f"{self.skipped} in this run)")
+        if self.skips_in_a_row > MAX_SKIPS_IN_A_ROW:
+            self.nonfinite_at.fill_(float(self.step - self.skips_in_a_row + 1))
+            raise FloatingPointError(self._diverged(
+                f"{self.skips_in_a_row} steps in a row had a non-finite loss or gradient (from step "
+                f"{self.step - self.skips_in_a_row + 1}; --on-nonfinite skip allows {MAX_SKIPS_IN_A_ROW})"))
 
     def _announce(self, start: int) -> None:
         c, env, s = self.config, self.env, self.data.stats
@@ -437,7 +568,7 @@ class Trainer:
             f"data: {s['source']}: {s['train_tokens']:,} train / {s['valid_tokens']:,} valid tokens "
             f"({s['tokenizer']})\n"
             f"steps {start} -> {c.steps}, global batch {self.batches.global_batch} × {c.seq_len} tokens "
-            f"({layout}), lr {c.lr:g}, warmup {c.warmup}"
+            f"({layout}), lr {c.lr:g}, warmup {c.warmup_steps}"
         )
         for note in self.notes:
             self._say(f"note: {note}")

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import torch
 
+from hybrid.checks import check_choice, check_even_dim, check_float_tensor
+
 LAYOUTS = ("interleaved", "half")
 
 
@@ -25,9 +27,9 @@ def rotary_angles(positions: torch.Tensor, inv_freq: torch.Tensor) -> torch.Tens
     cos/sin (`cos_sin_from_angles`).
     """
     if positions.is_floating_point() or positions.is_complex():
-        raise ValueError(f"rotary_angles: positions must be an integer tensor, got dtype {positions.dtype}")
+        raise ValueError(f"positions: expected an integer tensor, got dtype {positions.dtype}")
     if inv_freq.dim() != 1:
-        raise ValueError(f"rotary_angles: inv_freq must be 1-D (P,), got shape {tuple(inv_freq.shape)}")
+        raise ValueError(f"inv_freq: expected a 1-D tensor (P,), got shape {tuple(inv_freq.shape)}")
     pos = positions.to(torch.float64).unsqueeze(-1)  # (..., 1)
     return pos * inv_freq.to(device=positions.device, dtype=torch.float64)  # (..., P)
 
@@ -41,16 +43,15 @@ def _check_cos_sin(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, half_r
     """Validate cos/sin against x `(B, T, H, D)`; return them as 4-D views broadcastable to (B,T,H,R/2)."""
     if cos.shape != sin.shape:
         raise ValueError(
-            f"apply_rotary: cos and sin must have the same shape, got cos {tuple(cos.shape)} "
-            f"and sin {tuple(sin.shape)}"
+            f"sin: expected the shape of cos {tuple(cos.shape)}, got {tuple(sin.shape)}"
         )
     if not cos.is_floating_point():
-        raise ValueError(f"apply_rotary: cos must be a float tensor, got dtype {cos.dtype}")
+        raise ValueError(f"cos: expected a float tensor, got dtype {cos.dtype}")
     B, T, H, _ = x.shape
     if cos.dim() == 2:
         if cos.shape != (T, half_r):
             raise ValueError(
-                f"apply_rotary: 2-D cos must be (T, R/2) = ({T}, {half_r}), got {tuple(cos.shape)}"
+                f"cos: expected shape (T, R/2) = ({T}, {half_r}), got {tuple(cos.shape)}"
             )
         return cos[None, :, None, :], sin[None, :, None, :]  # (1, T, 1, R/2)
     if cos.dim() == 4:
@@ -58,10 +59,10 @@ def _check_cos_sin(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, half_r
         ok = all(c == t or c == 1 for c, t in zip(cos.shape, target)) and cos.shape[-1] == half_r
         if not ok:
             raise ValueError(
-                f"apply_rotary: 4-D cos must broadcast to (B, T, H, R/2) = {target}, got {tuple(cos.shape)}"
+                f"cos: expected a shape broadcastable to (B, T, H, R/2) = {target}, got {tuple(cos.shape)}"
             )
         return cos, sin
-    raise ValueError(f"apply_rotary: cos must be 2-D (T, R/2) or 4-D (B, T, H, R/2), got {cos.dim()}-D")
+    raise ValueError(f"cos: expected 2-D (T, R/2) or 4-D (B, T, H, R/2), got {cos.dim()}-D")
 
 
 def apply_rotary(
@@ -80,14 +81,12 @@ def apply_rotary(
     Products are taken in float32 (float64 if x or cos is float64); the result has x's dtype, and channels
     `R:` are x's own values, untouched.
     """
+    check_float_tensor("x", x)  # an integer tensor would be rotated and truncated back to integers
     if x.dim() != 4:
-        raise ValueError(f"apply_rotary: x must be (B, T, H, D), got shape {tuple(x.shape)}")
-    if layout not in LAYOUTS:
-        raise ValueError(f"apply_rotary: layout must be one of {LAYOUTS}, got {layout!r}")
+        raise ValueError(f"x: expected shape (B, T, H, D), got {tuple(x.shape)}")
+    check_choice("layout", layout, LAYOUTS)
     D = x.shape[-1]
-    R = D if rotary_dim is None else rotary_dim
-    if not isinstance(R, int) or isinstance(R, bool) or R <= 0 or R % 2 or R > D:
-        raise ValueError(f"apply_rotary: rotary_dim must be an even int in [2, D={D}], got {rotary_dim!r}")
+    R = D if rotary_dim is None else check_even_dim("rotary_dim", rotary_dim, at_most=D, at_most_name="D")
     cos, sin = _check_cos_sin(x, cos, sin, R // 2)
 
     ctype = torch.promote_types(torch.promote_types(x.dtype, cos.dtype), torch.float32)

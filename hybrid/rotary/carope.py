@@ -13,11 +13,12 @@ The increments f(x_t)^i are exactly a data-dependent `theta` for `hybrid.kernels
 from __future__ import annotations
 
 import math
-import numbers
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from hybrid.checks import check_even_dim, check_number, check_positive_int
 
 
 def _softplus_inverse(y: float) -> float:
@@ -32,7 +33,7 @@ def _at_least_float32(t: torch.Tensor) -> torch.Tensor:
 def cos_sin_from_phases(phases: torch.Tensor):
     """`(cos φ, sin φ)`, each `(B, T, H, P)` float32 (float64 for float64 phases), for `apply_rotary`."""
     if phases.dim() != 4:
-        raise ValueError(f"phases must be (B, T, H, P), got shape {tuple(phases.shape)}")
+        raise ValueError(f"phases: expected shape (B, T, H, P), got {tuple(phases.shape)}")
     phases = _at_least_float32(phases)
     return torch.cos(phases), torch.sin(phases)
 
@@ -48,13 +49,10 @@ class CARoPE(nn.Module):
 
     def __init__(self, d_model: int, n_heads: int, rotary_dim: int, base: float = 10000.0):
         super().__init__()
-        for name, v in (("d_model", d_model), ("n_heads", n_heads), ("rotary_dim", rotary_dim)):
-            if not isinstance(v, numbers.Integral) or isinstance(v, bool) or v <= 0:
-                raise ValueError(f"{name} must be a positive int, got {v!r}")
-        if rotary_dim % 2:
-            raise ValueError(f"rotary_dim must be even, got {rotary_dim}")
-        if not isinstance(base, numbers.Real) or isinstance(base, bool) or not math.isfinite(base) or base <= 1:
-            raise ValueError(f"base must be a finite number > 1, got {base!r}")
+        check_positive_int("d_model", d_model)
+        check_positive_int("n_heads", n_heads)
+        check_even_dim("rotary_dim", rotary_dim)
+        check_number("base", base, low=1, low_open=True)
         self.d_model, self.n_heads, self.rotary_dim = int(d_model), int(n_heads), int(rotary_dim)
         self.base = float(base)
         self.n_pairs = self.rotary_dim // 2
@@ -74,7 +72,7 @@ class CARoPE(nn.Module):
     def log_frequency(self, x: torch.Tensor) -> torch.Tensor:
         """log f(x_t) = −log(1 + softplus(x_t·W + b)), `(B, T, H)` float32, from x `(B, T, d_model)`."""
         if x.dim() != 3 or x.shape[-1] != self.d_model:
-            raise ValueError(f"x must be (B, T, d_model={self.d_model}), got shape {tuple(x.shape)}")
+            raise ValueError(f"x: expected shape (B, T, d_model={self.d_model}), got {tuple(x.shape)}")
         dtype = torch.promote_types(torch.promote_types(x.dtype, self.weight.dtype), torch.float32)
         z = F.linear(x.to(dtype), self.weight.to(dtype), self.bias.to(dtype))  # (B, T, H)
         return -torch.log1p(F.softplus(z))
@@ -97,7 +95,7 @@ class CARoPE(nn.Module):
         if phase is None:
             phase = inc.new_zeros(B, H, P)
         elif phase.shape != (B, H, P):
-            raise ValueError(f"phase must be (B, H, P) = {(B, H, P)}, got {tuple(phase.shape)}")
+            raise ValueError(f"phase: expected shape (B, H, P) = {(B, H, P)}, got {tuple(phase.shape)}")
         # Sum from the carried phase so that a split run adds in the same order as one pass.
         phase = phase.to(inc.dtype)
         phases = torch.cumsum(torch.cat((phase.unsqueeze(1), inc), dim=1), dim=1)[:, 1:]  # (B, T, H, P)

@@ -11,9 +11,9 @@ function: the rotation commutes with the relabelling, and q·k is unchanged when
 """
 from __future__ import annotations
 
-import numbers
-
 import torch
+
+from hybrid.checks import check_even_dim, check_positive_int
 
 from .apply import LAYOUTS
 
@@ -21,18 +21,15 @@ from .apply import LAYOUTS
 def _check_layouts(src: str, dst: str) -> None:
     for name, v in (("src", src), ("dst", dst)):
         if v not in LAYOUTS:
-            raise ValueError(f"{name} must be one of {LAYOUTS}, got {v!r}")
+            raise ValueError(f"{name}: expected one of {LAYOUTS}, got {v!r}")
 
 
 def rotary_permutation(head_dim: int, rotary_dim: int | None = None, *, src: str = "interleaved",
                        dst: str = "half") -> torch.Tensor:
     """int64 `(head_dim,)` index with `x_dst = x_src[..., perm]` for one head's channels."""
     _check_layouts(src, dst)
-    if not isinstance(head_dim, numbers.Integral) or isinstance(head_dim, bool) or head_dim <= 0:
-        raise ValueError(f"head_dim must be a positive int, got {head_dim!r}")
-    R = head_dim if rotary_dim is None else rotary_dim
-    if not isinstance(R, numbers.Integral) or isinstance(R, bool) or R <= 0 or R % 2 or R > head_dim:
-        raise ValueError(f"rotary_dim must be an even int in [2, head_dim={head_dim}], got {rotary_dim!r}")
+    check_positive_int("head_dim", head_dim)
+    R = head_dim if rotary_dim is None else check_even_dim("rotary_dim", rotary_dim, at_most=head_dim)
     perm = torch.arange(head_dim)
     if src == dst:
         return perm
@@ -55,13 +52,12 @@ def convert_projection(weight: torch.Tensor, n_heads: int, *, rotary_dim: int | 
     dim=1: the output projection `(d_model, n_heads·head_dim)` (needed when v/o are rotated, VO-RoPE).
     Converting src→dst then dst→src is the identity.
     """
-    if not isinstance(n_heads, numbers.Integral) or isinstance(n_heads, bool) or n_heads <= 0:
-        raise ValueError(f"n_heads must be a positive int, got {n_heads!r}")
+    check_positive_int("n_heads", n_heads)
     if not -weight.dim() <= dim < weight.dim():
-        raise ValueError(f"dim must index an axis of weight with shape {tuple(weight.shape)}, got {dim}")
+        raise ValueError(f"dim: expected an axis of weight with shape {tuple(weight.shape)}, got {dim}")
     n = weight.shape[dim]
     if n % n_heads:
-        raise ValueError(f"weight axis {dim} (size {n}) must be n_heads·head_dim with n_heads={n_heads}")
+        raise ValueError(f"weight: expected axis {dim} of size n_heads·head_dim with n_heads={n_heads}, got size {n}")
     head_dim = n // n_heads
     perm = rotary_permutation(head_dim, rotary_dim, src=src, dst=dst)
     index = (torch.arange(n_heads)[:, None] * head_dim + perm[None, :]).flatten()  # (n_heads·head_dim,)

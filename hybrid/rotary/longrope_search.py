@@ -54,7 +54,7 @@ def _project(f: torch.Tensor, lower: float, upper: float | None, monotonic: bool
 def _positive(name: str, v, integer: bool = False):
     kind = numbers.Integral if integer else numbers.Real
     if not isinstance(v, kind) or isinstance(v, bool) or not v > 0:
-        raise ValueError(f"{name} must be a positive {'int' if integer else 'number'}, got {v!r}")
+        raise ValueError(f"{name}: expected a positive {'int' if integer else 'number'}, got {v!r}")
 
 
 def longrope_search(loss_fn, n_pairs: int, *, init=None, population: int = 64, generations: int = 40,
@@ -71,14 +71,14 @@ def longrope_search(loss_fn, n_pairs: int, *, init=None, population: int = 64, g
     for name, v in (("population", population), ("generations", generations), ("parents", parents)):
         _positive(name, v, integer=True)
     if parents > population:
-        raise ValueError(f"parents must be ≤ population = {population}, got {parents}")
+        raise ValueError(f"parents: expected an int <= population={population}, got {parents}")
     if not 0.0 <= mutation_prob <= 1.0:
-        raise ValueError(f"mutation_prob must be in [0, 1], got {mutation_prob!r}")
+        raise ValueError(f"mutation_prob: expected a number in [0, 1], got {mutation_prob!r}")
     _positive("mutation_scale", mutation_scale)
     _positive("final_scale", final_scale)
     _positive("lower", lower)
     if upper is not None and not (isinstance(upper, numbers.Real) and upper >= lower):
-        raise ValueError(f"upper must be None or a number ≥ lower = {lower}, got {upper!r}")
+        raise ValueError(f"upper: expected None or a number >= lower={lower}, got {upper!r}")
     if generator is None:
         generator = torch.Generator().manual_seed(0)
 

@@ -1,11 +1,10 @@
 """`Rotary`: a frequency schedule plus a cos/sin cache, applied to `(B, T, H, D)` tensors."""
 from __future__ import annotations
 
-import numbers
-import operator
-
 import torch
 from torch import nn
+
+from hybrid.checks import check_choice, check_even_dim, check_float_tensor, check_int, check_positive_int
 
 from .apply import LAYOUTS, apply_rotary, cos_sin_from_angles, rotary_angles
 from .schedules import inv_freq, length_dependence
@@ -13,13 +12,7 @@ from .schedules import inv_freq, length_dependence
 
 def _check_count(name: str, v) -> int:
     """An int ≥ 0 (python/numpy int or 0-dim integer tensor)."""
-    try:
-        n = None if isinstance(v, bool) else operator.index(v)
-    except TypeError:
-        n = None
-    if n is None or n < 0:
-        raise ValueError(f"{name} must be an int ≥ 0, got {v!r}")
-    return int(n)
+    return check_int(name, v, low=0)
 
 
 class Rotary(nn.Module):
@@ -44,13 +37,9 @@ class Rotary(nn.Module):
     def __init__(self, dim: int, *, base: float = 10000.0, scaling: dict | None = None,
                  layout: str = "interleaved", rotary_dim: int | None = None):
         super().__init__()
-        if not isinstance(dim, numbers.Integral) or isinstance(dim, bool) or dim <= 0:
-            raise ValueError(f"dim must be a positive int, got {dim!r}")
-        R = dim if rotary_dim is None else rotary_dim
-        if not isinstance(R, numbers.Integral) or isinstance(R, bool) or R <= 0 or R % 2 or R > dim:
-            raise ValueError(f"rotary_dim must be an even int in [2, dim={dim}] (or None for dim), got {rotary_dim!r}")
-        if layout not in LAYOUTS:
-            raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
+        check_positive_int("dim", dim)
+        R = check_even_dim("dim", dim) if rotary_dim is None else check_even_dim("rotary_dim", rotary_dim, at_most=dim, at_most_name="dim")
+        check_choice("layout", layout, LAYOUTS)
         self.dim, self.rotary_dim, self.layout = int(dim), int(R), layout
         theta, self.attention_factor = inv_freq(int(R), base, scaling)  # validates scaling
         self.base, self.scaling = float(base), None if scaling is None else dict(scaling)
@@ -110,7 +99,8 @@ class Rotary(nn.Module):
 
     def forward(self, x: torch.Tensor, offset: int = 0, inverse: bool = False) -> torch.Tensor:
         """Rotate x `(B, T, H, dim)` at positions offset … offset + T − 1 (`inverse=True`: by −angle)."""
+        check_float_tensor("x", x)  # an integer tensor would be rotated and truncated back to integers
         if x.dim() != 4 or x.shape[-1] != self.dim:
-            raise ValueError(f"x must be (B, T, H, dim={self.dim}), got shape {tuple(x.shape)}")
+            raise ValueError(f"x: expected shape (B, T, H, dim={self.dim}), got {tuple(x.shape)}")
         cos, sin = self.cos_sin(x.shape[1], offset, x.device)
         return apply_rotary(x, cos, sin, inverse=inverse, layout=self.layout, rotary_dim=self.rotary_dim)

@@ -47,11 +47,11 @@ def parse_placement(spec) -> RotaryPlacement:
     if isinstance(spec, RotaryPlacement):
         return spec
     if not isinstance(spec, str):
-        raise ValueError(f"placement must be a string, one of {PLACEMENTS}; got {spec!r}")
+        raise ValueError(f"placement: expected a string, one of {PLACEMENTS}, got {spec!r}")
     name = spec.strip().lower()
     name = _ALIASES.get(name, name)
     if name not in PLACEMENTS:
-        raise ValueError(f"placement must be one of {PLACEMENTS} (or 'nope'), got {spec!r}")
+        raise ValueError(f"placement: expected one of {PLACEMENTS} (or 'nope'), got {spec!r}")
     letters = "" if name == "none" else name
     return RotaryPlacement(
         q="q" in letters, k="k" in letters, v="v" in letters, o="o" in letters,

@@ -26,6 +26,8 @@ from collections.abc import Mapping
 
 import torch
 
+from hybrid.checks import check_even_dim, check_int, check_number
+
 ROPE_TYPES = ("default", "linear", "ntk", "dynamic", "yarn", "longrope", "llama3")
 
 _L0 = "original_max_position_embeddings"
@@ -63,14 +65,14 @@ def _real(cfg: dict, key: str, *, low: float | None = None, strict: bool = False
     bad = not _is_real(v) or (low is not None and (float(v) <= low if strict else float(v) < low))
     if bad:
         bound = "" if low is None else f" {'>' if strict else '≥'} {low:g}"
-        raise ValueError(f"scaling[{key!r}] must be a finite number{bound}, got {v!r}")
+        raise ValueError(f"scaling[{key!r}]: expected a finite number{bound}, got {v!r}")
     return float(v)
 
 
 def _positive_int(cfg: dict, key: str) -> int:
     v = cfg[key]
     if not isinstance(v, numbers.Integral) or isinstance(v, bool) or v <= 0:
-        raise ValueError(f"scaling[{key!r}] must be a positive int, got {v!r}")
+        raise ValueError(f"scaling[{key!r}]: expected a positive int, got {v!r}")
     return int(v)
 
 
@@ -89,7 +91,7 @@ def _per_pair(cfg: dict, key: str, n: int) -> torch.Tensor:
 def _normalise(scaling, dim: int) -> tuple[str, dict]:
     """Check a scaling dict; return (rope_type, dict without the type key)."""
     if not isinstance(scaling, Mapping):
-        raise ValueError(f"scaling must be None or a dict like {{'rope_type': 'yarn', ...}}, got {scaling!r}")
+        raise ValueError(f"scaling: expected None or a dict like {{'rope_type': 'yarn', ...}}, got {scaling!r}")
     cfg = {k: v for k, v in scaling.items() if v is not None}  # HF configs serialise unset keys as null
     if "rope_type" in cfg and "type" in cfg and cfg["rope_type"] != cfg["type"]:
         raise ValueError(f"scaling['rope_type'] and its alias scaling['type'] disagree: {cfg['rope_type']!r} "
@@ -98,7 +100,7 @@ def _normalise(scaling, dim: int) -> tuple[str, dict]:
     alias = cfg.pop("type", None)
     rope_type = rope_type if rope_type is not None else alias
     if rope_type not in ROPE_TYPES:
-        raise ValueError(f"scaling['rope_type'] must be one of {ROPE_TYPES}, got {rope_type!r}")
+        raise ValueError(f"scaling['rope_type']: expected one of {ROPE_TYPES}, got {rope_type!r}")
     unknown = set(cfg) - _REQUIRED[rope_type] - _OPTIONAL[rope_type]
     if unknown:
         key = sorted(unknown, key=str)[0]
@@ -110,7 +112,7 @@ def _normalise(scaling, dim: int) -> tuple[str, dict]:
         key = sorted(missing)[0]
         raise ValueError(f"scaling[{key!r}] is required for rope_type {rope_type!r} (missing: {sorted(missing)})")
     if rope_type in ("ntk", "dynamic") and dim <= 2:
-        raise ValueError(f"dim must be > 2 for rope_type {rope_type!r} (exponent d/(d−2)), got {dim}")
+        raise ValueError(f"dim: expected > 2 for rope_type {rope_type!r} (exponent d/(d−2)), got {dim}")
     return rope_type, cfg
 
 
@@ -177,10 +179,10 @@ def _yarn(dim, base, cfg, seq_len):
     beta_fast = _real(cfg, "beta_fast", low=0.0, strict=True) if "beta_fast" in cfg else 32.0
     beta_slow = _real(cfg, "beta_slow", low=0.0, strict=True) if "beta_slow" in cfg else 1.0
     if beta_fast < beta_slow:
-        raise ValueError(f"scaling['beta_fast'] must be ≥ beta_slow = {beta_slow:g}, got {beta_fast:g}")
+        raise ValueError(f"scaling['beta_fast']: expected a number >= beta_slow={beta_slow:g}, got {beta_fast:g}")
     truncate = cfg.get("truncate", True)
     if not isinstance(truncate, bool):
-        raise ValueError(f"scaling['truncate'] must be a bool, got {truncate!r}")
+        raise ValueError(f"scaling['truncate']: expected True or False, got {truncate!r}")
     if "attention_factor" in cfg:
         attn = _real(cfg, "attention_factor", low=0.0, strict=True)
     else:
@@ -226,7 +228,7 @@ def _llama3(dim, base, cfg, seq_len):
     lo = _real(cfg, "low_freq_factor", low=0.0, strict=True)
     hi = _real(cfg, "high_freq_factor", low=0.0, strict=True)
     if hi <= lo:
-        raise ValueError(f"scaling['high_freq_factor'] must be > low_freq_factor = {lo:g}, got {hi:g}")
+        raise ValueError(f"scaling['high_freq_factor']: expected a number > low_freq_factor={lo:g}, got {hi:g}")
     theta = _default(dim, base)
     wavelen = 2.0 * math.pi / theta
     sigma = (L0 / wavelen - lo) / (hi - lo)
@@ -249,10 +251,8 @@ _SCHEDULES = {
 
 def check_dim_base(dim, base) -> None:
     """ValueError unless dim is a positive even int and base a finite number > 1."""
-    if not isinstance(dim, numbers.Integral) or isinstance(dim, bool) or dim <= 0 or dim % 2:
-        raise ValueError(f"dim must be a positive even int, got {dim!r}")
-    if not _is_real(base) or base <= 1:
-        raise ValueError(f"base must be a finite number > 1, got {base!r}")
+    check_even_dim("dim", dim)
+    check_number("base", base, low=1, low_open=True)  # base <= 1: the frequencies base^(-2i/d) would not decay
 
 
 def length_dependence(scaling, dim: int) -> tuple[str, int | None]:
@@ -273,9 +273,7 @@ def inv_freq(dim: int, base: float = 10000.0, scaling: dict | None = None, seq_l
     naming the key.
     """
     check_dim_base(dim, base)
-    if seq_len is not None and (not isinstance(seq_len, numbers.Integral) or isinstance(seq_len, bool)
-                                or seq_len < 0):
-        raise ValueError(f"seq_len must be None or an int ≥ 0, got {seq_len!r}")
+    check_int("seq_len", seq_len, low=0, allow_none=True)
     if scaling is None:
         return _default(int(dim), float(base)).to(torch.float32), 1.0
     rope_type, cfg = _normalise(scaling, int(dim))

@@ -18,6 +18,7 @@ from .reference import complex_scan_reference
 from .validate import (
     check_chunk_size,
     check_decay_like,
+    check_scan_values,
     check_state,
     check_x,
     normalise_decay_like,
@@ -90,8 +91,8 @@ def complex_scan(
         backend: ``"triton"``, ``"cpu"``, ``"torch"`` or ``"reference"``; default ``$HYBRID_BACKEND``, else
             triton for CUDA tensors when Triton imports, cpu (compiled on first use) for CPU tensors when a
             C++ compiler is present, else torch (the blocked scan in plain PyTorch, any device).
-        check_values: check ``log_decay ≤ 0`` (one device sync). Models whose decay is ≤ 0 by construction
-            pass False.
+        check_values: check ``log_decay ≤ 0`` and ``theta`` finite, NaN refused (one device sync for both).
+            Models whose decay is ≤ 0 and angles finite by construction pass False (no sync).
 
     Returns:
         ``y`` ``(B, T, H, D)`` in x's dtype (``y_t = s_t``) and ``final_state`` ``(B, H, D)`` float32
@@ -101,8 +102,10 @@ def complex_scan(
     B, T, H, D = x.shape
     P = D // 2
     target, layout = (B, T, H, P), "(B, T, H, D/2)"
-    log_decay = check_decay_like(log_decay, "log_decay", target, layout, x, check_values)
-    theta = check_decay_like(theta, "theta", target, layout, x, False)
+    log_decay = check_decay_like(log_decay, "log_decay", target, layout, x)
+    theta = check_decay_like(theta, "theta", target, layout, x)
+    if check_values:
+        check_scan_values(log_decay, theta, ("log_decay", "theta"))
     initial_state = check_state(initial_state, "initial_state", (B, H, D), x)
     check_chunk_size(chunk_size)
     which = resolve_backend(backend, x.device)
@@ -138,7 +141,7 @@ def complex_scan_step(
         x_t: ``(B, H, D)``.
         log_decay_t, theta_t: broadcastable to ``(B, H, D/2)``.
         state: ``(B, H, D)`` float32, or None (zeros).
-        check_values: check ``log_decay_t ≤ 0`` (one device sync per call).
+        check_values: check ``log_decay_t ≤ 0`` and ``theta_t`` finite (one device sync per call).
 
     Returns:
         ``y_t`` ``(B, H, D)`` in x_t's dtype and the new state ``(B, H, D)`` float32 (``y_t`` is the state).
@@ -147,8 +150,10 @@ def complex_scan_step(
     B, H, D = x_t.shape
     P = D // 2
     target, layout = (B, H, P), "(B, H, D/2)"
-    log_decay_t = check_decay_like(log_decay_t, "log_decay_t", target, layout, x_t, check_values)
-    theta_t = check_decay_like(theta_t, "theta_t", target, layout, x_t, False)
+    log_decay_t = check_decay_like(log_decay_t, "log_decay_t", target, layout, x_t)
+    theta_t = check_decay_like(theta_t, "theta_t", target, layout, x_t)
+    if check_values:
+        check_scan_values(log_decay_t, theta_t, ("log_decay_t", "theta_t"))
     state = check_state(state, "state", (B, H, D), x_t)
     real = state_dtype(x_t.dtype)
     xc = torch.view_as_complex(x_t.to(real).reshape(B, H, P, 2).contiguous())  # (B, H, P) complex

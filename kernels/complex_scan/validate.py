@@ -29,13 +29,11 @@ def check_x(x: torch.Tensor, name: str = "x", ndim: int = 4, layout: str = "(B, 
         raise ValueError(f"{name}: expected shape {layout}, got {tuple(x.shape)}")
     if x.shape[-1] % 2:
         raise ValueError(
-            f"{name}: the last dimension D holds rotary pairs and must be even, got D={x.shape[-1]}"
+            f"{name}: expected an even last dimension D (rotary pairs), got D={x.shape[-1]}"
         )
 
 
-def check_decay_like(
-    t, name: str, target: tuple[int, ...], layout: str, like: torch.Tensor, check_sign: bool
-) -> torch.Tensor:
+def check_decay_like(t, name: str, target: tuple[int, ...], layout: str, like: torch.Tensor) -> torch.Tensor:
     """Check that ``t`` broadcasts to ``target``; return it as a tensor in the state dtype."""
     if not isinstance(t, torch.Tensor):
         if isinstance(t, (int, float)) and not isinstance(t, bool):
@@ -52,11 +50,20 @@ def check_decay_like(
     )
     if not ok:
         raise ValueError(f"{name}: shape {shape} does not broadcast to {layout} = {target}")
-    if check_sign and t.numel() and bool((t > 0).any()):
-        raise ValueError(
-            f"{name}: expected values <= 0 (the log of a decay in (0, 1]), got a maximum of {t.max().item():.4g}"
-        )
     return t.to(state_dtype(like.dtype))
+
+
+def check_scan_values(log_decay: torch.Tensor, theta: torch.Tensor, names: tuple[str, str]) -> None:
+    """``log_decay ≤ 0`` (−inf allowed: γ = 0) and ``theta`` finite; NaN fails both. Both flags are read
+    back together: one device sync."""
+    bad = torch.stack([(~(log_decay <= 0)).any(), (~torch.isfinite(theta)).any()]).tolist()
+    if bad[0]:
+        n_nan = int(torch.isnan(log_decay).sum())
+        got = f"{n_nan} NaN" if n_nan else f"a maximum of {log_decay.max().item():.4g}"
+        raise ValueError(f"{names[0]}: expected values <= 0 (the log of a decay in [0, 1]), got {got}")
+    if bad[1]:
+        n_nan, n_inf = int(torch.isnan(theta).sum()), int(torch.isinf(theta).sum())
+        raise ValueError(f"{names[1]}: expected finite angles, got {n_nan} NaN and {n_inf} inf")
 
 
 def normalise_decay_like(t: torch.Tensor, B: int, T: int, H: int, P: int) -> torch.Tensor:

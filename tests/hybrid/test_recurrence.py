@@ -228,7 +228,7 @@ def test_low_precision_keeps_dtype():
     "kwargs,match",
     [
         (dict(d_model=10, n_heads=3), r"n_heads: expected a divisor of d_model=10, got 3"),
-        (dict(d_model=12, n_heads=4), r"head_dim: expected an even number .*got 3"),
+        (dict(d_model=12, n_heads=4), r"head_dim: expected an even int .*got 3"),
         (dict(d_model=12, n_heads=2, r_min=0.99, r_max=0.9), r"r_min, r_max: expected 0 < r_min <= r_max < 1"),
         (dict(d_model=12, n_heads=2, r_max=1.0), r"r_min, r_max"),
         (dict(d_model=0, n_heads=2), r"d_model: expected a positive int, got 0"),
@@ -256,3 +256,19 @@ def test_value_errors_at_call():
     with pytest.raises(ValueError, match=r"state: expected a RecurrenceState"):
         m(torch.randn(3, 5, 12, dtype=torch.float64), "state")
     assert isinstance(m.init_state(2), RecurrenceState)
+
+
+def test_a_float64_input_to_float32_weights_is_one_line():
+    """Either convert the module (float64 runs, for reference checks) or get a one-line error naming x."""
+    from hybrid import Attention, MultiScaleRetention
+
+    x = torch.randn(2, 5, 16, dtype=torch.float64)
+    for mixer in (VORecurrence(16, 2), Attention(16, 2), MultiScaleRetention(16, 2)):
+        with pytest.raises(ValueError, match=r"^x: expected dtype float32 \(the module's parameters; .*got float64$"):
+            mixer(x, None)
+        with pytest.raises(ValueError, match=r"^x: expected dtype float32"):
+            mixer.step(x[:, 0], None)
+        y, _ = mixer.double()(x, None)
+        assert y.dtype == torch.float64
+    with pytest.raises(ValueError, match=r"^rope_base: expected a number > 1, got 0.5$"):
+        VORecurrence(16, 2, rope_base=0.5)

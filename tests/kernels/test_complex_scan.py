@@ -308,3 +308,23 @@ def test_backend_resolution(monkeypatch):
     y_env, _ = complex_scan(x, ld, th)  # through the reference
     y_torch, _ = complex_scan(x, ld, th, backend="torch")
     assert_close_scaled(y_env, y_torch, 1e-12, "env-selected backend")
+
+
+@pytest.mark.parametrize("backend", ["torch", "reference"])
+def test_nan_and_inf_decays_and_angles_are_refused(backend):
+    """NaN passes a `> 0` test; the check is `not <= 0`. θ must be finite. −inf log γ (γ = 0) is allowed."""
+    x = torch.randn(2, 5, 3, 6)
+    good_decay, good_theta = -torch.rand(3, 3), torch.rand(3, 3)
+    nan = torch.full((3, 3), float("nan"))
+    for log_decay, theta, match in [
+        (nan, good_theta, r"log_decay: expected values <= 0 .*got 9 NaN"),
+        (good_decay.clone().index_fill_(0, torch.tensor([1]), float("nan")), good_theta, r"log_decay: .*got 3 NaN"),
+        (good_decay, nan, r"theta: expected finite angles, got 9 NaN and 0 inf"),
+        (good_decay, torch.full((3, 3), float("inf")), r"theta: expected finite angles, got 0 NaN and 9 inf"),
+    ]:
+        with pytest.raises(ValueError, match=match):
+            complex_scan(x, log_decay, theta, backend=backend)
+        with pytest.raises(ValueError, match=match.replace("log_decay", "log_decay_t").replace("theta", "theta_t")):
+            complex_scan_step(x[:, 0], log_decay, theta, None)
+    y, _ = complex_scan(x, torch.full((3, 3), float("-inf")), good_theta, backend=backend)  # γ = 0: y_t = x_t
+    assert torch.equal(y, x)

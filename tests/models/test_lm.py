@@ -228,6 +228,16 @@ def test_empty_input_and_zero_new_tokens():
         (lambda m: m.generate(torch.zeros(1, 3, dtype=torch.long), 2, top_k=0), r"top_k: expected a positive int"),
         (lambda m: m.generate(torch.zeros(1, 3, dtype=torch.long), 2, top_p=1.5), r"top_p: expected a number in \(0, 1\]"),
         (lambda m: m.generate(torch.zeros(1, 0, dtype=torch.long), 2), r"input_ids: expected a prompt of at least one token"),
+        (lambda m: m.generate(torch.zeros(1, 3, dtype=torch.long), 2, temperature=float("nan")), r"temperature: expected a number >= 0, got nan"),
+        (lambda m: m.generate(torch.zeros(1, 3, dtype=torch.long), 2, temperature=float("inf")), r"temperature: expected a number >= 0, got inf"),
+        (lambda m: m.generate(torch.zeros(1, 3, dtype=torch.long), 2, eos_token_id=999), r"eos_token_id: expected an int >= 0 and <= 60 or None, got 999"),
+        (lambda m: m.generate(torch.zeros(1, 3, dtype=torch.long), 2, eos_token_id=-1), r"eos_token_id: expected an int >= 0 and <= 60 or None, got -1"),
+        (lambda m: m.generate(torch.zeros(1, 3, dtype=torch.long), 2, eos_token_id=50, vocab_limit=40), r"eos_token_id: expected an int >= 0 and <= 39 or None, got 50"),
+        (lambda m: m.generate(torch.zeros(1, 3, dtype=torch.long), 2, vocab_limit=VOCAB + 1), r"vocab_limit: expected an int >= 1 and <= 61"),
+        (lambda m: m.step(torch.tensor([VOCAB])), r"token_ids: expected token ids in \[0, 61\), got values in \[61, 61\]"),
+        (lambda m: m.step(torch.tensor([-1])), r"token_ids: expected token ids in \[0, 61\), got values in \[-1, -1\]"),
+        (lambda m: m.step(torch.tensor([1.0])), r"token_ids: expected an int64 tensor of shape \(B,\), got torch.float32"),
+        (lambda m: m.step(torch.zeros(1, 1, dtype=torch.long)), r"token_ids: expected shape \(B,\), got \(1, 1\)"),
         (lambda m: HybridLM({"d_model": 8}), r"config: expected a HybridConfig"),
     ],
 )
@@ -246,3 +256,36 @@ def test_bfloat16_model_runs_in_every_mode():
         r, _ = model(ids, mode="recurrent")
     assert p.dtype == torch.bfloat16 and torch.isfinite(p).all()
     assert (r.float() - p.float()).abs().max() <= 0.05 * p.float().abs().max()
+
+
+@pytest.mark.parametrize("mode, sampling", [
+    ("recurrent", dict()), ("parallel", dict()), ("recurrent", dict(temperature=0)), ("recurrent", dict(top_k=40)),
+    ("recurrent", dict(top_p=0.95)), ("recurrent", dict(temperature=2.0, top_k=5, top_p=0.5)),
+], ids=["default", "default-parallel", "greedy", "top_k", "top_p", "all"])
+def test_generation_never_emits_padding_ids(mode, sampling):
+    """An untrained model whose padding rows are the most likely tokens: generation (the default temperature
+    included) never produces an id >= vocab_limit, for many seeds."""
+    config = HybridConfig(vocab_size=VOCAB, d_model=16, n_layers=2, n_heads=2, pattern="RA", window=8)
+    model = model_of(config)
+    limit = 37
+    with torch.no_grad():
+        model.lm_head.weight[limit:] *= 50  # tied with the embedding: the padding rows dominate the logits
+    prompt = torch.randint(0, limit, (3, 4), generator=torch.Generator().manual_seed(0))
+    unmasked = model.generate(prompt, 6, mode=mode, generator=torch.Generator().manual_seed(0), **sampling)
+    assert int(unmasked[:, 4:].max()) >= limit  # without the limit, padding ids are sampled
+    for seed in range(8):
+        out = model.generate(prompt, 6, mode=mode, generator=torch.Generator().manual_seed(seed),
+                             vocab_limit=limit, **sampling)
+        assert out.shape == (3, 10) and int(out[:, 4:].max()) < limit
+
+
+def test_sample_next_masks_padding_ids_in_every_path():
+    from hybrid.models.sampling import mask_padding, sample_next
+
+    logits = torch.zeros(4, 10)
+    logits[:, 7:] = 100.0  # the padding ids would win every draw
+    for kwargs in (dict(temperature=0), dict(), dict(top_k=3), dict(top_p=0.9), dict(top_k=2, top_p=0.5)):
+        for seed in range(10):
+            ids = sample_next(logits, generator=torch.Generator().manual_seed(seed), vocab_limit=7, **kwargs)
+            assert int(ids.max()) < 7, kwargs
+    assert torch.equal(mask_padding(logits, None), logits) and torch.equal(mask_padding(logits, 10), logits)

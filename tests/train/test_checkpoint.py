@@ -258,3 +258,19 @@ def test_missing_checkpoint_is_a_clear_error(tmp_path):
     _simple(tmp_path, 5)
     assert has_checkpoint(tmp_path)
     assert load_checkpoint(tmp_path / "checkpoint").step == 5  # the directory itself works too
+
+
+def test_keep_holds_the_newest_checkpoints_named_by_step(tmp_path):
+    model, opt, sched = _trained()
+    run = tmp_path / "run"
+    for step in (2, 4, 6, 8):
+        _save(run, model, opt, sched, step, keep=3)
+    assert [s for s, _ in ck.kept_checkpoints(run)] == [6, 4]  # checkpoint/ (8) and the two before it
+    assert load_checkpoint(run).step == 8 and load_checkpoint(run / "checkpoint-step-4").step == 4
+    _save(run, model, opt, sched, 10, keep=1)  # keep 1: the earlier ones go
+    assert ck.kept_checkpoints(run) == [] and sorted(p.name for p in run.iterdir()) == ["checkpoint"]
+    _save(run, model, opt, sched, 12, keep=2)
+    (run / "checkpoint").rename(tmp_path / "gone")  # lost: the newest kept one is found instead
+    assert load_checkpoint(run).step == 10
+    with pytest.raises(ValueError, match="keep: expected a positive int, got 0"):
+        _save(run, model, opt, sched, 14, keep=0)

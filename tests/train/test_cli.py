@@ -101,9 +101,61 @@ def test_corrupt_checkpoint(trained, tmp_path, capsys):
 
 
 def test_resume_refuses_changes_that_break_it(trained, capsys):
-    assert train_main(["--resume", str(trained), "--lr", "0.5"]) == 2
-    one_line_error(capsys, "hybrid-train", "lr: cannot change when resuming")
+    assert train_main(["--resume", str(trained), "--seq-len", "64"]) == 2
+    one_line_error(capsys, "hybrid-train", "seq_len: cannot change when resuming")
     assert train_main(["--resume", str(trained), "--out", "elsewhere"]) == 2
     one_line_error(capsys, "hybrid-train", "different run directories")
     assert train_main(["--out", str(trained)]) == 2
     one_line_error(capsys, "hybrid-train", "already holds a checkpoint", "--resume")
+
+
+def test_user_errors_are_one_line_exit_2(corpus, tmp_path, capsys):
+    """Each bad input of the hardening issue: one line naming the problem, exit 2, no traceback."""
+    bad_rows = tmp_path / "bad.jsonl"
+    bad_rows.write_text('{"text": "fine"}\n{not json\n')
+    not_a_tokenizer = tmp_path / "tokenizer.json"
+    not_a_tokenizer.write_text("not json at all\n")
+    a_file = tmp_path / "a-file"
+    a_file.write_text("")
+    common = [*TINY, "--steps", "2", "--quiet"]
+    cases = [
+        (["--data", str(bad_rows), *common, "--out", str(tmp_path / "r1")], ["data: expected json files", "bad.jsonl"]),
+        (["--data", str(corpus), "--tokenizer", str(not_a_tokenizer), *common, "--out", str(tmp_path / "r2")],
+         ["tokenizer: expected a tokenizer.json", "tokenizer.json"]),
+        (["--data", str(corpus), *common, "--out", str(a_file / "run")], ["a-file", "Not a directory"]),
+        (["--data", str(corpus), *common, "--set", "rope_base=0.5", "--out", str(tmp_path / "r3")],
+         ["rope_base: expected a number > 1, got 0.5"]),
+        (["--data", str(corpus), *common, "--keep", "0", "--out", str(tmp_path / "r4")], ["--keep", "got '0'"]),
+        (["--data", str(corpus), *common, "--on-nonfinite", "ignore"], ["--on-nonfinite", "'ignore'"]),
+    ]
+    for argv, needles in cases:
+        assert train_main(argv) == 2, argv
+        one_line_error(capsys, "hybrid-train", *needles)
+
+
+def test_generate_errors_are_one_line_exit_2(trained, capsys):
+    for argv, needles in [
+        (["--temperature", "nan"], ["temperature: expected a number >= 0, got nan"]),
+        (["--temperature", "inf"], ["temperature: expected a number >= 0, got inf"]),
+        (["--top-p", "nan"], ["top_p: expected a number in (0, 1]"]),
+    ]:
+        assert generate_main(["--run", str(trained), "--device", "cpu", *argv]) == 2, argv
+        one_line_error(capsys, "hybrid-generate", *needles)
+
+
+def test_quiet_prints_nothing_and_the_prompt_example_has_a_real_newline(corpus, tmp_path, capsys):
+    capsys.readouterr()
+    assert train_main(["--data", str(corpus), "--out", str(tmp_path / "q"), "--steps", "2", *TINY, "--quiet"]) == 0
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err == ""  # no datasets bars ("Generating train split", "tokenising")
+    from hybrid.train.cli import generate_parser
+
+    assert "--prompt $'import os\\n'" in generate_parser().epilog  # bash turns \n into a newline in $'…'
+
+
+def test_default_sampling_never_fails_on_padding_ids(trained, capsys):
+    """The vocabulary is padded to 320 for 259 byte tokens: the default temperature samples only real ids."""
+    for seed in range(6):
+        assert generate_main(["--run", str(trained), "--prompt", "def ", "--max-new-tokens", "30", "--seed",
+                              str(seed), "--device", "cpu"]) == 0
+    assert capsys.readouterr().out.count("def ") >= 6

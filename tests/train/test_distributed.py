@@ -39,7 +39,8 @@ def test_two_ranks_train_and_resume_on_one(corpus, tmp_path, fsdp):
     assert [r["step"] for r in train] == [1, 2, 3, 4, 5, 6]  # one record per step: rank 0 alone writes
     losses = [r["loss"] for r in train]
     assert all(math.isfinite(x) for x in losses) and losses[-1] < losses[0]
-    assert sorted(p.name for p in out.iterdir()) == ["checkpoint", "loss.png", "metrics.jsonl", "train_config.json"]
+    assert sorted(p.name for p in out.iterdir()) == ["checkpoint", "checkpoint-step-3", "loss.png", "metrics.jsonl",
+                                                     "train_config.json"]  # --keep 2: the step-3 one is kept
     ckpt = load_checkpoint(out)
     assert ckpt.step == 6 and ckpt.extra["world_size"] == 2 and ckpt.extra["global_batch"] == 4
     assert "lm_head.weight" in ckpt.ties  # a full, unsharded state dict, tied head stored once

@@ -123,9 +123,9 @@ def test_bad_checkpoints_and_run_directories_are_refused(corpus, tmp_path):
     run(tiny(corpus, tmp_path / "run", steps=2, save_every=0))
     with pytest.raises(ValueError, match="already holds a checkpoint"):
         run(tiny(corpus, tmp_path / "run", steps=2))
-    with pytest.raises(ValueError, match="lr: cannot change when resuming"):
-        Trainer.from_checkpoint(tmp_path / "run", lr=0.5)
-    with pytest.raises(ValueError, match="steps: .* must be >= 2"):
+    with pytest.raises(ValueError, match="seq_len: cannot change when resuming"):
+        Trainer.from_checkpoint(tmp_path / "run", seq_len=64)
+    with pytest.raises(ValueError, match="steps: expected .* at least .* step 2"):
         Trainer.from_checkpoint(tmp_path / "run", steps=1)
     with pytest.raises(FileNotFoundError, match="no checkpoint"):
         Trainer.from_checkpoint(tmp_path / "nothing-here")
@@ -139,7 +139,8 @@ def test_bad_checkpoints_and_run_directories_are_refused(corpus, tmp_path):
 
 @pytest.mark.parametrize("field,value", [("steps", 0), ("lr", -1.0), ("preset", "gpt"), ("size", "huge"),
                                          ("warmup", 5000), ("betas", (0.9,)), ("device", "tpu"),
-                                         ("eval_batches", 0), ("valid_fraction", 1.0), ("model", "RRA")])
+                                         ("eval_batches", 0), ("valid_fraction", 1.0), ("model", "RRA"),
+                                         ("keep", 0), ("on_nonfinite", "ignore"), ("warmup", -1)])
 def test_train_config_names_the_bad_field(field, value):
     with pytest.raises(ValueError, match=f"^{field}:"):
         TrainConfig(**{field: value})

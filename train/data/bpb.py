@@ -19,7 +19,7 @@ LN2 = math.log(2.0)
 def loss_to_bpb(mean_loss: float, bytes_per_token: float) -> float:
     """Mean cross-entropy in nats per target token → bits per byte of text."""
     if bytes_per_token <= 0:
-        raise ValueError(f"loss_to_bpb: bytes_per_token must be > 0, got {bytes_per_token}")
+        raise ValueError(f"bytes_per_token: expected a number > 0, got {bytes_per_token}")
     return float(mean_loss) / LN2 / bytes_per_token
 
 
@@ -35,5 +35,5 @@ def unigram_bpb(train: np.ndarray, valid: np.ndarray, valid_bytes: int, vocab_si
                 alpha: float = 1.0) -> float:
     """The unigram baseline in bits per byte of validation text."""
     if valid_bytes <= 0:
-        raise ValueError(f"unigram_bpb: valid_bytes must be > 0, got {valid_bytes}")
+        raise ValueError(f"valid_bytes: expected a number > 0, got {valid_bytes}")
     return unigram_bits(train, valid, vocab_size, alpha) / valid_bytes

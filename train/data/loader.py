@@ -19,6 +19,8 @@ from typing import Iterator
 import numpy as np
 import torch
 
+from hybrid.checks import check_positive_int
+
 __all__ = ["BatchLoader", "eval_batches", "num_blocks"]
 
 
@@ -39,10 +41,9 @@ class BatchLoader:
     def __init__(self, stream: np.ndarray, seq_len: int, batch_size: int, *, seed: int = 0, rank: int = 0,
                  world_size: int = 1):
         for name, v in (("seq_len", seq_len), ("batch_size", batch_size), ("world_size", world_size)):
-            if not isinstance(v, int) or v < 1:
-                raise ValueError(f"BatchLoader: {name} must be a positive int, got {v!r}")
+            check_positive_int(name, v)
         if not 0 <= rank < world_size:
-            raise ValueError(f"BatchLoader: rank must be in [0, {world_size}), got {rank}")
+            raise ValueError(f"rank: expected an int in [0, world_size={world_size}), got {rank}")
         self.stream = np.asarray(stream)
         self.seq_len, self.batch_size = seq_len, batch_size
         self.seed, self.rank, self.world_size = seed, rank, world_size
@@ -100,7 +101,7 @@ def eval_batches(stream: np.ndarray, seq_len: int, batch_size: int, *, rank: int
     """Validation batches covering each target of `stream` once (this rank's share); see the module doc."""
     stream = np.asarray(stream)
     if not 0 <= rank < world_size:
-        raise ValueError(f"eval_batches: rank must be in [0, {world_size}), got {rank}")
+        raise ValueError(f"rank: expected an int in [0, world_size={world_size}), got {rank}")
     if len(stream) < 2:
         raise ValueError(f"eval_batches: the stream needs at least 2 tokens, has {len(stream)}")
     full = num_blocks(len(stream), seq_len)

@@ -117,7 +117,16 @@ def _load_files(files: list[Path], text_column: str, cache_dir: str, tables: set
                 encoding="utf-8", encoding_errors="replace", cache_dir=cache_dir,
             )
         else:
-            ds = datasets.load_dataset(builder, data_files=paths, split="train", cache_dir=cache_dir)
+            verbosity = datasets.logging.get_verbosity()
+            datasets.logging.set_verbosity(datasets.logging.CRITICAL)  # a malformed row is reported below, once
+            try:
+                ds = datasets.load_dataset(builder, data_files=paths, split="train", cache_dir=cache_dir)
+            except datasets.exceptions.DatasetGenerationError as e:  # a malformed row: say which file and why
+                cause = e.__cause__ if e.__cause__ is not None else e
+                raise ValueError(f"data: expected {builder} files with a {text_column!r} column, got unreadable "
+                                 f"{', '.join(paths[:3])} ({type(cause).__name__}: {cause})") from None
+            finally:
+                datasets.logging.set_verbosity(verbosity)
             if text_column not in ds.column_names:
                 raise ValueError(
                     f"data files {paths[:3]} have no column {text_column!r} (columns: {ds.column_names}); "

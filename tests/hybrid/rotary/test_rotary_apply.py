@@ -79,7 +79,7 @@ def test_rotary_angles_exact_for_large_positions():
 @pytest.mark.parametrize(
     "kwargs, match",
     [
-        (dict(x=torch.zeros(2, 3, 4)), "x must be"),
+        (dict(x=torch.zeros(2, 3, 4)), "x: expected"),
         (dict(layout="rotate_half"), "layout"),
         (dict(rotary_dim=5), "rotary_dim"),
         (dict(rotary_dim=10), "rotary_dim"),

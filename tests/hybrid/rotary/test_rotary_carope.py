@@ -123,9 +123,9 @@ def test_errors():
         with pytest.raises(ValueError, match=match):
             CARoPE(**kwargs)
     m = CARoPE(4, 2, 6)
-    with pytest.raises(ValueError, match="x must be"):
+    with pytest.raises(ValueError, match="x: expected"):
         m(torch.zeros(2, 3, 5))
-    with pytest.raises(ValueError, match="x must be"):
+    with pytest.raises(ValueError, match="x: expected"):
         m(torch.zeros(2, 4))
     with pytest.raises(ValueError, match="phase"):
         m(torch.zeros(2, 3, 4), torch.zeros(2, 3, 3))

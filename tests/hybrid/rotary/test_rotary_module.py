@@ -148,7 +148,7 @@ def test_state_dict_has_no_buffers():
     "kwargs, match",
     [
         (dict(dim=0), "dim"),
-        (dict(dim=7), "rotary_dim"),
+        (dict(dim=7), "dim: expected an even int"),
         (dict(dim=8, rotary_dim=10), "rotary_dim"),
         (dict(dim=8, rotary_dim=3), "rotary_dim"),
         (dict(dim=8, layout="neox"), "layout"),
@@ -169,7 +169,19 @@ def test_call_errors():
         rot.cos_sin(3, offset=-2)
     with pytest.raises(ValueError, match="offset"):
         rot.cos_sin(3, offset=1.0)
-    with pytest.raises(ValueError, match="x must be"):
+    with pytest.raises(ValueError, match="x: expected"):
         rot(torch.zeros(1, 2, 3, 6))
-    with pytest.raises(ValueError, match="x must be"):
+    with pytest.raises(ValueError, match="x: expected"):
         rot(torch.zeros(2, 3, 8))
+
+
+def test_integer_tensors_are_refused():
+    """Rotating int64 values would truncate them back to integers: a one-line error instead."""
+    from hybrid.rotary import apply_rotary
+
+    rope = Rotary(8)
+    with pytest.raises(ValueError, match=r"^x: expected a float tensor, got dtype int64$"):
+        rope(torch.ones(1, 3, 2, 8, dtype=torch.int64))
+    cos, sin = rope.cos_sin(3, 0, torch.device("cpu"))
+    with pytest.raises(ValueError, match=r"^x: expected a float tensor, got dtype int32$"):
+        apply_rotary(torch.ones(1, 3, 2, 8, dtype=torch.int32), cos, sin)
