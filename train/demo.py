@@ -86,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
           f"model  {HybridLM(m).num_parameters():,} parameters, layers {m.layer_types}, attention window {m.window}, "
           f"d_model {m.d_model}, on {resolve_device(config.device)}\n"
           f"train  {config.steps} steps × {config.batch_size} × {config.seq_len} tokens, AdamW lr {config.lr:g}, "
-          f"warmup {config.warmup}, cosine\n", flush=True)
+          f"warmup {config.warmup_steps}, cosine\n", flush=True)
     trainer = Trainer(config, overwrite=True, verbose=0, progress=None)
     speed = []
 
