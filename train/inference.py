@@ -67,7 +67,7 @@ def generate_ids(run: LoadedRun, prompt: str, *, max_new_tokens: int = 200, mode
     out = run.model.generate(ids, max_new_tokens, mode=mode, prefill=prefill, temperature=temperature,
                              top_k=top_k, top_p=top_p, generator=generator,
                              eos_token_id=tok.eos_id if stop_at_eos else None, chunk_size=chunk_size,
-                             vocab_limit=tok.vocab_size)  # never the padding ids of a rounded-up vocab
+                             vocab_limit=min(tok.vocab_size, run.model.config.vocab_size))  # no padding ids
     return out[0].tolist()
 
 
