@@ -132,7 +132,7 @@ def test_skip_drops_isolated_spikes_and_stops_on_a_streak(corpus, tmp_path, monk
 
 
 def test_float16_training_is_refused_on_the_cpu_with_the_reason(corpus, tmp_path, capsys):
-    assert train_main(["--data", str(corpus), *TINY, "--steps", "2", "--set", "dtype=float16",
+    assert train_main(["--data", str(corpus), *TINY, "--steps", "2", "--set", "dtype=float16", "--quiet",
                        "--out", str(tmp_path / "f16")]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "float16 training needs a CUDA device" in err and "gradient scaler" in err
