@@ -29,8 +29,13 @@ def available() -> bool:
 
 
 def _empty(*shape: int, dtype: torch.dtype) -> torch.Tensor:
-    """Every buffer the backend writes comes from here, so tests can poison them (fill with NaN)."""
-    return torch.empty(*shape, dtype=dtype)
+    """Every buffer the backend writes comes from here, so tests can poison them (fill with NaN). A large one is
+    advised onto transparent huge pages first (``advise_huge_pages`` in ``cpu_scan.cpp``): the first write to a
+    fresh buffer otherwise costs one page fault per 4 KiB, which for the scan's outputs took longer than the
+    scan itself."""
+    buf = torch.empty(*shape, dtype=dtype)
+    load().advise_huge_pages(buf.data_ptr(), buf.nbytes)
+    return buf
 
 
 def _ptr(t: torch.Tensor | None):
@@ -42,7 +47,9 @@ class _Decay:
     strides in elements, 0 where broadcast, as the kernel's ``int64[4]``."""
 
     def __init__(self, log_decay: torch.Tensor, theta: torch.Tensor):
-        self.gamma, self.cos, self.sin = torch.exp(log_decay), torch.cos(theta), torch.sin(theta)
+        self.gamma = torch.exp(log_decay, out=_empty(*log_decay.shape, dtype=log_decay.dtype))
+        self.cos = torch.cos(theta, out=_empty(*theta.shape, dtype=theta.dtype))
+        self.sin = torch.sin(theta, out=_empty(*theta.shape, dtype=theta.dtype))
 
         def strides(t):
             return [t.stride(0) if t.shape[0] > 1 else 0, t.stride(1) if t.shape[1] > 1 else 0]
