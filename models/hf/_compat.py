@@ -24,5 +24,5 @@ def check_version() -> None:
     if not MIN_VERSION <= TRANSFORMERS_VERSION < MAX_VERSION:
         raise ImportError(
             f"transformers: expected a release in [{MIN_VERSION}, {MAX_VERSION}) for hybrid.models.hf, "
-            f"got {transformers.__version__}; pip install 'hybrid[hf]'"
+            f"got {transformers.__version__}; pip install -e '.[hf]' in the hybrid checkout"
         )

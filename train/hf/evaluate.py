@@ -43,7 +43,7 @@ def evaluate(path, tasks: list[str], *, include_path=None, device: str = "cpu", 
         from lm_eval.models.huggingface import HFLM
         from lm_eval.tasks import TaskManager
     except ImportError as e:
-        raise ImportError(f"hybrid-eval needs lm-eval: pip install 'hybrid[eval]' ({e})") from None
+        raise ImportError(f"hybrid-eval needs lm-eval: pip install -e '.[eval]' in the hybrid checkout ({e})") from None
     model, tokenizer = load_for_eval(path, device)
     lm = HFLM(pretrained=model, tokenizer=tokenizer, backend="causal", batch_size=batch_size, device=device,
               max_length=max_length)

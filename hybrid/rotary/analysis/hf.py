@@ -169,7 +169,7 @@ def load_hf_causal_lm(name_or_path: str, *, device="cpu", dtype=torch.float32):
     try:
         import transformers
     except ImportError:
-        raise ImportError("transformers is not installed: pip install 'hybrid[analysis]' to analyse Hugging "
+        raise ImportError("transformers is not installed: pip install -e '.[analysis]' in the hybrid checkout to analyse Hugging "
                           "Face models") from None
     local = Path(name_or_path).expanduser()
     source = str(local) if local.is_dir() else name_or_path

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 transformers = pytest.importorskip(
-    "transformers", reason="transformers is not installed (pip install 'hybrid[analysis]'): the Hugging Face "
+    "transformers", reason="transformers is not installed (pip install -e '.[analysis]' in the hybrid checkout): the Hugging Face "
                            "adapter tests need it")
 
 from hybrid.rotary.analysis import analyze, capture_statistics  # noqa: E402

@@ -7,7 +7,7 @@ both rotary layouts; in float64 (up to the float32 rotary angles of both) and fl
 import pytest
 import torch
 
-pytest.importorskip("transformers", reason="transformers not installed (pip install 'hybrid[hf]')")
+pytest.importorskip("transformers", reason="transformers not installed (pip install -e '.[hf]' in the hybrid checkout)")
 
 from transformers import (LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM,  # noqa: E402
                           Qwen2Config, Qwen2ForCausalLM)

@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-pytest.importorskip("transformers", reason="transformers not installed (pip install 'hybrid[hf]')")
+pytest.importorskip("transformers", reason="transformers not installed (pip install -e '.[hf]' in the hybrid checkout)")
 
 from transformers import AutoConfig, AutoModel, AutoModelForCausalLM  # noqa: E402
 

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 import torch
 
-pytest.importorskip("transformers", reason="transformers not installed (pip install 'hybrid[hf]')")
+pytest.importorskip("transformers", reason="transformers not installed (pip install -e '.[hf]' in the hybrid checkout)")
 
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM  # noqa: E402
 
@@ -165,9 +165,9 @@ def test_train_init_from_refuses_overrides_that_change_shapes(tmp_path, corpus):
 # ---------------------------------------------------------------------------------------------- eval
 
 def test_eval_on_the_local_task_scores_what_our_model_prefers(tmp_path, capsys):
-    pytest.importorskip("lm_eval", reason="lm-eval not installed (pip install 'hybrid[eval]'); it is not in the "
+    pytest.importorskip("lm_eval", reason="lm-eval not installed (pip install -e '.[eval]' in the hybrid checkout); it is not in the "
                                           "test extra: it pulls scikit-learn and friends")
-    pytest.importorskip("accelerate", reason="lm-eval's HFLM needs accelerate (pip install 'hybrid[eval]')")
+    pytest.importorskip("accelerate", reason="lm-eval's HFLM needs accelerate (pip install -e '.[eval]' in the hybrid checkout)")
     tok = ByteTokenizer()
     model = write_run(tmp_path / "run", tiny("hybrid", window=4), tok, seed=3).eval()
     tasks = tmp_path / "tasks"
