@@ -12,6 +12,16 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
+@pytest.fixture
+def one_torch_thread():
+    """One intra-op thread for a test on tiny tensors: there, a second thread only contends, and on a shared
+    2-core machine two threads spinning against another process made such tests 10 to 40 times slower."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 # CI installs every optional extra (.ci/run sets HYBRID_NO_SKIPS=1): there a test that skips for a missing
 # package is a check that silently did not run, so it fails instead. Only the GPU's absence may skip.
 def _skip_is_a_failure(report) -> bool:

@@ -17,13 +17,7 @@ F64 = dict(atol=1e-10, rtol=1e-9)
 F32 = dict(atol=2e-6, rtol=1e-5)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """The tensors here are tiny: intra-op threads only contend (10x slower on a loaded 2-core machine)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tiny tensors (tests/conftest.py)
 
 
 def make(seed: int = 0, dtype=torch.float64, **kw) -> Attention:

@@ -20,12 +20,7 @@ FLEX = pytest.mark.skipif(not flex.FLEX_AVAILABLE, reason="FlexAttention needs t
 _seed = itertools.count(4321)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tiny tensors (tests/conftest.py)
 
 
 def inputs(B, T, P, H, G, D, dtype=torch.float64, grad=False):

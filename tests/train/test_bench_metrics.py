@@ -19,13 +19,7 @@ from hybrid.train.tokenizer import ByteTokenizer
 L = 6  # the "training length"
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """One thread: on a shared 2-core machine two threads spin against other processes (tens of × slower)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tiny tensors (tests/conftest.py)
 VOCAB = 264
 
 
