@@ -150,6 +150,10 @@ def train_parser() -> argparse.ArgumentParser:
     g.add_argument("--init-from", default=S, metavar="RUN_DIR",
                    help="start from the weights and model config of another run (e.g. one written by "
                         "hybrid-import); not its optimizer or step; --preset/--size are then ignored")
+    g.add_argument("--init-partial", action="store_true", default=S,
+                   help="with --init-from: copy every weight whose name and shape match and initialise the rest, "
+                        "e.g. a hybrid (--set pattern='\"RRA\"') started from a transformer's attention, MLP and "
+                        "embedding weights")
     g.add_argument("--overwrite", action="store_true", help="start over in an --out that already has a checkpoint")
     g.add_argument("--eval-every", type=_count, default=S,
                    help=f"steps between evaluations, 0 = only at the end (default: {D.eval_every})")

@@ -28,6 +28,7 @@ class TrainConfig:
     data: str | None = None  # None / "stdlib": this Python's standard library; a path; a hub dataset name
     tokenizer: str | None = None  # None / "bytes": byte-level; a tokenizer.json (or its directory)
     init_from: str | None = None  # a run directory whose weights and model config start this run (train/init_from.py)
+    init_partial: bool = False  # with init_from: copy the weights whose name and shape match, initialise the rest
     valid_fraction: float = 0.05
     seq_len: int = 256
     batch_size: int = 16  # sequences per rank per micro-batch
@@ -89,6 +90,8 @@ class TrainConfig:
         for name in ("data", "tokenizer", "init_from"):
             if getattr(self, name) is not None and not isinstance(getattr(self, name), str):
                 raise ValueError(f"{name}: expected a string or None, got {getattr(self, name)!r}")
+        if self.init_partial and self.init_from is None:
+            raise ValueError("init_partial: expected together with init_from (the run to copy weights from), got no init_from")
         number("valid_fraction", 0.0, 1.0, low_open=True)
         if self.valid_fraction >= 1.0:
             raise ValueError(f"valid_fraction: expected a number in (0, 1), got {self.valid_fraction!r}")
@@ -119,7 +122,7 @@ class TrainConfig:
             self.device in ("auto", "cpu", "cuda") or self.device.startswith("cuda:")
         ):
             raise ValueError(f"device: expected 'auto', 'cpu', 'cuda' or 'cuda:N', got {self.device!r}")
-        for name in ("compile", "fsdp"):
+        for name in ("compile", "fsdp", "init_partial"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name}: expected True or False, got {getattr(self, name)!r}")
 

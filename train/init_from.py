@@ -1,8 +1,13 @@
 """``--init-from RUN_DIR``: start a new run from another run's weights (not its optimizer, data position or step).
 
-The new run's model is the source run's ``HybridConfig`` with ``TrainConfig.model`` overrides on top (they must
-keep every weight's shape, e.g. ``window``); its tokenizer is the source run's unless one is given. Any run
-directory works, including one written by ``hybrid-import`` (a Llama / Mistral / Qwen2 checkpoint).
+The new run's model is the source run's ``HybridConfig`` with ``TrainConfig.model`` overrides on top; its
+tokenizer is the source run's unless one is given. Any run directory works, including one written by
+``hybrid-import`` (a Llama / Mistral / Qwen2 checkpoint).
+
+By default every weight must fit (overrides that keep the shapes, e.g. ``window``). With ``init_partial`` the
+overrides may change the model: each weight whose name and shape match is copied and the others keep their
+fresh initialisation, e.g. a hybrid (``pattern="RRA"``) started from a transformer: embeddings, norms, MLPs and
+the attention layers at the A positions come from the source, the R mixers are new.
 """
 from __future__ import annotations
 
@@ -20,6 +25,25 @@ class InitWeights:
     config: HybridConfig
     model_state: dict[str, torch.Tensor]
     tokenizer: str | None  # for TrainConfig.tokenizer: None (bytes) or the path of a tokenizer.json
+
+
+def copy_matching(model: torch.nn.Module, state: dict[str, torch.Tensor]) -> tuple[list[str], list[str], list[str]]:
+    """Copy into ``model`` each tensor of ``state`` whose name and shape match one of its own; returns the names
+    copied, the model's names left as initialised, and the source's names with no place (sorted)."""
+    own = model.state_dict()
+    copied = sorted(k for k, v in state.items() if k in own and own[k].shape == v.shape)
+    with torch.no_grad():
+        for k in copied:
+            own[k].copy_(state[k])
+    return copied, sorted(set(own) - set(copied)), sorted(set(state) - set(copied))
+
+
+def modules_of(names: list[str], limit: int = 6) -> str:
+    """``blocks.0.mixer.q_proj.weight``, ... -> ``"blocks.0.mixer.q_proj, …"``: the modules, in order, at most
+    ``limit`` of them named; "none" for none."""
+    modules = list(dict.fromkeys(n.rsplit(".", 1)[0] for n in names))
+    more = f", … {len(modules) - limit} more" if len(modules) > limit else ""
+    return (", ".join(modules[:limit]) + more) if modules else "none"
 
 
 def load_init(run_dir) -> InitWeights:

@@ -59,7 +59,7 @@ from .config import MAX_SKIPS_IN_A_ROW, TrainConfig
 from .data import PreparedData, prepare_data
 from .distributed import DistEnv, full_state, init_distributed, load_full_state, resolve_device, wrap_model
 from .evaluate import evaluate
-from .init_from import load_init
+from .init_from import copy_matching, load_init, modules_of
 from .metrics import METRICS_FILE, MetricsLogger, plot_loss_curve
 from .optim import build_optimizer
 from .resume import resume_config
@@ -222,12 +222,18 @@ class Trainer:
             self.notes.append("--fsdp: one process, nothing to shard; training without FSDP")
         self._set_precision()
         self.model = HybridLM(self.model_config).to(self.device)  # the module: state dicts, evaluation
-        if init is not None:
+        if init is not None and c.init_partial:
+            copied, fresh, unused = copy_matching(self.model, init.model_state)
+            if not copied:
+                raise ValueError(f"init_partial: no weight of {c.init_from} fits the model config (names or shapes differ)")
+            self.notes.append(f"--init-from {c.init_from}: copied {len(copied)} weights, initialised "
+                              f"{len(fresh)} ({modules_of(fresh)}), ignored {len(unused)} ({modules_of(unused)})")
+        elif init is not None:
             try:
                 self.model.load_state_dict(init.model_state)
             except RuntimeError as e:
                 raise ValueError(f"init_from: the weights of {c.init_from} do not fit the model config "
-                                 f"({' '.join(str(e).split())[:300]})") from None
+                                 f"({' '.join(str(e).split())[:300]}); --init-partial copies the weights that fit") from None
         if self.scaler is not None:
             self.model.float()  # float32 master weights; float16 autocast runs the model
         self.num_parameters = self.model.num_parameters()
