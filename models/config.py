@@ -26,6 +26,7 @@ from hybrid.recurrence import PHASES as RNN_PHASES
 from hybrid.rotary import PHASE_MAPS, PLACEMENTS, inv_freq, parse_placement
 
 MIXER_LETTERS = {"R": "VO-RoPE recurrence", "A": "attention", "M": "multi-scale retention"}
+RECOMPUTE = ("none", "linear", "all")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "float64": torch.float64}
 # shared-KV caches one tensor as key and value, so k and v must be rotated alike
 SHARED_KV_PLACEMENTS = tuple(p for p in PLACEMENTS if parse_placement(p).k == parse_placement(p).v)
@@ -107,6 +108,10 @@ class HybridConfig:
     rnn_conv_width: int = 4
     # retention (M)
     retention_chunk: int = 64  # tile of its chunkwise form: O(T·retention_chunk); same numbers for any value
+    # training memory: which blocks keep only their input and recompute their activations in backward
+    # (activation checkpointing): "none"; "linear" = every block whose mixer costs O(T) (R, M, windowed A), so
+    # the recomputation is cheap and the global attention blocks are left alone; "all". Same numbers either way.
+    recompute: str = "none"
     # free-form provenance (preset name, size); not used by the model
     meta: dict = field(default_factory=dict)
 
@@ -192,6 +197,8 @@ class HybridConfig:
             )
         if self.abs_pos == "sinusoidal" and self.d_model % 2:
             raise ValueError(f"d_model: sinusoidal positions need an even d_model, got {self.d_model}")
+        if self.recompute not in RECOMPUTE:
+            raise ValueError(f"recompute: expected one of {RECOMPUTE}, got {self.recompute!r}")
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype: expected one of {list(DTYPES)}, got {self.dtype!r}")
         for name in ("tie_embeddings", "shared_kv", "attention_bias", "carope", "rnn_selective"):

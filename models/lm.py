@@ -17,6 +17,7 @@ import math
 
 import torch
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from hybrid import MultiScaleRetention, RMSNorm, SwiGLU
 from hybrid.abs_pos import AbsolutePositions, sinusoidal_scale
@@ -68,6 +69,7 @@ class HybridLM(nn.Module):
         self.abs_pos = None if config.abs_pos is None else AbsolutePositions(
             config.abs_pos, config.d_model, max_len=config.abs_pos_max_len, scale=sinusoidal_scale(config.init_std))
         self.blocks = nn.ModuleList(Block(config, letter) for letter in config.layer_types)
+        self._recompute = [self._recomputes(letter) for letter in config.layer_types]
         self.norm = RMSNorm(config.d_model, eps=config.norm_eps)
         self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
         self._init_weights()
@@ -176,11 +178,23 @@ class HybridLM(nn.Module):
             logits.append(chunk_logits)
         return (logits[0] if len(logits) == 1 else torch.cat(logits, dim=1)), state
 
+    def _recomputes(self, letter: str) -> bool:
+        """Whether ``config.recompute`` asks this block to recompute its activations in backward."""
+        mode = self.config.recompute
+        linear_cost = letter != "A" or self.config.window is not None  # R, M and windowed A are O(T)
+        return mode == "all" or (mode == "linear" and linear_cost)
+
     def _forward_block(self, ids: torch.Tensor, state: HybridState):
         h = self._embed(ids, state.offset)  # (B, T, d_model)
         layers = []
-        for block, layer_state in zip(self.blocks, state.layers):
-            h, layer_state = block(h, layer_state)
+        records = torch.is_grad_enabled() and self.training
+        for block, layer_state, recompute in zip(self.blocks, state.layers, self._recompute):
+            if recompute and records:
+                # activation checkpointing: keep h, run the block again in backward. Under autograd every
+                # state update is out of place (hybrid.kv_cache), so the second run sees the same inputs.
+                h, layer_state = checkpoint(block, h, layer_state, use_reentrant=False)
+            else:
+                h, layer_state = block(h, layer_state)
             layers.append(layer_state)
         return self.lm_head(self.norm(h)), HybridState(layers=layers, offset=state.offset + ids.shape[1])
 

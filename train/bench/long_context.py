@@ -3,6 +3,10 @@
     python -m hybrid.train.bench.long_context                          # CPU, T = 1K, 2K, 4K, 8K, 16K, B=1
     python -m hybrid.train.bench.long_context --lengths 1024,8192 --presets hybrid,transformer
     python -m hybrid.train.bench.long_context --device cuda --out table.md
+    python -m hybrid.train.bench.long_context --lengths 8192 --presets transformer,hybrid,hybrid:linear,transformer:all
+
+A preset written ``name:MODE`` trains with ``HybridConfig.recompute = MODE`` (activation checkpointing:
+``linear`` recomputes the blocks whose mixer is O(T), ``all`` every block) and is its own row.
 
 One training step is forward + backward of the cross-entropy loss. Every (preset, T) cell runs in a process
 of its own, so its peak memory is that cell's alone: the peak resident set size of the process on CPU
@@ -27,15 +31,23 @@ import time
 import torch
 
 from hybrid.models import HybridConfig, HybridLM
+from hybrid.models.config import RECOMPUTE
 
 PRESET_NAMES = ("transformer", "hybrid", "retnet", "vo-rnn")
 DEFAULT_LENGTHS = (1024, 2048, 4096, 8192, 16384)
 
 
-def build(preset: str, d_model: int, n_layers: int, n_heads: int, window: int, dtype: str) -> HybridLM:
+def split_row(row: str) -> tuple[str, str]:
+    """``"hybrid:linear"`` -> ``("hybrid", "linear")``; a bare preset recomputes nothing."""
+    preset, _, recompute = row.partition(":")
+    return preset, recompute or "none"
+
+
+def build(row: str, d_model: int, n_layers: int, n_heads: int, window: int, dtype: str) -> HybridLM:
+    preset, recompute = split_row(row)
     extra = {"window": window} if preset == "hybrid" else {}
     config = HybridConfig.preset(preset, "tiny", d_model=d_model, n_layers=n_layers, n_heads=n_heads,
-                                 dtype=dtype, **extra)
+                                 dtype=dtype, recompute=recompute, **extra)
     torch.manual_seed(0)
     return HybridLM(config)
 
@@ -136,9 +148,11 @@ def main(argv=None):
         print(json.dumps(measure_cell(args)))
         return
     args.presets = [s for s in args.presets.split(",") if s]
-    unknown = sorted(set(args.presets) - set(PRESET_NAMES))
+    unknown = sorted(r for r in args.presets
+                     if split_row(r)[0] not in PRESET_NAMES or split_row(r)[1] not in RECOMPUTE)
     if unknown:
-        raise SystemExit(f"presets: expected names from {list(PRESET_NAMES)}, got {unknown}")
+        raise SystemExit(f"presets: expected names from {list(PRESET_NAMES)}, each optionally with "
+                         f":MODE for MODE in {RECOMPUTE[1:]}, got {unknown}")
     args.lengths = [int(t) for t in args.lengths.split(",")]
     cells = {}
     for preset in args.presets:
