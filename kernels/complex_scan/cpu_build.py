@@ -25,7 +25,7 @@ import warnings
 from pathlib import Path
 
 SOURCE = Path(__file__).with_name("cpu_scan.cpp")
-FLAGS = ["-O3", "-std=c++17", "-shared", "-fPIC", "-pthread", "-fno-math-errno"]
+FLAGS = ["-O3", "-std=c++17", "-shared", "-fPIC", "-pthread", "-fno-math-errno", "-fno-trapping-math"]
 DISABLE_ENV = "HYBRID_CPU_SCAN"
 
 
@@ -76,10 +76,10 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
     p, i64, i32, i64s = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.POINTER(ctypes.c_int64)
     for suffix in ("f32", "f64"):
         fwd = getattr(lib, f"scan_forward_{suffix}")
-        fwd.argtypes = [p, p, p, p, i64s, p, p, p, i64, i64, i64, i64, i64, i32]
+        fwd.argtypes = [p, p, p, i64s, p, p, p, i64, i64, i64, i64, i64, i32]
         fwd.restype = None
         bwd = getattr(lib, f"scan_backward_{suffix}")
-        bwd.argtypes = [p, p, p, i64s, p, p, p, p, p, p, i64, p, i64, i64, i64, i64, i64, i32]
+        bwd.argtypes = [p, p, i64s, p, p, p, p, p, p, i64, p, i64, i64, i64, i64, i64, i32]
         bwd.restype = None
     lib.advise_huge_pages.argtypes = [p, i64]
     lib.advise_huge_pages.restype = None

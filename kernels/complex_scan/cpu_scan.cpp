@@ -10,15 +10,17 @@
 // Re gz is ∂log γ_t and Im gz is ∂θ_t (a_t = γ_t e^{−iθ_t}); gz is formed from the product a_t·s_{t−1},
 // never from s_t − x_t (which cancels when the decay is strong).
 //
-// The decay a_t = γ_t (cos θ_t − i sin θ_t) comes as three real arrays formed beforehand by torch's
-// vectorised exp / cos / sin: gamma (Bg, Tg, H, P), cos and sin (Bc, Tc, H, P), each with batch / time
-// strides that are 0 where the caller broadcasts (never materialised).
+// The decay a_t = exp(log γ_t)·(cos θ_t − i sin θ_t) is formed inside the loop from log_decay and theta
+// (Bd, Td, H, P) each, with batch / time strides that are 0 where the caller broadcasts (never materialised).
+// float32 uses the vectorisable exp / sincos below (within 2 ulp of libm, checked by the tests); float64, for
+// reference checks, uses libm.
 // Other layouts (contiguous): x, y, dy, dx (B, T, H, 2P) with pair p at (2p, 2p+1); s0, final, dfinal,
 // ds0 (B, H, 2P); gz (B, Tz, H, P, 2) with Tz ∈ {1, T} (Tz = 1: summed over time here, in double).
 // No torch headers: plain C entry points called through ctypes (which releases the GIL), so the build
 // takes about a second and needs only a C++ compiler.
 #include <algorithm>
 #include <atomic>
+#include <cmath>
 #include <cstdint>
 #include <thread>
 #include <vector>
@@ -28,7 +30,7 @@
 
 namespace {
 
-constexpr int64_t kPairs = 64;  // the most pairs per row block (its state lives in L1)
+constexpr int64_t kPairs = 256;  // the most pairs per row block (its state and decays live in L1)
 
 // Run body(item) for item in [0, n_items) on up to n_threads threads (the caller is one of them).
 // Items are handed out one at a time, so a thread descheduled by another process delays only its row.
@@ -67,9 +69,70 @@ extern "C" void advise_huge_pages(void* p, int64_t bytes) {
 
 template <typename F>
 struct Decay {
-  const F *gamma, *cos, *sin;
-  int64_t g_batch, g_time, c_batch, c_time;
+  const F *log_decay, *theta;
+  int64_t ld_batch, ld_time, th_batch, th_time;
 };
+
+// a_j = exp(ld_j)·(cos th_j − i·sin th_j) for j < n. float64: libm.
+inline void decay_factors(const double* __restrict__ ld, const double* __restrict__ th, int64_t n,
+                          double* __restrict__ ar, double* __restrict__ ai) {
+  for (int64_t j = 0; j < n; ++j) {
+    const double g = std::exp(ld[j]);
+    ar[j] = g * std::cos(th[j]);
+    ai[j] = -g * std::sin(th[j]);
+  }
+}
+
+// float32: one branch-free loop the compiler vectorises (plain SSE2 is enough), then a fix-up loop that redoes
+// with libm the rare inputs outside the ranges the polynomials cover (log γ outside [−87, 88], |θ| > 8192,
+// infinities, NaN).
+//   exp: x = k·ln2 + r, |r| ≤ ln2/2 (ln2 in two parts, Cody–Waite), exp(r) by a degree-7 polynomial,
+//        2^k built in the exponent bits.
+//   sincos: θ = q·π/2 + r, |r| ≤ π/4 (π/2 in three parts), minimax polynomials for sin r and cos r, then the
+//        quadrant q mod 4 swaps and negates them.
+// Rounding to the nearest integer uses the 1.5·2^23 trick (exact for |v| < 2^22), so no SSE4.1 is needed.
+inline void decay_factors(const float* __restrict__ ld, const float* __restrict__ th, int64_t n,
+                          float* __restrict__ ar, float* __restrict__ ai) {
+  constexpr float kRound = 12582912.0f;  // 1.5·2^23
+  for (int64_t j = 0; j < n; ++j) {
+    float x = ld[j];
+    x = x < -87.0f ? -87.0f : (x > 88.0f ? 88.0f : x);  // outside: redone below (NaN becomes −87 here)
+    const float kf = (x * 1.44269504088896341f + kRound) - kRound;
+    float r = x - kf * 0.693359375f;
+    r = r - kf * -2.12194440e-4f;
+    float p = 1.9875691500e-4f;
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    p = p * r * r + r + 1.0f;
+    const int32_t k = static_cast<int32_t>(kf);  // in [−126, 127]
+    const float g = p * __builtin_bit_cast(float, static_cast<uint32_t>(k + 127) << 23);
+
+    const float t = std::fabs(th[j]) <= 8192.0f ? th[j] : 0.0f;  // outside: redone below (NaN too)
+    const float qf = (t * 0.636619772367581343f + kRound) - kRound;
+    const float u = ((t - qf * 1.5703125f) - qf * 4.837512969970703125e-4f) - qf * 7.54978995489188216e-8f;
+    const int32_t q = static_cast<int32_t>(qf);
+    const float z = u * u;
+    const float sn0 = ((-1.9515295891e-4f * z + 8.3321608736e-3f) * z - 1.6666654611e-1f) * z * u + u;
+    const float cs0 = ((2.443315711809948e-5f * z - 1.388731625493765e-3f) * z + 4.166664568298827e-2f) * z * z
+                      - 0.5f * z + 1.0f;
+    float sn = (q & 1) ? cs0 : sn0;
+    float cs = (q & 1) ? sn0 : cs0;
+    sn = (q & 2) ? -sn : sn;
+    cs = ((q + 1) & 2) ? -cs : cs;
+    ar[j] = g * cs;
+    ai[j] = -g * sn;
+  }
+  for (int64_t j = 0; j < n; ++j) {
+    if (!(ld[j] >= -87.0f && ld[j] <= 88.0f && std::fabs(th[j]) <= 8192.0f)) {
+      const float g = std::exp(ld[j]);
+      ar[j] = g * std::cos(th[j]);
+      ai[j] = -g * std::sin(th[j]);
+    }
+  }
+}
 
 struct Row {
   int64_t b, h, p0, n;  // batch, head, first pair, pairs in this block
@@ -116,23 +179,15 @@ void forward(const F* x, Decay<F> dec, const F* s0, F* y, F* final_state, int64_
     const F* xt = x + (r.b * T * H + r.h) * D + 2 * r.p0;
     F* yt = y + (r.b * T * H + r.h) * D + 2 * r.p0;
     const int64_t pair = r.h * P + r.p0;
-    const F* gt = dec.gamma + r.b * dec.g_batch + pair;
-    const F* ct = dec.cos + r.b * dec.c_batch + pair;
-    const F* st = dec.sin + r.b * dec.c_batch + pair;
-    if (dec.g_time == 0 && dec.c_time == 0) {  // static decay: a_j is the same at every step
-      F ar[kPairs], ai[kPairs];
-      for (int64_t j = 0; j < r.n; ++j) {
-        ar[j] = gt[j] * ct[j];
-        ai[j] = -gt[j] * st[j];
-      }
+    const F* lt = dec.log_decay + r.b * dec.ld_batch + pair;
+    const F* tt = dec.theta + r.b * dec.th_batch + pair;
+    F ar[kPairs], ai[kPairs];
+    if (dec.ld_time == 0 && dec.th_time == 0) {  // static decay: a_j is the same at every step
+      decay_factors(lt, tt, r.n, ar, ai);
       for (int64_t t = 0; t < T; ++t, xt += step, yt += step) step_pairs<F>(ar, ai, sr, si, xt, yt, r.n);
     } else {
-      F ar[kPairs], ai[kPairs];
-      for (int64_t t = 0; t < T; ++t, xt += step, yt += step, gt += dec.g_time, ct += dec.c_time, st += dec.c_time) {
-        for (int64_t j = 0; j < r.n; ++j) {
-          ar[j] = gt[j] * ct[j];
-          ai[j] = -gt[j] * st[j];
-        }
+      for (int64_t t = 0; t < T; ++t, xt += step, yt += step, lt += dec.ld_time, tt += dec.th_time) {
+        decay_factors(lt, tt, r.n, ar, ai);
         step_pairs<F>(ar, ai, sr, si, xt, yt, r.n);
       }
     }
@@ -168,13 +223,10 @@ void backward(Decay<F> dec, const F* y, const F* s0, const F* dy, const F* dfina
     for (int64_t t = T - 1; t >= 0; --t) {
       const int64_t off = (r.b * T + t) * step + head;
       const int64_t pair = r.h * P + r.p0;
-      const F* gt = dec.gamma + r.b * dec.g_batch + t * dec.g_time + pair;
-      const F* ct = dec.cos + r.b * dec.c_batch + t * dec.c_time + pair;
-      const F* st = dec.sin + r.b * dec.c_batch + t * dec.c_time + pair;
-      for (int64_t j = 0; j < r.n; ++j) {  // a_t
-        ar[j] = gt[j] * ct[j];
-        ai[j] = -gt[j] * st[j];
-      }
+      // a_t (for a static decay, formed once)
+      if (t == T - 1 || dec.ld_time != 0 || dec.th_time != 0)
+        decay_factors(dec.log_decay + r.b * dec.ld_batch + t * dec.ld_time + pair,
+                      dec.theta + r.b * dec.th_batch + t * dec.th_time + pair, r.n, ar, ai);
       const F* dyt = dy ? dy + off : nullptr;
       const F* prev = t > 0 ? y + off - step : init;  // s_{t−1}, or s0 (null: zeros) at t = 0
       F* dxt = dx ? dx + off : nullptr;
@@ -241,21 +293,21 @@ void backward(Decay<F> dec, const F* y, const F* s0, const F* dy, const F* dfina
 }  // namespace
 
 #define HYBRID_SCAN_ENTRY_POINTS(F, suffix)                                                                 \
-  extern "C" void scan_forward_##suffix(const F* x, const F* gamma, const F* cos, const F* sin,            \
+  extern "C" void scan_forward_##suffix(const F* x, const F* log_decay, const F* theta,                    \
                                         const int64_t* decay_strides, const F* s0, F* y, F* final_state,   \
                                         int64_t B, int64_t T, int64_t H, int64_t P, int64_t block,          \
                                         int n_threads) {                                                    \
-    const int64_t* d = decay_strides; /* g_batch, g_time, c_batch, c_time */                                \
-    forward<F>(x, Decay<F>{gamma, cos, sin, d[0], d[1], d[2], d[3]}, s0, y, final_state, B, T, H, P,       \
+    const int64_t* d = decay_strides; /* ld_batch, ld_time, th_batch, th_time */                            \
+    forward<F>(x, Decay<F>{log_decay, theta, d[0], d[1], d[2], d[3]}, s0, y, final_state, B, T, H, P,      \
                block, n_threads);                                                                           \
   }                                                                                                         \
-  extern "C" void scan_backward_##suffix(const F* gamma, const F* cos, const F* sin,                       \
+  extern "C" void scan_backward_##suffix(const F* log_decay, const F* theta,                               \
                                          const int64_t* decay_strides, const F* y, const F* s0,            \
                                          const F* dy, const F* dfinal, F* dx, F* gz, int64_t gz_time,       \
                                          F* ds0, int64_t B, int64_t T, int64_t H, int64_t P,                \
                                          int64_t block, int n_threads) {                                    \
     const int64_t* d = decay_strides;                                                                       \
-    backward<F>(Decay<F>{gamma, cos, sin, d[0], d[1], d[2], d[3]}, y, s0, dy, dfinal, dx, gz, gz_time,     \
+    backward<F>(Decay<F>{log_decay, theta, d[0], d[1], d[2], d[3]}, y, s0, dy, dfinal, dx, gz, gz_time,    \
                 ds0, B, T, H, P, block, n_threads);                                                         \
   }
 

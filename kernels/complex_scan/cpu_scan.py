@@ -4,9 +4,9 @@ Each row (a batch element and a block of 8–64 consecutive pairs of the flatten
 step reads one contiguous run) runs through time on one thread, vectorised over its pairs; rows are handed
 out to ``torch.get_num_threads()`` threads one at a time. One call is one parallel region, so a
 second process on the machine delays a row, never a barrier per step (the blocked torch backend has a few
-thousand small parallel ops per call, each waiting on every thread). The decay ``a_t = γ_t e^{−iθ_t}`` comes
-as ``γ = exp(log_decay)``, ``cos θ`` and ``sin θ``, formed beforehand by torch's vectorised exp / cos / sin,
-each in its input's own (possibly broadcast) shape.
+thousand small parallel ops per call, each waiting on every thread). The decay ``a_t = γ_t e^{−iθ_t}`` is
+formed inside the loop from ``log_decay`` and ``theta`` in their own (possibly broadcast) shapes, so a
+data-dependent decay costs one read of each and no intermediate tensors.
 
     forward:   s_t = a_t s_{t−1} + x_t
     backward:  λ_t = dy_t + conj(a_{t+1}) λ_{t+1},  ∂x_t = λ_t,  ∂log γ_t + i ∂θ_t = conj(λ_t) a_t s_{t−1},
@@ -43,26 +43,25 @@ def _ptr(t: torch.Tensor | None):
 
 
 class _Decay:
-    """``γ = exp(log_decay)``, ``cos θ``, ``sin θ`` (contiguous, ``(Bd, Td, H, P)`` each) and their batch / time
-    strides in elements, 0 where broadcast, as the kernel's ``int64[4]``."""
+    """``log_decay`` and ``theta`` (contiguous, ``(Bd, Td, H, P)`` each) and their batch / time strides in
+    elements, 0 where broadcast, as the kernel's ``int64[4]``; the kernel forms ``a_t`` from them itself."""
 
     def __init__(self, log_decay: torch.Tensor, theta: torch.Tensor):
-        self.gamma = torch.exp(log_decay, out=_empty(*log_decay.shape, dtype=log_decay.dtype))
-        self.cos = torch.cos(theta, out=_empty(*theta.shape, dtype=theta.dtype))
-        self.sin = torch.sin(theta, out=_empty(*theta.shape, dtype=theta.dtype))
+        self.log_decay, self.theta = log_decay.contiguous(), theta.contiguous()
 
         def strides(t):
             return [t.stride(0) if t.shape[0] > 1 else 0, t.stride(1) if t.shape[1] > 1 else 0]
 
-        self.strides = (ctypes.c_int64 * 4)(*strides(self.gamma), *strides(self.cos))
+        self.strides = (ctypes.c_int64 * 4)(*strides(self.log_decay), *strides(self.theta))
         self.varies_in_time = log_decay.shape[1] > 1 or theta.shape[1] > 1
 
     def args(self):
-        return self.gamma.data_ptr(), self.cos.data_ptr(), self.sin.data_ptr(), self.strides
+        return self.log_decay.data_ptr(), self.theta.data_ptr(), self.strides
 
 
 # Below this many pairs × steps one thread does the whole scan (starting threads costs more than it saves).
 _MIN_THREADED_WORK = 1 << 16
+_MAX_BLOCK = 64  # pairs per row (the kernel allows up to 256)
 
 
 def _launch(B: int, T: int, H: int, P: int) -> tuple[int, int, int, int, int]:
@@ -70,7 +69,7 @@ def _launch(B: int, T: int, H: int, P: int) -> tuple[int, int, int, int, int]:
     (contiguous in every tensor), cut into blocks of 8 to 64 pairs (whole cache lines), small enough to give
     each thread about 4 rows to pick from."""
     threads = torch.get_num_threads() if B * T * H * P >= _MIN_THREADED_WORK else 1
-    block = max(8, min(64, (B * H * P) // (4 * threads) // 8 * 8))
+    block = max(8, min(_MAX_BLOCK, (B * H * P) // (4 * threads) // 8 * 8))
     return B, T, 1, H * P, block, threads
 
 
