@@ -2,7 +2,7 @@
 
 Float64 inputs run the float64 build of the kernel, so forward and gradients must match the reference to
 float64 rounding; float32 ones to a relative 1e-5 per tensor (max|err| / max|ref|). Sizes are odd, the
-heads × pairs of a step leave partial row blocks (8 to 64 pairs, across head boundaries), and decays /
+heads × pairs of a step leave partial row blocks (8 to 256 pairs, across head boundaries), and decays /
 angles take every broadcast shape.
 """
 from __future__ import annotations
