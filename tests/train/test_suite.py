@@ -53,6 +53,14 @@ def test_budget_steps_override_reaches_every_task():
     assert {s.steps for s in build_specs("mqar", BUDGETS["cpu"])} == {BUDGETS["cpu"].extra["mqar_steps"]}
 
 
+def test_mqar_has_its_own_learning_rates_where_the_budget_says():
+    cpu = BUDGETS["cpu"]
+    mqar_lrs = {s.config["lr"] for s in build_specs("mqar", cpu)}
+    assert mqar_lrs == set(cpu.extra["mqar_lrs"]) and len(mqar_lrs) < len(cpu.lrs)
+    assert {s.config["lr"] for s in build_specs("state-tracking", cpu)} == set(cpu.lrs)
+    assert {s.config["lr"] for s in build_specs("mqar", BUDGETS["gpu"])} == set(BUDGETS["gpu"].lrs)
+
+
 def test_specs_cover_models_rates_and_seeds():
     b = BUDGETS["cpu"].override(seeds=(0, 1))
     specs = build_specs("state-tracking", b)
