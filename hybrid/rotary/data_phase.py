@@ -37,8 +37,11 @@ def phase_from_logits(z: torch.Tensor, phase_map: str) -> torch.Tensor:
 
 
 def logits_from_phase(theta: torch.Tensor, phase_map: str) -> torch.Tensor:
-    """The z with ``phase_from_logits(z) = theta``; theta must lie inside the map's open range."""
+    """The z with ``phase_from_logits(z) = theta``; theta must lie inside the map's open range (not checked on
+    the meta device, where models are built only to count their parameters)."""
     theta = theta.double()
+    if theta.device.type == "meta":
+        return torch.logit(theta / math.pi) if phase_map == "pi-sigmoid" else torch.atanh(theta / (2.0 * math.pi))
     if phase_map == "pi-sigmoid":
         p = theta / math.pi
         if not bool(((p > 0) & (p < 1)).all()):

@@ -13,6 +13,7 @@ from hybrid.train.bench.budgets import BUDGETS, bench_budget
 from hybrid.train.bench.cli import bench_main
 from hybrid.train.bench.harness import PARAM_TOLERANCE, suite_configs, suite_specs
 from hybrid.train.bench.speed import non_embedding_parameters
+from hybrid.models import HybridConfig, HybridLM
 from hybrid.train.bench.suites import SUITES
 
 # the tiny corpus's validation split holds a few hundred tokens: L = 8 makes 8 × L sequences fit
@@ -143,3 +144,12 @@ def test_user_errors_are_one_line(argv, message, tmp_path, capsys):
     assert bench_main([*argv, "--out", str(tmp_path)]) == 2
     err = capsys.readouterr().err
     assert err.startswith("hybrid-bench: error: ") and message in err and len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("overrides", [{"rnn_phase": "data"}, {"rnn_phase": "data", "rnn_phase_map": "2pi-tanh"},
+                                       {"rnn_phase": "carope"}, {"rnn_selective": True}])
+def test_parameter_count_on_the_meta_device_matches_a_real_model(overrides):
+    """The harness counts parameters on the meta device (no memory); every mixer option must build there
+    (the data phase once checked its initial angles with a host sync, which meta tensors cannot do)."""
+    config = HybridConfig.preset("hybrid", "tiny", d_model=32, n_layers=3, n_heads=2, **overrides)
+    assert non_embedding_parameters(config) == HybridLM(config).num_parameters(exclude_embeddings=True)
