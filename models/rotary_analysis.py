@@ -87,7 +87,8 @@ def hybrid_rotary_layers(model: HybridLM, *, include_retention: bool = False) ->
     if not layers:
         raise ValueError(f"model: expected attention layers rotating q and k (pattern {model.config.pattern!r}, "
                          f"rope_placement {model.config.rope_placement!r}), got none"
-                         + ("" if include_retention else "; retention layers need include_retention=True"))
+                         + ("; retention layers need include_retention=True"
+                            if not include_retention and "M" in model.config.pattern else ""))
     return layers, notes
 
 

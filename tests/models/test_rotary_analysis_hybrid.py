@@ -103,8 +103,10 @@ def test_retention_layers_are_analysed_on_request():
 
 
 def test_models_without_rotated_qk_are_refused():
-    with pytest.raises(ValueError, match="model: expected attention layers rotating q and k"):
-        hybrid_rotary_layers(_model(rope_placement="vo"))
+    with pytest.raises(ValueError, match=r"model: expected attention layers rotating q and k .*got none$"):
+        hybrid_rotary_layers(_model(rope_placement="vo"))  # no retention layer: no hint about them
+    with pytest.raises(ValueError, match=r"got none; retention layers need include_retention=True"):
+        hybrid_rotary_layers(_model(pattern="M"))
 
 
 @pytest.mark.parametrize("placement", ["qk", "qkvo"])
