@@ -148,8 +148,8 @@ def main(argv=None):
         print(json.dumps(measure_cell(args)))
         return
     args.presets = [s for s in args.presets.split(",") if s]
-    unknown = sorted(r for r in args.presets
-                     if split_row(r)[0] not in PRESET_NAMES or split_row(r)[1] not in RECOMPUTE)
+    unknown = sorted(row for row, (preset, recompute) in ((r, split_row(r)) for r in args.presets)
+                     if preset not in PRESET_NAMES or recompute not in RECOMPUTE)
     if unknown:
         raise SystemExit(f"presets: expected names from {list(PRESET_NAMES)}, each optionally with "
                          f":MODE for MODE in {RECOMPUTE[1:]}, got {unknown}")
