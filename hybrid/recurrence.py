@@ -12,7 +12,9 @@ With static γ and θ the scan output is exactly VO-RoPE with exponential decay,
 - decay γ: learnable per head-channel, ``log γ = −exp(ν)``, initialised uniformly on the LRU ring
   ``γ² ~ U[r_min², r_max²]``; ``selective=True`` makes it data-dependent as in the RG-LRU:
   ``log γ_t = c·r_t·log γ`` with the recurrence gate ``r_t = σ(u_t W_a + b_a)``, c = 8, and an input gate
-  ``i_t = σ(u_t W_x + b_x)`` (both block-diagonal per head);
+  ``i_t = σ(u_t W_x + b_x)`` (both block-diagonal per head). ``selective_gate="hardsigmoid"`` takes
+  ``r_t = clamp((u_t W_a + b_a)/6 + ½, 0, 1)`` instead, which reaches 0 exactly: such a token holds the state
+  as it is (γ_t = 1, and its write ``sqrt(1 − γ_t²)`` is 0), as a state-tracking automaton needs;
 - angles θ, by ``phase``: ``"static"``, the rotary schedule ``hybrid.rotary.inv_freq(head_dim, base, scaling)``
   per pair; ``"learned"``, the same as a parameter; ``"carope"``, CARoPE phase increments ``θ_t = f(x_t)^i``
   ∈ (0, 1]; ``"data"``, ``θ_t = π·σ(W x_t + b)`` per pair (``hybrid.rotary.DataPhase``), so that a token can
@@ -37,7 +39,9 @@ from .conv import CausalConv1d
 from .rotary import PHASE_MAPS, CARoPE, DataPhase, inv_freq
 
 GATE_ACTIVATIONS = {"gelu": F.gelu, "silu": F.silu}
+SELECTIVE_GATES = {"sigmoid": torch.sigmoid, "hardsigmoid": F.hardsigmoid}  # the recurrence gate r_t
 SELECTIVE_C = 8.0
+MIN_WRITE_SQ = 1e-12  # 1 − γ² is floored here: sqrt's gradient is infinite at γ = 1 (a held token, r_t = 0)
 PHASES = ("static", "learned", "carope", "data")
 
 
@@ -81,6 +85,7 @@ class VORecurrence(nn.Module):
         r_min: float = 0.9,
         r_max: float = 0.999,
         selective: bool = False,
+        selective_gate: str = "sigmoid",
         rope_base: float = 10000.0,
         rope_scaling: dict | None = None,
         phase: str = "static",
@@ -115,13 +120,17 @@ class VORecurrence(nn.Module):
                 if phase not in ("static", meaning):
                     raise ValueError(f"{alias}: means phase={meaning!r} and contradicts phase={phase!r}; set one")
                 phase = meaning
+        if selective_gate not in SELECTIVE_GATES:
+            raise ValueError(f"selective_gate: expected one of {sorted(SELECTIVE_GATES)}, got {selective_gate!r}")
+        if selective_gate != "sigmoid" and not selective:
+            raise ValueError(f"selective_gate: has no effect without selective=True, got {selective_gate!r}")
         if gate_activation not in GATE_ACTIVATIONS:
             raise ValueError(f"gate_activation: expected one of {sorted(GATE_ACTIVATIONS)}, got {gate_activation!r}")
         self.d_model, self.n_heads, self.head_dim = d_model, n_heads, head_dim
         self.n_pairs = head_dim // 2
         self.d_rnn = n_heads * head_dim
         self.r_min, self.r_max = r_min, r_max
-        self.selective, self.phase = selective, phase
+        self.selective, self.selective_gate, self.phase = selective, selective_gate, phase
         self.gate_activation = gate_activation
         self.scan_backend, self.chunk_size = scan_backend, chunk_size
         H, P, hd = n_heads, self.n_pairs, head_dim
@@ -163,6 +172,7 @@ class VORecurrence(nn.Module):
         return (
             f"d_model={self.d_model}, n_heads={self.n_heads}, head_dim={self.head_dim}, "
             f"selective={self.selective}, phase={self.phase!r}"
+            + (f", selective_gate={self.selective_gate!r}" if self.selective_gate != "sigmoid" else "")
         )
 
     # ------------------------------------------------------------------------------------------ pieces
@@ -189,11 +199,11 @@ class VORecurrence(nn.Module):
                 p.to(uh.dtype)
                 for p in (self.recur_gate_weight, self.recur_gate_bias, self.input_gate_weight, self.input_gate_bias)
             )
-            r = torch.sigmoid(torch.einsum("bthi,hip->bthp", uh, w_r) + b_r)  # recurrence gate (B, T, H, P)
+            r = SELECTIVE_GATES[self.selective_gate](torch.einsum("bthi,hip->bthp", uh, w_r) + b_r)  # (B, T, H, P)
             i = torch.sigmoid(torch.einsum("bthi,hij->bthj", uh, w_i) + b_i)  # input gate (B, T, H, hd)
             log_decay = SELECTIVE_C * r * log_decay  # (B, T, H, P)
             uh = uh * i
-        norm = torch.sqrt(-torch.expm1(2.0 * log_decay))  # sqrt(1 − γ²), (…, H, P)
+        norm = torch.sqrt((-torch.expm1(2.0 * log_decay)).clamp_min(MIN_WRITE_SQ))  # sqrt(1 − γ²), (…, H, P)
         pairs = rearrange(uh, "b t h (p two) -> b t h p two", two=2)
         v = rearrange(pairs * norm.unsqueeze(-1), "b t h p two -> b t h (p two)")  # both parts of each pair
         if self.carope is not None:

@@ -23,6 +23,7 @@ import torch
 from hybrid.abs_pos import ABS_POS_KINDS
 from hybrid.checks import check_even_dim, check_number, check_positive_int
 from hybrid.recurrence import PHASES as RNN_PHASES
+from hybrid.recurrence import SELECTIVE_GATES
 from hybrid.rotary import PHASE_MAPS, PLACEMENTS, inv_freq, parse_placement
 
 MIXER_LETTERS = {"R": "VO-RoPE recurrence", "A": "attention", "M": "multi-scale retention"}
@@ -101,10 +102,12 @@ class HybridConfig:
     rnn_r_min: float = 0.9
     rnn_r_max: float = 0.999
     rnn_selective: bool = False  # data-dependent decay (RG-LRU-like gate)
+    rnn_selective_gate: str = "sigmoid"  # its recurrence gate: "sigmoid" (RG-LRU) or "hardsigmoid" (can hold γ_t = 1)
     # rotation angles: "static" (rotary schedule), "learned" (the schedule as a parameter), "carope" (CARoPE
     # increments), "data" (θ_t = π·σ(W x_t + b) per pair); None = "carope" when carope=True, else "static"
     rnn_phase: str | None = None
-    rnn_phase_map: str = "pi-sigmoid"  # the "data" angle map: "pi-sigmoid" (0, π) or "2pi-tanh" (−2π, 2π)
+    # the "data" angle map: "pi-sigmoid" (0, π), "2pi-tanh" (−2π, 2π) or "pi-hardsigmoid" [0, π] (exact 0 and π)
+    rnn_phase_map: str = "pi-sigmoid"
     rnn_conv_width: int = 4
     # retention (M)
     retention_chunk: int = 64  # tile of its chunkwise form: O(T·retention_chunk); same numbers for any value
@@ -182,6 +185,10 @@ class HybridConfig:
             raise ValueError(f"rnn_phase: expected one of {RNN_PHASES} or None, got {self.rnn_phase!r}")
         if self.rnn_phase_map not in PHASE_MAPS:
             raise ValueError(f"rnn_phase_map: expected one of {PHASE_MAPS}, got {self.rnn_phase_map!r}")
+        if self.rnn_selective_gate not in SELECTIVE_GATES:
+            raise ValueError(f"rnn_selective_gate: expected one of {tuple(SELECTIVE_GATES)}, got {self.rnn_selective_gate!r}")
+        if self.rnn_selective_gate != "sigmoid" and self.rnn_selective is not True:
+            raise ValueError(f"rnn_selective_gate: has no effect without rnn_selective=True, got {self.rnn_selective_gate!r}")
         if self.rnn_phase == "carope" and self.rope_scaling is not None and "R" in self.pattern:
             raise ValueError("rnn_phase: CARoPE has no context-extension scaling; set rope_scaling=None or another rnn_phase")
         if self.abs_pos is not None and self.abs_pos not in ABS_POS_KINDS:

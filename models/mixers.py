@@ -25,7 +25,8 @@ class MixerSpec:
 MIXERS: dict[str, MixerSpec] = {
     "R": MixerSpec(VORecurrence, lambda c: dict(
         d_model=c.d_model, n_heads=c.n_heads, head_dim=c.resolved_head_dim, conv_width=c.rnn_conv_width,
-        r_min=c.rnn_r_min, r_max=c.rnn_r_max, selective=c.rnn_selective, rope_base=c.rope_base,
+        r_min=c.rnn_r_min, r_max=c.rnn_r_max, selective=c.rnn_selective,
+        selective_gate=c.rnn_selective_gate, rope_base=c.rope_base,
         rope_scaling=c.rope_scaling, phase=c.resolved_rnn_phase, phase_map=c.rnn_phase_map)),
     "A": MixerSpec(Attention, lambda c: dict(
         d_model=c.d_model, n_heads=c.n_heads, n_kv_heads=c.n_kv_heads, head_dim=c.resolved_head_dim,

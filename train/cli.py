@@ -7,6 +7,7 @@ and an interrupted one with 130. ``HYBRID_TRACEBACK=1`` shows the full traceback
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import sys
@@ -256,7 +257,12 @@ def train_main(argv: list[str] | None = None) -> int:
         args = train_parser().parse_args(argv)
     except SystemExit as e:  # --help (0) or a bad option (2, message printed)
         return e.code
-    return _guarded("hybrid-train", lambda: _train(args))
+    status = _guarded("hybrid-train", lambda: _train(args))
+    # An FSDP2-sharded model sits in reference cycles (its hooks and state point back at it), so it outlives the
+    # run until a garbage collection; left to interpreter shutdown, tearing down the gloo process group's
+    # objects there can abort the process (SIGABRT; pytorch/pytorch#179291). Collect while Python is whole.
+    gc.collect()
+    return status
 
 
 # ---------------------------------------------------------------------------------------------- generate

@@ -58,8 +58,13 @@ class DistEnv:
             dist.all_reduce(tensor, op=op)
         return tensor
 
-    def close(self) -> None:
+    def close(self, *, finished: bool = True) -> None:
+        """Leave the job. After a finished run every rank first meets at a barrier, so no rank tears down its
+        sockets while a peer's last collective is still in flight (after a failure the peers may be gone, so
+        there is no barrier: torchrun stops them)."""
         if self.distributed and dist.is_initialized():
+            if finished:
+                dist.barrier()
             dist.destroy_process_group()
 
 

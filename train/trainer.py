@@ -472,14 +472,17 @@ class Trainer:
     def fit(self) -> TrainResult:
         self.bar = None
         self.env = DistEnv()
+        finished = False
         try:
-            return self._fit()
+            result = self._fit()
+            finished = True
+            return result
         finally:
             if self.bar is not None:
                 self.bar.close()
             if getattr(self, "metrics", None) is not None:
                 self.metrics.close()
-            self.env.close()
+            self.env.close(finished=finished)
 
     def _fit(self) -> TrainResult:
         self._setup()

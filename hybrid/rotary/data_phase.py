@@ -3,6 +3,7 @@
     z_t = W x_t + b                       W: d_model → H·P (zero at init), b: (H, P)
     "pi-sigmoid":  θ_t = π · σ(z_t)       ∈ (0, π)        a token can flip a pair's sign (θ → π)
     "2pi-tanh":    θ_t = 2π · tanh(z_t)   ∈ (−2π, 2π)     both 0 and ±π are interior points
+    "pi-hardsigmoid": θ_t = π · clamp(z_t/6 + ½, 0, 1) ∈ [0, π]   exactly 0 (z ≤ −3) and exactly π (z ≥ 3)
 
 The angles are per-token increments, the ``theta`` of ``hybrid.kernels.complex_scan``: the state turns by
 ``e^{−iθ_t}`` at step t. With W = 0 and b set by the inverse map, θ_t equals the static rotary schedule
@@ -20,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-PHASE_MAPS = ("pi-sigmoid", "2pi-tanh")
+PHASE_MAPS = ("pi-sigmoid", "2pi-tanh", "pi-hardsigmoid")
 
 
 def _at_least_float32(t: torch.Tensor) -> torch.Tensor:
@@ -33,6 +34,8 @@ def phase_from_logits(z: torch.Tensor, phase_map: str) -> torch.Tensor:
         return math.pi * torch.sigmoid(z)
     if phase_map == "2pi-tanh":
         return 2.0 * math.pi * torch.tanh(z)
+    if phase_map == "pi-hardsigmoid":
+        return math.pi * F.hardsigmoid(z)
     raise ValueError(f"phase_map: expected one of {PHASE_MAPS}, got {phase_map!r}")
 
 
@@ -51,6 +54,11 @@ def logits_from_phase(theta: torch.Tensor, phase_map: str) -> torch.Tensor:
         if checked and not bool((p.abs() < 1).all()):
             raise ValueError(f"init_theta: expected angles in (−2π, 2π) for '2pi-tanh', got {theta.min()}..{theta.max()}")
         return torch.atanh(p)
+    if phase_map == "pi-hardsigmoid":
+        p = theta / math.pi
+        if checked and not bool(((p > 0) & (p < 1)).all()):
+            raise ValueError(f"init_theta: expected angles in (0, π) for 'pi-hardsigmoid', got {theta.min()}..{theta.max()}")
+        return 6.0 * p - 3.0
     raise ValueError(f"phase_map: expected one of {PHASE_MAPS}, got {phase_map!r}")
 
 

@@ -54,7 +54,8 @@ def reference(m: VORecurrence, x: torch.Tensor) -> torch.Tensor:
     uh = u.view(B, T, H, hd)
     log_g = (-torch.exp(m.decay_nu.double())).expand(B, T, H, P)
     if m.selective:
-        r = torch.sigmoid(torch.einsum("bthi,hip->bthp", uh, m.recur_gate_weight.double()) + m.recur_gate_bias.double())
+        z_r = torch.einsum("bthi,hip->bthp", uh, m.recur_gate_weight.double()) + m.recur_gate_bias.double()
+        r = torch.sigmoid(z_r) if m.selective_gate == "sigmoid" else (z_r / 6 + 0.5).clamp(0, 1)
         i_g = torch.sigmoid(torch.einsum("bthi,hij->bthj", uh, m.input_gate_weight.double()) + m.input_gate_bias.double())
         log_g = 8.0 * r * log_g
         uh = uh * i_g
@@ -67,6 +68,8 @@ def reference(m: VORecurrence, x: torch.Tensor) -> torch.Tensor:
         z = (x @ m.data_phase.weight.double().T).view(B, T, H, P) + m.data_phase.bias.double()
         if m.data_phase.phase_map == "pi-sigmoid":
             theta = math.pi / (1.0 + torch.exp(-z))  # π·σ(z)
+        elif m.data_phase.phase_map == "pi-hardsigmoid":
+            theta = math.pi * (z / 6 + 0.5).clamp(0, 1)
         else:
             theta = 2.0 * math.pi * torch.tanh(z)
     else:
@@ -92,6 +95,8 @@ VARIANTS = {
     "data": dict(phase="data"),
     "selective-data": dict(selective=True, phase="data"),
     "selective-data-2pi-tanh": dict(selective=True, phase="data", phase_map="2pi-tanh"),
+    "hard-gate-data-pi-hardsigmoid": dict(selective=True, selective_gate="hardsigmoid", phase="data",
+                                          phase_map="pi-hardsigmoid"),
     "scaled-theta": dict(rope_scaling={"rope_type": "linear", "factor": 4.0}, r_min=0.5, r_max=0.9),
 }
 
@@ -163,7 +168,7 @@ def test_gradcheck_through_the_scan():
     assert torch.autograd.gradcheck(lambda t: m(t)[0], (x,), eps=1e-6, atol=1e-7)
 
 
-@pytest.mark.parametrize("phase_map", ["pi-sigmoid", "2pi-tanh"])
+@pytest.mark.parametrize("phase_map", ["pi-sigmoid", "2pi-tanh", "pi-hardsigmoid"])
 def test_gradcheck_through_the_data_phase(phase_map):
     m = make(selective=True, phase="data", phase_map=phase_map, d_model=6, n_heads=1, head_dim=4)
     x = x_of(1, 5, 6).requires_grad_()
@@ -185,7 +190,7 @@ def _with_phase(m, weight, bias):
     return run
 
 
-@pytest.mark.parametrize("phase_map", ["pi-sigmoid", "2pi-tanh"])
+@pytest.mark.parametrize("phase_map", ["pi-sigmoid", "2pi-tanh", "pi-hardsigmoid"])
 def test_data_phase_starts_as_the_static_schedule_and_reaches_a_flip(phase_map):
     torch.manual_seed(3)
     static = VORecurrence(12, 3).double()
@@ -195,8 +200,29 @@ def test_data_phase_starts_as_the_static_schedule_and_reaches_a_flip(phase_map):
     x = x_of(2, 9, 12)
     torch.testing.assert_close(data(x)[0], static(x)[0], rtol=1e-12, atol=1e-12)  # W = 0: θ_t = the schedule
     with torch.no_grad():
-        data.data_phase.bias.fill_(30.0 if phase_map == "pi-sigmoid" else math.atanh(0.5))
+        data.data_phase.bias.fill_({"pi-sigmoid": 30.0, "2pi-tanh": math.atanh(0.5), "pi-hardsigmoid": 3.0}[phase_map])
     torch.testing.assert_close(data.data_phase.increments(x), torch.full((2, 9, 3, 2), math.pi, dtype=torch.float64))
+
+
+def test_hard_gate_holds_the_state_and_keeps_gradients_finite():
+    """r_t = 0 exactly (hardsigmoid gate) means γ_t = 1 and no write: the state only turns, here by exactly π per
+    token (pi-hardsigmoid at z = 3), so after T tokens it is (−1)^T times the initial one. The write's
+    sqrt(1 − γ²) has an infinite derivative at γ = 1; the floor keeps every gradient finite."""
+    m = make(selective=True, selective_gate="hardsigmoid", phase="data", phase_map="pi-hardsigmoid", d_model=8,
+             n_heads=2)
+    with torch.no_grad():
+        m.recur_gate_weight.zero_()
+        m.recur_gate_bias.fill_(-10.0)  # r_t = 0
+        m.data_phase.weight.zero_()
+        m.data_phase.bias.fill_(3.0)  # θ_t = π exactly
+    x = x_of(2, 9, 8).requires_grad_()
+    s0 = m.init_state(2)
+    s0.scan = torch.randn(s0.scan.shape, generator=gen(), dtype=torch.float64).to(s0.scan.dtype)
+    y, s = m(x, s0)
+    # the only change: writes of sqrt(MIN_WRITE_SQ) = 1e-6 times |i ⊙ u| (~1) per token; a decay would show at 0.1
+    torch.testing.assert_close(s.scan, -s0.scan.to(s.scan.dtype), rtol=0, atol=1e-4)
+    grads = torch.autograd.grad(y.square().sum() + s.scan.sum(), (x, *m.parameters()), allow_unused=True)
+    assert all(g is None or bool(torch.isfinite(g).all()) for g in grads)
 
 
 def test_data_phase_through_the_triton_backend():
@@ -237,6 +263,10 @@ def test_low_precision_keeps_dtype():
         (dict(d_model=12, n_heads=2, carope=True, learnable_theta=True), r"learnable_theta: has no effect with carope"),
         (dict(d_model=12, n_heads=2, phase="dynamic"), r"phase: expected one of \('static', 'learned', 'carope', 'data'\), got 'dynamic'"),
         (dict(d_model=12, n_heads=2, phase="data", phase_map="tanh"), r"phase_map: expected one of"),
+        (dict(d_model=12, n_heads=2, selective=True, selective_gate="relu"),
+         r"selective_gate: expected one of \['hardsigmoid', 'sigmoid'\], got 'relu'"),
+        (dict(d_model=12, n_heads=2, selective_gate="hardsigmoid"),
+         r"selective_gate: has no effect without selective=True, got 'hardsigmoid'"),
         (dict(d_model=12, n_heads=2, phase="data", carope=True), r"carope: means phase='carope' and contradicts phase='data'"),
     ],
 )

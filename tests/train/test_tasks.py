@@ -103,6 +103,21 @@ def test_mqar_structure():
         assert all(labels[t] == pairs[ids[t]] for t in queries)  # labelled with its value, at the query
 
 
+@pytest.mark.parametrize("random_filler", [True, False])
+def test_mqar_filler(random_filler):
+    """Random filler draws every token, keys included (decoy pairs); the clean filler is token 0 alone, which is
+    neither a key nor a value, and the pairs and queries are the same either way."""
+    task = MQAR(grid=((256, 16),), vocab_size=64, random_filler=random_filler)
+    batch = task.test_batch("256x16", 40, rng_of(5))
+    filler = batch.ids[:, 32:][batch.labels[:, 32:] == IGNORE]  # positions after the pairs that are not queries
+    if random_filler:
+        assert filler.unique().numel() == 64
+    else:
+        assert filler.unique().tolist() == [0]
+    assert task.params()["random_filler"] is random_filler
+    assert make_task("mqar", **json.loads(json.dumps(task.params()))).random_filler is random_filler
+
+
 def test_mqar_gap_law():
     task = MQAR(grid=((64, 4),), vocab_size=64)
     p = task.gap_probabilities(64, 4)
@@ -143,6 +158,7 @@ def test_task_json_rebuilds_the_task():
         ("parity", dict(train_lengths=(5, 3)), r"train_lengths: expected 1 <= low <= high, got \(5, 3\)"),
         ("mod5", dict(test_lengths=(1,)), r"test_lengths: expected lengths >= 2"),
         ("mqar", dict(vocab_size=7), r"vocab_size: expected an even int >= 8, got 7"),
+        ("mqar", dict(random_filler="no"), r"random_filler: expected True or False, got 'no'"),
         ("mqar", dict(grid=((16, 5),)), r"grid: expected even lengths with 1 <= 4·pairs <= length, got \(16, 5\)"),
         ("sorting", {}, r"task: expected one of"),
     ],

@@ -9,7 +9,10 @@ A sequence of length L holds ``pairs`` key-value pairs, then the queries:
 - every key is queried once, in a random order; query i sits at ``2·p + 2·g_i`` where the gaps ``g_i`` are drawn
   without replacement from ``0 … (L − 2p)/2 − 1`` with probability ``∝ a·j^(a−1)`` (j = g + 1, a = 0.01): a
   power law that puts most queries close to the pairs and some far away;
-- every other position after the pairs holds a uniformly random token; only the queries are labelled.
+- every other position after the pairs holds a uniformly random token (Zoology's ``random_non_queries``), or
+  with ``random_filler=False`` the token 0, which is neither a key nor a value; only the queries are labelled.
+  Random filler draws keys too, each of which adds a decoy pair ``k x`` to the context; at Zoology's vocabulary
+  of 8192 they are rare, at a small one (the ``cpu`` budget's) they are not.
 
 The grid points are named ``"{L}x{pairs}"``; ``train_batch`` draws each batch at one grid point, chosen at random.
 """
@@ -40,7 +43,7 @@ class MQAR(Task):
     name = "mqar"
     score = "all"
 
-    def __init__(self, grid=ZOOLOGY_GRID, vocab_size: int = 8192, power_a: float = POWER_A):
+    def __init__(self, grid=ZOOLOGY_GRID, vocab_size: int = 8192, power_a: float = POWER_A, random_filler: bool = True):
         self.grid = tuple((int(L), int(p)) for L, p in grid)
         if not self.grid:
             raise ValueError("grid: expected at least one (length, pairs) point, got none")
@@ -53,7 +56,9 @@ class MQAR(Task):
                 raise ValueError(f"vocab_size: {vocab_size} has only {vocab_size // 2 - 1} keys, got pairs={p}")
         if not 0.0 < power_a < 1.0:
             raise ValueError(f"power_a: expected a number in (0, 1), got {power_a!r}")
-        self.V, self.power_a = vocab_size, float(power_a)
+        if not isinstance(random_filler, bool):
+            raise ValueError(f"random_filler: expected True or False, got {random_filler!r}")
+        self.V, self.power_a, self.random_filler = vocab_size, float(power_a), random_filler
         self.chance = 2.0 / vocab_size  # a uniform guess among the values
         # tokens are their own ids; the key/value halves and <pad> are named in task.json's params
         self.tokens = {str(i): i for i in range(vocab_size)}
@@ -63,12 +68,14 @@ class MQAR(Task):
         return 0  # never used: every MQAR sequence at a grid point has the same length
 
     def params(self) -> dict:
-        return {"grid": [list(p) for p in self.grid], "vocab_size": self.V, "power_a": self.power_a}
+        return {"grid": [list(p) for p in self.grid], "vocab_size": self.V, "power_a": self.power_a,
+                "random_filler": self.random_filler}
 
     def describe(self) -> dict:
         return {"sequence": "k_1 v_1 … k_p v_p, then queries among random tokens", "tokens": "a token is its id",
                 "keys": [1, self.V // 2 - 1], "values": [self.V // 2, self.V - 1], "label_at": "each query key",
-                "queries": "at 2·pairs + 2·gap, gaps without replacement, P(gap) ∝ a·(gap + 1)^(a − 1)"}
+                "queries": "at 2·pairs + 2·gap, gaps without replacement, P(gap) ∝ a·(gap + 1)^(a − 1)",
+                "filler": "uniformly random tokens" if self.random_filler else "token 0"}
 
     def test_points(self) -> list[str]:
         return [point_name(L, p) for L, p in self.grid]
@@ -85,7 +92,8 @@ class MQAR(Task):
         values = np.stack([rng.choice(np.arange(half, self.V), size=pairs, replace=False) for _ in range(n)])
         probs = self.gap_probabilities(length, pairs)
         gaps = np.stack([rng.choice(len(probs), size=pairs, replace=False, p=probs) for _ in range(n)])  # (n, p)
-        ids = rng.integers(0, self.V, size=(n, length))  # the filler; pairs and queries overwrite it
+        # the filler (n, L); pairs and queries overwrite it
+        ids = rng.integers(0, self.V, size=(n, length)) if self.random_filler else np.zeros((n, length), np.int64)
         ids[:, 0 : 2 * pairs : 2], ids[:, 1 : 2 * pairs : 2] = keys, values
         labels = np.full((n, length), IGNORE, dtype=np.int64)
         query_pos = 2 * pairs + 2 * gaps  # (n, p): key i is queried at query_pos[:, i]
