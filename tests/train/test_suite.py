@@ -203,3 +203,23 @@ def test_report_picks_the_best_rate_and_states_the_target(tmp_path):
     assert "- Target: vo-rnn-data ≥ 0.99 accuracy at length 256: 0.900, missed by 0.090." in text
     assert "vo-rnn-data-selective ≥" not in text  # no runs, no line
     assert (tmp_path / "parity.png").read_bytes()[:8] == PNG_MAGIC
+
+
+def test_report_shows_every_rate_that_ties_on_validation(tmp_path):
+    """Two rates at validation accuracy 1.0 and loss 0.0 (float32 underflow) cannot be told apart: both rows and
+    both target lines are shown, never one picked by the order of the grid."""
+    from hybrid.train.tasks.suite import write_suite_report
+
+    def record(lr, acc256):
+        return {"run": f"parity/vo-rnn-data-selective/{lr}", "model": "vo-rnn-data-selective", "seed": 0,
+                "seconds": 1.0, "config": {"task_label": "parity", "lr": lr},
+                "metrics": {"status": "finished", "final_loss": 0.0, "valid_accuracy": 1.0, "valid_loss": 0.0,
+                            "chance": 0.5, "score": "last", "accuracy": {"40": 1.0, "256": acc256},
+                            "scaled_accuracy": {"40": 1.0, "256": 2 * acc256 - 1}}}
+
+    text = write_suite_report(tmp_path, "state-tracking", BUDGETS["cpu"], [record(1e-3, 0.684), record(3e-3, 1.0)]).read_text()
+    assert "| vo-rnn-data-selective | 0.001 (tie) | 1.000 | 1.000 | 0.684 | 0.368 |" in text
+    assert "| vo-rnn-data-selective | 0.003 (tie) | 1.000 | 1.000 | 1.000 | 1.000 |" in text
+    assert ("Target: vo-rnn-data-selective ≥ 0.99 accuracy at length 256 at lr 0.001 (tied on validation with "
+            "another rate): 0.684, missed by 0.306.") in text
+    assert "at lr 0.003 (tied on validation with another rate): 1.000, met." in text
