@@ -44,21 +44,16 @@ def logits_from_phase(theta: torch.Tensor, phase_map: str) -> torch.Tensor:
     the meta device, where models are built only to count their parameters)."""
     theta = theta.double()
     checked = theta.device.type != "meta"
-    if phase_map == "pi-sigmoid":
+    if phase_map in ("pi-sigmoid", "pi-hardsigmoid"):
         p = theta / math.pi
         if checked and not bool(((p > 0) & (p < 1)).all()):
-            raise ValueError(f"init_theta: expected angles in (0, π) for 'pi-sigmoid', got {theta.min()}..{theta.max()}")
-        return torch.logit(p)
+            raise ValueError(f"init_theta: expected angles in (0, π) for {phase_map!r}, got {theta.min()}..{theta.max()}")
+        return torch.logit(p) if phase_map == "pi-sigmoid" else 6.0 * p - 3.0
     if phase_map == "2pi-tanh":
         p = theta / (2.0 * math.pi)
         if checked and not bool((p.abs() < 1).all()):
             raise ValueError(f"init_theta: expected angles in (−2π, 2π) for '2pi-tanh', got {theta.min()}..{theta.max()}")
         return torch.atanh(p)
-    if phase_map == "pi-hardsigmoid":
-        p = theta / math.pi
-        if checked and not bool(((p > 0) & (p < 1)).all()):
-            raise ValueError(f"init_theta: expected angles in (0, π) for 'pi-hardsigmoid', got {theta.min()}..{theta.max()}")
-        return 6.0 * p - 3.0
     raise ValueError(f"phase_map: expected one of {PHASE_MAPS}, got {phase_map!r}")
 
 

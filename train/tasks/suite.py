@@ -46,7 +46,7 @@ BUDGETS = {
                     extra={"task_params": SMOKE_TASKS, "mqar_widths": [16], "mqar_layers": 2}),
     # state tracking: one seed, a two-point learning-rate grid (its time: docs/benchmarks.md). MQAR (one seed,
     # one learning rate) is not sized: no setting that fits 14 runs in an hour learns the task on a 2-core CPU
-    # (a 2-layer transformer answers 1/pairs after 600-1500 steps, docs/benchmarks.md); the numbers below are
+    # (a 2-layer transformer answers 1/pairs after 600-4000 steps, docs/benchmarks.md); the numbers below are
     # the first attempt's, kept so that the suite can still be run
     "cpu": Budget(name="cpu", models=ALL, steps=1000, seq_len=40, seeds=(0,), batch_size=64, d_model=64,
                   n_layers=1, n_heads=2, lrs=(1e-3, 3e-3), eval_size=256,
@@ -142,8 +142,9 @@ def _best_lrs(records: list[dict]) -> list[float]:
         loss, _ = mean_std(m["valid_loss"] for m in by_lr[lr])
         return (-(acc if math.isfinite(acc) else -1.0), loss if math.isfinite(loss) else math.inf)
 
-    best = min(key(lr) for lr in by_lr)
-    return sorted(lr for lr in by_lr if key(lr) == best)
+    keys = {lr: key(lr) for lr in by_lr}
+    best = min(keys.values())
+    return sorted(lr for lr, k in keys.items() if k == best)
 
 
 def summarise(records: list[dict]) -> dict:
@@ -183,10 +184,8 @@ def write_suite_report(out, suite: str, budget: Budget, records: list[dict]) -> 
         chance = any_metrics["chance"]
         where = "every query" if any_metrics["score"] == "all" else "the last labelled position"
         headers = ["model", "lr", "valid acc"] + [f"acc@{p}" for p in points] + [f"scaled@{points[-1]}"]
+        xs = [int(p.split("x")[0]) for p in points]
         rows, series, targets = [], {}, []
-        goals: dict[str, list[tuple[str, float]]] = {}
-        for model, point, goal in TARGETS.get(task_label, []):
-            goals.setdefault(model, []).append((point, goal))
         for model in [m for m in MODELS if m in models]:
             for choice in models[model]:
                 recs = [r["metrics"] for r in choice["records"]]
@@ -195,11 +194,10 @@ def write_suite_report(out, suite: str, budget: Budget, records: list[dict]) -> 
                 row += [fmt_mean_std([m["accuracy"][p] for m in recs]) for p in points]
                 row.append(fmt_mean_std([m["scaled_accuracy"][points[-1]] for m in recs]))
                 rows.append(row)
-                xs = [int(p.split("x")[0]) for p in points]
                 stats = [mean_std(m["accuracy"][p] for m in recs) for p in points]
                 label = f"{model} lr {choice['lr']:g}" if choice["tied"] else model
                 series[label] = (xs, [s[0] for s in stats], [s[1] for s in stats])
-                for point, goal in [g for g in goals.get(model, []) if g[0] in points]:
+                for point, goal in [(p, g) for m, p, g in TARGETS.get(task_label, []) if m == model and p in points]:
                     got, _ = mean_std(m["accuracy"][point] for m in recs)
                     verdict = "met" if got >= goal else f"missed by {goal - got:.3f}"
                     at = f" at lr {choice['lr']:g} (tied on validation with another rate)" if choice["tied"] else ""
