@@ -12,6 +12,44 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
+def _round_fma_once_in_the_interpreter() -> None:
+    """Make the interpreter's ``tl.fma`` round once, as a GPU's does. Triton 3.8 and older interpret it as a
+    multiply then an add (two roundings; 3.9 fixed this). torch 2.13 pins triton 3.7.1, so a fresh install has
+    it, and the kernels' fma-based reduction of large angles then fails tests/kernels on an interpreter
+    artefact rather than on the kernels' arithmetic. Here an fp32 fma is computed in float64, where the product
+    of two fp32 numbers is exact, and rounded to fp32 (one rounding, but for rare double-rounding ties)."""
+    try:
+        import numpy as np
+        import triton.language as tl
+        from triton.runtime import interpreter
+    except ImportError:
+        return
+    builder = interpreter.InterpreterBuilder
+    unfused = builder.create_fma
+
+    def handle(v):
+        return interpreter.TensorHandle(np.array([v], dtype=np.float32), tl.float32)
+
+    a = 1.0 + 2.0 ** -12  # a·a = 1 + 2^-11 + 2^-24: fused, a·a − (1 + 2^-11) is 2^-24; unfused it rounds to 0
+    try:
+        if unfused(builder.__new__(builder), handle(a), handle(a), handle(-(1.0 + 2.0 ** -11))).data[0] != 0.0:
+            return  # this Triton already rounds once
+    except Exception:  # an interpreter whose builder cannot be probed this way: leave it as it is
+        return
+
+    def create_fma(self, x, y, z):
+        if z.data.dtype != np.float32:
+            return unfused(self, x, y, z)
+        wide = x.data.astype(np.float64) * y.data.astype(np.float64) + z.data.astype(np.float64)
+        return interpreter.TensorHandle(wide.astype(np.float32), z.dtype.scalar)
+
+    builder.create_fma = create_fma
+
+
+if os.environ.get("TRITON_INTERPRET") == "1":
+    _round_fma_once_in_the_interpreter()
+
+
 @pytest.fixture
 def one_torch_thread():
     """One intra-op thread for a test on tiny tensors: there, a second thread only contends, and on a shared
