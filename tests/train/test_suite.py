@@ -53,12 +53,17 @@ def test_budget_steps_override_reaches_every_task():
     assert {s.steps for s in build_specs("mqar", BUDGETS["cpu"])} == {BUDGETS["cpu"].extra["mqar_steps"]}
 
 
-def test_mqar_has_its_own_learning_rates_where_the_budget_says():
+def test_mqar_recipe_reaches_every_run():
+    """MQAR's own steps, curriculum and untied output layer reach each of its runs; state tracking keeps its own."""
     cpu = BUDGETS["cpu"]
-    mqar_lrs = {s.config["lr"] for s in build_specs("mqar", cpu)}
-    assert mqar_lrs == set(cpu.extra["mqar_lrs"]) and len(mqar_lrs) < len(cpu.lrs)
-    assert {s.config["lr"] for s in build_specs("state-tracking", cpu)} == set(cpu.lrs)
-    assert {s.config["lr"] for s in build_specs("mqar", BUDGETS["gpu"])} == set(BUDGETS["gpu"].lrs)
+    mqar = build_specs("mqar", cpu)
+    assert {s.config["lr"] for s in mqar} == set(cpu.lrs)
+    assert {s.config["curriculum_steps"] for s in mqar} == {125} and {s.steps for s in mqar} == {500}
+    assert all(s.config["model"]["tie_embeddings"] is False for s in mqar)
+    state = build_specs("state-tracking", cpu)
+    assert {s.config["curriculum_steps"] for s in state} == {0}
+    assert all("tie_embeddings" not in s.config["model"] for s in state)
+    assert {s.config["curriculum_steps"] for s in build_specs("mqar", budget_for("cpu", steps=40))} == {10}
 
 
 def test_specs_cover_models_rates_and_seeds():

@@ -126,6 +126,30 @@ def test_mqar_gap_law():
     assert len(p) == (64 - 8) // 2 and np.all(np.diff(p) < 0)
 
 
+def test_mqar_curriculum_draws_the_easiest_point():
+    task = MQAR(grid=((128, 8), (64, 4), (256, 16)), vocab_size=64)
+    a, b = (task.curriculum_batch(10, rng_of(4)) for _ in range(2))
+    assert a.ids.shape == (10, 64) and torch.equal(a.ids, b.ids)
+    assert ((a.labels != IGNORE).sum(1) == 4).all()  # the 64x4 point: four queries a row
+    parity = make_task("parity")  # no curriculum of its own: the ordinary training batch
+    assert torch.equal(parity.curriculum_batch(8, rng_of(2)).ids, parity.train_batch(8, rng_of(2)).ids)
+
+
+def test_a_run_trains_its_curriculum_steps_first(tmp_path, monkeypatch):
+    drawn = []
+    for name in ("curriculum_batch", "train_batch"):
+        original = getattr(MQAR, name)
+        monkeypatch.setattr(MQAR, name, lambda self, n, rng, _f=original, _name=name: drawn.append(_name) or _f(self, n, rng))
+    config = TaskRunConfig(task="mqar", task_params={"grid": [[16, 2], [32, 4]], "vocab_size": 16}, preset="transformer",
+                           model={"d_model": 16, "n_layers": 1, "n_heads": 2}, steps=5, curriculum_steps=2,
+                           batch_size=4, eval_size=4)
+    train_task(config, tmp_path)
+    # five steps (two of the curriculum), then the validation batch of the training distribution
+    assert drawn == ["curriculum_batch"] * 2 + ["train_batch"] * 4
+    with pytest.raises(ValueError, match=r"curriculum_steps: expected an int in \[0, steps=5\], got 6"):
+        TaskRunConfig(task="mqar", steps=5, curriculum_steps=6)
+
+
 @pytest.mark.parametrize("name", ["parity", "mod5", "mod5-brackets", "mqar"])
 def test_seeded_repeatability(name):
     task = make_task(name, **({"vocab_size": 64} if name == "mqar" else {}))

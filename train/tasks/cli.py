@@ -15,7 +15,8 @@ from hybrid.models import PRESETS
 from ..cli import _Parser, _positive_int, _set_pair
 from ..suite import markdown_table, parse_int_list, parse_name_list
 from . import TASK_NAMES, make_task
-from .suite import BUDGETS, MODELS, SUITES, budget_for, model_shape, run_synthetic_suite, task_params
+from .suite import (BUDGETS, MODELS, SUITES, budget_for, curriculum_steps, model_shape, run_synthetic_suite,
+                    task_lrs, task_params, task_steps)
 from .train import TaskRunConfig, train_task
 
 EPILOG = """\
@@ -59,10 +60,12 @@ def parser() -> argparse.ArgumentParser:
 
 def _one_run(args, budget) -> int:
     seed = budget.seeds[0]
+    steps = task_steps(budget, args.task)
     model = {**model_shape(budget, args.task, args.preset), **dict(args.sets)}
     config = TaskRunConfig(task=args.task, task_params=task_params(budget, args.task), preset=args.preset,
-                           model=model, steps=budget.steps, batch_size=args.batch_size or budget.batch_size,
-                           lr=args.lr if args.lr is not None else max(budget.lrs), seed=seed,
+                           model=model, steps=steps, batch_size=args.batch_size or budget.batch_size,
+                           curriculum_steps=curriculum_steps(budget, args.task, steps),
+                           lr=args.lr if args.lr is not None else max(task_lrs(budget, args.task)), seed=seed,
                            eval_size=budget.eval_size, device=args.device)
     config.model_config(make_task(config.task, **config.task_params))  # a bad --set fails here, before training
     print(budget.describe())

@@ -14,7 +14,11 @@ A sequence of length L holds ``pairs`` key-value pairs, then the queries:
   Random filler draws keys too, each of which adds a decoy pair ``k x`` to the context; at Zoology's vocabulary
   of 8192 they are rare, at a small one (the ``cpu`` budget's) they are not.
 
-The grid points are named ``"{L}x{pairs}"``; ``train_batch`` draws each batch at one grid point, chosen at random.
+The grid points are named ``"{L}x{pairs}"``; ``train_batch`` draws each batch at one grid point, chosen at random,
+and ``curriculum_batch`` at the easiest point (the fewest pairs, then the shortest). Zoology trains one model per
+point; one model trained on the mixed grid from the start stalls at accuracy 1/pairs (it answers with some value
+of the context, not the queried key's), and a few hundred steps at the easiest point first form the recall
+circuit, which the longer points then reuse (docs/benchmarks.md).
 """
 from __future__ import annotations
 
@@ -105,6 +109,10 @@ class MQAR(Task):
     def train_batch(self, batch_size: int, rng: np.random.Generator) -> Batch:
         L, p = self.grid[int(rng.integers(0, len(self.grid)))]
         return self.sample(L, p, batch_size, rng)
+
+    def curriculum_batch(self, batch_size: int, rng: np.random.Generator) -> Batch:
+        pairs, length = min((p, L) for L, p in self.grid)
+        return self.sample(length, pairs, batch_size, rng)
 
     def test_batch(self, point: str, batch_size: int, rng: np.random.Generator) -> Batch:
         L, p = parse_point(point)

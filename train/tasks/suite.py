@@ -27,6 +27,10 @@ MODELS = {
     "hybrid": ("hybrid", {}),
     "hybrid-data": ("hybrid", {"rnn_phase": "data"}),
 }
+# task -> HybridConfig overrides for every model and budget. MQAR unties the output layer from the embedding:
+# tied, a 2-layer transformer sits at accuracy 1/pairs for thousands of steps even at the easiest grid point,
+# untied it recalls within a few hundred (docs/benchmarks.md)
+TASK_MODEL = {"mqar": {"tie_embeddings": False}}
 SUITES = {"state-tracking": ("parity", "mod5", "mod5-brackets"), "mqar": ("mqar",)}
 SUITES["all"] = SUITES["state-tracking"] + SUITES["mqar"]
 
@@ -39,24 +43,25 @@ ALL = tuple(MODELS)
 # layers to recall); a model whose pattern is longer (the hybrids' "RRA") gets one full pattern.
 SMOKE_TASKS = {"state": {"train_lengths": [3, 10], "test_lengths": [10, 20]},
                "mqar": {"grid": [[16, 2], [32, 4]], "vocab_size": 32}}
+# MQAR's "mqar_curriculum": the fraction of its steps drawn at the easiest grid point first (MQAR.curriculum_batch)
 BUDGETS = {
     # seconds on a 2-core CPU, for the tests: every model, tiny everything
     "smoke": Budget(name="smoke", models=ALL, steps=3, seq_len=10, seeds=(0,), batch_size=4, d_model=16,
                     n_layers=1, n_heads=2, lrs=(3e-3,), eval_size=8,
-                    extra={"task_params": SMOKE_TASKS, "mqar_widths": [16], "mqar_layers": 2}),
-    # state tracking: one seed, a two-point learning-rate grid (its time: docs/benchmarks.md). MQAR (one seed,
-    # one learning rate) is not sized: no setting that fits 14 runs in an hour learns the task on a 2-core CPU
-    # (a 2-layer transformer answers 1/pairs after 600-4000 steps, docs/benchmarks.md); the numbers below are
-    # the first attempt's, kept so that the suite can still be run
+                    extra={"task_params": SMOKE_TASKS, "mqar_widths": [16], "mqar_layers": 2,
+                           "mqar_curriculum": 0.34}),
+    # state tracking: one seed, a two-point learning-rate grid, 28 min. MQAR: the Zoology grid at a 64-token
+    # vocabulary (512 tokens learn several times slower) with token-0 filler, the first quarter of the steps at
+    # 64x4, the same two rates, 28 runs in under an hour (docs/benchmarks.md)
     "cpu": Budget(name="cpu", models=ALL, steps=1000, seq_len=40, seeds=(0,), batch_size=64, d_model=64,
                   n_layers=1, n_heads=2, lrs=(1e-3, 3e-3), eval_size=256,
-                  extra={"task_params": {"mqar": {"vocab_size": 512, "random_filler": False}}, "mqar_widths": [64, 128],
-                         "mqar_steps": 1500, "mqar_layers": 2, "mqar_lrs": [3e-3]}),
+                  extra={"task_params": {"mqar": {"vocab_size": 64, "random_filler": False}}, "mqar_widths": [64, 128],
+                         "mqar_steps": 500, "mqar_layers": 2, "mqar_curriculum": 0.25}),
     # about one GPU-hour: three seeds, a wider grid, Zoology's vocabulary
     "gpu": Budget(name="gpu", models=ALL, steps=4000, seq_len=40, seeds=(0, 1, 2), batch_size=128, d_model=128,
                   n_layers=1, n_heads=4, lrs=(3e-4, 1e-3, 3e-3), eval_size=1024,
                   extra={"task_params": {"mqar": {"vocab_size": 8192}}, "mqar_widths": [64, 128],
-                         "mqar_steps": 8000, "mqar_layers": 2}),
+                         "mqar_steps": 8000, "mqar_layers": 2, "mqar_curriculum": 0.1}),
 }
 
 
@@ -83,11 +88,28 @@ def task_params(budget: Budget, task: str) -> dict:
 
 
 def model_shape(budget: Budget, task: str, preset: str, width: int | None = None) -> dict:
-    """d_model, n_layers and n_heads of ``preset`` on ``task``: the budget's depth for the task, but at least one
-    full pattern of the preset (the hybrid's "RRA" needs three layers to hold its attention layer)."""
+    """The HybridConfig overrides of ``preset`` on ``task``: d_model, n_layers and n_heads (the budget's depth for
+    the task, but at least one full pattern of the preset: the hybrid's "RRA" needs three layers to hold its
+    attention layer), plus the task's own (``TASK_MODEL``)."""
     depth = budget.extra.get("mqar_layers", budget.n_layers) if task == "mqar" else budget.n_layers
     return {"d_model": width or budget.d_model, "n_layers": max(depth, len(PRESETS[preset]["pattern"])),
-            "n_heads": budget.n_heads}
+            "n_heads": budget.n_heads, **TASK_MODEL.get(task, {})}
+
+
+def task_steps(budget: Budget, task: str) -> int:
+    """Optimizer steps of a run on ``task`` (MQAR may have its own, ``mqar_steps``)."""
+    return budget.extra.get("mqar_steps", budget.steps) if task == "mqar" else budget.steps
+
+
+def task_lrs(budget: Budget, task: str) -> tuple[float, ...]:
+    """The learning-rate grid of ``task`` (MQAR may have its own, ``mqar_lrs``)."""
+    return tuple(budget.extra.get("mqar_lrs", budget.lrs)) if task == "mqar" else budget.lrs
+
+
+def curriculum_steps(budget: Budget, task: str, steps: int) -> int:
+    """How many of a run's ``steps`` train on the task's easiest setting first (MQAR: ``mqar_curriculum``)."""
+    fraction = budget.extra.get("mqar_curriculum", 0.0) if task == "mqar" else 0.0
+    return int(round(fraction * steps))
 
 
 def lr_name(lr: float) -> str:
@@ -101,8 +123,7 @@ def build_specs(suite: str, budget: Budget, *, device: str = "auto") -> list[Run
     specs = []
     for task in SUITES[suite]:
         widths = budget.extra.get("mqar_widths", [budget.d_model]) if task == "mqar" else [budget.d_model]
-        steps = budget.extra.get("mqar_steps", budget.steps) if task == "mqar" else budget.steps
-        lrs = budget.extra.get("mqar_lrs", budget.lrs) if task == "mqar" else budget.lrs
+        steps, lrs = task_steps(budget, task), task_lrs(budget, task)
         for width in widths:
             task_label = f"{task}-d{width}" if task == "mqar" else task
             for model in budget.models:
@@ -113,7 +134,8 @@ def build_specs(suite: str, budget: Budget, *, device: str = "auto") -> list[Run
                         config = TaskRunConfig(
                             task=task, task_params=task_params(budget, task), preset=preset,
                             model={**shape, **overrides}, steps=steps, batch_size=budget.batch_size, lr=lr,
-                            seed=seed, eval_size=budget.eval_size, device=device,
+                            curriculum_steps=curriculum_steps(budget, task, steps), seed=seed,
+                            eval_size=budget.eval_size, device=device,
                         )
                         specs.append(RunSpec(run=f"{task_label}/{model}/{lr_name(lr)}/seed{seed}", model=model,
                                              seed=seed, steps=steps,

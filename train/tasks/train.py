@@ -49,6 +49,7 @@ class TaskRunConfig:
     lr: float = 1e-3
     weight_decay: float = 0.1
     warmup: int | None = None  # None = min(100, steps // 10)
+    curriculum_steps: int = 0  # the first steps train on the task's easiest setting (Task.curriculum_batch)
     grad_clip: float | None = 1.0
     seed: int = 0
     eval_size: int = 512  # test sequences per test point
@@ -70,6 +71,9 @@ class TaskRunConfig:
             self.warmup = min(100, self.steps // 10)
         if isinstance(self.warmup, bool) or not isinstance(self.warmup, int) or not 0 <= self.warmup <= self.steps:
             raise ValueError(f"warmup: expected an int in [0, steps={self.steps}], got {self.warmup!r}")
+        c = self.curriculum_steps
+        if isinstance(c, bool) or not isinstance(c, int) or not 0 <= c <= self.steps:
+            raise ValueError(f"curriculum_steps: expected an int in [0, steps={self.steps}], got {c!r}")
         make_task(self.task, **self.task_params)  # validates the task and its parameters
 
     def to_dict(self) -> dict:
@@ -152,7 +156,8 @@ def train_task(config: TaskRunConfig, out, *, on_step=None) -> dict:
     with open(out / METRICS_FILE, "w") as metrics:
         for step in range(1, config.steps + 1):
             model.train()
-            batch = task.train_batch(config.batch_size, rng)
+            draw = task.curriculum_batch if step <= config.curriculum_steps else task.train_batch
+            batch = draw(config.batch_size, rng)
             logits, _ = model(batch.ids.to(device))
             loss = masked_loss(logits, batch.labels.to(device))
             optimizer.zero_grad(set_to_none=True)
