@@ -9,6 +9,7 @@ import inspect
 import transformers
 from packaging.version import Version
 from transformers.cache_utils import Cache
+from transformers.generation import GenerationMixin
 
 TRANSFORMERS_VERSION = Version(transformers.__version__)
 MIN_VERSION, MAX_VERSION = Version("5.0"), Version("6.0")
@@ -17,6 +18,10 @@ MIN_VERSION, MAX_VERSION = Version("5.0"), Version("6.0")
 CACHE_INIT_TAKES_LAYERS = "layers" in inspect.signature(Cache.__init__).parameters
 # transformers 5 renamed `rope_scaling` + `rope_theta` to one `rope_parameters` dict holding both.
 ROPE_PARAMETERS = TRANSFORMERS_VERSION >= Version("5.0")
+# transformers 5.2x renamed generate's cache keyword `past_key_values` to `cache`: generate then hands the cache to
+# prepare_inputs_for_generation, and checks the caller's keywords against it, under this name.
+GENERATE_CACHE_KWARG = ("cache" if "cache" in inspect.signature(GenerationMixin.prepare_inputs_for_generation).parameters
+                        else "past_key_values")
 
 
 def check_version() -> None:

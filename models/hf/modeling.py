@@ -26,6 +26,7 @@ from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from hybrid.models import HybridLM
 
+from ._compat import GENERATE_CACHE_KWARG
 from .cache import HybridCache, select_rows
 from .configuration import HybridHFConfig
 
@@ -122,10 +123,13 @@ class HybridForCausalLM(HybridPreTrainedModel, GenerationMixin):
         return_dict: bool | None = None,
         inputs_embeds: torch.Tensor | None = None,
         position_ids: torch.LongTensor | None = None,
+        cache: Cache | None = None,
         **kwargs,
     ):
         """input_ids ``(B, T)``, attention_mask ``(B, past + T)`` or None → logits ``(B, T, vocab)``; ``loss``
-        (mean next-token cross-entropy over labels != -100) when ``labels`` ``(B, T)`` are given."""
+        (mean next-token cross-entropy over labels != -100) when ``labels`` ``(B, T)`` are given. The cache comes
+        as ``past_key_values`` or, the name of transformers ≥ 5.2x, ``cache``."""
+        past_key_values = _one_cache(past_key_values, cache)
         if inputs_embeds is not None:
             raise ValueError("inputs_embeds: expected None (HybridForCausalLM takes input_ids), got a tensor")
         if input_ids is None:
@@ -205,12 +209,21 @@ class HybridForCausalLM(HybridPreTrainedModel, GenerationMixin):
     # ------------------------------------------------------------------------------------------ generate
 
     def prepare_inputs_for_generation(self, input_ids, past_key_values=None, attention_mask=None, use_cache=True,
-                                      **kwargs):
-        """The columns the cache has not consumed yet (all of them on the first call)."""
-        if isinstance(past_key_values, HybridCache) and past_key_values.columns > 0:
-            input_ids = input_ids[:, past_key_values.columns:]
+                                      cache=None, **kwargs):
+        """The columns the cache has not consumed yet (all of them on the first call). generate names the cache
+        ``past_key_values`` or ``cache`` by release (``GENERATE_CACHE_KWARG``); it is handed back under that name."""
+        cache = _one_cache(past_key_values, cache)
+        if isinstance(cache, HybridCache) and cache.columns > 0:
+            input_ids = input_ids[:, cache.columns:]
         return {"input_ids": input_ids.contiguous(), "attention_mask": attention_mask,
-                "past_key_values": past_key_values, "use_cache": use_cache}
+                GENERATE_CACHE_KWARG: cache, "use_cache": use_cache}
+
+
+def _one_cache(past_key_values: Cache | None, cache: Cache | None) -> Cache | None:
+    """The cache under either of its names; both at once is an error."""
+    if past_key_values is not None and cache is not None:
+        raise ValueError("cache: expected the cache as past_key_values or as cache, got both")
+    return cache if cache is not None else past_key_values
 
 
 def _non_persistent_buffers(model: torch.nn.Module):

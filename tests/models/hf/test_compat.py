@@ -33,3 +33,18 @@ def test_version_outside_the_tested_range_is_refused(monkeypatch):
     monkeypatch.setattr(_compat, "TRANSFORMERS_VERSION", Version("4.40.0"))
     with pytest.raises(ImportError, match=r"transformers: expected a release in \[5.0, 6.0\).*got"):
         _compat.check_version()
+
+
+def test_generate_cache_keyword_is_the_one_generate_hands_to_prepare_inputs(monkeypatch):
+    """The flag names the keyword under which generate passes the cache on (and checks a caller's cache)."""
+    import torch
+
+    from hybrid.models.hf import HybridForCausalLM, HybridHFConfig
+
+    model = HybridForCausalLM(HybridHFConfig(vocab_size=16, d_model=16, n_layers=1, n_heads=2, pattern="R")).eval()
+    seen = []
+    prepare = type(model).prepare_inputs_for_generation
+    monkeypatch.setattr(type(model), "prepare_inputs_for_generation",
+                        lambda self, input_ids, **kw: seen.append(set(kw)) or prepare(self, input_ids, **kw))
+    model.generate(torch.ones(1, 3, dtype=torch.long), max_new_tokens=2, do_sample=False, pad_token_id=0)
+    assert all(_compat.GENERATE_CACHE_KWARG in names for names in seen[1:]) and len(seen) == 2

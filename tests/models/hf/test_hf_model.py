@@ -13,6 +13,7 @@ from transformers import AutoConfig, AutoModel, AutoModelForCausalLM  # noqa: E4
 
 from hybrid.models import HybridConfig, HybridLM  # noqa: E402
 from hybrid.models.hf import HybridCache, HybridForCausalLM, HybridHFConfig  # noqa: E402
+from hybrid.models.hf._compat import GENERATE_CACHE_KWARG  # noqa: E402
 from hybrid.models.hf.cache import select_rows  # noqa: E402
 
 V = 53
@@ -179,11 +180,24 @@ def test_cache_memory_is_flat_for_a_windowed_hybrid_and_grows_for_global_attenti
         for n in (4, 16):
             cache = HybridCache()
             out = model.generate(ids_for(2, 6), max_new_tokens=n, min_new_tokens=n, do_sample=False, pad_token_id=0,
-                                 past_key_values=cache, return_dict_in_generate=True)
-            assert out.past_key_values is cache and cache.get_seq_length() == 6 + n - 1
+                                 return_dict_in_generate=True, **{GENERATE_CACHE_KWARG: cache})
+            assert getattr(out, GENERATE_CACHE_KWARG) is cache and cache.get_seq_length() == 6 + n - 1
             sizes[name, n] = cache.nbytes
     assert sizes["hybrid", 4] == sizes["hybrid", 16] > 0
     assert sizes["transformer", 16] > sizes["transformer", 4]
+
+
+@pytest.mark.parametrize("beams", [1, 2])
+def test_generate_feeds_only_new_tokens_once_the_prompt_is_cached(beams, monkeypatch):
+    """generate prefills the prompt, then runs one token a step: a release that renames the cache keyword (5.2x:
+    `past_key_values` → `cache`) must not make every step recompute the whole sequence."""
+    model = make("hybrid")
+    widths = []
+    forward = type(model).forward
+    monkeypatch.setattr(type(model), "forward", lambda self, input_ids=None, **kw: widths.append(input_ids.shape[1])
+                        or forward(self, input_ids, **kw))
+    model.generate(ids_for(2, 6), max_new_tokens=4, min_new_tokens=4, do_sample=False, num_beams=beams, pad_token_id=0)
+    assert widths == [6, 1, 1, 1]
 
 
 def test_cache_row_operations_gather_every_state_tensor():
