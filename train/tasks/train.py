@@ -22,6 +22,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from hybrid.checks import check_int
 from hybrid.models import PRESETS, SIZES, HybridConfig, HybridLM
 
 from ..checkpoint import load_checkpoint, save_checkpoint
@@ -69,11 +70,9 @@ class TaskRunConfig:
             raise ValueError(f"lr: expected a positive number, got {self.lr!r}")
         if self.warmup is None:
             self.warmup = min(100, self.steps // 10)
-        if isinstance(self.warmup, bool) or not isinstance(self.warmup, int) or not 0 <= self.warmup <= self.steps:
-            raise ValueError(f"warmup: expected an int in [0, steps={self.steps}], got {self.warmup!r}")
-        c = self.curriculum_steps
-        if isinstance(c, bool) or not isinstance(c, int) or not 0 <= c <= self.steps:
-            raise ValueError(f"curriculum_steps: expected an int in [0, steps={self.steps}], got {c!r}")
+        for name in ("warmup", "curriculum_steps"):
+            value = check_int(name, getattr(self, name), low=0, high=self.steps, what=f"an int in [0, steps={self.steps}]")
+            setattr(self, name, value)
         make_task(self.task, **self.task_params)  # validates the task and its parameters
 
     def to_dict(self) -> dict:
