@@ -64,6 +64,12 @@ class AbsolutePositions(nn.Module):
         return table.to(device=device, dtype=dtype if dtype is not None else torch.get_default_dtype())
 
 
+def packed_positions(module: "AbsolutePositions", positions: torch.Tensor, bound: int, device=None, dtype=None):
+    """The vectors ``(n, d_model)`` at integer ``positions`` ``(n,)`` (each < ``bound``): rows of the table for
+    positions 0 … bound − 1, so a packed batch gets each sequence's own positions."""
+    return module(0, bound, device=device, dtype=dtype)[positions.to(device) if device is not None else positions]
+
+
 def sinusoidal_scale(init_std: float) -> float:
     """The sinusoid amplitude whose per-coordinate RMS (amplitude/√2) is ``init_std``."""
     return init_std * math.sqrt(2.0)

@@ -39,8 +39,9 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from hybrid.checks import check_even_dim, check_input_dtype, check_number, check_positive_int
-from hybrid.kernels.window_attention import BACKENDS as WINDOW_BACKENDS, band_mask, sdpa_bthd, window_attention
+from hybrid.checks import check_even_dim, check_input_dtype, check_number, check_positive_int, check_sequence_states
+from hybrid.kernels.window_attention import BACKENDS as WINDOW_BACKENDS, sdpa_bthd, window_attention
+from hybrid.kernels.varlen import check_cu_seqlens
 from hybrid.kv_cache import KVCache, RingKVCache
 from hybrid.rotary import CARoPE, Rotary, apply_rotary, cos_sin_from_phases, parse_placement
 
@@ -70,6 +71,24 @@ class AttentionState:
     @property
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in (self.k, self.v, self.phase) if t is not None)
+
+    @classmethod
+    def cat(cls, states: list["AttentionState"]) -> "AttentionState":
+        """The states of several sequences at one offset and cache length as one batch (rows in order); the
+        caches are copied into one new cache."""
+        first = states[0]
+        if any(s.offset != first.offset or s.length != first.length for s in states):
+            raise ValueError("states: expected states at one offset and cache length, got "
+                             f"{sorted({(s.offset, s.length) for s in states})}")
+        cat = lambda ts: None if ts[0] is None else torch.cat(ts)  # noqa: E731
+        k, v, phase = cat([s.k for s in states]), cat([s.v for s in states]), cat([s.phase for s in states])
+        cache = None
+        if isinstance(first.cache, RingKVCache):
+            cache = RingKVCache(k, v, first.cache.end)
+        elif isinstance(first.cache, KVCache):
+            cache = KVCache.from_prefix(k, v)
+            k, v = cache.keys, cache.values
+        return cls(k=k, v=v, offset=first.offset, length=first.length, phase=phase, cache=cache)
 
     def clone(self) -> "AttentionState":
         """A copy sharing no storage: continuing it leaves this state valid, and the other way round."""
@@ -186,16 +205,28 @@ class Attention(nn.Module):
             phase = torch.zeros(batch_size, self.n_kv_heads, self.rotary_dim // 2, device=device)  # (B, G, P)
         return AttentionState(phase=phase)
 
-    def forward(self, x: Tensor, state: AttentionState | None = None) -> tuple[Tensor, AttentionState]:
-        """x `(B, T, d_model)` → y `(B, T, d_model)` and the state after these T tokens (parallel / chunk)."""
+    def forward(self, x: Tensor, state=None, *, cu_seqlens: Tensor | None = None, output_final_state: bool = True):
+        """x `(B, T, d_model)` → y `(B, T, d_model)` and the state after these T tokens (parallel / chunk); the
+        state is None when `output_final_state` is False (training: no cache is built).
+
+        `cu_seqlens` (`(N+1,)`, `hybrid.kernels.varlen`): x is a packed batch `(1, total_T, d_model)` of N
+        sequences; no query sees another sequence's keys, and rotary positions restart at each sequence's
+        offset. `state` is then None or a list of N `AttentionState | None` (batch 1 each), and so is the
+        returned state.
+        """
         if x.dim() != 3 or x.shape[-1] != self.d_model:
             raise ValueError(f"x: expected (B, T, d_model={self.d_model}), got shape {tuple(x.shape)}")
         check_input_dtype("x", x, self.out_proj.weight.dtype)
+        if cu_seqlens is not None:
+            return self._attend_packed(x, state, cu_seqlens, output_final_state)
         if state is None:
             state = self.init_state(x.shape[0], x.device)
         if x.shape[1] == 0:
-            return x.new_zeros(x.shape), state
-        return self._attend(x, state)
+            return x.new_zeros(x.shape), (state if output_final_state else None)
+        if not output_final_state and state.k is None:
+            return self._attend_stateless(x, state), None
+        y, state = self._attend(x, state)
+        return y, (state if output_final_state else None)
 
     def step(self, x: Tensor, state: AttentionState | None) -> tuple[Tensor, AttentionState]:
         """x `(B, d_model)`: one token → y `(B, d_model)` and the next state (the recurrent form)."""
@@ -210,30 +241,137 @@ class Attention(nn.Module):
     # ------------------------------------------------------------------------------------------ pieces
 
     def _attend(self, x: Tensor, state: AttentionState) -> tuple[Tensor, AttentionState]:
-        B, T, _ = x.shape
-        H, G, D, pl = self.n_heads, self.n_kv_heads, self.head_dim, self.placement
+        T = x.shape[1]
+        q, k, v = self._project(x)
+        cs_q, cs_kv, phase = self._cos_sin(x, state)
+        q, k, v = self._rotate_qkv(q, k, v, cs_q, cs_kv)
+        o, cache, length = self._mix(q, k, v, state)  # o (B, T, H, D)
+        y = self._finish(o, cs_q)
+        if isinstance(cache, KVCache):
+            ck, cv = cache.keys, cache.values  # (B, L + T, G, D)
+        else:
+            ck, cv = cache.k, cache.v  # (B, w, G, D)
+        return y, AttentionState(k=ck, v=cv, offset=state.offset + T, length=length, phase=phase, cache=cache)
+
+    def _project(self, x: Tensor):
+        """q `(B, T, H, D)`, k `(B, T, G, D)`, v `(B, T, G, D)` (None with shared-KV), unrotated."""
+        H, G, D = self.n_heads, self.n_kv_heads, self.head_dim
         qkv = self.in_proj(x)  # (B, T, (H + 2G)·D) or (B, T, (H + G)·D)
         q = qkv[..., : H * D].unflatten(-1, (H, D))  # (B, T, H, D)
         k = qkv[..., H * D : (H + G) * D].unflatten(-1, (G, D))  # (B, T, G, D)
         v = None if self.shared_kv else qkv[..., (H + G) * D :].unflatten(-1, (G, D))  # (B, T, G, D)
+        return q, k, v
 
-        cs_q, cs_kv, phase = self._cos_sin(x, state)
+    def _rotate_qkv(self, q: Tensor, k: Tensor, v: Tensor | None, cs_q, cs_kv):
+        pl = self.placement
         if pl.q:
             q = self._rotate(q, cs_q)
         if pl.k:
             k = self._rotate(k, cs_kv)
         if v is not None and pl.v:
             v = self._rotate(v, cs_kv)
+        return q, k, v
 
-        o, cache, length = self._mix(q, k, v, state)  # o (B, T, H, D)
-        if pl.o:
+    def _finish(self, o: Tensor, cs_q) -> Tensor:
+        """Rotate o back (placement "o") and project: `(B, T, H, D)` → `(B, T, d_model)`."""
+        if self.placement.o:
             o = self._rotate(o, cs_q, inverse=True)
-        y = self.out_proj(o.flatten(2))  # (B, T, H·D) → (B, T, d_model)
-        if isinstance(cache, KVCache):
-            ck, cv = cache.keys, cache.values  # (B, L + T, G, D)
-        else:
-            ck, cv = cache.k, cache.v  # (B, w, G, D)
-        return y, AttentionState(k=ck, v=cv, offset=state.offset + T, length=length, phase=phase, cache=cache)
+        return self.out_proj(o.flatten(2))  # (B, T, H·D) → (B, T, d_model)
+
+    def _attend_stateless(self, x: Tensor, state: AttentionState) -> Tensor:
+        """The training path: attention over the call's own tokens only, no cache built."""
+        q, k, v = self._project(x)
+        cs_q, cs_kv, _ = self._cos_sin(x, state)
+        q, k, v = self._rotate_qkv(q, k, v, cs_q, cs_kv)
+        o = window_attention(q, k, k if v is None else v, self.window, scale=self.scale, backend=self.window_backend)
+        return self._finish(o, cs_q)
+
+    def _attend_packed(self, x: Tensor, states, cu_seqlens: Tensor, output_final_state: bool):
+        """`forward` on a packed batch (see `forward`): per-sequence positions, prefixes and states."""
+        T = x.shape[1]
+        cu_seqlens = check_cu_seqlens(cu_seqlens, T, x.device, batch=x.shape[0])
+        N = cu_seqlens.numel() - 1
+        states = check_sequence_states(states, N, self._check_sequence_state)
+        if states is not None and all(st is None or (st.k is None and st.offset == 0) for st in states):
+            states = None  # empty caches at position 0: fresh sequences
+        offsets = [0] * N if states is None else [0 if st is None else st.offset for st in states]
+        q, k, v = self._project(x)
+        cs_q = cs_kv = phase_end = None
+        if self.carope is not None:
+            phase0 = None
+            if states is not None:
+                P = self.rotary_dim // 2
+                phase0 = torch.stack([x.new_zeros(self.n_kv_heads, P, dtype=torch.float32)
+                                      if st is None or st.phase is None else st.phase[0] for st in states])  # (N, G, P)
+            phases, phase_end = self.carope.forward_packed(x, cu_seqlens, phase0)  # (1, T, G, P), (N, G, P)
+            cos, sin = cos_sin_from_phases(phases)
+            rep = self.n_heads // self.n_kv_heads
+            cs_q, cs_kv = (cos.repeat_interleave(rep, dim=2), sin.repeat_interleave(rep, dim=2)), (cos, sin)
+        elif self.rotary is not None:
+            off_t = None if max(offsets) == 0 else torch.tensor(offsets, device=x.device)
+            cs_q = cs_kv = self.rotary.cos_sin_packed(cu_seqlens, T, off_t, max(offsets), device=x.device)  # (T, P)
+        q, k, v = self._rotate_qkv(q, k, v, cs_q, cs_kv)
+        keys, values, cu_k = k, v, None
+        if states is not None and any(st is not None and st.length > 0 for st in states):
+            keys, values, cu_k = self._with_prefixes(k, v, states, cu_seqlens)
+        o = window_attention(q, keys, keys if values is None else values, self.window, scale=self.scale,
+                             backend=self.window_backend, cu_seqlens=cu_seqlens, cu_seqlens_k=cu_k)
+        y = self._finish(o, cs_q)
+        if not output_final_state:
+            return y, None
+        bounds = cu_seqlens.tolist()
+        out = []
+        for n in range(N):
+            st = None if states is None else states[n]
+            st = self.init_state(1, x.device) if st is None else st
+            k_n = k[:, bounds[n]:bounds[n + 1]]  # (1, T_n, G, D)
+            v_n = None if v is None else v[:, bounds[n]:bounds[n + 1]]
+            if st.k is not None:
+                k_n = k_n.to(st.k.dtype)
+                v_n = None if v_n is None else v_n.to(st.v.dtype)
+            T_n = k_n.shape[1]
+            if self.window is None:
+                cache = self._global_cache(st, k_n, v_n).update(k_n, v_n)
+                ck, cv, length = cache.keys, cache.values, st.length + T_n
+            else:
+                cache = self._ring_cache(st, k_n).update(k_n, v_n)
+                ck, cv, length = cache.k, cache.v, min(st.length + T_n, self.window)
+            phase = None if phase_end is None else phase_end[n:n + 1]
+            out.append(AttentionState(k=ck, v=cv, offset=st.offset + T_n, length=length, phase=phase, cache=cache))
+        return y, out
+
+    @staticmethod
+    def _check_sequence_state(state) -> None:
+        if not isinstance(state, AttentionState):
+            raise ValueError(f"state: expected AttentionState entries, got {type(state).__name__}")
+
+    def _with_prefixes(self, k: Tensor, v: Tensor | None, states, cu_seqlens: Tensor):
+        """Each sequence's visible cached keys (all of them, or the last w − 1 with a window) put before its new
+        keys: packed keys `(1, total_K, G, D)` (values likewise) and their offsets `cu_seqlens_k`."""
+        bounds = cu_seqlens.tolist()
+        pieces_k, pieces_v, cu_k = [], [], [0]
+        for n, st in enumerate(states):
+            new_k = k[:, bounds[n]:bounds[n + 1]]  # (1, T_n, G, D)
+            new_v = None if v is None else v[:, bounds[n]:bounds[n + 1]]
+            if st is not None and st.length > 0:
+                if self.window is None:
+                    old_k = st.k[:, :st.length]  # (1, L_n, G, D)
+                    old_v = None if v is None else st.v[:, :st.length]
+                else:
+                    old_k, old_v = self._ring_cache(st, new_k).last(min(st.length, self.window - 1))
+                pieces_k.append(old_k.to(new_k.dtype))
+                if v is not None:
+                    pieces_v.append(old_v.to(new_v.dtype))
+                cu_k.append(cu_k[-1] + old_k.shape[1])
+            else:
+                cu_k.append(cu_k[-1])
+            pieces_k.append(new_k)
+            if v is not None:
+                pieces_v.append(new_v)
+            cu_k[-1] += new_k.shape[1]
+        keys = torch.cat(pieces_k, dim=1)  # (1, total_K, G, D)
+        values = None if v is None else torch.cat(pieces_v, dim=1)
+        return keys, values, torch.tensor(cu_k, dtype=cu_seqlens.dtype, device=cu_seqlens.device)
 
     def _cos_sin(self, x: Tensor, state: AttentionState):
         """(cos, sin) for queries and for keys, and the next CARoPE phase.
@@ -272,11 +410,9 @@ class Attention(nn.Module):
 
         if w is None:  # growing cache, always in position order
             cache = self._global_cache(state, k, v).update(k, v)
-            keys, values = cache.keys, cache.values  # (B, L + T, G, D)
-            mask = None
-            if L > 0 and T > 1:  # the prefix is all visible; causal among the new tokens
-                mask = band_mask(T, L + T, L, L + T, q.device)  # (T, L + T)
-            o = sdpa_bthd(q, keys, keys if shared else values, mask, self.scale, is_causal=(L == 0 and T > 1))
+            keys, values = cache.keys, cache.values  # (B, L + T, G, D): the prefix, then causal among the new
+            o = window_attention(q, keys, keys if shared else values, None, scale=self.scale,
+                                 backend=self.window_backend)
             return o, cache, L + T
 
         ring = self._ring_cache(state, k)

@@ -120,3 +120,20 @@ def check_input_dtype(name: str, x: torch.Tensor, param_dtype: torch.dtype) -> N
         p, g = str(param_dtype).removeprefix("torch."), str(x.dtype).removeprefix("torch.")
         raise ValueError(f"{name}: expected dtype {p} (the module's parameters; convert the module with "
                          f".to(torch.{g}) or the input with .to(torch.{p})), got {g}")
+
+
+def check_sequence_states(states, n_sequences: int, check_one, what: str = "states") -> list | None:
+    """The per-sequence states of a packed call (``cu_seqlens``): None, or a list of ``n_sequences`` entries,
+    each None (a fresh sequence) or a state that ``check_one(state)`` accepts (it raises otherwise). Returns
+    None when every entry is None."""
+    if states is None:
+        return None
+    if not isinstance(states, (list, tuple)) or len(states) != n_sequences:
+        got = f"a list of {len(states)}" if isinstance(states, (list, tuple)) else type(states).__name__
+        raise ValueError(f"state: expected None or a list of N={n_sequences} per-sequence {what} with cu_seqlens, "
+                         f"got {got}")
+    for state in states:
+        if state is not None:
+            check_one(state)
+    return None if all(state is None for state in states) else list(states)
+

@@ -33,8 +33,9 @@ from einops import rearrange
 from torch import nn
 
 from hybrid.kernels import complex_scan, complex_scan_step
+from hybrid.kernels.varlen import check_cu_seqlens
 
-from .checks import check_even_dim, check_input_dtype, check_number, check_positive_int
+from .checks import check_even_dim, check_input_dtype, check_number, check_positive_int, check_sequence_states
 from .conv import CausalConv1d
 from .rotary import PHASE_MAPS, CARoPE, DataPhase, inv_freq
 
@@ -61,6 +62,12 @@ class RecurrenceState:
     @property
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in (self.conv, self.scan))
+
+    @classmethod
+    def cat(cls, states: list["RecurrenceState"]) -> "RecurrenceState":
+        """The states of several sequences at one offset as one batch (rows in order)."""
+        return cls(conv=torch.cat([s.conv for s in states]), scan=torch.cat([s.scan for s in states]),
+                   offset=states[0].offset)
 
 
 def _at_least_float32(t: torch.Tensor) -> torch.Tensor:
@@ -223,25 +230,68 @@ class VORecurrence(nn.Module):
 
     # ------------------------------------------------------------------------------------------ forms
 
-    def forward(self, x: torch.Tensor, state: RecurrenceState | None = None):
-        """Parallel / chunk form. x ``(B, T, d_model)`` -> (y ``(B, T, d_model)``, new state)."""
+    def forward(self, x: torch.Tensor, state=None, *, cu_seqlens: torch.Tensor | None = None,
+                output_final_state: bool = True):
+        """Parallel / chunk form. x ``(B, T, d_model)`` -> (y ``(B, T, d_model)``, new state or None).
+
+        ``cu_seqlens`` (``(N+1,)``, ``hybrid.kernels.varlen``): x is a packed batch ``(1, total_T, d_model)`` of N
+        sequences, each restarting the conv and the scan; ``state`` is then None or a list of N
+        ``RecurrenceState | None`` (one per sequence, batch 1), and so is the returned state.
+        ``output_final_state=False`` builds no state (training) and returns None for it.
+        """
         if x.dim() != 3 or x.shape[-1] != self.d_model:
             raise ValueError(f"x: expected shape (B, T, d_model={self.d_model}), got {tuple(x.shape)}")
         check_input_dtype("x", x, self.value_proj.weight.dtype)
+        if cu_seqlens is not None:
+            return self._forward_packed(x, state, cu_seqlens, output_final_state)
         B, T, _ = x.shape
-        if state is None:
-            state = self.init_state(B, x.device, x.dtype)
-        self._check_state(state, B)
+        if state is not None:
+            self._check_state(state, B)
+        conv0, scan0, offset = (None, None, 0) if state is None else (state.conv, state.scan, state.offset)
         gate = GATE_ACTIVATIONS[self.gate_activation](self.gate_proj(x))
-        u, conv_state = self.conv(self.value_proj(x), state.conv)
+        u, conv_state = self.conv(self.value_proj(x), conv0, output_final_state=output_final_state)
         v, log_decay, theta = self._scan_inputs(x, u)
         y, scan_state = complex_scan(
-            v, log_decay, theta, state.scan,
+            v, log_decay, theta, scan0, output_final_state=output_final_state,
             chunk_size=self.chunk_size, backend=self.scan_backend, check_values=False,
         )
         y = rearrange(y, "b t h d -> b t (h d)").to(gate.dtype)
         out = self.out_proj(gate * y)
-        return out, RecurrenceState(conv=conv_state, scan=scan_state, offset=state.offset + T)
+        if not output_final_state:
+            return out, None
+        return out, RecurrenceState(conv=conv_state, scan=scan_state, offset=offset + T)
+
+    def _forward_packed(self, x: torch.Tensor, states, cu_seqlens: torch.Tensor, output_final_state: bool):
+        """``forward`` on a packed batch: per-sequence states in and out (see ``forward``)."""
+        cu_seqlens = check_cu_seqlens(cu_seqlens, x.shape[1], x.device, batch=x.shape[0])
+        N = cu_seqlens.numel() - 1
+        conv0, scan0, offsets = self._stack_states(states, N, x)
+        gate = GATE_ACTIVATIONS[self.gate_activation](self.gate_proj(x))
+        u, conv_state = self.conv(self.value_proj(x), conv0, cu_seqlens=cu_seqlens,
+                                  output_final_state=output_final_state)
+        v, log_decay, theta = self._scan_inputs(x, u)
+        y, scan_state = complex_scan(
+            v, log_decay, theta, scan0, output_final_state=output_final_state, cu_seqlens=cu_seqlens,
+            chunk_size=self.chunk_size, backend=self.scan_backend, check_values=False,
+        )
+        out = self.out_proj(gate * rearrange(y, "b t h d -> b t (h d)").to(gate.dtype))
+        if not output_final_state:
+            return out, None
+        lens = (cu_seqlens[1:] - cu_seqlens[:-1]).tolist()
+        return out, [RecurrenceState(conv=conv_state[n:n + 1], scan=scan_state[n:n + 1], offset=offsets[n] + lens[n])
+                     for n in range(N)]
+
+    def _stack_states(self, states, N: int, x: torch.Tensor):
+        """Per-sequence states (None or a list of N ``RecurrenceState | None``) as ``conv (N, W−1, C)``, ``scan
+        (N, H, D)`` (None when every one is None: zeros) and the offsets."""
+        states = check_sequence_states(states, N, lambda s: self._check_state(s, 1))
+        if states is None:
+            return None, None, [0] * N
+        blank = self.init_state(1, x.device, x.dtype)
+        full = [blank if s is None else s for s in states]
+        conv = torch.cat([s.conv.to(x.dtype) for s in full])  # (N, W−1, C)
+        scan = torch.cat([s.scan for s in full])  # (N, H, D)
+        return conv, scan, [s.offset for s in full]
 
     def step(self, x: torch.Tensor, state: RecurrenceState | None = None):
         """Recurrent form, one token. x ``(B, d_model)`` -> (y ``(B, d_model)``, new state)."""

@@ -34,8 +34,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from hybrid.checks import check_even_dim, check_input_dtype, check_number, check_positive_int
+from hybrid.checks import check_even_dim, check_input_dtype, check_number, check_positive_int, check_sequence_states
 from hybrid.kernels.retention import DEFAULT_RETENTION_CHUNK, retention_chunkwise, retention_step
+from hybrid.kernels.varlen import check_cu_seqlens
 from hybrid.norms import head_rms_norm
 from hybrid.rotary import Rotary, apply_rotary
 
@@ -58,6 +59,11 @@ class RetentionState:
     @property
     def nbytes(self) -> int:
         return self.S.numel() * self.S.element_size()
+
+    @classmethod
+    def cat(cls, states: list["RetentionState"]) -> "RetentionState":
+        """The states of several sequences at one offset as one batch (rows in order)."""
+        return cls(S=torch.cat([s.S for s in states]), offset=states[0].offset)
 
 
 def retention_log_decay(n_heads: int, device=None, dtype: torch.dtype = torch.float32) -> Tensor:
@@ -135,14 +141,15 @@ class MultiScaleRetention(nn.Module):
         if tuple(state.S.shape) != want:
             raise ValueError(f"state: expected S of shape {want}, got {tuple(state.S.shape)}")
 
-    def _qkv(self, x: Tensor, offset: int, cdt: torch.dtype):
-        """x (B, T, d_model) -> q̃, k̃, v each (B, T, H, D) in `cdt`, rotated at positions offset + arange(T)."""
+    def _qkv(self, x: Tensor, offset: int, cdt: torch.dtype, cos_sin=None):
+        """x (B, T, d_model) -> q̃, k̃, v each (B, T, H, D) in `cdt`, rotated at positions offset + arange(T)
+        (or by the given `cos_sin`, each `(T, D/2)`: a packed batch's per-sequence positions)."""
         B, T, _ = x.shape
         H, D = self.n_heads, self.head_dim
         q = self.q_proj(x).view(B, T, H, D).to(cdt)  # (B, T, H, D)
         k = self.k_proj(x).view(B, T, H, D).to(cdt) * D**-0.5  # (B, T, H, D)
         v = self.v_proj(x).view(B, T, H, D).to(cdt)  # (B, T, H, D)
-        cos, sin = self.rotary.cos_sin(T, offset=offset, device=x.device)  # (T, D/2) float32 each
+        cos, sin = cos_sin if cos_sin is not None else self.rotary.cos_sin(T, offset=offset, device=x.device)
         q = apply_rotary(q, cos, sin, layout=self.rope_layout)
         k = apply_rotary(k, cos, sin, layout=self.rope_layout)
         return q, k, v
@@ -153,12 +160,19 @@ class MultiScaleRetention(nn.Module):
         return self.out_proj(F.silu(self.g_proj(x)) * o)
 
     # --- forms --------------------------------------------------------------------------------------
-    def forward(self, x: Tensor, state: RetentionState | None = None) -> tuple[Tensor, RetentionState]:
-        """x (B, T, d_model) -> y (B, T, d_model), state after the T tokens: the chunkwise form, continuing
-        `state` when given (it is not modified)."""
+    def forward(self, x: Tensor, state=None, *, cu_seqlens: Tensor | None = None, output_final_state: bool = True):
+        """x (B, T, d_model) -> y (B, T, d_model), state after the T tokens (None when `output_final_state` is
+        False): the chunkwise form, continuing `state` when given (it is not modified).
+
+        `cu_seqlens` (`(N+1,)`, `hybrid.kernels.varlen`): x is a packed batch `(1, total_T, d_model)` of N
+        sequences, each restarting its retention and its rotary positions; `state` is then None or a list of N
+        `RetentionState | None` (batch 1 each), and so is the returned state.
+        """
         if x.dim() != 3 or x.shape[-1] != self.d_model or x.shape[1] < 1:
             raise ValueError(f"x: expected shape (B, T>=1, {self.d_model}), got {tuple(x.shape)}")
         check_input_dtype("x", x, self.out_proj.weight.dtype)
+        if cu_seqlens is not None:
+            return self._forward_packed(x, state, cu_seqlens, output_final_state)
         B, T, _ = x.shape
         offset = 0
         cdt = torch.promote_types(x.dtype, torch.float32)
@@ -169,8 +183,35 @@ class MultiScaleRetention(nn.Module):
         q, k, v = self._qkv(x, offset, cdt)
         log_gamma = retention_log_decay(self.n_heads, x.device, cdt)
         with torch.autocast(x.device.type, enabled=False):  # keep the retention and S in cdt
-            o, S = retention_chunkwise(q, k, v, log_gamma, S, self.retention_chunk)  # (B, T, H, D)
-        return self._output(x, o), RetentionState(S=S, offset=offset + T)
+            o, S = retention_chunkwise(q, k, v, log_gamma, S, output_final_state=output_final_state,
+                                       retention_chunk=self.retention_chunk)  # (B, T, H, D)
+        y = self._output(x, o)
+        return y, (RetentionState(S=S, offset=offset + T) if output_final_state else None)
+
+    def _forward_packed(self, x: Tensor, states, cu_seqlens: Tensor, output_final_state: bool):
+        """`forward` on a packed batch: per-sequence states and positions (see `forward`)."""
+        T = x.shape[1]
+        cu_seqlens = check_cu_seqlens(cu_seqlens, T, x.device, batch=x.shape[0])
+        N = cu_seqlens.numel() - 1
+        cdt = torch.promote_types(x.dtype, torch.float32)
+        S, offsets = None, [0] * N
+        states = check_sequence_states(states, N, lambda st: self._check_state(st, 1))
+        if states is not None:
+            zero = self.init_state(1, x.device).S
+            S = torch.cat([(zero if st is None else st.S).to(cdt) for st in states])  # (N, H, D, D)
+            offsets = [0 if st is None else st.offset for st in states]
+        off_t = None if max(offsets) == 0 else torch.tensor(offsets, device=x.device)
+        cos_sin = self.rotary.cos_sin_packed(cu_seqlens, T, off_t, max(offsets), device=x.device)
+        q, k, v = self._qkv(x, 0, cdt, cos_sin)
+        log_gamma = retention_log_decay(self.n_heads, x.device, cdt)
+        with torch.autocast(x.device.type, enabled=False):  # keep the retention and S in cdt
+            o, S = retention_chunkwise(q, k, v, log_gamma, S, output_final_state=output_final_state,
+                                       cu_seqlens=cu_seqlens, retention_chunk=self.retention_chunk)
+        y = self._output(x, o)
+        if not output_final_state:
+            return y, None
+        lens = (cu_seqlens[1:] - cu_seqlens[:-1]).tolist()
+        return y, [RetentionState(S=S[n:n + 1], offset=offsets[n] + lens[n]) for n in range(N)]
 
     def step(self, x: Tensor, state: RetentionState | None) -> tuple[Tensor, RetentionState]:
         """x (B, d_model) -> y (B, d_model); the recurrent form S_t = γ S_{t−1} + k̃_tᵀ v_t, o_t = q̃_t S_t."""

@@ -1,7 +1,9 @@
 """Ops: Triton kernels and torch implementations, each with a plain reference beside it. No nn.Modules."""
+from .causal_conv import causal_conv1d, causal_conv1d_reference, causal_conv1d_step
 from .complex_scan import complex_scan, complex_scan_reference, complex_scan_step
 from .retention import retention_chunkwise, retention_reference, retention_step
 from .window_attention import window_attention, window_attention_reference
 
 __all__ = ["complex_scan", "complex_scan_step", "complex_scan_reference", "window_attention",
-           "window_attention_reference", "retention_chunkwise", "retention_step", "retention_reference"]
+           "window_attention_reference", "retention_chunkwise", "retention_step", "retention_reference",
+           "causal_conv1d", "causal_conv1d_step", "causal_conv1d_reference"]

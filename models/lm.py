@@ -13,6 +13,7 @@ Three modes give the same logits (to float rounding) and return a state that con
 """
 from __future__ import annotations
 
+import bisect
 import math
 
 import torch
@@ -20,9 +21,10 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from hybrid import MultiScaleRetention, RMSNorm, SwiGLU
-from hybrid.abs_pos import AbsolutePositions, sinusoidal_scale
+from hybrid.abs_pos import AbsolutePositions, packed_positions, sinusoidal_scale
 
-from hybrid.checks import check_int
+from hybrid.checks import check_int, check_sequence_states
+from hybrid.kernels.varlen import check_cu_seqlens, positions_in_sequence
 
 from .config import HybridConfig
 from .mixers import build_mixer
@@ -44,9 +46,9 @@ class Block(nn.Module):
         self.mlp_norm = RMSNorm(config.d_model, eps=config.norm_eps)
         self.mlp = SwiGLU(config.d_model, hidden=config.mlp_hidden, mlp_ratio=config.mlp_ratio)
 
-    def forward(self, x: torch.Tensor, state):
-        """x ``(B, T, d_model)``: the parallel / chunk form."""
-        h, state = self.mixer(self.mixer_norm(x), state)
+    def forward(self, x: torch.Tensor, state, cu_seqlens: torch.Tensor | None = None, output_final_state: bool = True):
+        """x ``(B, T, d_model)``: the parallel / chunk form (``cu_seqlens``: a packed batch, see ``HybridLM``)."""
+        h, state = self.mixer(self.mixer_norm(x), state, cu_seqlens=cu_seqlens, output_final_state=output_final_state)
         x = x + h
         return x + self.mlp(self.mlp_norm(x)), state
 
@@ -154,29 +156,75 @@ class HybridLM(nn.Module):
     # ------------------------------------------------------------------------------------------ forward
 
     def forward(self, input_ids: torch.Tensor, mode: str = "parallel", state: HybridState | None = None,
-                chunk_size: int | None = None):
+                chunk_size: int | None = None, *, cu_seqlens: torch.Tensor | None = None,
+                output_final_state: bool = True):
         """Logits ``(B, T, vocab_size)`` for ``input_ids`` ``(B, T)``, continuing ``state``; returns
-        ``(logits, new_state)``."""
+        ``(logits, new_state)`` (``new_state`` None with ``output_final_state=False``: training builds no
+        decoding state).
+
+        ``cu_seqlens`` (LongTensor ``(N+1,)``, ``hybrid.kernels.varlen``): ``input_ids`` ``(1, total_T)`` packs N
+        sequences; every mixer restarts at each offset, and rotary and absolute positions restart at 0 (or at
+        the sequence's state offset). ``state`` is then None or a list of N ``HybridState | None`` (batch 1
+        each), and the returned state is such a list.
+        """
         self._check_ids(input_ids)
         if mode not in MODES:
             raise ValueError(f"mode: expected one of {MODES}, got {mode!r}")
         check_int("chunk_size", chunk_size, low=1, allow_none=True, what="a positive int")
         B, T = input_ids.shape
+        if cu_seqlens is not None:
+            return self._forward_packed(input_ids, mode, state, chunk_size, cu_seqlens, output_final_state)
+        if state is None and not output_final_state:  # no decoding state: the mixers start from zeros
+            state = HybridState(layers=[None] * len(self.blocks))
         state = self._check_state(state, B)
         if T == 0:
-            return self.lm_head.weight.new_zeros(B, 0, self.config.vocab_size), state
+            return self.lm_head.weight.new_zeros(B, 0, self.config.vocab_size), (state if output_final_state else None)
         if mode == "recurrent":
             logits = []
             for t in range(T):
                 step_logits, state = self._step(input_ids[:, t], state)
                 logits.append(step_logits)
-            return torch.stack(logits, dim=1), state
+            return torch.stack(logits, dim=1), (state if output_final_state else None)
         size = T if mode == "parallel" else (chunk_size or DEFAULT_CHUNK_SIZE)
         logits = []
         for start in range(0, T, size):
-            chunk_logits, state = self._forward_block(input_ids[:, start:start + size], state)
+            keep = output_final_state or start + size < T  # a later chunk continues this state
+            chunk_logits, state = self._forward_block(input_ids[:, start:start + size], state, keep)
             logits.append(chunk_logits)
         return (logits[0] if len(logits) == 1 else torch.cat(logits, dim=1)), state
+
+    def _forward_packed(self, input_ids, mode: str, states, chunk_size, cu_seqlens, output_final_state: bool):
+        """``forward`` on a packed batch: per-sequence states in and out (see ``forward``)."""
+        T = input_ids.shape[1]
+        cu_seqlens = check_cu_seqlens(cu_seqlens, T, input_ids.device, batch=input_ids.shape[0])
+        N = cu_seqlens.numel() - 1
+        states = check_sequence_states(states, N, lambda st: self._check_state(st, 1), "HybridStates")
+        if mode == "parallel" and states is None:
+            return self._forward_block_packed(input_ids, cu_seqlens, None, output_final_state)
+        bounds = cu_seqlens.tolist()
+        doc_states = list(states) if states is not None else [None] * N
+        if mode == "recurrent":  # each sequence on its own, one token at a time
+            logits = []
+            for n in range(N):
+                doc_logits, doc_states[n] = self(input_ids[:, bounds[n]:bounds[n + 1]], mode="recurrent",
+                                                 state=doc_states[n])
+                logits.append(doc_logits)
+            return torch.cat(logits, dim=1), (doc_states if output_final_state else None)
+        size = T if mode == "parallel" else (chunk_size or DEFAULT_CHUNK_SIZE)
+        logits = []
+        for start in range(0, T, size):  # a chunk holds the parts of the sequences that overlap it
+            end = min(start + size, T)
+            first = bisect.bisect_right(bounds, start) - 1  # the sequence holding the chunk's first token
+            last = bisect.bisect_left(bounds, end) - 1  # ... and its last
+            cu = [max(bounds[n], start) - start for n in range(first, last + 1)] + [end - start]
+            cu_chunk = torch.tensor(cu, dtype=cu_seqlens.dtype, device=cu_seqlens.device)
+            keep = output_final_state or end < T
+            chunk_logits, chunk_states = self._forward_block_packed(
+                input_ids[:, start:end], cu_chunk, doc_states[first:last + 1], keep)
+            if keep:
+                doc_states[first:last + 1] = chunk_states
+            logits.append(chunk_logits)
+        return torch.cat(logits, dim=1), (doc_states if output_final_state else None)
 
     def _recomputes(self, letter: str) -> bool:
         """Whether ``config.recompute`` asks this block to recompute its activations in backward."""
@@ -184,19 +232,47 @@ class HybridLM(nn.Module):
         linear_cost = letter != "A" or self.config.window is not None  # R, M and windowed A are O(T)
         return mode == "all" or (mode == "linear" and linear_cost)
 
-    def _forward_block(self, ids: torch.Tensor, state: HybridState):
-        h = self._embed(ids, state.offset)  # (B, T, d_model)
+    def _run_blocks(self, h: torch.Tensor, layer_states, cu_seqlens, output_final_state: bool):
+        """Every block over h ``(B, T, d_model)``; returns the final hidden states' logits and the layer states."""
         layers = []
         records = torch.is_grad_enabled() and self.training
-        for block, layer_state, recompute in zip(self.blocks, state.layers, self._recompute):
+        for block, layer_state, recompute in zip(self.blocks, layer_states, self._recompute):
             if recompute and records:
                 # activation checkpointing: keep h, run the block again in backward. Under autograd every
                 # state update is out of place (hybrid.kv_cache), so the second run sees the same inputs.
-                h, layer_state = checkpoint(block, h, layer_state, use_reentrant=False)
+                h, layer_state = checkpoint(block, h, layer_state, cu_seqlens, output_final_state, use_reentrant=False)
             else:
-                h, layer_state = block(h, layer_state)
+                h, layer_state = block(h, layer_state, cu_seqlens, output_final_state)
             layers.append(layer_state)
-        return self.lm_head(self.norm(h)), HybridState(layers=layers, offset=state.offset + ids.shape[1])
+        return self.lm_head(self.norm(h)), layers
+
+    def _forward_block(self, ids: torch.Tensor, state: HybridState, output_final_state: bool = True):
+        h = self._embed(ids, state.offset)  # (B, T, d_model)
+        logits, layers = self._run_blocks(h, state.layers, None, output_final_state)
+        if not output_final_state:
+            return logits, None
+        return logits, HybridState(layers=layers, offset=state.offset + ids.shape[1])
+
+    def _forward_block_packed(self, ids: torch.Tensor, cu_seqlens: torch.Tensor, states, output_final_state: bool):
+        """One packed block: ``states`` None or a list of N ``HybridState | None``; returns logits and the
+        per-sequence states (or None)."""
+        N = cu_seqlens.numel() - 1
+        offsets = None if states is None else [0 if st is None else st.offset for st in states]
+        h = self.embed(ids)  # (1, T, d_model)
+        if self.abs_pos is not None:
+            max_offset = 0 if offsets is None else max(offsets)
+            off_t = None if not max_offset else torch.tensor(offsets, device=ids.device)
+            pos = positions_in_sequence(cu_seqlens, ids.shape[1], off_t)  # (T,)
+            h = h + packed_positions(self.abs_pos, pos, ids.shape[1] + max_offset, device=h.device, dtype=h.dtype)
+        layer_states = [None] * len(self.blocks)
+        if states is not None and any(st is not None for st in states):
+            layer_states = [[None if st is None else st.layers[i] for st in states] for i in range(len(self.blocks))]
+        logits, layers = self._run_blocks(h, layer_states, cu_seqlens, output_final_state)
+        if not output_final_state:
+            return logits, None
+        lens = (cu_seqlens[1:] - cu_seqlens[:-1]).tolist()
+        return logits, [HybridState(layers=[layer[n] for layer in layers], offset=(offsets[n] if offsets else 0) + lens[n])
+                        for n in range(N)]
 
     def step(self, token_ids: torch.Tensor, state: HybridState | None = None):
         """One token per sequence: ``token_ids`` ``(B,)`` -> (logits ``(B, vocab_size)``, new state)."""

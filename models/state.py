@@ -37,3 +37,13 @@ class HybridState:
         never written in place, so they are shared)."""
         layers = [layer.clone() if isinstance(layer, AttentionState) else layer for layer in self.layers]
         return HybridState(layers=layers, offset=self.offset)
+
+    @classmethod
+    def cat(cls, states: list["HybridState"]) -> "HybridState":
+        """The states of several sequences that have seen the same number of tokens as one batch (rows in
+        order), e.g. the per-sequence states of a packed forward (``HybridLM.forward(..., cu_seqlens=...)``)."""
+        if not states or any(s.offset != states[0].offset for s in states):
+            raise ValueError(f"states: expected a non-empty list of states at one offset, got offsets "
+                             f"{sorted({s.offset for s in states})}")
+        layers = [type(layer).cat([s.layers[i] for s in states]) for i, layer in enumerate(states[0].layers)]
+        return cls(layers=layers, offset=states[0].offset)

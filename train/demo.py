@@ -50,7 +50,7 @@ def _steps_within(budget: float, elapsed: float, per_step: float, eval_s: float,
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m hybrid.train.demo", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m hybrid.train.demo", description=__doc__.split("\n\n")[0], allow_abbrev=False)
     p.add_argument("--out", default="runs/demo", help="run directory, replaced if present (default: runs/demo)")
     p.add_argument("--steps", type=int, default=RECIPE["steps"], help=f"training steps (default: {RECIPE['steps']})")
     p.add_argument("--device", default="auto", help="auto, cpu or cuda (default: auto)")
@@ -114,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
     tps = [r["tokens_per_s"] for r in result.history if "tokens_per_s" in r]
     final = [r for r in result.history if "val_bpb" in r][-1]
     scope = "the whole split" if config.eval_batches is None else f"{config.eval_batches} batches"
-    print(f"\nvalidation ({final['val_tokens']:,} tokens, {scope})\n"
+    print(f"\nvalidation ({final['val_tokens']:,} tokens, {scope}, packed by {config.packing} as in training)\n"
           f"  model    {final['val_bpb']:.3f} bits per byte   (loss {final['val_loss']:.3f} nats per token)\n"
           f"  unigram  {result.unigram_bpb:.3f} bits per byte   (baseline: byte frequencies of the training split)\n",
           flush=True)

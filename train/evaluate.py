@@ -9,6 +9,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from .data import PreparedData
+from .data.packing import pack_documents
 from .distributed import DistEnv
 
 __all__ = ["evaluate"]
@@ -17,13 +18,14 @@ __all__ = ["evaluate"]
 @torch.no_grad()
 def evaluate(model: torch.nn.Module, data: PreparedData, *, seq_len: int, batch_size: int,
              max_batches: int | None = None, device: torch.device | str = "cpu", env: DistEnv | None = None,
-             autocast=contextlib.nullcontext) -> dict:
+             autocast=contextlib.nullcontext, packing: str = "stream") -> dict:
     """``{"val_loss", "val_bpb", "val_tokens"}``: mean cross-entropy (nats) per target token and bits per byte.
 
     ``max_batches`` (None = all) counts batches of ``batch_size`` over all ranks together; the ranks take
     interleaved blocks, so the set of sequences scored does not depend on the number of ranks. With a limit,
     ``val_bpb`` converts the loss of that prefix with the whole split's bytes per token (an estimate).
     Every rank runs the same number of forward passes (padding with a dummy one), as FSDP needs.
+    ``packing`` ("stream" or "documents", ``hybrid.train.data.packing``) scores the windows as training sees them.
     """
     env = env or DistEnv()
     per_rank = None if max_batches is None else math.ceil(max_batches / env.world_size)
@@ -44,11 +46,16 @@ def evaluate(model: torch.nn.Module, data: PreparedData, *, seq_len: int, batch_
                 break
             if batch is None:
                 with autocast():
-                    model(dummy)
+                    model(dummy, output_final_state=False)
                 continue
-            x, y = (t.to(device, non_blocking=True) for t in batch)
+            x, y = batch
+            cu_seqlens = None
+            if packing == "documents":
+                x, y, cu_seqlens = pack_documents(x, y, data.tokenizer.eos_id)
+                cu_seqlens = cu_seqlens.to(device, non_blocking=True)
+            x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
             with autocast():
-                logits, _ = model(x)
+                logits, _ = model(x, cu_seqlens=cu_seqlens, output_final_state=False)
             loss = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), y.reshape(-1), reduction="sum")
             totals[0] += loss.double()
             totals[1] += y.numel()

@@ -16,16 +16,19 @@ from __future__ import annotations
 import torch
 
 from .data import PreparedData
+from .data.packing import pack_documents
 
 __all__ = ["GlobalBatches"]
 
 
 class GlobalBatches:
-    """``next_step()`` -> this rank's ``grad_accum`` micro-batches ``[(x, y), …]`` for one optimizer step."""
+    """``next_step()`` -> this rank's ``grad_accum`` micro-batches ``[(x, y, cu_seqlens), …]`` for one optimizer
+    step (``cu_seqlens`` None with ``packing="stream"``)."""
 
     def __init__(self, data: PreparedData, *, seq_len: int, batch_size: int, grad_accum: int, seed: int,
-                 rank: int = 0, world_size: int = 1):
+                 rank: int = 0, world_size: int = 1, packing: str = "stream"):
         self.seq_len, self.batch_size, self.grad_accum = seq_len, batch_size, grad_accum
+        self.separator = data.tokenizer.eos_id if packing == "documents" else None
         self.rank, self.world_size = rank, world_size
         self.global_batch = batch_size * grad_accum * world_size
         blocks = max(0, (len(data.train) - 1) // seq_len)
@@ -44,7 +47,12 @@ class GlobalBatches:
         self.samples_total += self.global_batch
         b, ws = self.batch_size, self.world_size
         rows = [(a * ws + self.rank) * b for a in range(self.grad_accum)]
-        return [(x[r:r + b], y[r:r + b]) for r in rows]
+        return [self._packed(x[r:r + b], y[r:r + b]) for r in rows]
+
+    def _packed(self, x: torch.Tensor, y: torch.Tensor):
+        """A micro-batch ``(x, y, cu_seqlens)``: ``(b, L)`` windows and None (``stream``), or one ``(1, b·L)`` row
+        with its document offsets (``documents``, ``hybrid.train.data.packing``)."""
+        return (x, y, None) if self.separator is None else pack_documents(x, y, self.separator)
 
     def state_dict(self) -> dict:
         s = self.loader.state_dict()

@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from hybrid.checks import check_even_dim, check_number, check_positive_int
+from hybrid.kernels.varlen import sequence_ids
 
 
 def _softplus_inverse(y: float) -> float:
@@ -101,3 +102,24 @@ class CARoPE(nn.Module):
         phases = torch.cumsum(torch.cat((phase.unsqueeze(1), inc), dim=1), dim=1)[:, 1:]  # (B, T, H, P)
         phase_end = phases[:, -1] if T > 0 else phase
         return phases, phase_end
+
+    def forward_packed(self, x: torch.Tensor, cu_seqlens: torch.Tensor, phase: torch.Tensor | None = None):
+        """Phases for a packed batch x `(1, total_T, d_model)` (`hybrid.kernels.varlen`), restarting at every
+        sequence from its `phase` `(N, H, P)` (zeros when None).
+
+        Returns `(phases (1, total_T, H, P), phase_end (N, H, P))` float32. The running sums are taken in
+        float64 over the whole batch and differenced at the sequence starts, so each sequence's phases equal
+        its own run's to float32 rounding.
+        """
+        inc = self.increments(x)  # (1, T, H, P)
+        _, T, H, P = inc.shape
+        N = cu_seqlens.numel() - 1
+        if phase is not None and phase.shape != (N, H, P):
+            raise ValueError(f"phase: expected shape (N, H, P) = {(N, H, P)}, got {tuple(phase.shape)}")
+        total = torch.cumsum(inc[0].double(), dim=0)  # (T, H, P)
+        before = torch.cat([total.new_zeros(1, H, P), total])[cu_seqlens[:-1]]  # (N, H, P): sum before each start
+        if phase is not None:
+            before = before - phase.double()
+        ids = sequence_ids(cu_seqlens, T)  # (T,)
+        phases = (total - before[ids]).to(inc.dtype)  # (T, H, P)
+        return phases.unsqueeze(0), phases[cu_seqlens[1:] - 1]

@@ -5,6 +5,7 @@ import torch
 from torch import nn
 
 from hybrid.checks import check_choice, check_even_dim, check_float_tensor, check_int, check_positive_int
+from hybrid.kernels.varlen import positions_in_sequence
 
 from .apply import LAYOUTS, apply_rotary, cos_sin_from_angles, rotary_angles
 from .schedules import inv_freq, length_dependence
@@ -96,6 +97,24 @@ class Rotary(nn.Module):
             table = self._cos_sin_at(torch.arange(n, dtype=torch.int64), theta, device)
             self._tables[(key, device)] = table
         return table[0][offset:total], table[1][offset:total]
+
+    def cos_sin_packed(self, cu_seqlens: torch.Tensor, total: int, offsets: torch.Tensor | None = None,
+                       max_offset: int = 0, device=None):
+        """`(cos, sin)`, each `(total, R/2)` float32, for a packed batch (`hybrid.kernels.varlen`): token t of
+        sequence n at position `offsets[n] + t − cu_seqlens[n]` (offsets default 0; `max_offset` ≥ every offset).
+
+        Each sequence gets exactly the rows it would get run alone: rows of the shared table, or, where the
+        frequencies depend on the length (dynamic / longrope past their threshold), its own `cos_sin` call.
+        """
+        bound = total + max_offset
+        if self._threshold is not None and bound > self._threshold:  # per sequence, at its own total length
+            starts, ends = cu_seqlens[:-1].tolist(), cu_seqlens[1:].tolist()
+            offs = [0] * len(starts) if offsets is None else offsets.tolist()
+            parts = [self.cos_sin(e - s, o, device) for s, e, o in zip(starts, ends, offs)]
+            return torch.cat([c for c, _ in parts]), torch.cat([s for _, s in parts])
+        cos, sin = self.cos_sin(bound, 0, device)  # (bound, R/2): positions 0 … bound − 1
+        pos = positions_in_sequence(cu_seqlens, total, offsets).to(cos.device)  # (total,)
+        return cos[pos], sin[pos]
 
     def forward(self, x: torch.Tensor, offset: int = 0, inverse: bool = False) -> torch.Tensor:
         """Rotate x `(B, T, H, dim)` at positions offset … offset + T − 1 (`inverse=True`: by −angle)."""

@@ -15,6 +15,10 @@ size; time-invariant ones only ``C`` powers. Cost: ``C + N`` Python-level steps 
 
     λ_t = g_t + conj(a_{t+1}) λ_{t+1},   ∂x_t = λ_t,   g_z = λ_t · conj(a_t · s_{t−1}),
     ∂log γ_t = Re g_z,   ∂θ_t = −Im g_z,   ∂s_0 = conj(a_1) λ_1.
+
+``torch_forward`` / ``torch_backward`` are what the custom op of ``ops.py`` runs; ``TorchComplexScan`` wraps the
+same two for direct callers. ``log γ = −∞`` gives ``a_t = 0`` exactly, and so every running product through it
+(the packed-sequence restart of ``interface.py``).
 """
 from __future__ import annotations
 
@@ -126,70 +130,100 @@ def blocked_scan(
     return s
 
 
+def torch_forward(x, log_decay, theta, initial_state, chunk_size):
+    """The blocked scan on normalised inputs. Returns ``y`` ``(B, T, H, D)`` in x's dtype, the final state
+    ``(B, H, D)`` and the states ``(B, T, H, D)`` in the state dtype that the backward needs: ``y`` itself when
+    x is in the state dtype (returned as None then), else the float32 states before rounding to x's dtype."""
+    B, T, H, D = x.shape
+    P = D // 2
+    real = log_decay.dtype  # the state dtype: float32 (float64 for float64 x)
+    xr = x if x.dtype == real else x.to(real)
+    xc = torch.view_as_complex(xr.view(B, T, H, P, 2))  # (B, T, H, P) complex
+    s0 = None if initial_state is None else torch.view_as_complex(initial_state.view(B, H, P, 2))
+    yc = _empty(B, T, H, P, dtype=xc.dtype, device=x.device)
+    final = blocked_scan(log_decay, -theta, xc, s0, yc, chunk_size)
+    y_real = torch.view_as_real(yc).view(B, T, H, D)  # (B, T, H, P, 2) -> (B, T, H, D)
+    final = torch.view_as_real(final).reshape(B, H, D).clone()  # (B, H, P, 2) -> (B, H, D)
+    if x.dtype == real:
+        return y_real, final, None
+    return y_real.to(x.dtype), final, y_real
+
+
+def torch_backward(grad_y, grad_final, log_decay, theta, states, initial_state, chunk_size, x_dtype, needs):
+    """Gradients ``(dx, dlog_decay, dtheta, dinitial_state)`` (None where ``needs`` is False) from the upstream
+    gradients (either may be None) and the forward's ``states`` ``(B, T, H, D)`` in the state dtype;
+    ``dlog_decay`` / ``dtheta`` in the shapes of ``log_decay`` / ``theta``, none a view of another."""
+    B, T, H, D = states.shape
+    P = D // 2
+    real = log_decay.dtype
+    device = states.device
+    cdtype = torch.complex128 if real == torch.float64 else torch.complex64
+    lam = _empty(B, T, H, P, dtype=cdtype, device=device)
+    if grad_y is None:
+        gc = torch.zeros(B, T, H, P, dtype=cdtype, device=device)
+    else:
+        gc = torch.view_as_complex(grad_y.to(real).contiguous().view(B, T, H, P, 2))  # (B, T, H, P) complex
+    lam[:, T - 1] = gc[:, T - 1]
+    if grad_final is not None:
+        lam[:, T - 1] += torch.view_as_complex(grad_final.to(real).contiguous().view(B, H, P, 2))
+    if T > 1:  # λ_t = g_t + conj(a_{t+1}) λ_{t+1}: the decay of t+1 aligned at t
+        ld_next = log_decay if log_decay.shape[1] == 1 else log_decay[:, 1:]
+        th_next = theta if theta.shape[1] == 1 else theta[:, 1:]
+        blocked_scan(ld_next, th_next, gc[:, : T - 1], lam[:, T - 1], lam[:, : T - 1], chunk_size, reverse=True)
+
+    need_x, need_ld, need_th, need_s0 = needs
+    grad_x = grad_ld = grad_th = grad_s0 = None
+    if need_x:
+        grad_x = torch.view_as_real(lam).view(B, T, H, D).to(x_dtype)  # (B, T, H, P, 2) -> (B, T, H, D)
+    if need_ld or need_th:
+        yc = torch.view_as_complex(states.view(B, T, H, P, 2))  # (B, T, H, P) complex
+        # conj(g_z) = conj(λ_t) · a_t · s_{t−1}: its real part is ∂log γ_t, its imaginary part ∂θ_t.
+        # Formed from the product a_t·s_{t−1}, never from s_t − x_t, which cancels when the decay is strong.
+        gz_conj = _empty(B, T, H, P, dtype=cdtype, device=device)
+        if initial_state is not None:
+            gz_conj[:, 0] = torch.view_as_complex(initial_state.view(B, H, P, 2))
+        else:
+            gz_conj[:, 0] = 0
+        gz_conj[:, 1:] = yc[:, : T - 1]  # s_{t−1}
+        # conj_physical, not the lazy conj() view: inside a graph compiled by AOTAutograd (the custom op of
+        # ops.py) the view's conjugate bit was dropped and the gradients came out wrong.
+        gz_conj.mul_(_decay(log_decay, -theta)).mul_(lam.conj_physical())  # (B, T, H, P)
+        if need_ld:
+            grad_ld = _reduce_to(gz_conj.real, log_decay.shape)
+        if need_th:
+            grad_th = _reduce_to(gz_conj.imag, theta.shape)
+    if need_s0 and initial_state is not None:
+        a_first = _decay(log_decay[:, 0], theta[:, 0])  # conj(a_1), (Bd, H, P)
+        grad_s0 = torch.view_as_real(a_first * lam[:, 0]).reshape(B, H, D)  # (B, H, P, 2) -> (B, H, D)
+    return grad_x, grad_ld, grad_th, grad_s0
+
+
+def _reduce_to(g: torch.Tensor, shape: torch.Size) -> torch.Tensor:
+    """``g`` ``(B, T, H, P)`` (a strided view of a complex buffer) summed over the axes that ``shape``
+    broadcasts; always a fresh contiguous tensor."""
+    dims = tuple(d for d in (0, 1) if shape[d] == 1)
+    return g.sum(dims, keepdim=True) if dims else g.contiguous()
+
+
 class TorchComplexScan(torch.autograd.Function):
-    """Autograd wrapper of the blocked scan; inputs normalised as in ``validate.py``."""
+    """Autograd wrapper of the blocked scan; inputs normalised as in ``validate.py``. (The public
+    ``complex_scan`` goes through the ``hybrid::complex_scan`` custom op of ``ops.py`` instead, which calls the
+    same two functions.)"""
 
     @staticmethod
     def forward(ctx, x, log_decay, theta, initial_state, chunk_size):
-        B, T, H, D = x.shape
-        P = D // 2
-        real = log_decay.dtype  # the state dtype: float32 (float64 for float64 x)
-        xr = x if x.dtype == real else x.to(real)
-        xc = torch.view_as_complex(xr.view(B, T, H, P, 2))  # (B, T, H, P) complex
-        s0 = None if initial_state is None else torch.view_as_complex(initial_state.view(B, H, P, 2))
-        yc = _empty(B, T, H, P, dtype=xc.dtype, device=x.device)
-        final = blocked_scan(log_decay, -theta, xc, s0, yc, chunk_size)
-        y_real = torch.view_as_real(yc).view(B, T, H, D)  # (B, T, H, P, 2) -> (B, T, H, D)
-        y = y_real if x.dtype == real else y_real.to(x.dtype)
-        final = torch.view_as_real(final).reshape(B, H, D).clone()
+        y, final, states = torch_forward(x, log_decay, theta, initial_state, chunk_size)
         ctx.chunk_size = chunk_size
-        ctx.has_initial = initial_state is not None
-        # the fp32 states are needed for the decay gradient; for float32 x they are the output itself
-        ctx.save_for_backward(x, log_decay, theta, y if x.dtype == real else y_real, initial_state)
+        ctx.x_dtype = x.dtype
+        ctx.save_for_backward(log_decay, theta, y if states is None else states, initial_state)
         return y, final
 
     @staticmethod
     def backward(ctx, grad_y, grad_final):
-        x, log_decay, theta, y_real, initial_state = ctx.saved_tensors
-        B, T, H, D = x.shape
-        P = D // 2
-        real = log_decay.dtype
-        cdtype = torch.complex128 if real == torch.float64 else torch.complex64
-        lam = _empty(B, T, H, P, dtype=cdtype, device=x.device)
-        if grad_y is None:
-            gc = torch.zeros(B, T, H, P, dtype=cdtype, device=x.device)
-        else:
-            gc = torch.view_as_complex(grad_y.to(real).contiguous().view(B, T, H, P, 2))
-        lam[:, T - 1] = gc[:, T - 1]
-        if grad_final is not None:
-            lam[:, T - 1] += torch.view_as_complex(grad_final.to(real).contiguous().view(B, H, P, 2))
-        if T > 1:  # λ_t = g_t + conj(a_{t+1}) λ_{t+1}: the decay of t+1 aligned at t
-            ld_next = log_decay if log_decay.shape[1] == 1 else log_decay[:, 1:]
-            th_next = theta if theta.shape[1] == 1 else theta[:, 1:]
-            blocked_scan(ld_next, th_next, gc[:, : T - 1], lam[:, T - 1], lam[:, : T - 1], ctx.chunk_size, reverse=True)
-
-        grad_x = grad_ld = grad_th = grad_s0 = None
-        if ctx.needs_input_grad[0]:
-            grad_x = torch.view_as_real(lam).view(B, T, H, D).to(x.dtype)
-        if ctx.needs_input_grad[1] or ctx.needs_input_grad[2]:
-            yc = torch.view_as_complex(y_real.to(real).view(B, T, H, P, 2))
-            # conj(g_z) = conj(λ_t) · a_t · s_{t−1}: its real part is ∂log γ_t, its imaginary part ∂θ_t.
-            # Formed from the product a_t·s_{t−1}, never from s_t − x_t, which cancels when the decay is strong.
-            gz_conj = _empty(B, T, H, P, dtype=cdtype, device=x.device)
-            if ctx.has_initial:
-                gz_conj[:, 0] = torch.view_as_complex(initial_state.view(B, H, P, 2))
-            else:
-                gz_conj[:, 0] = 0
-            gz_conj[:, 1:] = yc[:, : T - 1]  # s_{t−1}
-            gz_conj.mul_(_decay(log_decay, -theta)).mul_(lam.conj())  # (B, T, H, P), one buffer
-            dims = tuple(d for d, n in ((0, log_decay.shape[0]), (1, log_decay.shape[1])) if n == 1)
-            grad_ld = gz_conj.real.sum(dims, keepdim=True) if dims else gz_conj.real
-            dims = tuple(d for d, n in ((0, theta.shape[0]), (1, theta.shape[1])) if n == 1)
-            grad_th = gz_conj.imag.sum(dims, keepdim=True) if dims else gz_conj.imag
-        if ctx.has_initial and ctx.needs_input_grad[3]:
-            a_first = _decay(log_decay[:, 0], theta[:, 0])  # conj(a_1), (Bd, H, P)
-            grad_s0 = torch.view_as_real(a_first * lam[:, 0]).reshape(B, H, D)
-        return grad_x, grad_ld, grad_th, grad_s0, None
+        log_decay, theta, states, initial_state = ctx.saved_tensors
+        grads = torch_backward(grad_y, grad_final, log_decay, theta, states, initial_state, ctx.chunk_size,
+                               ctx.x_dtype, ctx.needs_input_grad[:4])
+        return (*grads, None)
 
 
 def complex_scan_torch(x, log_decay, theta, initial_state, chunk_size=None):

@@ -79,7 +79,7 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
         fwd.argtypes = [p, p, p, i64s, p, p, p, i64, i64, i64, i64, i64, i32]
         fwd.restype = None
         bwd = getattr(lib, f"scan_backward_{suffix}")
-        bwd.argtypes = [p, p, i64s, p, p, p, p, p, p, i64, p, i64, i64, i64, i64, i64, i32]
+        bwd.argtypes = [p, p, i64s, p, p, p, p, p, p, p, i64, p, i64, i64, i64, i64, i64, i32]
         bwd.restype = None
     lib.advise_huge_pages.argtypes = [p, i64]
     lib.advise_huge_pages.restype = None

@@ -7,15 +7,18 @@
 //     λ_t = dy_t + conj(a_{t+1}) · λ_{t+1}                (backward, λ_{T−1} = dy_{T−1} + dfinal)
 //     dx_t = λ_t,   gz_t = conj(λ_t) · a_t · s_{t−1},   ds0 = conj(a_0) · λ_0
 //
-// Re gz is ∂log γ_t and Im gz is ∂θ_t (a_t = γ_t e^{−iθ_t}); gz is formed from the product a_t·s_{t−1},
-// never from s_t − x_t (which cancels when the decay is strong).
+// Re gz is ∂log γ_t and Im gz is ∂θ_t (a_t = γ_t e^{−iθ_t}), written to two separate buffers; gz is formed
+// from the product a_t·s_{t−1}, never from s_t − x_t (which cancels when the decay is strong).
+// log γ = −∞ gives a_t = 0 exactly (libm's exp in the fix-up loop below): the packed-sequence path of
+// interface.py uses it to restart the state at each sequence's first token.
 //
 // The decay a_t = exp(log γ_t)·(cos θ_t − i sin θ_t) is formed inside the loop from log_decay and theta
 // (Bd, Td, H, P) each, with batch / time strides that are 0 where the caller broadcasts (never materialised).
 // float32 uses the vectorisable exp / sincos below (within 2 ulp of libm, checked by the tests); float64, for
 // reference checks, uses libm.
 // Other layouts (contiguous): x, y, dy, dx (B, T, H, 2P) with pair p at (2p, 2p+1); s0, final, dfinal,
-// ds0 (B, H, 2P); gz (B, Tz, H, P, 2) with Tz ∈ {1, T} (Tz = 1: summed over time here, in double).
+// ds0 (B, H, 2P); gld = Re gz and gth = Im gz, (B, Tz, H, P) each, with Tz ∈ {1, T} (Tz = 1: summed over
+// time here, in double); either may be null (not needed).
 // No torch headers: plain C entry points called through ctypes (which releases the GIL), so the build
 // takes about a second and needs only a C++ compiler.
 #include <algorithm>
@@ -200,11 +203,12 @@ void forward(const F* x, Decay<F> dec, const F* s0, F* y, F* final_state, int64_
 }
 
 template <typename F>
-void backward(Decay<F> dec, const F* y, const F* s0, const F* dy, const F* dfinal, F* dx, F* gz,
-              int64_t gz_time, F* ds0, int64_t B, int64_t T, int64_t H, int64_t P, int64_t block,
+void backward(Decay<F> dec, const F* y, const F* s0, const F* dy, const F* dfinal, F* dx, F* gld, F* gth,
+              int64_t g_time, F* ds0, int64_t B, int64_t T, int64_t H, int64_t P, int64_t block,
               int n_threads) {
   const int64_t D = 2 * P, step = H * D;
-  const int64_t gz_batch = (gz_time ? T : 1) * H * D;
+  const int64_t g_batch = (g_time ? T : 1) * H * P;  // gld / gth: (B, Tz, H, P)
+  const bool need_gz = gld != nullptr || gth != nullptr;
   block = std::max<int64_t>(1, std::min(block, kPairs));
   run_rows(B * H * ((P + block - 1) / block), n_threads, [&](int64_t item) {
     const Row r = row_of(item, H, P, block);
@@ -212,7 +216,7 @@ void backward(Decay<F> dec, const F* y, const F* s0, const F* dy, const F* dfina
     F cr[kPairs], ci[kPairs];                  // carry: conj(a_{t+1}) λ_{t+1} (+ dfinal at the end)
     F ar[kPairs], ai[kPairs], lr[kPairs], li[kPairs];  // a_t and λ_t
     F zr[kPairs], zi[kPairs];                  // conj(λ_t) a_t s_{t−1}
-    double gr[kPairs], gi[kPairs];             // time-summed gz (gz_time == 0)
+    double gr[kPairs], gi[kPairs];             // time-summed gz (g_time == 0)
     const F* fin = dfinal ? dfinal + r.b * H * D + head : nullptr;
     for (int64_t j = 0; j < r.n; ++j) {
       cr[j] = fin ? fin[2 * j] : F(0);
@@ -248,19 +252,17 @@ void backward(Decay<F> dec, const F* y, const F* s0, const F* dy, const F* dfina
           dxt[2 * j + 1] = li[j];
         }
       }
-      if (gz) {
+      if (need_gz) {
         for (int64_t j = 0; j < r.n; ++j) {
           const F pr = prev ? prev[2 * j] : F(0), pi = prev ? prev[2 * j + 1] : F(0);
           const F qr = ar[j] * pr - ai[j] * pi, qi = ar[j] * pi + ai[j] * pr;  // a_t · s_{t−1}
           zr[j] = lr[j] * qr + li[j] * qi;                          // conj(λ_t) · a_t · s_{t−1}
           zi[j] = lr[j] * qi - li[j] * qr;
         }
-        if (gz_time) {
-          F* gzt = gz + r.b * gz_batch + t * gz_time + head;
-          for (int64_t j = 0; j < r.n; ++j) {
-            gzt[2 * j] = zr[j];
-            gzt[2 * j + 1] = zi[j];
-          }
+        if (g_time) {
+          const int64_t g_off = r.b * g_batch + t * g_time + r.h * P + r.p0;
+          if (gld) std::copy(zr, zr + r.n, gld + g_off);
+          if (gth) std::copy(zi, zi + r.n, gth + g_off);
         } else {
           for (int64_t j = 0; j < r.n; ++j) {
             gr[j] += zr[j];
@@ -273,11 +275,11 @@ void backward(Decay<F> dec, const F* y, const F* s0, const F* dy, const F* dfina
         ci[j] = ar[j] * li[j] - ai[j] * lr[j];
       }
     }
-    if (gz && !gz_time) {
-      F* g = gz + r.b * gz_batch + head;
+    if (need_gz && !g_time) {
+      const int64_t g_off = r.b * g_batch + r.h * P + r.p0;
       for (int64_t j = 0; j < r.n; ++j) {
-        g[2 * j] = static_cast<F>(gr[j]);
-        g[2 * j + 1] = static_cast<F>(gi[j]);
+        if (gld) gld[g_off + j] = static_cast<F>(gr[j]);
+        if (gth) gth[g_off + j] = static_cast<F>(gi[j]);
       }
     }
     if (ds0) {
@@ -303,12 +305,12 @@ void backward(Decay<F> dec, const F* y, const F* s0, const F* dy, const F* dfina
   }                                                                                                         \
   extern "C" void scan_backward_##suffix(const F* log_decay, const F* theta,                               \
                                          const int64_t* decay_strides, const F* y, const F* s0,            \
-                                         const F* dy, const F* dfinal, F* dx, F* gz, int64_t gz_time,       \
-                                         F* ds0, int64_t B, int64_t T, int64_t H, int64_t P,                \
+                                         const F* dy, const F* dfinal, F* dx, F* gld, F* gth,               \
+                                         int64_t g_time, F* ds0, int64_t B, int64_t T, int64_t H, int64_t P, \
                                          int64_t block, int n_threads) {                                    \
     const int64_t* d = decay_strides;                                                                       \
-    backward<F>(Decay<F>{log_decay, theta, d[0], d[1], d[2], d[3]}, y, s0, dy, dfinal, dx, gz, gz_time,    \
-                ds0, B, T, H, P, block, n_threads);                                                         \
+    backward<F>(Decay<F>{log_decay, theta, d[0], d[1], d[2], d[3]}, y, s0, dy, dfinal, dx, gld, gth,       \
+                g_time, ds0, B, T, H, P, block, n_threads);                                                 \
   }
 
 HYBRID_SCAN_ENTRY_POINTS(float, f32)

@@ -13,6 +13,8 @@ data-dependent decay costs one read of each and no intermediate tensors.
                ∂s_0 = conj(a_0) λ_0
 
 States are float32 (float64 for float64 ``x``); half-precision ``x`` is converted on the way in and out.
+``cpu_forward`` / ``cpu_backward`` are what the custom op of ``ops.py`` runs; ``CpuComplexScan`` wraps the same two
+for direct callers. ``log γ = −∞`` gives ``a_t = 0`` exactly (the packed-sequence restart of ``interface.py``).
 """
 from __future__ import annotations
 
@@ -78,7 +80,7 @@ def _entry(kind: str, dtype: torch.dtype):
     return getattr(load(), f"scan_{kind}_{'f64' if dtype == torch.float64 else 'f32'}")
 
 
-def _forward(x, log_decay, theta, initial_state):
+def cpu_forward(x, log_decay, theta, initial_state):
     """Returns the states ``(B, T, H, D)`` and the final state ``(B, H, D)``, both in the state dtype."""
     B, T, H, D = x.shape
     real = log_decay.dtype
@@ -97,12 +99,43 @@ def _reduce_to(g: torch.Tensor, shape: torch.Size) -> torch.Tensor:
     return g.sum(dims, keepdim=True) if dims else g
 
 
+def cpu_backward(grad_y, grad_final, log_decay, theta, states, initial_state, x_dtype, needs):
+    """Gradients ``(dx, dlog_decay, dtheta, dinitial_state)`` (None where ``needs`` is False) from the upstream
+    gradients (either may be None), the normalised inputs and the forward's ``states`` ``(B, T, H, D)`` in the
+    state dtype. ``dlog_decay`` / ``dtheta`` come in the shapes of ``log_decay`` / ``theta``; none aliases
+    another (the kernel writes them to separate buffers)."""
+    need_x, need_ld, need_th, need_s0 = needs
+    need_s0 = need_s0 and initial_state is not None
+    if grad_y is None and grad_final is None:
+        return None, None, None, None
+    B, T, H, D = states.shape
+    P = D // 2
+    real = states.dtype
+    decay = _Decay(log_decay, theta)
+    Tz = T if decay.varies_in_time else 1
+    dy = None if grad_y is None else grad_y.to(real).contiguous()
+    dfinal = None if grad_final is None else grad_final.to(real).contiguous()
+    dx = _empty(B, T, H, D, dtype=real) if need_x else None
+    gld = _empty(B, Tz, H, P, dtype=real) if need_ld else None  # (B, Tz, H, P)
+    gth = _empty(B, Tz, H, P, dtype=real) if need_th else None
+    ds0 = _empty(B, H, D, dtype=real) if need_s0 else None
+    _entry("backward", real)(*decay.args(), states.data_ptr(), _ptr(initial_state), _ptr(dy), _ptr(dfinal),
+                             _ptr(dx), _ptr(gld), _ptr(gth), H * P if Tz > 1 else 0, _ptr(ds0),
+                             *_launch(B, T, H, P))
+    grad_x = None if dx is None else dx.to(x_dtype)
+    grad_ld = _reduce_to(gld, log_decay.shape) if need_ld else None
+    grad_th = _reduce_to(gth, theta.shape) if need_th else None
+    return grad_x, grad_ld, grad_th, ds0
+
+
 class CpuComplexScan(torch.autograd.Function):
-    """Autograd wrapper of the compiled scan; inputs normalised as in ``validate.py``."""
+    """Autograd wrapper of the compiled scan; inputs normalised as in ``validate.py``. (The public
+    ``complex_scan`` goes through the ``hybrid::complex_scan`` custom op of ``ops.py`` instead, which calls the
+    same two functions.)"""
 
     @staticmethod
     def forward(ctx, x, log_decay, theta, initial_state):
-        y, final = _forward(x, log_decay, theta, initial_state)
+        y, final = cpu_forward(x, log_decay, theta, initial_state)
         ctx.x_dtype = x.dtype
         ctx.save_for_backward(log_decay, theta, y, initial_state)
         ctx.set_materialize_grads(False)
@@ -111,26 +144,8 @@ class CpuComplexScan(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_y, grad_final):
         log_decay, theta, y, initial_state = ctx.saved_tensors
-        need_x, need_ld, need_th, need_s0 = ctx.needs_input_grad[:4]
-        need_s0 = need_s0 and initial_state is not None
-        if grad_y is None and grad_final is None:
-            return None, None, None, None
-        B, T, H, D = y.shape
-        P = D // 2
-        real = y.dtype
-        decay = _Decay(log_decay, theta)
-        Tz = T if decay.varies_in_time else 1
-        dy = None if grad_y is None else grad_y.to(real).contiguous()
-        dfinal = None if grad_final is None else grad_final.to(real).contiguous()
-        dx = _empty(B, T, H, D, dtype=real) if need_x else None
-        gz = _empty(B, Tz, H, P, 2, dtype=real) if (need_ld or need_th) else None  # (B, Tz, H, P, 2)
-        ds0 = _empty(B, H, D, dtype=real) if need_s0 else None
-        _entry("backward", real)(*decay.args(), y.data_ptr(), _ptr(initial_state), _ptr(dy), _ptr(dfinal),
-                                 _ptr(dx), _ptr(gz), H * D if Tz > 1 else 0, _ptr(ds0), *_launch(B, T, H, P))
-        grad_x = None if dx is None else dx.to(ctx.x_dtype)
-        grad_ld = _reduce_to(gz[..., 0], log_decay.shape) if need_ld else None
-        grad_th = _reduce_to(gz[..., 1], theta.shape) if need_th else None
-        return grad_x, grad_ld, grad_th, ds0
+        return cpu_backward(grad_y, grad_final, log_decay, theta, y, initial_state, ctx.x_dtype,
+                            ctx.needs_input_grad[:4])
 
 
 def complex_scan_cpu(x, log_decay, theta, initial_state):
@@ -138,5 +153,5 @@ def complex_scan_cpu(x, log_decay, theta, initial_state):
     tensors = (x, log_decay, theta) + ((initial_state,) if initial_state is not None else ())
     if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
         return CpuComplexScan.apply(x, log_decay, theta, initial_state)
-    y, final = _forward(x, log_decay, theta, initial_state)
+    y, final = cpu_forward(x, log_decay, theta, initial_state)
     return (y if x.dtype == y.dtype else y.to(x.dtype)), final

@@ -1,9 +1,17 @@
-"""Public entry points of the complex scan: argument checks, backend choice, the one-token step.
+"""Public entry points of the complex scan: argument checks, backend choice, packed sequences, the step.
 
     s_t = exp(log_decay_t) · exp(−i·theta_t) · s_{t−1} + x_t,      y_t = s_t
 
 per rotary pair (pair k of x is ``x[..., 2k] + i·x[..., 2k+1]``). This is VO-RoPE with exponential decay
 (``o_i = Σ_{j≤i} γ^{i−j} R_{j−i} v_j``) written as a diagonal complex linear RNN.
+
+Packed sequences (``cu_seqlens``) run as one row in which the state restarts at each sequence's first token t₀:
+its decay is made exactly 0 (``log_decay = −∞``; every backend forms ``exp(−∞) = 0`` exactly, so
+``s_{t₀} = x_{t₀}`` and no finite value before t₀ reaches any later state or gradient), and a given initial
+state ``s⁰_n`` is folded into that first input, ``x'_{t₀} = x_{t₀} + a_{t₀} · s⁰_n`` with the true
+``a_{t₀} = exp(log_decay_{t₀} − i·theta_{t₀})``, so autograd carries its gradients to ``s⁰_n``, ``log_decay_{t₀}``
+and ``theta_{t₀}``. The final state of sequence n is ``y`` at its last token. The reference backend instead
+runs each sequence alone (the independent check of this construction).
 """
 from __future__ import annotations
 
@@ -13,10 +21,12 @@ import os
 import torch
 
 from . import cpu_scan
-from .chunked import complex_scan_torch
+from . import ops  # noqa: F401  (registers torch.ops.hybrid.complex_scan and its backward)
+from .chunked import default_chunk_size
 from .reference import complex_scan_reference
 from .validate import (
     check_chunk_size,
+    check_cu_seqlens,
     check_decay_like,
     check_scan_values,
     check_state,
@@ -37,9 +47,11 @@ def _interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
+@torch.compiler.assume_constant_result
 def resolve_backend(backend: str | None, device: torch.device) -> str:
     """``backend`` if given, else ``$HYBRID_BACKEND``, else: triton for CUDA tensors when it imports; cpu
-    (the compiled scan, built on first use) for CPU tensors when a C++ compiler is present; torch otherwise."""
+    (the compiled scan, built on first use) for CPU tensors when a C++ compiler is present; torch otherwise.
+    (A constant for torch.compile: decided once, when the graph is traced.)"""
     source = "backend"
     if backend is None and os.environ.get(BACKEND_ENV):
         backend, source = os.environ[BACKEND_ENV], BACKEND_ENV
@@ -66,37 +78,48 @@ def resolve_backend(backend: str | None, device: torch.device) -> str:
     return backend
 
 
-@torch.compiler.disable
 def complex_scan(
     x: torch.Tensor,
     log_decay: torch.Tensor,
     theta: torch.Tensor,
     initial_state: torch.Tensor | None = None,
     *,
+    output_final_state: bool = False,
+    cu_seqlens: torch.Tensor | None = None,
     chunk_size: int | None = None,
     backend: str | None = None,
     check_values: bool = True,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Complex diagonal linear recurrence over time, differentiable in every input.
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Complex diagonal linear recurrence over time, differentiable in every input; compiles with
+    ``torch.compile(fullgraph=True)`` (the scan is the custom op ``hybrid::complex_scan``, see ``ops.py``).
 
     Args:
         x: ``(B, T, H, D)`` real (float32, bfloat16, float16; float64 for checks), ``D`` even, pairs interleaved.
+            With ``cu_seqlens``: ``(1, total_T, H, D)``, N sequences packed into one row.
         log_decay: ``log γ ≤ 0``, broadcastable to ``(B, T, H, D/2)``: ``(H, D/2)`` static per head-channel
             or ``(B, T, H, D/2)`` data-dependent (selective decay).
         theta: rotation angle per step in radians, broadcastable likewise (static schedule or CARoPE
             phase increments).
-        initial_state: ``(B, H, D)`` float32 or None (zeros).
+        initial_state: ``(B, H, D)`` (``(N, H, D)`` with ``cu_seqlens``: one per sequence) or None (zeros).
+        output_final_state: also return the state after the last token (of each sequence); training passes
+            False (the default) and builds no decoding state.
+        cu_seqlens: None, or ``(N+1,)`` int64 (int32 accepted) offsets on x's device: 0, strictly increasing,
+            ``total_T``. Sequence n is ``x[:, cu_seqlens[n]:cu_seqlens[n+1]]``; its state starts from
+            ``initial_state[n]`` (or zeros) and nothing crosses an offset: each sequence's outputs and
+            gradients are those it has run alone.
         chunk_size: chunk length of the torch backend (default ≈ √T); the Triton and cpu kernels tile on
             their own.
         backend: ``"triton"``, ``"cpu"``, ``"torch"`` or ``"reference"``; default ``$HYBRID_BACKEND``, else
             triton for CUDA tensors when Triton imports, cpu (compiled on first use) for CPU tensors when a
             C++ compiler is present, else torch (the blocked scan in plain PyTorch, any device).
         check_values: check ``log_decay ≤ 0`` and ``theta`` finite, NaN refused (one device sync for both).
-            Models whose decay is ≤ 0 and angles finite by construction pass False (no sync).
+            Models whose decay is ≤ 0 and angles finite by construction pass False (no sync). Skipped while
+            torch.compile traces, as are the value checks of ``cu_seqlens``.
 
     Returns:
-        ``y`` ``(B, T, H, D)`` in x's dtype (``y_t = s_t``) and ``final_state`` ``(B, H, D)`` float32
-        (float64 for float64 ``x``).
+        ``(y, final_state)``: ``y`` ``(B, T, H, D)`` in x's dtype (``y_t = s_t``); ``final_state`` None unless
+        ``output_final_state``, else ``(B, H, D)`` (``(N, H, D)`` with ``cu_seqlens``) float32 (float64 for
+        float64 ``x``).
     """
     check_x(x)
     B, T, H, D = x.shape
@@ -106,10 +129,24 @@ def complex_scan(
     theta = check_decay_like(theta, "theta", target, layout, x)
     if check_values:
         check_scan_values(log_decay, theta, ("log_decay", "theta"))
-    initial_state = check_state(initial_state, "initial_state", (B, H, D), x)
+    if cu_seqlens is None:
+        initial_state = check_state(initial_state, "initial_state", (B, H, D), x)
+    else:
+        N = check_cu_seqlens(cu_seqlens, x)
+        initial_state = check_state(initial_state, "initial_state", (N, H, D), x,
+                                    layout="(N, H, D) (one per sequence of cu_seqlens)")
     check_chunk_size(chunk_size)
     which = resolve_backend(backend, x.device)
+    if cu_seqlens is not None:
+        return _packed(x, log_decay, theta, initial_state, cu_seqlens, which, chunk_size, output_final_state)
+    y, final = _scan(x, log_decay, theta, initial_state, which, chunk_size)
+    return y, (final if output_final_state else None)
 
+
+def _scan(x, log_decay, theta, initial_state, which, chunk_size):
+    """One backend on checked inputs, every row its own sequence: ``(y, final_state)``."""
+    B, T, H, D = x.shape
+    P = D // 2
     if T == 0:
         final = initial_state if initial_state is not None else x.new_zeros(B, H, D, dtype=state_dtype(x.dtype))
         return x.new_empty(B, 0, H, D), final.clone()
@@ -118,13 +155,77 @@ def complex_scan(
     x = x.contiguous()
     log_decay = normalise_decay_like(log_decay, B, T, H, P)  # (Bd, Td, H, P)
     theta = normalise_decay_like(theta, B, T, H, P)
-    if which == "triton":
-        from .triton_scan import complex_scan_triton
+    chunk = 0
+    if which == "torch":
+        chunk = chunk_size if chunk_size is not None else default_chunk_size(T)
+    inputs = (x, log_decay, theta) + ((initial_state,) if initial_state is not None else ())
+    save = torch.is_grad_enabled() and any(t.requires_grad for t in inputs)
+    y, final, _, _ = torch.ops.hybrid.complex_scan(x, log_decay, theta, initial_state, which, chunk, save)
+    return y, final
 
-        return complex_scan_triton(x, log_decay, theta, initial_state)
-    if which == "cpu":
-        return cpu_scan.complex_scan_cpu(x, log_decay, theta, initial_state)
-    return complex_scan_torch(x, log_decay, theta, initial_state, chunk_size)
+
+# ---------------------------------------------------------------------------------------------- packed
+
+
+def _packed(x, log_decay, theta, initial_state, cu_seqlens, which, chunk_size, output_final_state):
+    """N sequences packed into ``x`` ``(1, total_T, H, D)``: ``(y, (N, H, D) final states or None)``."""
+    _, T, H, D = x.shape
+    P = D // 2
+    cu = cu_seqlens.long()
+    real = state_dtype(x.dtype)
+    log_decay = normalise_decay_like(log_decay, 1, T, H, P)  # (1, Td, H, P)
+    theta = normalise_decay_like(theta, 1, T, H, P)
+    if which == "reference":
+        return _packed_reference(x, log_decay, theta, initial_state, cu, output_final_state)
+    starts = cu[:-1]
+    # the final states are read from y: keep y in the state dtype when they (or a folded state) are needed
+    work = x.to(real) if (initial_state is not None or output_final_state) else x
+    if initial_state is not None:
+        work = work.index_add(1, starts, _carried_in(log_decay, theta, initial_state, starts).unsqueeze(0))
+    y, _ = _scan(work, _restarted(log_decay, starts, T), theta, None, which, chunk_size)
+    final = y[0, cu[1:] - 1] if output_final_state else None  # (N, H, D): y_t = s_t at each last token
+    return y.to(x.dtype), final
+
+
+def _restarted(log_decay: torch.Tensor, starts: torch.Tensor, T: int) -> torch.Tensor:
+    """``log_decay`` ``(1, Td, H, P)`` as ``(1, T, H, P)`` with −∞ (γ = 0, no carry-over) at each sequence's
+    first token. Differentiable: the gradient at those tokens is 0 here (it flows through ``_carried_in``)."""
+    first = torch.zeros(T, dtype=torch.bool, device=log_decay.device).index_fill_(0, starts, True)
+    return torch.where(first.view(1, T, 1, 1), float("-inf"), log_decay)  # (1, T, H, P)
+
+
+def _carried_in(log_decay, theta, initial_state, starts) -> torch.Tensor:
+    """``a_{t₀} · s⁰_n`` ``(N, H, D)`` for each sequence's first token t₀, with the true decay
+    ``a_{t₀} = exp(log_decay_{t₀} − i·theta_{t₀})``, in real arithmetic (pairs interleaved)."""
+    N, H, D = initial_state.shape
+    P = D // 2
+
+    def at_starts(t):  # (1, Td, H, P) -> (N, H, P)
+        return t[0, starts] if t.shape[1] > 1 else t[0, 0].expand(N, H, P)
+
+    gamma, th = torch.exp(at_starts(log_decay)), at_starts(theta)
+    ar, ai = gamma * torch.cos(th), -gamma * torch.sin(th)
+    sr, si = initial_state.view(N, H, P, 2).unbind(-1)  # (N, H, D) -> (N, H, P) twice
+    return torch.stack((ar * sr - ai * si, ar * si + ai * sr), dim=-1).view(N, H, D)  # (N, H, P, 2) -> (N, H, D)
+
+
+def _packed_reference(x, log_decay, theta, initial_state, cu, output_final_state):
+    """Each sequence alone through the sequential reference, outputs concatenated (the obvious way)."""
+    bounds = cu.tolist()
+
+    def part(t, s, e):  # (1, Td, H, P): the sequence's time steps, or the static row
+        return t[:, s:e] if t.shape[1] > 1 else t
+
+    ys, finals = [], []
+    for n, (s, e) in enumerate(zip(bounds[:-1], bounds[1:])):
+        s0 = None if initial_state is None else initial_state[n: n + 1]
+        y_n, final_n = complex_scan_reference(x[:, s:e], part(log_decay, s, e), part(theta, s, e), s0)
+        ys.append(y_n)
+        finals.append(final_n)
+    return torch.cat(ys, dim=1), (torch.cat(finals, dim=0) if output_final_state else None)
+
+
+# ---------------------------------------------------------------------------------------------- the step
 
 
 def complex_scan_step(

@@ -48,6 +48,13 @@ one store per program), over batch by a ``sum`` of a per-batch buffer afterwards
 
 All arithmetic is float32 whatever the dtype of ``x``; ``y`` / ``dx`` are stored in ``x``'s dtype.
 
+``tl.exp(−inf) = 0`` exactly, so ``log_decay = −∞`` gives ``a = 0`` and the carry is cleared exactly (the
+packed-sequence restart of ``interface.py``): every composite map that contains that step has ``A = 0``.
+
+``triton_forward`` / ``triton_backward`` are what the custom op of ``ops.py`` runs (the forward's time tile,
+picked by the autotuner, travels to the backward as a small CPU tensor); ``complex_scan_triton`` is the
+autograd.Function path with testing hooks.
+
 Tuning: on a GPU, problems of at least ``_AUTOTUNE_MIN_WORK`` pair-steps autotune (BT, BP, num_warps) per
 (T rounded to a power of two, P, broadcast pattern, dtype); smaller ones, and every launch when
 ``HYBRID_SCAN_AUTOTUNE=0``, use ``_default_blocks``. Under ``TRITON_INTERPRET=1`` tiles are small and fixed.
@@ -110,6 +117,11 @@ def _sincos(th):
     r = tl.fma(k, -1.5707963705062866, th)  # π/2 = 1.5707963705062866 − 4.37e-8 − 1.72e-15 (fp32 parts)
     r = tl.fma(k, 4.371138828673793e-08, r)
     r = tl.fma(k, 1.7151245100058819e-15, r)
+    # A no-op for |th| < 2.6e7 (|r| <= π/4 there). Beyond, the reduction leaves |r| large (k is no longer
+    # exact) and the polynomials would overflow to inf / NaN: clamped, sin / cos stay finite and at most ~1
+    # in magnitude, so a meaningless angle (say a gate at a padding token) never makes the state non-finite,
+    # and a sequence restart (a = 0) still clears it exactly.
+    r = tl.minimum(tl.maximum(r, -1.0), 1.0)
     z = r * r
     ps = tl.fma(z, 2.7557319223985893e-06, -1.9841269841269841e-04)  # 1/9!, −1/7!
     ps = tl.fma(ps, z, 8.3333333333333333e-03)  # 1/5!
@@ -580,6 +592,24 @@ def _backward(x, log_decay, theta, ck, ck_bt, dy, dfinal, needs, blocks=None):
             batch_reduced(dld, log_decay) if need_dld else None,
             batch_reduced(dth, theta) if need_dth else None,
             dh0 if need_dh0 else None)
+
+
+def checkpoint_rows(B: int, T: int, H: int, P: int) -> int:
+    """Rows per (batch, head) of the forward's checkpoint buffer ``(B, H, rows, D)`` at the default tiles."""
+    tune = _use_autotune(B, T, H, P, None)
+    return triton.cdiv(T, _MIN_CK_BT if tune else _default_blocks(T, P)[0])
+
+
+def triton_forward(x, log_decay, theta, initial_state, save_checkpoints: bool):
+    """The forward at the default tiles: ``(y, final, checkpoints or None, checkpoint interval)``."""
+    with _on_device(x):
+        return _forward(x, log_decay, theta, initial_state, save_ck=save_checkpoints)
+
+
+def triton_backward(x, log_decay, theta, checkpoints, ck_bt, dy, dfinal, needs):
+    """Gradients ``(dx, dlog_decay, dtheta, dinitial_state)`` (None where ``needs`` is False)."""
+    with _on_device(x):
+        return _backward(x, log_decay, theta, checkpoints, ck_bt, dy, dfinal, needs)
 
 
 class _ComplexScanTriton(torch.autograd.Function):

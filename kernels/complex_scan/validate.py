@@ -5,10 +5,17 @@ Backends receive:
 - ``log_decay``, ``theta``: contiguous, in the state dtype (float32, or float64 for float64 ``x``), each of
   shape ``(Bd, Td, H, P)`` with ``Bd ∈ {1, B}`` and ``Td ∈ {1, T}`` (1 = broadcast, never materialised);
 - ``initial_state``: ``None`` or contiguous ``(B, H, D)`` in the state dtype.
+
+Packed sequences (``cu_seqlens``, ``(N+1,)`` offsets into one ``(1, total_T, H, D)`` row) never reach a backend:
+``interface.py`` turns them into one row whose decay restarts at each offset.
+
+Checks that read values back from the tensors (one host sync) are skipped while ``torch.compile`` traces.
 """
 from __future__ import annotations
 
 import torch
+
+from ..varlen import check_cu_seqlens as shared_check_cu_seqlens
 
 FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
 
@@ -55,7 +62,9 @@ def check_decay_like(t, name: str, target: tuple[int, ...], layout: str, like: t
 
 def check_scan_values(log_decay: torch.Tensor, theta: torch.Tensor, names: tuple[str, str]) -> None:
     """``log_decay ≤ 0`` (−inf allowed: γ = 0) and ``theta`` finite; NaN fails both. Both flags are read
-    back together: one device sync."""
+    back together: one device sync (skipped while torch.compile traces)."""
+    if torch.compiler.is_compiling():
+        return
     bad = torch.stack([(~(log_decay <= 0)).any(), (~torch.isfinite(theta)).any()]).tolist()
     if bad[0]:
         n_nan = int(torch.isnan(log_decay).sum())
@@ -76,15 +85,16 @@ def normalise_decay_like(t: torch.Tensor, B: int, T: int, H: int, P: int) -> tor
     return t.expand(Bd, Td, H, P).contiguous()
 
 
-def check_state(state, name: str, shape: tuple[int, ...], like: torch.Tensor) -> torch.Tensor | None:
+def check_state(state, name: str, shape: tuple[int, ...], like: torch.Tensor,
+                layout: str = "(B, H, D)") -> torch.Tensor | None:
     if state is None:
         return None
     if not isinstance(state, torch.Tensor):
-        raise ValueError(f"{name}: expected a tensor of shape (B, H, D) = {shape} or None, got {type(state).__name__}")
+        raise ValueError(f"{name}: expected a tensor of shape {layout} = {shape} or None, got {type(state).__name__}")
     if state.dtype not in FLOAT_DTYPES:
         raise ValueError(f"{name}: expected a float32 tensor, got {state.dtype}")
     if tuple(state.shape) != shape:
-        raise ValueError(f"{name}: expected shape (B, H, D) = {shape}, got {tuple(state.shape)}")
+        raise ValueError(f"{name}: expected shape {layout} = {shape}, got {tuple(state.shape)}")
     if state.device != like.device:
         raise ValueError(f"{name}: expected a tensor on {like.device} (the device of x), got {state.device}")
     return state.to(state_dtype(like.dtype)).contiguous()
@@ -95,3 +105,12 @@ def check_chunk_size(chunk_size) -> None:
         return
     if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
         raise ValueError(f"chunk_size: expected a positive int or None, got {chunk_size!r}")
+
+
+def check_cu_seqlens(cu_seqlens, x: torch.Tensor) -> int:
+    """``cu_seqlens``: ``(N+1,)`` int64 (or int32) offsets on x's device into ``x`` of shape ``(1, total_T, H, D)``:
+    0 first, strictly increasing (no empty sequence), ``total_T`` last. Returns N. The shared check of every op
+    (``hybrid.kernels.varlen``): its value checks read the small tensor back (one host sync), except while
+    torch.compile traces."""
+    shared_check_cu_seqlens(cu_seqlens, x.shape[1], x.device, "cu_seqlens", batch=x.shape[0])
+    return cu_seqlens.numel() - 1

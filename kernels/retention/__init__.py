@@ -3,10 +3,20 @@
     o_n = Σ_{m≤n} γ^{n−m} (q_n · k_m) v_m + γ^{n+1} q_n S,      S' = γ^T S + Σ_m γ^{T−1−m} k_mᵀ v_m
 
 ``reference.py`` (the parallel form with its ``(T, T)`` decay matrix: the ground truth, tests run it in
-float64), ``chunkwise.py`` (the fast form for whole sequences: the parallel form inside tiles of
-``retention_chunk`` tokens plus the state carried across them, O(T·retention_chunk) memory) and
-``step.py`` (one token, the recurrent form). All take ``q, k`` ``(B, T, H, Dk)`` (rotated; k scaled),
-``v`` ``(B, T, H, Dv)``, ``log_gamma`` ``(H,)`` and an optional state ``S`` ``(B, H, Dk, Dv)``. No nn.Modules.
+float64), ``chunkwise.py`` (the fast form for whole and packed sequences: the parallel form inside tiles of
+``retention_chunk`` tokens plus the state carried across them, O(T·retention_chunk) memory; the custom op
+``hybrid::retention_chunkwise``, so torch.compile traces it whole) and ``step.py`` (one token, the recurrent
+form). The op contract of every kernel folder (fla's names)::
+
+    retention_chunkwise(q, k, v, log_gamma, initial_state=None, *, output_final_state=False, cu_seqlens=None,
+                        retention_chunk=DEFAULT_RETENTION_CHUNK) -> (o, final_state or None)
+    retention_reference(q, k, v, log_gamma, initial_state=None, *, output_final_state=False, cu_seqlens=None)
+    retention_step(q, k, v, log_gamma, state=None) -> (o_t, S_t)
+
+``q, k`` ``(B, T, H, Dk)`` (rotated; k scaled), ``v`` ``(B, T, H, Dv)``, ``log_gamma`` ``(H,)``; states
+``(B, H, Dk, Dv)``, or ``(N, H, Dk, Dv)`` per sequence with ``cu_seqlens`` ``(N+1,)`` (a packed
+``(1, total_T, …)`` batch; no sequence sees another). States in float32 (float64 for float64 inputs),
+outputs in q's dtype. No nn.Modules.
 """
 from .chunkwise import DEFAULT_RETENTION_CHUNK, retention_chunkwise
 from .reference import retention_reference

@@ -4,19 +4,20 @@
 
 It builds the ``(H, T, T)`` decay matrix ``Dec[n, m] = exp((n − m)·log γ)`` (m ≤ n, else 0; no division,
 nothing overflows, far entries underflow to 0) and the ``(B, H, T, T)`` scores: O(T²) time and memory.
-Tests run it in float64; models use ``retention_chunkwise``.
+With ``cu_seqlens`` it splits the packed batch and runs each sequence alone (a Python loop: obviously
+correct, an independent check of the chunkwise form's masks). Tests run it in float64; models use
+``retention_chunkwise``.
 """
 from __future__ import annotations
 
 import torch
 from torch import Tensor
 
+from .checks import check_cu_seqlens, check_qkv, check_state, state_dtype
 
-def retention_reference(q: Tensor, k: Tensor, v: Tensor, log_gamma: Tensor, S: Tensor | None = None):
-    """q, k: ``(B, T, H, Dk)``; v: ``(B, T, H, Dv)``; log_gamma: ``(H,)``; S: ``(B, H, Dk, Dv)`` or None (zeros).
 
-    Returns ``o`` ``(B, T, H, Dv)`` and the state after the T tokens ``S'`` ``(B, H, Dk, Dv)``.
-    """
+def _parallel(q: Tensor, k: Tensor, v: Tensor, log_gamma: Tensor, S: Tensor | None):
+    """One sequence per batch row, in the state dtype: o ``(B, T, H, Dv)``, S' ``(B, H, Dk, Dv)``."""
     T = q.shape[1]
     n = torch.arange(T, device=q.device, dtype=log_gamma.dtype)
     diff = n[:, None] - n[None, :]  # (T, T): n − m
@@ -31,3 +32,33 @@ def retention_reference(q: Tensor, k: Tensor, v: Tensor, log_gamma: Tensor, S: T
         o = o + torch.einsum("bnhd,bhde->bnhe", q * q_decay[None, :, :, None], S)
         S_new = S_new + torch.exp(T * log_gamma)[None, :, None, None] * S
     return o, S_new
+
+
+def retention_reference(q: Tensor, k: Tensor, v: Tensor, log_gamma: Tensor, initial_state: Tensor | None = None, *,
+                        output_final_state: bool = False, cu_seqlens: Tensor | None = None):
+    """q, k: ``(B, T, H, Dk)``; v: ``(B, T, H, Dv)``; log_gamma: ``(H,)``; initial_state: ``(B, H, Dk, Dv)``, or
+    ``(N, H, Dk, Dv)`` with cu_seqlens ``(N+1,)`` (a packed ``(1, total_T, …)`` batch), or None (zeros).
+
+    Returns ``o`` ``(B, T, H, Dv)`` (q's dtype) and, when output_final_state, the state after each sequence
+    ``(B or N, H, Dk, Dv)`` (float32; float64 for float64 inputs), else None.
+    """
+    check_qkv(q, k, v, log_gamma)
+    B, T, H, Dk = q.shape
+    Dv = v.shape[-1]
+    sdt = state_dtype(q.dtype)
+    q32, k32, v32, lg = (x.to(sdt) for x in (q, k, v, log_gamma))
+    S = None if initial_state is None else initial_state.to(sdt)
+    if cu_seqlens is None:
+        check_state(initial_state, "initial_state", (B, H, Dk, Dv), q)
+        o, final = _parallel(q32, k32, v32, lg, S)
+    else:
+        check_cu_seqlens(cu_seqlens, q)
+        check_state(initial_state, "initial_state", (cu_seqlens.shape[0] - 1, H, Dk, Dv), q, "(N, H, Dk, Dv)")
+        outs, finals = [], []
+        cu = cu_seqlens.tolist()
+        for n, (a, b) in enumerate(zip(cu, cu[1:])):  # each sequence alone
+            o_n, f_n = _parallel(q32[:, a:b], k32[:, a:b], v32[:, a:b], lg, None if S is None else S[n:n + 1])
+            outs.append(o_n)
+            finals.append(f_n)
+        o, final = torch.cat(outs, dim=1), torch.cat(finals, dim=0)
+    return o.to(q.dtype), (final if output_final_state else None)

@@ -8,11 +8,12 @@ import torch
 from torch import Tensor
 
 
-def retention_step(q: Tensor, k: Tensor, v: Tensor, log_gamma: Tensor, S: Tensor | None = None):
-    """q, k: ``(B, H, Dk)``; v: ``(B, H, Dv)``; log_gamma: ``(H,)``; S: ``(B, H, Dk, Dv)`` or None (zeros).
+def retention_step(q: Tensor, k: Tensor, v: Tensor, log_gamma: Tensor, state: Tensor | None = None):
+    """q, k: ``(B, H, Dk)``; v: ``(B, H, Dv)``; log_gamma: ``(H,)``; state: ``(B, H, Dk, Dv)`` or None (zeros),
+    the state after the previous token of each row's sequence (one sequence per row: no cu_seqlens here).
 
     Returns ``o_t`` ``(B, H, Dv)`` and ``S_t`` ``(B, H, Dk, Dv)``.
     """
     kv = k[..., :, None] * v[..., None, :]  # (B, H, Dk, Dv)
-    S_new = kv if S is None else torch.exp(log_gamma)[None, :, None, None] * S + kv
+    S_new = kv if state is None else torch.exp(log_gamma)[None, :, None, None] * state + kv
     return torch.einsum("bhd,bhde->bhe", q, S_new), S_new

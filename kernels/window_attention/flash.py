@@ -1,6 +1,9 @@
-"""Sliding-window attention through flash-attn's `window_size` (CUDA, fp16/bf16, when flash-attn is
-installed). flash-attn aligns a causal mask to the bottom right when S > T, which is this op's convention, and
-broadcasts kv heads itself."""
+"""Causal (sliding-window) attention through flash-attn (CUDA, fp16/bf16, when flash-attn is installed).
+
+flash-attn aligns a causal mask to the bottom right when S > T (per sequence in its varlen form), which is
+this op's convention, and broadcasts kv heads itself. Packed sequences go to `flash_attn_varlen_func` with
+int32 offsets and the longest lengths (one host read of the offsets).
+"""
 from __future__ import annotations
 
 import importlib.util
@@ -15,10 +18,26 @@ def flash_supports(q: Tensor) -> bool:
     return FLASH_AVAILABLE and q.is_cuda and q.dtype in (torch.float16, torch.bfloat16) and q.shape[-1] <= 256
 
 
-def window_attention_flash(q: Tensor, k: Tensor, v: Tensor, window: int, scale: float) -> Tensor:
-    """Same contract as `window_attention_reference` (window not None): key j is visible to query i iff
-    S − T + i − (w − 1) ≤ j ≤ S − T + i, i.e. flash-attn's causal window `(w − 1, 0)`."""
-    from flash_attn import flash_attn_func
+def window_attention_flash(
+    q: Tensor, k: Tensor, v: Tensor, window: int | None, scale: float,
+    cu_seqlens: Tensor | None = None, cu_seqlens_k: Tensor | None = None,
+) -> Tensor:
+    """Same contract as `window_attention_reference`: key j is visible to query i iff
+    S − T + i − (w − 1) ≤ j ≤ S − T + i, i.e. flash-attn's causal window `(w − 1, 0)`; `(−1, 0)` without a
+    window."""
+    window_size = (-1, 0) if window is None else (window - 1, 0)
+    k, v = k.to(q.dtype), v.to(q.dtype)
+    if cu_seqlens is None:
+        from flash_attn import flash_attn_func
 
-    return flash_attn_func(q, k.to(q.dtype), v.to(q.dtype), softmax_scale=scale, causal=True,
-                           window_size=(window - 1, 0))  # (B, T, H, D)
+        return flash_attn_func(q, k, v, softmax_scale=scale, causal=True,
+                               window_size=window_size)  # (B, T, H, D)
+
+    from flash_attn import flash_attn_varlen_func
+
+    cu_k = cu_seqlens if cu_seqlens_k is None else cu_seqlens_k
+    cu_q, cu_k = cu_seqlens.to(torch.int32), cu_k.to(torch.int32)
+    max_q, max_k = (int(n) for n in torch.stack([cu_q.diff().max(), cu_k.diff().max()]).tolist())
+    o = flash_attn_varlen_func(q[0], k[0], v[0], cu_q, cu_k, max_q, max_k, softmax_scale=scale, causal=True,
+                               window_size=window_size)  # (total_q, H, D)
+    return o.unsqueeze(0)  # (1, total_q, H, D)

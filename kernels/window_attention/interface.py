@@ -1,11 +1,11 @@
-"""Public entry point of sliding-window attention: argument checks and the choice of the way to compute it.
+"""Public entry point of causal attention, windowed or global: argument checks and the choice of the way.
 
-    o_i = Σ_{p_i − w < j ≤ p_i} softmax_j(scale · q_iᵀ k_j) v_j,      p_i = S − T + i
+    o_i = Σ_{p_i − w < j ≤ p_i} softmax_j(scale · q_iᵀ k_j) v_j,      p_i = S − T + i     (w None: j ≤ p_i)
 
-Ways, all exact (the same numbers to the rounding of the dtype):
-    "flash"      flash-attn's window (CUDA, fp16/bf16, when flash-attn is installed)
-    "flex"       FlexAttention with a sliding-window block mask (compiled on CUDA; eager elsewhere)
-    "blocked"    block-local SDPA, O(T·w) on any device
+Ways, all exact (the same numbers to the rounding of the dtype), all with `window=None` and packed sequences:
+    "flash"      flash-attn (`flash_attn_func` / `flash_attn_varlen_func`; CUDA, fp16/bf16, when installed)
+    "flex"       FlexAttention with a (document) block mask (compiled on CUDA; eager elsewhere)
+    "blocked"    block-local SDPA, O(T·w) on any device (global: SDPA, or the band of the longest sequence)
     "reference"  dense mask, O(T·S): tests only
 "auto" (the default) takes the first of flash, flex (head dim a power of two, 16 … 256), blocked that the
 tensors allow on CUDA, and blocked elsewhere (eager FlexAttention off CUDA is dense, so it is never chosen
@@ -18,6 +18,7 @@ import os
 import torch
 from torch import Tensor
 
+from ..varlen import check_cu_seqlens
 from .blocked import window_attention_blocked
 from .flash import flash_supports, window_attention_flash
 from .flex import FLEX_AVAILABLE, window_attention_flex
@@ -53,8 +54,8 @@ def resolve_window_backend(backend: str | None, q: Tensor) -> str:
 
 
 def _check(q: Tensor, k: Tensor, v: Tensor, window) -> None:
-    if isinstance(window, bool) or not isinstance(window, int) or window < 1:
-        raise ValueError(f"window: expected a positive int, got {window!r}")
+    if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 1):
+        raise ValueError(f"window: expected a positive int or None (global), got {window!r}")
     if q.dim() != 4:
         raise ValueError(f"q: expected shape (B, T, H, D), got {tuple(q.shape)}")
     B, T, H, D = q.shape
@@ -66,23 +67,64 @@ def _check(q: Tensor, k: Tensor, v: Tensor, window) -> None:
         raise ValueError(f"v: expected the shape of k {tuple(k.shape)}, got {tuple(v.shape)}")
 
 
-def window_attention(q: Tensor, k: Tensor, v: Tensor, window: int, *, scale: float | None = None,
-                     backend: str | None = None) -> Tensor:
-    """Causal sliding-window attention, differentiable in q, k, v.
+def _check_packing(q: Tensor, k: Tensor, cu_seqlens, cu_seqlens_k) -> None:
+    """Offsets of packed queries and keys (flash-attn's varlen convention)."""
+    if cu_seqlens is None:
+        if cu_seqlens_k is not None:
+            raise ValueError("cu_seqlens_k: expected None when cu_seqlens is None (packed keys need packed "
+                             "queries), got a tensor")
+        return
+    T, S = q.shape[1], k.shape[1]
+    check_cu_seqlens(cu_seqlens, T, q.device, "cu_seqlens", batch=q.shape[0])
+    if cu_seqlens_k is None:
+        if S != T:
+            raise ValueError(f"k: expected total_k = total_q = {T} tokens without cu_seqlens_k (no prefix), "
+                             f"got shape {tuple(k.shape)}")
+        return
+    check_cu_seqlens(cu_seqlens_k, S, q.device, "cu_seqlens_k")
+    if cu_seqlens_k.numel() != cu_seqlens.numel():
+        raise ValueError(f"cu_seqlens_k: expected {cu_seqlens.numel()} entries (N + 1, as cu_seqlens), "
+                         f"got {cu_seqlens_k.numel()}")
+    if torch.compiler.is_compiling():
+        return
+    offsets_q, offsets_k = cu_seqlens.tolist(), cu_seqlens_k.tolist()
+    for n in range(len(offsets_q) - 1):
+        lq, lk = offsets_q[n + 1] - offsets_q[n], offsets_k[n + 1] - offsets_k[n]
+        if lk < lq:
+            raise ValueError(f"cu_seqlens_k: expected each sequence to have at least as many keys as queries, "
+                             f"got sequence {n} with {lk} keys for {lq} queries")
+
+
+def window_attention(q: Tensor, k: Tensor, v: Tensor, window: int | None, *, scale: float | None = None,
+                     backend: str | None = None, cu_seqlens: Tensor | None = None,
+                     cu_seqlens_k: Tensor | None = None) -> Tensor:
+    """Causal attention, sliding-window or global, differentiable in q, k, v.
 
     Args:
-        q: `(B, T, H, D)` queries.
+        q: `(B, T, H, D)` queries; `(1, total_q, H, D)` with `cu_seqlens`.
         k, v: `(B, S, G, D)`, S ≥ T, in position order; the last T are the queries' own tokens, the first
-            S − T the tokens before them (a carried cache: only the last w − 1 of them can be seen). G divides
-            H; query head h reads kv head `h // (H/G)`, never materialised where the kernel broadcasts.
-        window: w ≥ 1; query i sees keys `p_i − w < j ≤ p_i`, itself included.
+            S − T the tokens before them (a carried cache: with a window only the last w − 1 of them can be
+            seen). G divides H; query head h reads kv head `h // (H/G)`, never materialised where the kernel
+            broadcasts. `(1, total_k, G, D)` with `cu_seqlens_k`.
+        window: w ≥ 1, query i sees keys `p_i − w < j ≤ p_i`, itself included; None: all keys `j ≤ p_i`
+            (global causal attention).
         scale: softmax scale, default `D^−1/2`.
         backend: "auto" (default; or `$HYBRID_WINDOW_BACKEND`), "flash", "flex", "blocked", "reference".
+        cu_seqlens: `(N+1,)` integer offsets of N query sequences packed into q (B = 1), flash-attn's
+            convention: strictly increasing from 0 to total_q, on q's device.
+        cu_seqlens_k: `(N+1,)` offsets of their keys in k (default `cu_seqlens`: no prefix). Sequence n's
+            queries are the last `len_q_n` of its `len_k_n ≥ len_q_n` keys (bottom-right aligned); no query
+            sees another sequence's keys, and the window counts positions within the sequence.
     Returns:
-        `(B, T, H, D)` in q's dtype.
+        `(B, T, H, D)` in q's dtype. Attention's state is its keys: a prefix comes in through k, v (and
+        `cu_seqlens_k`), so there is no `initial_state` / `output_final_state` (the op contract's state).
     """
     _check(q, k, v, window)
+    _check_packing(q, k, cu_seqlens, cu_seqlens_k)
     scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
     if q.shape[1] == 0:
         return q.new_zeros(q.shape)
-    return _FORMS[resolve_window_backend(backend, q)](q, k, v, window, scale)
+    form = _FORMS[resolve_window_backend(backend, q)]
+    if cu_seqlens is None:
+        return form(q, k, v, window, scale)
+    return form(q, k, v, window, scale, cu_seqlens=cu_seqlens, cu_seqlens_k=cu_seqlens_k)

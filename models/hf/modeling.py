@@ -9,9 +9,15 @@ keeps a ``HybridCache`` (our per-layer states, see cache.py): a prompt is prefil
 each new token continues the state, as in ``HybridLM.generate(mode="recurrent")``.
 
 ``attention_mask`` (1 = token, 0 = pad) may pad rows on either side: each row sees only its own tokens, from
-position 0, so logits at real positions equal those of the unpadded row (logits at pads are 0).
-``position_ids`` are ignored: positions follow from each row's state. With padded rows, set ``labels`` to -100
-at the pads.
+position 0, so logits at real positions equal those of the unpadded row (logits at pads are 0). A padded
+batch that starts a sequence (no cache yet) runs as one packed forward over the real tokens
+(``cu_seqlens``); its rows then continue in streams of equal length (``cache.py``). With padded rows, set
+``labels`` to -100 at the pads.
+
+``position_ids``: padding-free batches as transformers' ``DataCollatorWithFlattening`` makes them, one row of
+several documents whose positions restart at 0, run as one packed forward in which no document sees another
+(no cache is returned for them). Otherwise positions follow from each row's state, and ``position_ids`` must
+be the plain ``0 … T−1`` of a fresh row or are ignored after the prompt.
 """
 from __future__ import annotations
 
@@ -24,13 +30,13 @@ from transformers import GenerationMixin, PreTrainedModel
 from transformers.cache_utils import Cache
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
-from hybrid.models import HybridLM
+from hybrid.models import HybridLM, HybridState
 
-from ._compat import GENERATE_CACHE_KWARG
+from ._compat import GENERATE_CACHE_KWARG, OUTPUT_CACHE_FIELD
 from .cache import HybridCache, select_rows
 from .configuration import HybridHFConfig
 
-# Files written beside the weights for trust_remote_code: they import the installed library (pip install hybrid[hf]).
+# Files written beside the weights for trust_remote_code: they import the installed library (pip install 'hybrid-lm[hf]').
 REMOTE_CODE_FILES = {
     "configuration_hybrid.py": "from hybrid.models.hf.configuration import HybridHFConfig  # noqa: F401\n",
     "modeling_hybrid.py": "from hybrid.models.hf.modeling import HybridForCausalLM  # noqa: F401\n",
@@ -149,8 +155,18 @@ class HybridForCausalLM(HybridPreTrainedModel, GenerationMixin):
             if bool(mask.all()):
                 mask = None
 
-        if cache is None and mask is None:
-            logits, _ = self.model(input_ids)
+        cu_seqlens = _documents_from_positions(position_ids, input_ids.shape) if past == 0 else None
+        if cu_seqlens is not None:
+            if mask is not None:
+                raise ValueError("attention_mask: expected None or all ones with padding-free position_ids, got padding")
+            logits, _ = self.model(input_ids, cu_seqlens=cu_seqlens, output_final_state=False)
+            cache = None
+        elif cache is None and mask is None:
+            logits, _ = self.model(input_ids, output_final_state=False)
+        elif mask is not None and (cache is None or not cache.streams):
+            logits = self._forward_packed_rows(input_ids, mask, cache)
+            if cache is not None:
+                cache.columns = past + T
         else:
             logits = self._forward_streams(input_ids, mask, cache if cache is not None else HybridCache())
             if cache is not None:
@@ -161,7 +177,7 @@ class HybridForCausalLM(HybridPreTrainedModel, GenerationMixin):
             loss = F.cross_entropy(
                 logits[:, :-1].flatten(0, 1).float(), labels[:, 1:].flatten().to(logits.device), ignore_index=-100
             )
-        return CausalLMOutputWithPast(loss=loss, logits=logits, past_key_values=cache)
+        return CausalLMOutputWithPast(loss=loss, logits=logits, **{OUTPUT_CACHE_FIELD: cache})
 
     def _cache_for(self, past_key_values, use_cache: bool) -> HybridCache | None:
         if isinstance(past_key_values, HybridCache):
@@ -171,6 +187,33 @@ class HybridForCausalLM(HybridPreTrainedModel, GenerationMixin):
         if past_key_values is not None and past_key_values.get_seq_length() > 0:
             raise ValueError(f"past_key_values: expected a HybridCache, got a filled {type(past_key_values).__name__}")
         return HybridCache() if use_cache else None
+
+    def _forward_packed_rows(self, input_ids: torch.Tensor, mask: torch.Tensor, cache: HybridCache | None) -> torch.Tensor:
+        """A padded batch from its start as one packed forward over the real tokens of every row; returns logits
+        ``(B, T, V)`` (0 at pads) and, with a cache, leaves one stream per distinct row length."""
+        B, T = input_ids.shape
+        counts = mask.sum(dim=1)  # (B,) real tokens per row
+        real = (counts > 0).nonzero().flatten()  # rows holding at least one token
+        logits = self.model.lm_head.weight.new_zeros(B, T, self.config.vocab_size)
+        if real.numel() == 0:
+            if cache is not None:
+                cache.streams = [(torch.arange(B, device=input_ids.device), None)]
+            return logits
+        cu_seqlens = F.pad(torch.cumsum(counts[real], dim=0), (1, 0))  # (N+1,)
+        packed = input_ids[mask].unsqueeze(0)  # (1, total): the real tokens, row after row
+        packed_logits, states = self.model(packed, cu_seqlens=cu_seqlens, output_final_state=cache is not None)
+        logits[mask] = packed_logits[0]
+        if cache is not None:
+            streams = []
+            lengths = counts[real].tolist()
+            for length in sorted(set(lengths)):
+                group = [i for i, n in enumerate(lengths) if n == length]
+                streams.append((real[group], HybridState.cat([states[i] for i in group])))
+            empty = (counts == 0).nonzero().flatten()
+            if empty.numel():
+                streams.append((empty, None))
+            cache.streams = streams
+        return logits
 
     def _forward_streams(self, input_ids: torch.Tensor, mask: torch.Tensor | None, cache: HybridCache) -> torch.Tensor:
         """Run each stream of rows on its real tokens; returns logits ``(B, T, V)`` (0 at pads)."""
@@ -217,6 +260,32 @@ class HybridForCausalLM(HybridPreTrainedModel, GenerationMixin):
             input_ids = input_ids[:, cache.columns:]
         return {"input_ids": input_ids.contiguous(), "attention_mask": attention_mask,
                 GENERATE_CACHE_KWARG: cache, "use_cache": use_cache}
+
+
+def _documents_from_positions(position_ids: torch.Tensor | None, shape: torch.Size) -> torch.Tensor | None:
+    """``cu_seqlens`` of a padding-free row (positions restarting at 0 at each document), or None when the
+    positions are the plain ``0 … T−1`` of every row (or not given)."""
+    if position_ids is None:
+        return None
+    B, T = shape
+    if not isinstance(position_ids, torch.Tensor) or position_ids.shape[-1] != T or position_ids.numel() != B * T:
+        got = tuple(position_ids.shape) if isinstance(position_ids, torch.Tensor) else type(position_ids).__name__
+        raise ValueError(f"position_ids: expected shape ({B}, {T}), got {got}")
+    pos = position_ids.reshape(B, T).to(torch.long)
+    plain = torch.arange(T, device=pos.device)
+    if bool((pos == plain).all()):
+        return None
+    if B != 1:
+        raise ValueError(f"position_ids: expected 0 … T−1 in every row, or one padding-free row (batch 1) whose "
+                         f"positions restart at 0 at each document, got batch {B} with other positions")
+    row = pos[0]
+    steps_on = row[1:] == row[:-1] + 1
+    if int(row[0]) != 0 or not bool((steps_on | (row[1:] == 0)).all()):
+        raise ValueError("position_ids: expected positions that start at 0 and count up by 1 within each "
+                         "document, restarting at 0 at the next (DataCollatorWithFlattening's layout), got "
+                         f"{row[:12].tolist()}{' …' if T > 12 else ''}")
+    starts = (row == 0).nonzero().flatten()
+    return torch.cat([starts, starts.new_tensor([T])])
 
 
 def _one_cache(past_key_values: Cache | None, cache: Cache | None) -> Cache | None:

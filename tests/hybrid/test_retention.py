@@ -256,8 +256,8 @@ def test_group_norm_invariant_to_positive_rescaling(monkeypatch):
     c = torch.exp(torch.randn(2, 11, 3, 1, dtype=F64) * 3)  # factors over ~e^±9
     chunkwise = ret_mod.retention_chunkwise
 
-    def scaled(q, k, v, lg, S=None, retention_chunk=64):
-        o, S2 = chunkwise(q, k, v, lg, S, retention_chunk)
+    def scaled(q, k, v, lg, S=None, **kw):
+        o, S2 = chunkwise(q, k, v, lg, S, **kw)
         return o * c, S2
 
     monkeypatch.setattr(ret_mod, "retention_chunkwise", scaled)

@@ -87,7 +87,7 @@ SHAPES = [  # (B, T, H, D)
 @pytest.mark.parametrize("init", [False, True], ids=["zero0", "init"])
 def test_torch_backend_matches_reference_float64(shape, dependent, init):
     x, ld, th, s0 = inputs(*shape, dependent=dependent, init=init)
-    y, fin = complex_scan(x, ld, th, s0, backend="torch")
+    y, fin = complex_scan(x, ld, th, s0, output_final_state=True, backend="torch")
     y_ref, fin_ref = complex_scan_reference(x, ld, th, s0)
     assert y.dtype == torch.float64 and fin.dtype == torch.float64
     assert_close_scaled(y, y_ref, 1e-12, "y")
@@ -97,7 +97,7 @@ def test_torch_backend_matches_reference_float64(shape, dependent, init):
 @pytest.mark.parametrize("chunk_size", [1, 5, 16, 64, 500])
 def test_torch_backend_any_chunk_size(chunk_size):
     x, ld, th, s0 = inputs(2, 97, 3, 8, dependent=True, init=True)
-    y, fin = complex_scan(x, ld, th, s0, backend="torch", chunk_size=chunk_size)
+    y, fin = complex_scan(x, ld, th, s0, output_final_state=True, backend="torch", chunk_size=chunk_size)
     y_ref, fin_ref = complex_scan_reference(x, ld, th, s0)
     assert_close_scaled(y, y_ref, 1e-12, "y")
     assert_close_scaled(fin, fin_ref, 1e-12, "final_state")
@@ -106,7 +106,7 @@ def test_torch_backend_any_chunk_size(chunk_size):
 @pytest.mark.parametrize("dependent", [False, True], ids=["static", "dependent"])
 def test_float32_within_float32_tolerance(dependent):
     x, ld, th, s0 = inputs(2, 300, 3, 16, dependent=dependent, init=True, dtype=torch.float32)
-    y, fin = complex_scan(x, ld.float(), th.float(), s0.float(), backend="torch")
+    y, fin = complex_scan(x, ld.float(), th.float(), s0.float(), output_final_state=True, backend="torch")
     assert y.dtype == torch.float32 and fin.dtype == torch.float32
     y_ref, fin_ref = complex_scan_reference(x.double(), ld.float().double(), th.float().double(), s0.float().double())
     assert_close_scaled(y, y_ref, 2e-5, "y")
@@ -116,7 +116,7 @@ def test_float32_within_float32_tolerance(dependent):
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_half_inputs_within_their_tolerance(dtype):
     x, ld, th, _ = inputs(2, 150, 3, 8, dependent=True, dtype=dtype)
-    y, fin = complex_scan(x, ld, th, backend="torch")
+    y, fin = complex_scan(x, ld, th, output_final_state=True, backend="torch")
     assert y.dtype == dtype and fin.dtype == torch.float32
     y_ref, fin_ref = complex_scan_reference(x.double(), ld.float().double(), th.float().double())
     # math is fp32; the only loss is rounding y to the half type (relative 2^-8 for bf16)
@@ -129,7 +129,7 @@ def test_half_inputs_within_their_tolerance(dtype):
 def test_extreme_decays(log_decay):
     x, _, th, s0 = inputs(2, 130, 3, 8, dependent=True, init=True)
     ld = torch.full_like(th, log_decay)
-    y, fin = complex_scan(x, ld, th, s0, backend="torch", chunk_size=32)
+    y, fin = complex_scan(x, ld, th, s0, output_final_state=True, backend="torch", chunk_size=32)
     y_ref, fin_ref = complex_scan_reference(x, ld, th, s0)
     assert_close_scaled(y, y_ref, 1e-12, "y")
     assert_close_scaled(fin, fin_ref, 1e-12, "final")
@@ -143,7 +143,7 @@ def test_broadcast_shapes(ld_shape, th_shape):
     x, _, _, s0 = inputs(2, 50, 3, 8, dependent=False, init=True)
     ld = -torch.rand(ld_shape, generator=gen(), dtype=torch.float64)
     th = torch.randn(th_shape, generator=gen(), dtype=torch.float64)
-    y, fin = complex_scan(x, ld, th, s0, backend="torch", chunk_size=8)
+    y, fin = complex_scan(x, ld, th, s0, output_final_state=True, backend="torch", chunk_size=8)
     y_ref, fin_ref = complex_scan_reference(x, ld, th, s0)
     assert_close_scaled(y, y_ref, 1e-12, "y")
     assert_close_scaled(fin, fin_ref, 1e-12, "final")
@@ -156,7 +156,7 @@ def test_poisoned_buffers_are_fully_written(monkeypatch):
     monkeypatch.setattr(chunked, "_empty", poisoned)
     x, ld, th, s0 = inputs(2, 45, 3, 6, dependent=True, init=True)
     leaves = [t.clone().requires_grad_() for t in (x, ld, th, s0)]
-    y, fin = complex_scan(*leaves[:3], leaves[3], backend="torch", chunk_size=8)  # 5 chunks + a tail of 5
+    y, fin = complex_scan(*leaves[:3], leaves[3], output_final_state=True, backend="torch", chunk_size=8)  # 5 chunks + a tail of 5
     y_ref, fin_ref = complex_scan_reference(x, ld, th, s0)
     assert_close_scaled(y, y_ref, 1e-12, "y")
     assert_close_scaled(fin, fin_ref, 1e-12, "final")
@@ -172,9 +172,9 @@ def test_poisoned_buffers_are_fully_written(monkeypatch):
 @pytest.mark.parametrize("split", [1, 17, 40])
 def test_continuation(backend, split):
     x, ld, th, s0 = inputs(2, 57, 3, 6, dependent=True, init=True)
-    y, fin = complex_scan(x, ld, th, s0, backend=backend)
-    y_a, fin_a = complex_scan(x[:, :split], ld[:, :split], th[:, :split], s0, backend=backend)
-    y_b, fin_b = complex_scan(x[:, split:], ld[:, split:], th[:, split:], fin_a, backend=backend)
+    y, fin = complex_scan(x, ld, th, s0, output_final_state=True, backend=backend)
+    y_a, fin_a = complex_scan(x[:, :split], ld[:, :split], th[:, :split], s0, output_final_state=True, backend=backend)
+    y_b, fin_b = complex_scan(x[:, split:], ld[:, split:], th[:, split:], fin_a, output_final_state=True, backend=backend)
     assert_close_scaled(torch.cat([y_a, y_b], 1), y, 1e-12, "concatenated outputs")
     assert_close_scaled(fin_b, fin, 1e-12, "final state")
 
@@ -182,7 +182,7 @@ def test_continuation(backend, split):
 @pytest.mark.parametrize("dependent", [False, True])
 def test_step_repeated_equals_scan(dependent):
     x, ld, th, s0 = inputs(2, 23, 3, 10, dependent=dependent, init=True)
-    y, fin = complex_scan(x, ld, th, s0, backend="torch")
+    y, fin = complex_scan(x, ld, th, s0, output_final_state=True, backend="torch")
     state = s0
     for t in range(x.shape[1]):
         ld_t = ld[:, t] if dependent else ld
@@ -213,7 +213,7 @@ def test_gradcheck_torch_backend(dependent, init, T, chunk):
         args.append(s0.requires_grad_())
 
     def fn(*a):
-        return complex_scan(a[0], a[1], a[2], a[3] if init else None, backend="torch", chunk_size=chunk)
+        return complex_scan(a[0], a[1], a[2], a[3] if init else None, output_final_state=True, backend="torch", chunk_size=chunk)
 
     assert torch.autograd.gradcheck(fn, tuple(args), eps=1e-6, atol=1e-8)
 
@@ -229,7 +229,7 @@ def test_float32_gradients_match_reference():
         y, fin = fn(*leaves)
         return torch.autograd.grad((y * gy.to(dtype)).sum() + (fin * gf.to(dtype)).sum(), leaves)
 
-    ours = grads(lambda *a: complex_scan(*a, backend="torch"), torch.float32)
+    ours = grads(lambda *a: complex_scan(*a, output_final_state=True, backend="torch"), torch.float32)
     ref = grads(complex_scan_reference, torch.float64)
     for name, g, r in zip(("x", "log_decay", "theta", "initial_state"), ours, ref):
         assert g.dtype == torch.float32
@@ -243,7 +243,7 @@ def test_float32_gradients_match_reference():
 
 def test_empty_sequence_returns_the_initial_state():
     x, ld, th, s0 = inputs(2, 0, 3, 4, dependent=False, init=True)
-    y, fin = complex_scan(x, ld, th, s0)
+    y, fin = complex_scan(x, ld, th, s0, output_final_state=True)
     assert y.shape == (2, 0, 3, 4)
     torch.testing.assert_close(fin, s0)
 

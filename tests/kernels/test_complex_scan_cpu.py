@@ -49,7 +49,7 @@ def both(leaves, ups, dtype, **kw):
         grads = torch.autograd.grad((y * ups[0].to(y.dtype)).sum() + (f * ups[1].to(f.dtype)).sum(), wrt)
         return (y, f, *grads)
 
-    ours = run(lambda *a: complex_scan(*a, backend="cpu", **kw), dtype)
+    ours = run(lambda *a: complex_scan(*a, output_final_state=True, backend="cpu", **kw), dtype)
     ref = run(complex_scan_reference, torch.float64)
     return ours, ref
 
@@ -96,7 +96,7 @@ def test_forward_and_gradients_match_reference(case, dtype):
 def test_gradcheck():
     leaves, _ = make(2, 9, 2, 6, "dep", "static", True)
     leaves = [t.requires_grad_() for t in leaves]
-    assert torch.autograd.gradcheck(lambda *a: complex_scan(*a, backend="cpu"), tuple(leaves))
+    assert torch.autograd.gradcheck(lambda *a: complex_scan(*a, output_final_state=True, backend="cpu"), tuple(leaves))
 
 
 @pytest.mark.parametrize("use", ["y", "final"])
@@ -110,7 +110,7 @@ def test_one_output_and_partial_grads(use):
         y, f = fn(x, ld, th, s0)
         return torch.autograd.grad((y * ups[0]).sum() if use == "y" else (f * ups[1]).sum(), (x, th))
 
-    for name, got, want in zip(("x", "theta"), grads(lambda *a: complex_scan(*a, backend="cpu")),
+    for name, got, want in zip(("x", "theta"), grads(lambda *a: complex_scan(*a, output_final_state=True, backend="cpu")),
                                grads(complex_scan_reference)):
         assert relative_error(got, want) < 1e-12, name
 
@@ -119,7 +119,7 @@ def test_one_output_and_partial_grads(use):
 def test_half_inputs(dtype):
     leaves, _ = make(2, 40, 3, 8, "dep", "dep", True)
     leaves[0] = leaves[0].to(dtype)
-    y, final = complex_scan(leaves[0], *(t.float() for t in leaves[1:]), backend="cpu")
+    y, final = complex_scan(leaves[0], *(t.float() for t in leaves[1:]), output_final_state=True, backend="cpu")
     assert y.dtype == dtype and final.dtype == torch.float32
     y_ref, _ = complex_scan_reference(leaves[0].double(), *(t.float().double() for t in leaves[1:]))
     unit = 2.0 ** -8 if dtype == torch.bfloat16 else 2.0 ** -11
@@ -129,14 +129,14 @@ def test_half_inputs(dtype):
 def test_continuation_and_threads():
     leaves, _ = make(3, 200, 4, 70, "dep", "dep", True)  # large enough to run threaded
     x, ld, th, s0 = leaves
-    y, f = complex_scan(x, ld, th, s0, backend="cpu")
-    y_a, f_a = complex_scan(x[:, :77], ld[:, :77], th[:, :77], s0, backend="cpu")
-    y_b, f_b = complex_scan(x[:, 77:], ld[:, 77:], th[:, 77:], f_a, backend="cpu")
+    y, f = complex_scan(x, ld, th, s0, output_final_state=True, backend="cpu")
+    y_a, f_a = complex_scan(x[:, :77], ld[:, :77], th[:, :77], s0, output_final_state=True, backend="cpu")
+    y_b, f_b = complex_scan(x[:, 77:], ld[:, 77:], th[:, 77:], f_a, output_final_state=True, backend="cpu")
     assert torch.equal(torch.cat([y_a, y_b], 1), y) and torch.equal(f_b, f)
     threads = torch.get_num_threads()
     try:
         torch.set_num_threads(1)
-        y1, f1 = complex_scan(x, ld, th, s0, backend="cpu")
+        y1, f1 = complex_scan(x, ld, th, s0, output_final_state=True, backend="cpu")
     finally:
         torch.set_num_threads(threads)
     assert torch.equal(y1, y) and torch.equal(f1, f)  # rows are independent: bitwise the same

@@ -410,7 +410,7 @@ def test_public_interface_uses_this_backend():
     complex_scan = pytest.importorskip("hybrid.kernels.complex_scan").complex_scan
     x, _, th, s0 = make_inputs(95, 2, 12, 3, 6, "static", "dep", True)
     ld = -torch.rand(3, 3, generator=torch.Generator().manual_seed(96))  # (H, P)
-    y, f = complex_scan(x.to(DEVICE), ld.to(DEVICE), th.to(DEVICE), s0.to(DEVICE), backend="triton")
+    y, f = complex_scan(x.to(DEVICE), ld.to(DEVICE), th.to(DEVICE), s0.to(DEVICE), output_final_state=True, backend="triton")
     yr, fr = scan_reference(x, ld, th, s0)
     assert_scaled(y.cpu(), yr, what="y")
     assert_scaled(f.cpu(), fr, what="final")

@@ -1,7 +1,8 @@
 """The retention op: chunkwise form and one-token step against the float64 parallel form (the reference).
 
 Float64 inputs, fresh random values, odd lengths that leave a short last tile, tiles from 1 token to longer
-than the sequence, with and without an incoming state, outputs, final state and every gradient. Values
+than the sequence, with and without an incoming state, outputs, final state and every gradient. Packed
+sequences (cu_seqlens) and torch.compile: tests/kernels/test_retention_varlen.py. Values
 are compared by the relative error max|err| / max|ref| per tensor.
 """
 from __future__ import annotations
@@ -53,8 +54,8 @@ def test_chunkwise_matches_parallel_form(case, state):
     *shape, chunk = case
     inputs = make(*shape, state)
     leaves = [t.requires_grad_() for t in inputs if t is not None and t.dim() > 1]
-    o, S = retention_chunkwise(*inputs, retention_chunk=chunk)
-    o_ref, S_ref = retention_reference(*inputs)
+    o, S = retention_chunkwise(*inputs, output_final_state=True, retention_chunk=chunk)
+    o_ref, S_ref = retention_reference(*inputs, output_final_state=True)
     assert o.shape == o_ref.shape and S.shape == S_ref.shape
     assert relative_error(o, o_ref) < 1e-12 and relative_error(S, S_ref) < 1e-12
     go, gS = torch.randn(o.shape, generator=gen(), dtype=F64), torch.randn(S.shape, generator=gen(), dtype=F64)
@@ -67,14 +68,15 @@ def test_chunkwise_matches_parallel_form(case, state):
 def test_chunkwise_gradcheck():
     q, k, v, lg, S = make(1, 11, 2, 4, 2, True)
     leaves = (q.requires_grad_(), k.requires_grad_(), v.requires_grad_(), S.requires_grad_())
-    assert torch.autograd.gradcheck(lambda q, k, v, S: retention_chunkwise(q, k, v, lg, S, retention_chunk=4),
+    assert torch.autograd.gradcheck(lambda q, k, v, S: retention_chunkwise(q, k, v, lg, S, output_final_state=True,
+                                                                                 retention_chunk=4),
                                     leaves)
 
 
 @pytest.mark.parametrize("state", [False, True])
 def test_steps_match_parallel_form(state):
     q, k, v, lg, S0 = make(2, 23, 3, 6, 4, state)
-    o_ref, S_ref = retention_reference(q, k, v, lg, S0)
+    o_ref, S_ref = retention_reference(q, k, v, lg, S0, output_final_state=True)
     S, outs = S0, []
     for t in range(q.shape[1]):
         o_t, S = retention_step(q[:, t], k[:, t], v[:, t], lg, S)
@@ -84,18 +86,20 @@ def test_steps_match_parallel_form(state):
 
 def test_continuing_in_pieces():
     q, k, v, lg, S0 = make(2, 100, 2, 4, 4, True)
-    o_ref, S_ref = retention_reference(q, k, v, lg, S0)
+    o_ref, S_ref = retention_reference(q, k, v, lg, S0, output_final_state=True)
     S, outs = S0, []
     for a, b in ((0, 37), (37, 38), (38, 100)):
-        o, S = retention_chunkwise(q[:, a:b], k[:, a:b], v[:, a:b], lg, S, retention_chunk=16)
+        o, S = retention_chunkwise(q[:, a:b], k[:, a:b], v[:, a:b], lg, S, output_final_state=True,
+                                   retention_chunk=16)
         outs.append(o)
     assert relative_error(torch.cat(outs, 1), o_ref) < 1e-12 and relative_error(S, S_ref) < 1e-12
 
 
 def test_float32_close_to_float64():
     q, k, v, lg, S = make(2, 300, 2, 8, 8, True)
-    o_ref, S_ref = retention_reference(q, k, v, lg, S)
-    o, S32 = retention_chunkwise(*(t.float() for t in (q, k, v, lg, S)))
+    o_ref, S_ref = retention_reference(q, k, v, lg, S, output_final_state=True)
+    o, S32 = retention_chunkwise(*(t.float() for t in (q, k, v, lg, S)), output_final_state=True)
+    assert o.dtype == S32.dtype == torch.float32
     assert relative_error(o.double(), o_ref) < 1e-5 and relative_error(S32.double(), S_ref) < 1e-5
 
 
@@ -107,7 +111,24 @@ def test_bad_retention_chunk(bad):
 
 def test_empty_sequence_passes_the_state():
     q, k, v, lg, S = make(2, 0, 3, 4, 6, True)
-    o, S2 = retention_chunkwise(q, k, v, lg, S)
-    assert o.shape == (2, 0, 3, 6) and torch.equal(S2, S)
-    _, S0 = retention_chunkwise(q, k, v, lg)
+    o, S2 = retention_chunkwise(q, k, v, lg, S, output_final_state=True)
+    assert o.shape == (2, 0, 3, 6) and torch.equal(S2, S) and S2.data_ptr() != S.data_ptr()  # a copy
+    _, S0 = retention_chunkwise(q, k, v, lg, output_final_state=True)
     assert S0.shape == (2, 3, 4, 6) and not S0.any()
+    assert retention_chunkwise(q, k, v, lg, S)[1] is None
+
+
+@pytest.mark.parametrize("form", [retention_chunkwise, retention_reference])
+def test_final_state_only_when_asked(form):
+    q, k, v, lg, S = make(2, 9, 2, 4, 6, True)
+    o, final = form(q, k, v, lg, S)
+    assert final is None
+    o2, final2 = form(q, k, v, lg, S, output_final_state=True)
+    assert torch.equal(o, o2) and final2.shape == (2, 2, 4, 6)
+
+
+def test_bfloat16_inputs_keep_their_dtype_and_a_float32_state():
+    q, k, v, lg, S = make(1, 70, 2, 4, 4, True)
+    o, final = retention_chunkwise(q.bfloat16(), k.bfloat16(), v.bfloat16(), lg.float(), S.float(),
+                                   output_final_state=True, retention_chunk=16)
+    assert o.dtype == torch.bfloat16 and final.dtype == torch.float32

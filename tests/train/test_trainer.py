@@ -56,8 +56,9 @@ def test_a_few_steps_lower_the_loss(corpus, tmp_path):
     assert result.model_config.vocab_size == 320  # 259 byte tokens rounded up to a multiple of 64
 
 
-def test_exact_resume_is_bit_exact(corpus, tmp_path):
-    config = dict(steps=8, batch_size=2, grad_accum=2, save_every=4, eval_every=4)
+@pytest.mark.parametrize("packing", ["documents", "stream"])
+def test_exact_resume_is_bit_exact(corpus, tmp_path, packing):
+    config = dict(steps=8, batch_size=2, grad_accum=2, save_every=4, eval_every=4, packing=packing)
     full = run(tiny(corpus, tmp_path / "full", **config))
     with pytest.raises(Stop):  # interrupted after step 6: the checkpoint of step 4 survives
         run(tiny(corpus, tmp_path / "cut", **config), on_log=stop_at(6))
@@ -172,7 +173,8 @@ def test_global_batches_do_not_depend_on_the_rank_layout(corpus):
     two = [GlobalBatches(data, seq_len=16, batch_size=1, grad_accum=2, seed=3, rank=r, world_size=2)
            for r in range(2)]
     for _ in range(3):
-        (x, y), = one.next_step()
+        (x, y, cu), = one.next_step()
+        assert cu is None  # packing="stream" (GlobalBatches' default)
         parts = [two[r].next_step() for r in range(2)]
         rows = torch.cat([parts[r][a][0] for a in range(2) for r in range(2)])  # micro a, rank r
         assert torch.equal(rows, x)
@@ -180,9 +182,24 @@ def test_global_batches_do_not_depend_on_the_rank_layout(corpus):
     assert state["samples_total"] == 12 and state["samples_in_epoch"] == 12
     half = GlobalBatches(data, seq_len=16, batch_size=2, grad_accum=1, seed=3)
     assert half.load_state_dict(state)  # 12 is a multiple of 2: exact
-    (x_half, _), = half.next_step()
-    (x_one, _), = one.next_step()
+    (x_half, _, _), = half.next_step()
+    (x_one, _, _), = one.next_step()
     assert torch.equal(x_half, x_one[:2])
+
+
+def test_global_batches_packed_by_documents(corpus):
+    """packing="documents": each micro-batch is one row with an offset at every window start and every eos."""
+    data = prepare_data(str(corpus))
+    stream = GlobalBatches(data, seq_len=16, batch_size=4, grad_accum=1, seed=3)
+    packed = GlobalBatches(data, seq_len=16, batch_size=4, grad_accum=1, seed=3, packing="documents")
+    eos = data.tokenizer.eos_id
+    for _ in range(3):
+        (x, y, _), = stream.next_step()
+        (px, py, cu), = packed.next_step()
+        assert torch.equal(px, x.reshape(1, -1)) and torch.equal(py, y.reshape(1, -1))
+        starts = set(cu[:-1].tolist())
+        want = {r * 16 for r in range(4)} | {i for i in range(64) if i % 16 and int(px[0, i]) == eos}
+        assert starts == want and int(cu[-1]) == 64 and cu.dtype == torch.int64
 
 
 def test_resume_keeps_the_global_batch_on_a_new_rank_count():
@@ -198,3 +215,43 @@ def test_resume_keeps_the_global_batch_on_a_new_rank_count():
     assert config.steps == 5000 and config.eval_every == 7 and config.out == "x"
     with pytest.raises(ValueError, match="model: cannot change"):
         resume_config(saved, saved_global_batch=4, world_size=1, out="x", model={"n_layers": 2})
+
+
+def test_documents_packing_feeds_document_offsets_to_training_and_validation(corpus, tmp_path, monkeypatch):
+    """packing="documents": every forward of training and validation gets the windows as one packed row with
+    an offset at each window start and each eos, and builds no decoding state; "stream" passes no offsets."""
+    seen = []
+    original = HybridLM.forward
+
+    def spy(self, ids, *args, cu_seqlens=None, output_final_state=True, **kw):
+        seen.append((tuple(ids.shape), None if cu_seqlens is None else cu_seqlens.tolist(), output_final_state,
+                     ids[0].tolist()))
+        return original(self, ids, *args, cu_seqlens=cu_seqlens, output_final_state=output_final_state, **kw)
+
+    monkeypatch.setattr(HybridLM, "forward", spy)
+    docs = run(tiny(corpus, tmp_path / "docs", steps=3, eval_every=3, save_every=0, packing="documents"))
+    packed = [s for s in seen if s[0][1] > 1]
+    assert packed and all(s[0][0] == 1 and s[1] is not None and s[2] is False for s in packed)
+    eos = prepare_data(str(corpus)).tokenizer.eos_id
+    for shape, cu, _, ids in packed:
+        L = 32 if shape[1] % 32 == 0 else shape[1]
+        want = sorted({i for i in range(0, shape[1], L)} | {i for i, t in enumerate(ids) if t == eos and i % L})
+        assert cu[:-1] == want and cu[-1] == shape[1]
+    assert any(len(cu) > shape[1] // 32 + 1 for shape, cu, _, _ in packed)  # some window holds a document start
+    seen.clear()
+    stream = run(tiny(corpus, tmp_path / "stream", steps=3, eval_every=3, save_every=0, packing="stream"))
+    assert seen and all(s[1] is None and s[2] is False for s in seen)
+    assert docs.losses[1] == stream.losses[1] or docs.losses[3] != stream.losses[3]  # the contexts differ
+
+
+def test_runs_saved_before_packing_resume_on_the_stream(corpus, tmp_path):
+    run(tiny(corpus, tmp_path / "old", steps=4, save_every=2, packing="stream"))
+    ckpt = load_checkpoint(tmp_path / "old")
+    record = dict(ckpt.extra["train_config"])
+    del record["packing"]  # as a checkpoint of an earlier release records it
+    ck.save_checkpoint(tmp_path / "old", model_state=ckpt.model_state, config=ckpt.config,
+                       optimizer_state=ckpt.optimizer_state, scheduler_state=ckpt.scheduler_state,
+                       rng_state=ckpt.rng_state, data_state=ckpt.data_state, step=ckpt.step,
+                       extra={**ckpt.extra, "train_config": record})
+    trainer = Trainer.from_checkpoint(tmp_path / "old", steps=6, trainer_kwargs=dict(verbose=0))
+    assert trainer.config.packing == "stream"

@@ -3,7 +3,7 @@ import inspect
 
 import pytest
 
-pytest.importorskip("transformers", reason="transformers not installed (pip install 'hybrid[hf]')")
+pytest.importorskip("transformers", reason="transformers not installed (pip install 'hybrid-lm[hf]')")
 
 import transformers  # noqa: E402
 from packaging.version import Version  # noqa: E402

@@ -1,0 +1,112 @@
+"""Public entry point of the causal depthwise conv: argument checks and the choice of the way to compute it.
+
+    y[t, c] = bias[c] + Σ_{k<W} weight[c, k] · u[t + k, c],    u = [tail; x]   (tail: the last W−1 inputs)
+
+so `weight[:, W−1]` multiplies the current input (the layout of `causal_conv1d`, weights interchangeable).
+The state is the tail `(B, W−1, C)` (zeros at stream start), in x's dtype: it holds raw inputs, so carrying it
+is lossless, and a call on a then a call on b with a's final state equals one call on a ++ b.
+
+Ways ("backend"):
+    "causal_conv1d"  the `causal_conv1d` package's kernels (`fused.py`; CUDA, 2 ≤ W ≤ 4, C % 8 == 0,
+                     float32 / float16 / bfloat16, when the package imports)
+    "torch"          `F.conv1d(groups=C)` over `[tail; x]` (`depthwise.py`), any device and dtype
+    "reference"      an explicit loop over time (`reference.py`): tests only
+None / "auto" takes `select_conv_backend`'s choice: "causal_conv1d" where it fits, else "torch"; `$HYBRID_CONV_BACKEND`
+= "torch" (or `FORCE_TORCH = True`) forces "torch".
+"""
+from __future__ import annotations
+
+import os
+
+import torch
+from torch import Tensor
+
+from ..varlen import check_cu_seqlens
+from .depthwise import causal_conv1d_torch
+from .fused import causal_conv1d_fused, causal_conv1d_module, shape_and_dtypes_fit
+from .reference import causal_conv1d_reference
+
+BACKENDS = ("causal_conv1d", "torch", "reference")
+BACKEND_ENV = "HYBRID_CONV_BACKEND"  # "auto" (default) or "torch"
+FORCE_TORCH = False
+_FORMS = {"causal_conv1d": causal_conv1d_fused, "torch": causal_conv1d_torch, "reference": causal_conv1d_reference}
+
+
+def select_conv_backend(device, channels: int, width: int, *dtypes: torch.dtype) -> str:
+    """'causal_conv1d' when forced off neither by `$HYBRID_CONV_BACKEND` nor `FORCE_TORCH`, the device is
+    CUDA, the shape and dtypes (of x and weight) suit the kernel and the package imports; else 'torch'."""
+    choice = os.environ.get(BACKEND_ENV, "auto").strip().lower() or "auto"
+    if choice not in ("auto", "torch"):
+        raise ValueError(f"${BACKEND_ENV}: expected 'auto' or 'torch', got {choice!r}")
+    if FORCE_TORCH or choice == "torch" or torch.device(device).type != "cuda":
+        return "torch"
+    if not shape_and_dtypes_fit(channels, width, *dtypes):
+        return "torch"
+    return "causal_conv1d" if causal_conv1d_module() is not None else "torch"
+
+
+def resolve_conv_backend(backend: str | None, x: Tensor, weight: Tensor) -> str:
+    """`backend` as asked ("causal_conv1d" only needs the package to import: its kernels check the rest), or
+    `select_conv_backend`'s choice for None / "auto"."""
+    if backend is None or backend == "auto":
+        return select_conv_backend(x.device, x.shape[-1], weight.shape[1], x.dtype, weight.dtype)
+    if backend not in BACKENDS:
+        raise ValueError(f"backend: expected one of {BACKENDS} or 'auto', got {backend!r}")
+    if backend == "causal_conv1d" and causal_conv1d_module() is None:
+        raise ValueError("backend: 'causal_conv1d' needs the causal_conv1d package (pip install "
+                         "'causal-conv1d>=1.4'), which does not import here")
+    return backend
+
+
+def check_weight_bias(weight, bias, channels: int | None = None) -> None:
+    if not isinstance(weight, Tensor) or weight.dim() != 2 or weight.shape[1] < 1 or (
+            channels is not None and weight.shape[0] != channels):
+        got = tuple(weight.shape) if isinstance(weight, Tensor) else type(weight).__name__
+        raise ValueError(f"weight: expected shape (C={channels if channels is not None else 'C'}, W ≥ 1), got {got}")
+    C = weight.shape[0]
+    if bias is not None and (not isinstance(bias, Tensor) or tuple(bias.shape) != (C,)):
+        got = tuple(bias.shape) if isinstance(bias, Tensor) else type(bias).__name__
+        raise ValueError(f"bias: expected None or shape (C={C},), got {got}")
+
+
+def check_state(name: str, state, rows: int, weight: Tensor, what: str) -> None:
+    want = (rows, weight.shape[1] - 1, weight.shape[0])
+    if state is not None and (not isinstance(state, Tensor) or tuple(state.shape) != want):
+        got = tuple(state.shape) if isinstance(state, Tensor) else type(state).__name__
+        raise ValueError(f"{name}: expected None or shape {want} ({what}, W−1, C), got {got}")
+
+
+def causal_conv1d(
+    x: Tensor, weight: Tensor, bias: Tensor | None = None, initial_state: Tensor | None = None, *,
+    output_final_state: bool = False, cu_seqlens: Tensor | None = None, backend: str | None = None,
+) -> tuple[Tensor, Tensor | None]:
+    """Causal depthwise conv1d, differentiable in x, weight, bias and initial_state.
+
+    Args:
+        x: `(B, T, C)`; `(1, total_T, C)` with `cu_seqlens`.
+        weight: `(C, W)`, `weight[:, W−1]` multiplying the current input. bias: `(C,)` or None.
+        initial_state: the W−1 inputs before x, `(B, W−1, C)`, or per packed sequence `(N, W−1, C)`;
+            None: zeros (stream start).
+        output_final_state: return the last W−1 inputs of each row / sequence (including entries of its
+            initial state when it is shorter than W−1); training passes False.
+        cu_seqlens: `(N+1,)` offsets of N sequences packed into x (`hybrid.kernels.varlen`); no tap crosses a
+            sequence boundary.
+        backend: None / "auto", "causal_conv1d", "torch", "reference" (module docstring).
+    Returns:
+        y `(B, T, C)` in x's dtype (computed in the promoted dtype of x and weight), and the final state
+        `(B | N, W−1, C)` in x's dtype, or None.
+    """
+    if not isinstance(x, Tensor) or x.dim() != 3 or not x.is_floating_point():
+        got = f"{tuple(x.shape)} {x.dtype}" if isinstance(x, Tensor) else type(x).__name__
+        raise ValueError(f"x: expected a floating tensor of shape (B, T, C), got {got}")
+    check_weight_bias(weight, bias, x.shape[2])
+    rows = x.shape[0]
+    if cu_seqlens is not None:
+        check_cu_seqlens(cu_seqlens, x.shape[1], x.device, "cu_seqlens", batch=x.shape[0])
+        rows = cu_seqlens.numel() - 1
+    check_state("initial_state", initial_state, rows, weight, "N" if cu_seqlens is not None else "B")
+    if x.shape[1] == 0:
+        final = x.new_zeros(rows, weight.shape[1] - 1, x.shape[2]) if initial_state is None else initial_state
+        return x.new_zeros(x.shape), (final.to(x.dtype) if output_final_state else None)
+    form = _FORMS[resolve_conv_backend(backend, x, weight)]
+    return form(x, weight, bias, initial_state, output_final_state=bool(output_final_state), cu_seqlens=cu_seqlens)

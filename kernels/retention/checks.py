@@ -1,0 +1,63 @@
+"""Argument checks shared by the retention forms: one line each, ``name: expected …, got …``.
+
+``check_cu_seqlens`` is the shared one of every op (``hybrid.kernels.varlen``): its value checks read the
+offsets back (one device sync) and are skipped while ``torch.compile`` traces. The static checks (shapes,
+dtypes, devices) always run: they cost nothing and trace cleanly.
+"""
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from ..varlen import check_cu_seqlens as _check_cu_seqlens
+
+FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
+
+
+def state_dtype(dtype: torch.dtype) -> torch.dtype:
+    """Recurrent states and decays are float32, or float64 when the activations are float64."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def check_qkv(q, k, v, log_gamma) -> None:
+    """q, k ``(B, T, H, Dk)``, v ``(B, T, H, Dv)``, log_gamma ``(H,)``, all floating, on one device."""
+    for name, x in (("q", q), ("k", k), ("v", v), ("log_gamma", log_gamma)):
+        if not isinstance(x, Tensor):
+            raise ValueError(f"{name}: expected a torch.Tensor, got {type(x).__name__}")
+        if x.dtype not in FLOAT_DTYPES:
+            raise ValueError(f"{name}: expected a floating dtype, got {x.dtype}")
+        if x.device != q.device:
+            raise ValueError(f"{name}: expected a tensor on {q.device} (the device of q), got {x.device}")
+    if q.dim() != 4:
+        raise ValueError(f"q: expected shape (B, T, H, Dk), got {tuple(q.shape)}")
+    if k.shape != q.shape:
+        raise ValueError(f"k: expected shape {tuple(q.shape)} (the shape of q), got {tuple(k.shape)}")
+    if v.dim() != 4 or v.shape[:3] != q.shape[:3]:
+        raise ValueError(f"v: expected shape {tuple(q.shape[:3])} + (Dv,), got {tuple(v.shape)}")
+    if log_gamma.shape != (q.shape[2],):
+        raise ValueError(f"log_gamma: expected shape ({q.shape[2]},), got {tuple(log_gamma.shape)}")
+
+
+def check_cu_seqlens(cu_seqlens, q: Tensor) -> None:
+    """``(N+1,)`` integer offsets on q's device: 0, strictly increasing, ending at total_T; q is ``(1, total_T, …)``.
+    The shared check of every op (``hybrid.kernels.varlen``)."""
+    _check_cu_seqlens(cu_seqlens, q.shape[1], q.device, "cu_seqlens", batch=q.shape[0])
+
+
+def check_state(state, name: str, shape: tuple[int, ...], q: Tensor, layout: str = "(B, H, Dk, Dv)") -> None:
+    """None, or a floating tensor of ``shape`` on q's device."""
+    if state is None:
+        return
+    if not isinstance(state, Tensor):
+        raise ValueError(f"{name}: expected None or a torch.Tensor of shape {shape}, got {type(state).__name__}")
+    if tuple(state.shape) != shape:
+        raise ValueError(f"{name}: expected shape {layout} = {shape}, got {tuple(state.shape)}")
+    if state.dtype not in FLOAT_DTYPES:
+        raise ValueError(f"{name}: expected a floating dtype, got {state.dtype}")
+    if state.device != q.device:
+        raise ValueError(f"{name}: expected a tensor on {q.device} (the device of q), got {state.device}")
+
+
+def check_retention_chunk(retention_chunk) -> None:
+    if isinstance(retention_chunk, bool) or not isinstance(retention_chunk, int) or retention_chunk < 1:
+        raise ValueError(f"retention_chunk: expected a positive int, got {retention_chunk!r}")
