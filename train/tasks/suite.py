@@ -1,18 +1,20 @@
 """The synthetic suites: which models, which tasks, which budgets, and the report.
 
-Suites: ``state-tracking`` (parity, mod5, mod5-brackets), ``mqar`` (the Zoology grid at two widths), ``all``.
+Suites: ``state-tracking`` (parity, mod5, mod5-brackets), ``mqar`` (the Zoology grid at two widths), ``all`` (those
+two); ``passkey`` and ``passkey-text`` have their own models, budgets and report (``passkey_suite``).
 Every model runs every learning rate of the budget's grid and every seed; the report keeps, per task and model,
 the learning rate with the best in-distribution (validation) accuracy, as the papers pick the best of a grid.
 """
 from __future__ import annotations
 
 import dataclasses
-import math
 from pathlib import Path
 
 from hybrid.models import PRESETS
 
 from ..suite import Budget, RunSpec, fmt_mean_std, markdown_table, mean_std, plot_lines, run_suite, write_report
+from . import passkey_suite
+from .selection import summarise
 from .train import TaskRunConfig, train_task
 
 # model name -> (preset, HybridConfig overrides)
@@ -33,6 +35,7 @@ MODELS = {
 TASK_MODEL = {"mqar": {"tie_embeddings": False}}
 SUITES = {"state-tracking": ("parity", "mod5", "mod5-brackets"), "mqar": ("mqar",)}
 SUITES["all"] = SUITES["state-tracking"] + SUITES["mqar"]
+SUITES.update(passkey_suite.SUITES)  # not in "all": its own models and budgets
 
 # task -> [(model, test point, accuracy it should reach)]: the state-tracking claims the suite checks
 TARGETS = {"parity": [("vo-rnn-data", "256", 0.99), ("vo-rnn-data-selective", "256", 0.99)]}
@@ -65,8 +68,11 @@ BUDGETS = {
 }
 
 
-def budget_for(name: str, *, steps=None, seq_len=None, seeds=None, models=None) -> Budget:
-    """The named budget with the command line's overrides; ``steps`` sets every task's steps (MQAR's too)."""
+def budget_for(name: str, *, steps=None, seq_len=None, seeds=None, models=None, suite: str | None = None) -> Budget:
+    """The named budget with the command line's overrides; ``steps`` sets every task's steps (MQAR's too).
+    ``suite``: the suite or single task the budget is for (the passkey ones have their own table)."""
+    if suite in passkey_suite.SUITES or suite in passkey_suite.TASKS:
+        return passkey_suite.budget_for(name, steps=steps, seq_len=seq_len, seeds=seeds, models=models)
     if name not in BUDGETS:
         raise ValueError(f"budget: expected one of {list(BUDGETS)}, got {name!r}")
     budget = BUDGETS[name].override(steps=steps, seq_len=seq_len, seeds=seeds, models=models, known_models=MODELS)
@@ -77,6 +83,8 @@ def budget_for(name: str, *, steps=None, seq_len=None, seeds=None, models=None) 
 
 def task_params(budget: Budget, task: str) -> dict:
     """The generator parameters a budget sets for ``task``; ``seq_len`` is the longest training length."""
+    if task in passkey_suite.TASKS:
+        return passkey_suite.task_params(budget)
     given = budget.extra.get("task_params", {})
     if task == "mqar":
         return dict(given.get("mqar", {}))
@@ -90,7 +98,9 @@ def task_params(budget: Budget, task: str) -> dict:
 def model_shape(budget: Budget, task: str, preset: str, width: int | None = None) -> dict:
     """The HybridConfig overrides of ``preset`` on ``task``: d_model, n_layers and n_heads (the budget's depth for
     the task, but at least one full pattern of the preset: the hybrid's "RRA" needs three layers to hold its
-    attention layer), plus the task's own (``TASK_MODEL``)."""
+    attention layer), plus the task's own (``TASK_MODEL``; passkey: ``passkey_suite.model_shape``)."""
+    if task in passkey_suite.TASKS:
+        return passkey_suite.model_shape(budget, preset)
     depth = budget.extra.get("mqar_layers", budget.n_layers) if task == "mqar" else budget.n_layers
     return {"d_model": width or budget.d_model, "n_layers": max(depth, len(PRESETS[preset]["pattern"])),
             "n_heads": budget.n_heads, **TASK_MODEL.get(task, {})}
@@ -107,7 +117,10 @@ def task_lrs(budget: Budget, task: str) -> tuple[float, ...]:
 
 
 def curriculum_steps(budget: Budget, task: str, steps: int) -> int:
-    """How many of a run's ``steps`` train on the task's easiest setting first (MQAR: ``mqar_curriculum``)."""
+    """How many of a run's ``steps`` train on the task's easiest setting first (MQAR: ``mqar_curriculum``;
+    passkey: its budget's ``curriculum``)."""
+    if task in passkey_suite.TASKS:
+        return passkey_suite.curriculum_steps(budget, steps)
     fraction = budget.extra.get("mqar_curriculum", 0.0) if task == "mqar" else 0.0
     return int(round(fraction * steps))
 
@@ -120,6 +133,8 @@ def build_specs(suite: str, budget: Budget, *, device: str = "auto") -> list[Run
     """Every run of ``suite`` under ``budget``: task × (width) × model × lr × seed."""
     if suite not in SUITES:
         raise ValueError(f"suite: expected one of {sorted(SUITES)}, got {suite!r}")
+    if suite in passkey_suite.SUITES:
+        return passkey_suite.build_specs(suite, budget, device=device)
     specs = []
     for task in SUITES[suite]:
         widths = budget.extra.get("mqar_widths", [budget.d_model]) if task == "mqar" else [budget.d_model]
@@ -149,40 +164,6 @@ def execute(spec: RunSpec, run_dir: Path, advance) -> dict:
 
 
 # ---------------------------------------------------------------------------------------------------- report
-
-
-def _best_lrs(records: list[dict]) -> list[float]:
-    """The learning rates whose seeds have the best mean validation accuracy (then the lower validation loss).
-    An exact tie (say, accuracy 1.0 and loss 0.0 in float32 for two rates) keeps every tied rate: validation
-    cannot choose between them, so the report shows each rather than one picked by the order of the grid."""
-    by_lr: dict[float, list[dict]] = {}
-    for r in records:
-        by_lr.setdefault(r["config"]["lr"], []).append(r["metrics"])
-
-    def key(lr):
-        acc, _ = mean_std(m["valid_accuracy"] for m in by_lr[lr])
-        loss, _ = mean_std(m["valid_loss"] for m in by_lr[lr])
-        return (-(acc if math.isfinite(acc) else -1.0), loss if math.isfinite(loss) else math.inf)
-
-    keys = {lr: key(lr) for lr in by_lr}
-    best = min(keys.values())
-    return sorted(lr for lr, k in keys.items() if k == best)
-
-
-def summarise(records: list[dict]) -> dict:
-    """{task_label: {model: [{"lr", "records", "tied"}, …]}}: the best learning rate's records per model, one
-    entry per rate when several tie exactly on validation."""
-    grouped: dict[str, dict[str, list[dict]]] = {}
-    for r in records:
-        grouped.setdefault(r["config"]["task_label"], {}).setdefault(r["model"], []).append(r)
-    out = {}
-    for task_label, models in grouped.items():
-        out[task_label] = {}
-        for model, recs in models.items():
-            lrs = _best_lrs(recs)
-            out[task_label][model] = [{"lr": lr, "records": [r for r in recs if r["config"]["lr"] == lr],
-                                       "tied": len(lrs) > 1} for lr in lrs]
-    return out
 
 
 def write_suite_report(out, suite: str, budget: Budget, records: list[dict]) -> Path:
@@ -249,6 +230,8 @@ def write_suite_report(out, suite: str, budget: Budget, records: list[dict]) -> 
 
 def run_synthetic_suite(suite: str, budget: Budget, out, *, device: str = "auto", verbose: bool = True) -> Path:
     """Run (or resume) the suite and write ``report.md``; returns its path."""
+    if suite in passkey_suite.SUITES:
+        return passkey_suite.run_passkey_suite(suite, budget, out, device=device, verbose=verbose)
     specs = build_specs(suite, budget, device=device)
     records = run_suite(out, specs, execute, suite=suite, verbose=verbose)
     return write_suite_report(out, suite, budget, records)

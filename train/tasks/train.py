@@ -124,8 +124,11 @@ def accuracy(model: HybridLM, batch: Batch, score: str, device: torch.device, ch
 
 
 def evaluate_task(model: HybridLM, task: Task, eval_size: int, device: torch.device) -> dict:
-    """Accuracy (raw and scaled) at every test point, on the shared test sequences."""
+    """Accuracy (raw and scaled) at every test point, on the shared test sequences. A task with an ``evaluate``
+    method of its own scores itself (passkey: its test set, long sequences in chunked mode)."""
     model.eval()
+    if hasattr(task, "evaluate"):
+        return task.evaluate(model, eval_size, device)
     out = {"accuracy": {}, "scaled_accuracy": {}, "test_loss": {}}
     for i, point in enumerate(task.test_points()):
         acc, loss = accuracy(model, task.test_batch(point, eval_size, rng_of(TEST_SEED + i)), task.score, device)
@@ -187,6 +190,8 @@ def train_task(config: TaskRunConfig, out, *, on_step=None) -> dict:
                     scheduler_state=None, rng_state=None, data_state=None, step=step,
                     extra={"task": task.to_json(), "task_run": config.to_dict()})
     (out / RESULTS_FILE).write_text(json.dumps(results, indent=1))
+    if hasattr(task, "write_figures"):  # passkey: the run's needle-in-a-haystack heatmap
+        task.write_figures(out, results)
     return results
 
 
