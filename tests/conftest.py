@@ -61,11 +61,20 @@ def one_torch_thread():
 
 
 # CI installs every optional extra (.ci/run sets HYBRID_NO_SKIPS=1): there a test that skips for a missing
-# package is a check that silently did not run, so it fails instead. Only the GPU's absence may skip.
+# package is a check that silently did not run, so it fails instead. Only the GPU's absence may skip, and the
+# packages CI deliberately leaves out, each registered here with the reason its skip gives (the same string).
+ALLOWED_SKIPS = (
+    # wandb: in the `wandb` extra, not in `test` (62 MB, a Go service per run, a dozen dependencies, and the
+    # test reads its private run-file format; pyproject.toml); tests/train/test_tracking.py skips its W&B test.
+    "wandb not installed (the wandb extra is not in the test extra)",
+)
+
+
 def _skip_is_a_failure(report) -> bool:
     if os.environ.get("HYBRID_NO_SKIPS") != "1" or not report.skipped or hasattr(report, "wasxfail"):
         return False
-    return "cuda" not in str(report.longrepr).lower()
+    reason = str(report.longrepr)
+    return "cuda" not in reason.lower() and not any(allowed in reason for allowed in ALLOWED_SKIPS)
 
 
 def _fail_skip(report):

@@ -1,5 +1,6 @@
 """The library installs one top-level name, ``hybrid``: the collisions with users' own ``train.py``,
-``models/`` and ``kernels/`` (and with the published ``kernels`` distribution) cannot happen.
+``models/`` and ``kernels/`` (and with the published ``kernels`` distribution) cannot happen. The distribution
+is named ``hybrid-lm`` (``hybrid`` on the package index is an unrelated project); the import name is ``hybrid``.
 
 Each check runs Python in a subprocess from a directory outside the repository, so that nothing of the
 checkout is on ``sys.path`` except through the install itself.
@@ -47,6 +48,17 @@ def test_every_package_folder_is_listed_in_pyproject():
     assert all(source_dir(p).is_dir() for p in listed)
 
 
+def test_the_distribution_is_hybrid_lm_and_installs_the_import_name_hybrid(tmp_path):
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    assert project["name"] == "hybrid-lm"
+    probe = ("from importlib.metadata import distribution, packages_distributions as p; "
+             "print(distribution('hybrid-lm').metadata['Name'], sorted(set(p()['hybrid'])))")
+    # from outside the checkout, where a stale hybrid.egg-info of the old name is not on sys.path
+    assert run([sys.executable, "-c", probe], cwd=tmp_path).strip() == "hybrid-lm ['hybrid-lm']"
+    extras = project["optional-dependencies"]
+    assert {"tensorboard", "wandb"} <= set(extras) and any(d.startswith("tensorboard") for d in extras["test"])
+
+
 def test_installed_names_are_under_hybrid_only(tmp_path):
     probe = ("import importlib.util as u; "
              f"print([n for n in {FOREIGN!r} if u.find_spec(n) is not None])")
@@ -81,7 +93,7 @@ def test_wheel_holds_only_hybrid_and_imports_in_a_fresh_venv(tmp_path):
     wheels = tmp_path / "wheels"
     run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(wheels),
          str(source)], cwd=tmp_path)
-    (wheel,) = wheels.glob("hybrid-*.whl")
+    (wheel,) = wheels.glob("hybrid_lm-*.whl")  # the distribution hybrid-lm
     with zipfile.ZipFile(wheel) as zf:
         tops = {name.split("/")[0] for name in zf.namelist()}
         assert "hybrid/kernels/complex_scan/triton_scan.py" in zf.namelist()

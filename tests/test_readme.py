@@ -101,3 +101,37 @@ def test_readme_programs_start_in_a_fresh_shell(name, tmp_path):
     proc = subprocess.run([str(BIN / name), "--help"], cwd=REPO, env=fresh_env(tmp_path), capture_output=True,
                           text=True, timeout=120)
     assert proc.returncode == 0 and "usage" in proc.stdout.lower(), proc.stderr[-2000:]
+
+
+def test_the_readme_shows_the_conveniences_of_issue_28():
+    """--config, --log and --overwrite are shown; the resume line points to docs/training.md; the distribution
+    name is hybrid-lm."""
+    shown = " ".join(COMMANDS)
+    assert ".venv/bin/hybrid-train --config runs/mine/train_config.json" in shown
+    assert "--log tensorboard" in shown and "--overwrite" in shown
+    assert "`hybrid-lm`" in README and "pip install 'hybrid[" not in README
+    resume = README[README.index("`--resume DIR` continues"):]
+    assert "docs/training.md" in resume.split("\n\n")[0]
+
+
+def test_the_readme_config_and_log_commands_do_what_they_say(tmp_path, monkeypatch):
+    """The --config command reads a run's train_config.json, its flags over the file; --log's package is there."""
+    import json
+
+    from hybrid.train import TrainConfig
+    from hybrid.train.cli import train_config_from_args, train_parser
+    from hybrid.train.tracking import check_trackers
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "runs" / "mine").mkdir(parents=True)
+    saved = TrainConfig(steps=2000, out="runs/mine", model={"window": 32})
+    (tmp_path / "runs" / "mine" / "train_config.json").write_text(json.dumps(saved.to_dict(), indent=2))
+    for command in COMMANDS:
+        if not command.startswith(".venv/bin/hybrid-train "):
+            continue
+        words = bash_words(command)
+        args = train_parser().parse_args(words[1:])
+        if args.config is not None:
+            assert TrainConfig(**train_config_from_args(args)) == saved.replace(steps=4000, out="runs/again")
+        if "log" in vars(args):
+            check_trackers(args.log)  # tensorboard is in the test extra

@@ -48,6 +48,7 @@ __all__ = [
     "save_checkpoint",
     "load_checkpoint",
     "has_checkpoint",
+    "latest_checkpoint",
     "kept_checkpoints",
     "nonfinite_tensors",
     "capture_rng_state",
@@ -291,6 +292,18 @@ def has_checkpoint(run_dir: str | os.PathLike) -> bool:
         return True
     except FileNotFoundError:
         return False
+
+
+def latest_checkpoint(run_dir: str | os.PathLike) -> tuple[int, Path] | None:
+    """(step, path) of the checkpoint ``load_checkpoint(run_dir)`` would try, from its manifest (no file is
+    verified: for messages, e.g. which checkpoint survived an interrupted run); None when there is none or its
+    manifest is unreadable."""
+    try:
+        path = _locate(Path(run_dir))
+    except FileNotFoundError:
+        return None
+    step = _manifest_step(path)
+    return None if step < 0 else (step, path)
 
 
 def _read_json(path: Path) -> Any:

@@ -9,16 +9,18 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import math
 import os
+import shlex
 import sys
 from dataclasses import fields
 
 from hybrid.models import PRESETS, SIZES, HybridConfig
 
-from .config import MAX_SKIPS_IN_A_ROW, NONFINITE_POLICIES, TrainConfig
+from .config import MAX_SKIPS_IN_A_ROW, NONFINITE_POLICIES, TRACKERS, TrainConfig
 from .data import HubOfflineError
 
-__all__ = ["train_main", "generate_main", "train_parser", "generate_parser", "config_from_args"]
+__all__ = ["train_main", "generate_main", "train_parser", "generate_parser", "config_from_args", "train_config_from_args"]
 
 D = TrainConfig()  # the defaults shown in --help
 
@@ -29,15 +31,23 @@ examples:
   hybrid-train --data ~/texts --tokenizer tokenizer.json --size small --seq-len 1024 --out runs/mine
   hybrid-train --pattern RRRA --set rnn_selective=true --set carope=true
   hybrid-train --resume runs/tf --steps 4000      # continue a run; --steps is the new total
+  hybrid-train --config run.toml --steps 4000     # options from a TOML / JSON file (a train_config.json is one)
+  hybrid-train --log tensorboard --out runs/tb    # also to TensorBoard (OUT/tensorboard/) or W&B (--log wandb)
   torchrun --nproc-per-node 4 -m hybrid.train --size small --batch-size 16 --out runs/ddp   [--fsdp]
   hybrid-generate --run runs/tf --prompt "def " --max-new-tokens 200
 
-outputs in --out: checkpoint/ (resumable), metrics.jsonl, loss.png, train_config.json
+outputs in --out: checkpoint/ (resumable), metrics.jsonl, loss.png, train_config.json (and tensorboard/ or
+wandb/ with --log); Ctrl-C names the checkpoint that survived and the command that resumes it
 """
 
 
 class _Parser(argparse.ArgumentParser):
-    """argparse whose errors are one line (no usage block) and exit 2."""
+    """argparse whose errors are one line (no usage block) and exit 2, and that never expands an abbreviation
+    (``--log`` would otherwise be read as ``--log-every``: a misspelt or future flag must not become another)."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
 
     def error(self, message):
         self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
@@ -64,6 +74,26 @@ _positive_int = _int_at_least(1, "a positive integer")
 _count = _int_at_least(0, "an integer >= 0")
 
 
+def _finite_float(low: float, *, low_open: bool = False, high: float | None = None):
+    """A finite float in [low, high] (or (low, high]); the message never offers inf, which is refused."""
+    if high is None:
+        what = f"a finite number {'>' if low_open else '>='} {low:g}"
+    else:
+        what = f"a number in {'(' if low_open else '['}{low:g}, {high:g}]"
+
+    def parse(text: str) -> float:
+        try:
+            v = float(text)
+        except ValueError:
+            v = math.nan
+        ok = math.isfinite(v) and (v > low if low_open else v >= low) and (high is None or v <= high)
+        if not ok:
+            raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}")
+        return v
+
+    return parse
+
+
 def _int_or(word: str):
     def parse(text: str):
         return None if text.lower() == word else _positive_int(text)
@@ -82,7 +112,10 @@ def _set_pair(text: str) -> tuple[str, object]:
             f"unknown HybridConfig field {key!r}; known fields: {', '.join(sorted(known))}")
     try:
         return key, json.loads(value)
-    except json.JSONDecodeError:
+    except json.JSONDecodeError as e:
+        if value.lstrip()[:1] in ('{', '[', '"'):  # meant as JSON: say why it is not
+            raise argparse.ArgumentTypeError(
+                f"{key}: expected a JSON value, got {value!r} ({e.msg} at column {e.colno})") from None
         return key, value  # a bare string: --set rope_layout=half
 
 
@@ -95,6 +128,9 @@ def train_parser() -> argparse.ArgumentParser:
         epilog=TRAIN_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     S = argparse.SUPPRESS  # options left out keep the TrainConfig default (or, on --resume, the saved value)
+    p.add_argument("--config", metavar="FILE",
+                   help="a .toml or .json file of TrainConfig fields (a run's train_config.json is one); flags "
+                        "given here override it (docs/training.md, 'Config files')")
 
     g = p.add_argument_group("model")
     g.add_argument("--preset", choices=sorted(PRESETS), default=S,
@@ -117,11 +153,16 @@ def train_parser() -> argparse.ArgumentParser:
     g.add_argument("--data", default=S, metavar="PATH_OR_DATASET",
                    help="a text file, a .jsonl/.parquet/.csv file with a 'text' column, a directory of text files, "
                         "or a Hugging Face dataset name (needs internet); default: this Python's stdlib sources")
+    g.add_argument("--text-column", default=S, metavar="NAME",
+                   help=f"the column holding the text in .jsonl / .parquet / .csv data (default: {D.text_column})")
     g.add_argument("--tokenizer", default=S, metavar="PATH",
                    help="a tokenizer.json (or a directory holding one); default: bytes (vocab 259)")
     g.add_argument("--valid-fraction", type=float, default=S,
                    help=f"fraction of documents held out for validation (default: {D.valid_fraction})")
     g.add_argument("--seq-len", type=_positive_int, default=S, help=f"tokens per sequence (default: {D.seq_len})")
+    g.add_argument("--packing", choices=("documents", "stream"), default=S,
+                   help="documents: every mixer restarts at each document inside a sequence (cu_seqlens); stream: "
+                        f"sequences read across document ends (default: {D.packing}; docs/training.md)")
     g.add_argument("--batch-size", type=_positive_int, default=S,
                    help=f"sequences per micro-batch per rank (default: {D.batch_size})")
     g.add_argument("--grad-accum", type=_positive_int, default=S,
@@ -139,7 +180,7 @@ def train_parser() -> argparse.ArgumentParser:
     g.add_argument("--betas", type=float, nargs=2, metavar=("B1", "B2"), default=S,
                    help=f"AdamW betas (default: {D.betas[0]} {D.betas[1]})")
     g.add_argument("--grad-clip", type=float, default=S,
-                   help=f"max gradient norm, 0 = off (default: {D.grad_clip})")
+                   help=f"max gradient norm; 0 turns clipping off (default: {D.grad_clip})")
     g.add_argument("--seed", type=_count, default=S, help=f"model init and data order (default: {D.seed})")
 
     g = p.add_argument_group("bookkeeping")
@@ -171,6 +212,9 @@ def train_parser() -> argparse.ArgumentParser:
                    help="a non-finite loss or gradient: stop (the run ends; no checkpoint holds it) or skip "
                         f"(drop that step's update; stop after {MAX_SKIPS_IN_A_ROW} in a row) "
                         f"(default: {D.on_nonfinite})")
+    g.add_argument("--log", choices=list(TRACKERS), action="append", default=S,
+                   help="also send every metrics record and the config to TensorBoard (OUT/tensorboard/) or Weights "
+                        "& Biases (WANDB_MODE=offline works offline); repeatable; extras [tensorboard], [wandb]")
     g.add_argument("--quiet", action="store_true", help="print nothing but errors")
 
     g = p.add_argument_group("execution")
@@ -187,7 +231,7 @@ MODEL_FLAGS = ("pattern", "d_model", "n_layers", "n_heads", "window")
 def config_from_args(args: argparse.Namespace) -> dict:
     """The TrainConfig fields the command line sets (only those given), ``model`` overrides merged."""
     given = dict(vars(args))
-    for name in ("resume", "overwrite", "quiet"):
+    for name in ("resume", "overwrite", "quiet", "config"):
         given.pop(name, None)
     model = {name: given.pop(name) for name in MODEL_FLAGS if name in given}
     for key, value in given.pop("sets", []):
@@ -197,6 +241,21 @@ def config_from_args(args: argparse.Namespace) -> dict:
     if "betas" in given:
         given["betas"] = tuple(given["betas"])
     return given
+
+
+def train_config_from_args(args: argparse.Namespace) -> dict:
+    """``config_from_args`` over the ``--config`` file's fields, when one is given: a flag overrides the file's
+    value, a ``--set`` / model flag one ``model`` key."""
+    given = config_from_args(args)
+    if getattr(args, "config", None) is None:
+        return given
+    from .config_file import load_config_file
+
+    base = load_config_file(args.config)
+    merged = {**base, **given}
+    if "model" in base or "model" in given:
+        merged["model"] = {**base.get("model", {}), **given.get("model", {})}
+    return merged
 
 
 def _fail(prog: str, error: BaseException) -> int:
@@ -217,8 +276,8 @@ def _guarded(prog: str, fn) -> int:
         return fn()
     try:
         return fn()
-    except KeyboardInterrupt:
-        print(f"{prog}: interrupted", file=sys.stderr)
+    except KeyboardInterrupt as e:  # hybrid-train says what survived and how to resume (_interrupted)
+        print(f"{prog}: interrupted" + (f" {e}" if str(e) else ""), file=sys.stderr)
         return 130
     except FloatingPointError as e:
         print(f"{prog}: {e}", file=sys.stderr)
@@ -227,10 +286,33 @@ def _guarded(prog: str, fn) -> int:
         return _fail(prog, e)
 
 
+def _interrupted(trainer) -> str:
+    """What survived a Ctrl-C, and the command that continues: "at step 37; the checkpoint of step 20 …"."""
+    from .checkpoint import latest_checkpoint
+
+    step = getattr(trainer, "step", None)
+    at = "before training started" if step is None else f"at step {step}"
+    saved = latest_checkpoint(trainer.out)
+    if saved is None:
+        return (f"{at}, before the first checkpoint (--save-every {trainer.config.save_every}): nothing to resume; "
+                f"run the same command again to start over")
+    world, local = int(os.environ.get("WORLD_SIZE", "1")), os.environ.get("LOCAL_WORLD_SIZE")
+    if world > 1 and local == str(world):
+        command = f"torchrun --nproc-per-node {world} -m hybrid.train"
+    elif world > 1:
+        command = "torchrun (the same options) -m hybrid.train"
+    else:
+        command = "hybrid-train"
+    saved_step, path = saved
+    return (f"{at}; the checkpoint of step {saved_step} survived in {path}; resume with: "
+            f"{command} --resume {shlex.quote(str(trainer.out))}")
+
+
 def _train(args: argparse.Namespace) -> int:
     from .trainer import Trainer
+    from .tracking import check_trackers
 
-    given = config_from_args(args)
+    given = train_config_from_args(args)
     kwargs = dict(verbose=0 if args.quiet else 2)
     if args.quiet:
         import datasets
@@ -247,7 +329,11 @@ def _train(args: argparse.Namespace) -> int:
         trainer = Trainer.from_checkpoint(args.resume, trainer_kwargs=kwargs, **given)
     else:
         trainer = Trainer(TrainConfig(**given), overwrite=args.overwrite, **kwargs)
-    trainer.fit()
+    check_trackers(trainer.config.log)  # a missing tensorboard / wandb package: now, not after the data
+    try:
+        trainer.fit()
+    except KeyboardInterrupt:
+        raise KeyboardInterrupt(_interrupted(trainer)) from None
     return 0
 
 
@@ -287,9 +373,10 @@ def generate_parser() -> argparse.ArgumentParser:
     p.add_argument("--prefill", choices=["parallel", "chunked"], default="parallel",
                    help="how the recurrent mode reads the prompt (default: parallel)")
     p.add_argument("--chunk-size", type=_positive_int, default=None, help="block size of chunked processing")
-    p.add_argument("--temperature", type=float, default=0.8, help="0 = greedy (default: 0.8)")
+    p.add_argument("--temperature", type=_finite_float(0.0), default=0.8, help="0 = greedy (default: 0.8)")
     p.add_argument("--top-k", type=_positive_int, default=None, help="sample among the k most likely tokens")
-    p.add_argument("--top-p", type=float, default=None, help="sample from the smallest set of mass >= p")
+    p.add_argument("--top-p", type=_finite_float(0.0, low_open=True, high=1.0), default=None,
+                   help="sample from the smallest set of mass >= p, p in (0, 1]")
     p.add_argument("--seed", type=_count, default=0, help="sampling seed (default: 0)")
     p.add_argument("--no-stop", action="store_true", help="keep going past the end-of-document token")
     p.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N (default: auto)")

@@ -12,7 +12,11 @@ from dataclasses import dataclass, field, fields
 
 from hybrid.models import PRESETS, SIZES
 
-__all__ = ["TrainConfig", "NONFINITE_POLICIES", "MAX_SKIPS_IN_A_ROW"]
+from .data.packing import PACKINGS
+
+__all__ = ["TrainConfig", "NONFINITE_POLICIES", "MAX_SKIPS_IN_A_ROW", "TRACKERS"]
+
+TRACKERS = ("tensorboard", "wandb")  # experiment trackers (hybrid.train.tracking)
 
 NONFINITE_POLICIES = ("stop", "skip")
 MAX_SKIPS_IN_A_ROW = 5  # on_nonfinite="skip": more consecutive non-finite steps than this end the run
@@ -27,10 +31,12 @@ class TrainConfig:
     # the data
     data: str | None = None  # None / "stdlib": this Python's standard library; a path; a hub dataset name
     tokenizer: str | None = None  # None / "bytes": byte-level; a tokenizer.json (or its directory)
+    text_column: str = "text"  # the column holding the text in .jsonl / .parquet / .csv data (and hub datasets)
     init_from: str | None = None  # a run directory whose weights and model config start this run (train/init_from.py)
     init_partial: bool = False  # with init_from: copy the weights whose name and shape match, initialise the rest
     valid_fraction: float = 0.05
     seq_len: int = 256
+    packing: str = "documents"  # "documents": every mixer restarts at each document (cu_seqlens); "stream": not
     batch_size: int = 16  # sequences per rank per micro-batch
     grad_accum: int = 1
     # optimisation
@@ -48,6 +54,7 @@ class TrainConfig:
     save_every: int = 500  # steps between checkpoints (0 = only at the end)
     keep: int = 2  # checkpoints kept: checkpoint/ and the newest keep − 1 of checkpoint-step-N/
     on_nonfinite: str = "stop"  # a non-finite loss or gradient: "stop" the run, or "skip" the step's update
+    log: list = field(default_factory=list)  # experiment trackers fed every metrics record: "tensorboard", "wandb"
     seed: int = 0
     out: str = "runs/train"
     # execution
@@ -73,13 +80,14 @@ class TrainConfig:
             if isinstance(v, bool) or not isinstance(v, int) or v < low:
                 raise ValueError(f"{name}: expected an int >= {low}, got {v!r}")
 
-        def number(name, low, high=math.inf, low_open=False):
+        def number(name, low, high=math.inf, low_open=False, or_else=""):
             v = getattr(self, name)
             ok = not isinstance(v, bool) and isinstance(v, (int, float)) and math.isfinite(v)
             ok = ok and (v > low if low_open else v >= low) and v <= high
-            if not ok:
-                interval = f"{'(' if low_open else '['}{low}, {high}]"
-                raise ValueError(f"{name}: expected a number in {interval}, got {v!r}")
+            if not ok:  # no upper bound: "a finite number > 0", never "(0.0, inf]" (which inf would be in)
+                what = (f"a finite number {'>' if low_open else '>='} {low:g}" if high == math.inf
+                        else f"a number in {'(' if low_open else '['}{low:g}, {high:g}]")
+                raise ValueError(f"{name}: expected {what}{or_else}, got {v!r}")
 
         if self.preset not in PRESETS:
             raise ValueError(f"preset: expected one of {sorted(PRESETS)}, got {self.preset!r}")
@@ -104,6 +112,8 @@ class TrainConfig:
             integer("warmup", 0)
             if self.warmup > self.steps:
                 raise ValueError(f"warmup: expected at most steps={self.steps}, got {self.warmup}")
+        if self.packing not in PACKINGS:
+            raise ValueError(f"packing: expected one of {list(PACKINGS)}, got {self.packing!r}")
         if self.on_nonfinite not in NONFINITE_POLICIES:
             raise ValueError(f"on_nonfinite: expected one of {list(NONFINITE_POLICIES)}, got {self.on_nonfinite!r}")
         number("lr", 0.0, low_open=True)
@@ -113,7 +123,14 @@ class TrainConfig:
                 or not all(isinstance(b, (int, float)) and not isinstance(b, bool) and 0 <= b < 1 for b in self.betas)):
             raise ValueError(f"betas: expected two numbers in [0, 1), got {self.betas!r}")
         if self.grad_clip is not None:
-            number("grad_clip", 0.0, low_open=True)
+            number("grad_clip", 0.0, low_open=True, or_else=", or 0 (or None) for no clipping")
+        if not isinstance(self.text_column, str) or not self.text_column:
+            raise ValueError(f"text_column: expected a column name, got {self.text_column!r}")
+        if isinstance(self.log, (tuple, str)):
+            self.log = [self.log] if isinstance(self.log, str) else list(self.log)
+        if (not isinstance(self.log, list) or any(k not in TRACKERS for k in self.log)
+                or len(set(self.log)) != len(self.log)):
+            raise ValueError(f"log: expected a list of distinct trackers from {list(TRACKERS)}, got {self.log!r}")
         if self.eval_batches is not None:
             integer("eval_batches", 1)
         if not isinstance(self.out, str) or not self.out:

@@ -21,8 +21,8 @@ from .config import TrainConfig
 
 __all__ = ["FIXED", "OPTIMISER", "resume_config"]
 
-FIXED = ("preset", "size", "model", "data", "tokenizer", "valid_fraction", "seq_len", "seed", "min_lr_ratio",
-         "betas")
+FIXED = ("preset", "size", "model", "data", "text_column", "tokenizer", "valid_fraction", "seq_len", "packing", "seed",
+         "min_lr_ratio", "betas")
 OPTIMISER = ("lr", "warmup", "weight_decay", "grad_clip")
 
 

@@ -1,7 +1,7 @@
 """``hybrid-rope-analyze``: the rotary outlier analysis (seed 003) of one of our runs or a Hugging Face model.
 
     hybrid-rope-analyze runs/tf --tokens 200000 --out runs/tf/rope-analysis
-    hybrid-rope-analyze ./Llama-2-7b-hf --data ~/texts --tokens 1000000 --out llama2   [needs hybrid[analysis]]
+    hybrid-rope-analyze ./Llama-2-7b-hf --data ~/texts --tokens 1000000 --out llama2   [needs hybrid-lm[analysis]]
 
 MODEL is a run directory of ours (its checkpoint/) or a transformers causal LM (local directory or hub name).
 The corpus (``--data``, as for hybrid-train: default this Python's standard library) is read in sequences of
@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from .cli import UsageError, _guarded, _Parser, _positive_int
+from .outdir import check_output_dir, staged_output_dir
 
 DEFAULT_SEQ_CAP = 2048
 
@@ -32,6 +33,7 @@ def analyze_parser() -> argparse.ArgumentParser:
     p.add_argument("--data", default=None, help="corpus: a path, 'stdlib' (default) or a hub dataset name")
     p.add_argument("--tokens", type=_positive_int, default=100_000, help="tokens to read (default: 100000)")
     p.add_argument("--out", default="rope-analysis", metavar="DIR", help="output directory (default: rope-analysis)")
+    p.add_argument("--overwrite", action="store_true", help="replace a non-empty --out whole")
     p.add_argument("--seq-len", type=_positive_int, default=None,
                    help=f"tokens per sequence (default: p_max, at most {DEFAULT_SEQ_CAP})")
     p.add_argument("--batch-size", type=_positive_int, default=1, help="sequences per forward pass (default: 1)")
@@ -146,6 +148,11 @@ def _analyze(args: argparse.Namespace) -> int:
     if any(not r > 0 for r in args.radii):
         raise UsageError(f"--radii: expected positive numbers, got {args.radii}")
     head = _parse_head(args.head)
+    inputs = [args.model] if Path(args.model).exists() else []
+    try:  # before the (long) capture: a non-empty --out is refused unless --overwrite
+        check_output_dir(args.out, overwrite=args.overwrite, what="--out", inputs=inputs)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
     device = resolve_device(args.device)
     layers, notes, forward, encode, sep, prefix, p_max, name = _load(args, device)
     p_max = args.p_max or p_max
@@ -155,8 +162,9 @@ def _analyze(args: argparse.Namespace) -> int:
     stats = capture_statistics(forward, layers, batches, total_tokens=args.tokens, progress=not args.quiet,
                                desc="hybrid-rope-analyze")
     result = analyze(stats, p_max)
-    summary = write_outputs(result, args.out, model=name, radii=args.radii, notes=notes,
-                            figures=not args.no_figures, head=head)
+    with staged_output_dir(args.out, overwrite=args.overwrite, what="--out", inputs=inputs) as stage:
+        summary = write_outputs(result, stage, model=name, radii=args.radii, notes=notes,
+                                figures=not args.no_figures, head=head)
     t = summary["table2"]
     print(f"{name}: {t['n_features']} features, {t['pct_rof']:.0f}% under the upper bound, "
           f"{t['n_definition_3_1']} meet Definition 3.1; wrote {args.out}/report.md")

@@ -142,7 +142,7 @@ class FileTokenizer:
         try:
             from tokenizers import Tokenizer as _HFTokenizer
         except ImportError as e:  # pragma: no cover - tokenizers is a test dependency
-            raise ImportError("a tokenizer.json needs the `tokenizers` package: pip install tokenizers") from e
+            raise ImportError("a tokenizer.json needs the `tokenizers` package: pip install 'hybrid-lm[tokenizers]' (or tokenizers)") from e
         self.path = _resolve_tokenizer_file(path)
         self.sha256 = _sha256(self.path)
         if sha256 is not None and sha256 != self.sha256:

@@ -59,6 +59,7 @@ from .config import MAX_SKIPS_IN_A_ROW, TrainConfig
 from .data import PreparedData, prepare_data
 from .distributed import DistEnv, full_state, init_distributed, load_full_state, resolve_device, wrap_model
 from .evaluate import evaluate
+from .footprint import check_fits
 from .init_from import copy_matching, load_init, modules_of
 from .metrics import METRICS_FILE, MetricsLogger, plot_loss_curve
 from .optim import build_optimizer
@@ -66,6 +67,7 @@ from .resume import resume_config
 from .schedule import warmup_cosine
 from .sharding import GlobalBatches
 from .tokenizer import Tokenizer, round_vocab_size
+from .tracking import TENSORBOARD_DIR, WANDB_DIR, open_trackers
 
 __all__ = ["Trainer", "TrainResult", "model_config_for", "train", "PLOT_FILE", "CONFIG_FILE", "MAX_SKIPS_IN_A_ROW"]
 
@@ -140,7 +142,8 @@ class Trainer:
         if "train_config" not in extra or "global_batch" not in extra:
             raise CheckpointError(ckpt.path, "has no training record (train_config, global_batch): it was not "
                                              "written by train.Trainer, so it cannot be resumed")
-        saved = TrainConfig.from_dict(extra["train_config"])
+        # runs saved before `packing` existed trained on the plain stream: resume them that way
+        saved = TrainConfig.from_dict({"packing": "stream", **extra["train_config"]})
         if world_size is None:
             world_size = int(os.environ.get("WORLD_SIZE", "1"))
         overrides.pop("out", None)
@@ -167,7 +170,7 @@ class Trainer:
 
     def _prepare_data(self) -> PreparedData:
         c = self.config
-        kwargs = dict(tokenizer=c.tokenizer, valid_fraction=c.valid_fraction)
+        kwargs = dict(tokenizer=c.tokenizer, valid_fraction=c.valid_fraction, text_column=c.text_column)
         if self.env.is_main:  # rank 0 tokenises into the cache, the others read it
             data = prepare_data(c.data, **kwargs)
         self.env.barrier()
@@ -191,6 +194,8 @@ class Trainer:
                 shutil.rmtree(kept, ignore_errors=True)
             for name in (METRICS_FILE, PLOT_FILE, CONFIG_FILE):
                 (self.out / name).unlink(missing_ok=True)
+            for name in (TENSORBOARD_DIR, WANDB_DIR):  # the old run's tracker logs
+                shutil.rmtree(self.out / name, ignore_errors=True)
 
     def _setup(self) -> None:
         c = self.config
@@ -221,6 +226,7 @@ class Trainer:
         if c.fsdp and not self.env.distributed:
             self.notes.append("--fsdp: one process, nothing to shard; training without FSDP")
         self._set_precision()
+        check_fits(self.model_config, self.device, shards=self.env.world_size if c.fsdp else 1)  # before allocating
         self.model = HybridLM(self.model_config).to(self.device)  # the module: state dicts, evaluation
         if init is not None and c.init_partial:
             copied, fresh, unused = copy_matching(self.model, init.model_state)
@@ -246,7 +252,7 @@ class Trainer:
                                        min_lr_ratio=c.min_lr_ratio)
         self.batches = GlobalBatches(self.data, seq_len=c.seq_len, batch_size=c.batch_size,
                                      grad_accum=c.grad_accum, seed=c.seed, rank=self.env.rank,
-                                     world_size=self.env.world_size)
+                                     world_size=self.env.world_size, packing=c.packing)
         self.step = 0
         self.last_saved: tuple[int, Path] | None = None  # (step, path) of the newest checkpoint of this run
         self.nonfinite_at = torch.zeros((), dtype=torch.float64, device=self.device)  # first bad step, 0 = none
@@ -336,15 +342,17 @@ class Trainer:
         c = self.config
         micro = self.batches.next_step()
         loss_sum = torch.zeros((), device=self.device)
-        for i, (x, y) in enumerate(micro):
+        for i, (x, y, cu_seqlens) in enumerate(micro):
             last = i == len(micro) - 1
             x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
+            if cu_seqlens is not None:
+                cu_seqlens = cu_seqlens.to(self.device, non_blocking=True)
             if self.fsdp:
                 self.model.set_requires_gradient_sync(last)
             sync = self.ddp.no_sync() if (self.ddp is not None and not last) else contextlib.nullcontext()
             with sync:
                 with self.autocast():
-                    logits, _ = self.train_model(x)
+                    logits, _ = self.train_model(x, cu_seqlens=cu_seqlens, output_final_state=False)
                 loss = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), y.reshape(-1))
                 scaled = loss / len(micro)
                 (self.scaler.scale(scaled) if self.scaler is not None else scaled).backward()
@@ -415,11 +423,13 @@ class Trainer:
     def _evaluate(self) -> dict:
         c = self.config
         result = evaluate(self.model, self.data, seq_len=c.seq_len, batch_size=c.batch_size,
-                          max_batches=c.eval_batches, device=self.device, env=self.env, autocast=self.autocast)
+                          max_batches=c.eval_batches, device=self.device, env=self.env, autocast=self.autocast,
+                          packing=c.packing)
         record = {"step": self.step, **result}
         if self.env.is_main:
             self.metrics.log_eval(self.step, **result)
             self.history.append(record)
+            self.tracker.log(record)
             plot_loss_curve(self.metrics.path, self.out / PLOT_FILE)
             if self.on_eval:
                 self.on_eval(record)
@@ -463,6 +473,7 @@ class Trainer:
         if self.env.is_main:
             self.metrics.log_train(**{"loss": None, **record})
             self.history.append(record)
+            self.tracker.log(record)
             if self.on_log:
                 self.on_log(record)
         return record
@@ -482,6 +493,8 @@ class Trainer:
                 self.bar.close()
             if getattr(self, "metrics", None) is not None:
                 self.metrics.close()
+            if getattr(self, "tracker", None) is not None:
+                self.tracker.close()
             self.env.close(finished=finished)
 
     def _fit(self) -> TrainResult:
@@ -489,10 +502,12 @@ class Trainer:
         c, env = self.config, self.env
         start = self.step
         self.history = []
-        self.metrics = None
+        self.metrics = self.tracker = None
         if env.is_main:
             self.out.mkdir(parents=True, exist_ok=True)
             self.metrics = MetricsLogger(self.out, resume_step=start if self.checkpoint is not None else None)
+            self.tracker = open_trackers(c.log, self.out, c.to_dict(),  # TensorBoard / W&B: each metrics record
+                                         resume_step=start if self.checkpoint is not None else None)
             (self.out / CONFIG_FILE).write_text(json.dumps(c.to_dict(), indent=2) + "\n")
             if self.progress:
                 from tqdm.auto import tqdm
@@ -509,7 +524,7 @@ class Trainer:
         if self.bar is not None:
             self.bar.close()
             self.bar = None
-        self._say(self._layout(paths, last_eval, unigram))
+        self._say(self._layout(paths, last_eval, unigram, self.config.packing))
         return TrainResult(step=self.step, out=self.out, model_config=self.model_config,
                            num_parameters=self.num_parameters, val_loss=last_eval["val_loss"],
                            val_bpb=last_eval["val_bpb"], unigram_bpb=unigram, history=self.history, paths=paths)
@@ -577,17 +592,17 @@ class Trainer:
             f"data: {s['source']}: {s['train_tokens']:,} train / {s['valid_tokens']:,} valid tokens "
             f"({s['tokenizer']})\n"
             f"steps {start} -> {c.steps}, global batch {self.batches.global_batch} × {c.seq_len} tokens "
-            f"({layout}), lr {c.lr:g}, warmup {c.warmup_steps}"
+            f"({layout}, packing {c.packing}), lr {c.lr:g}, warmup {c.warmup_steps}"
         )
         for note in self.notes:
             self._say(f"note: {note}")
 
     @staticmethod
-    def _layout(paths: dict, last_eval: dict, unigram: float | None) -> str:
+    def _layout(paths: dict, last_eval: dict, unigram: float | None, packing: str) -> str:
         base = f" (unigram baseline {unigram:.3f})" if unigram is not None else ""
         return (
             f"done at step {last_eval['step']}: val_loss {last_eval['val_loss']:.4f}, "
-            f"val_bpb {last_eval['val_bpb']:.4f}{base}\n"
+            f"val_bpb {last_eval['val_bpb']:.4f}{base}, scored with packing {packing} as trained\n"
             f"run directory {paths['out']}/\n"
             f"  checkpoint/         weights, model config, optimizer, scheduler, RNG, data position\n"
             f"  {METRICS_FILE:<19} training and validation records (JSON lines)\n"

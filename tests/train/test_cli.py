@@ -135,9 +135,9 @@ def test_user_errors_are_one_line_exit_2(corpus, tmp_path, capsys):
 
 def test_generate_errors_are_one_line_exit_2(trained, capsys):
     for argv, needles in [
-        (["--temperature", "nan"], ["temperature: expected a number >= 0, got nan"]),
-        (["--temperature", "inf"], ["temperature: expected a number >= 0, got inf"]),
-        (["--top-p", "nan"], ["top_p: expected a number in (0, 1]"]),
+        (["--temperature", "nan"], ["--temperature: expected a finite number >= 0, got 'nan'"]),
+        (["--temperature", "inf"], ["--temperature: expected a finite number >= 0, got 'inf'"]),
+        (["--top-p", "nan"], ["--top-p: expected a number in (0, 1], got 'nan'"]),
     ]:
         assert generate_main(["--run", str(trained), "--device", "cpu", *argv]) == 2, argv
         one_line_error(capsys, "hybrid-generate", *needles)

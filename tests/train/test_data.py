@@ -162,7 +162,7 @@ def test_jsonl_text_column_and_single_document(tmp_path):
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     data = prepare_data(path, text_column="body", cache_dir=tmp_path / "c")
     assert data.stats["documents"] == 8
-    with pytest.raises(ValueError, match="no column 'text'"):
+    with pytest.raises(ValueError, match="^data: expected a column 'text' in .*rows.jsonl, got the columns \\['body', 'n'\\]; pass --text-column"):
         prepare_data(path, cache_dir=tmp_path / "c2")
     one = tmp_path / "one.txt"
     one.write_text("a single long document. " * 40)

@@ -35,6 +35,15 @@ def test_analyze_a_run(trained, corpus, tmp_path, capsys):
     assert len(summary["features"]) == 2 * 2 * 8 == summary["table2"]["n_features"]
     assert [r["radius"] for r in summary["table2"]["rows"]] == [0.5, 1.0]
     assert "Llama-2-7b (seed)" in (out / "report.md").read_text()
+    # a second analysis into the same directory: refused before any work, the first left byte-identical
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    assert analyze_main([str(trained), "--data", str(corpus), "--tokens", "300", "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--out: expected a new or empty directory" in err[0] and "--overwrite" in err[0]
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    assert analyze_main([str(trained), "--data", str(corpus), "--tokens", "300", "--out", str(out),
+                         "--radii", "1", "--device", "cpu", "--overwrite", "--no-figures", "--quiet"]) == 0
+    assert not (out / "fig1_max_qk.png").exists()  # replaced whole, no mix of old and new files
 
 
 def test_token_batches_cut_a_stream():
@@ -67,7 +76,7 @@ def test_errors_are_one_line(trained, tmp_path, capsys, monkeypatch):
 
 
 def test_analyze_a_hugging_face_directory(corpus, tmp_path, capsys):
-    transformers = pytest.importorskip("transformers", reason="transformers is not installed (hybrid[analysis])")
+    transformers = pytest.importorskip("transformers", reason="transformers is not installed (hybrid-lm[analysis])")
     tokenizers = pytest.importorskip("tokenizers", reason="tokenizers is not installed")
     chars = sorted(set("".join(p.read_text() for p in corpus.iterdir())))
     vocab = {"<unk>": 0, "<s>": 1, "</s>": 2, **{c: i + 3 for i, c in enumerate(chars)}}

@@ -11,6 +11,8 @@ import sys
 from pathlib import Path
 
 from ..cli import _guarded, _Parser, _positive_int, _set_pair
+from ..config import TRACKERS
+from ..outdir import prepare_suite_dir
 from ..suite import ResultsLog, parse_int_list, parse_name_list
 from .budgets import BUDGETS, bench_budget
 from .suites import SUITES
@@ -53,14 +55,26 @@ def bench_parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=_positive_int, default=None,
                    help="torch CPU threads (default: torch's choice; 1 is fastest on a machine shared with others)")
     p.add_argument("--report-only", action="store_true", help="write the reports from the records, train nothing")
+    p.add_argument("--overwrite", action="store_true",
+                   help="start each suite over in OUT/<suite> (its records and runs removed) instead of continuing it")
+    p.add_argument("--log", choices=list(TRACKERS), action="append", default=[],
+                   help="log each finished run (its metrics.jsonl, measurements and config) to TensorBoard "
+                        "(RUN/tensorboard/) or Weights & Biases; repeatable")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     return p
 
 
 def _run(args: argparse.Namespace, argv: list[str]) -> int:
+    from ..tracking import check_trackers
     from .harness import run_bench
     from .report import write_bench_report
 
+    check_trackers(args.log)
+    if Path(args.out).exists() and not Path(args.out).is_dir():
+        raise ValueError(f"--out: expected a directory, got the file {args.out}")
+    if args.report_only and args.overwrite:
+        raise ValueError("--overwrite and --report-only contradict each other: one removes the records, the "
+                         "other reads them")
     if args.threads is not None:
         import torch
 
@@ -81,11 +95,28 @@ def _run(args: argparse.Namespace, argv: list[str]) -> int:
             if not records:
                 raise ValueError(f"--report-only: expected records in {directory / 'results.jsonl'}, found none")
         else:
+            prepare_suite_dir(directory, overwrite=args.overwrite, what=f"--out ({name})")
+            if not sys.stderr.isatty():  # datasets' bars are carriage-return animations: not in a log file
+                import datasets
+
+                datasets.disable_progress_bars()
             records = run_bench(name, budget, out=args.out, data=args.data, tokenizer=args.tokenizer,
                                 device=args.device, sets=dict(args.sets), verbose=not args.quiet)
+        if args.log:
+            _log_runs(args.log, directory, name, records)
         path = write_bench_report(directory, name, records, budget_text=budget.describe(), command=command)
         print(f"report: {path}", flush=True)
     return 0
+
+
+def _log_runs(kinds, directory: Path, suite: str, records: list[dict]) -> None:
+    """Each finished run of the suite to the trackers, once (hybrid.train.tracking.replay_run)."""
+    from ..tracking import replay_run
+
+    for record in records:
+        run_dir = directory / record["run"]
+        if run_dir.is_dir():
+            replay_run(kinds, run_dir, record["config"], summary=record.get("metrics") or {}, group=suite)
 
 
 def bench_main(argv: list[str] | None = None) -> int:

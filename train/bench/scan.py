@@ -171,7 +171,7 @@ def describe() -> str:
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False)
     p.add_argument("--device", default="cpu", help="cpu, or cuda to run hybrid.train.bench.scan_gpu")
     p.add_argument("--shape", action="append", default=None, metavar="B,T,H,D",
                    help="a size to run (repeatable); default: " + " ".join(",".join(map(str, s)) for s in CPU_SHAPES))

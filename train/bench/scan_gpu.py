@@ -208,7 +208,7 @@ def format_table(rows, notes, header):
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
     parser.add_argument("--out", help="also write the markdown table to this path")
     parser.add_argument("--skip-torch", action="store_true", help="do not time the torch backend")
     parser.add_argument("--quick", action="store_true", help="only the main shape in bf16 (dep)")

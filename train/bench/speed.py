@@ -158,7 +158,7 @@ def describe(device: torch.device) -> str:
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False)
     p.add_argument("--device", default="cpu")
     p.add_argument("--dtype", default=None, help="parameter dtype (default float32 on CPU, bfloat16 on CUDA)")
     p.add_argument("--seq-len", type=int, default=1024)

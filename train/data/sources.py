@@ -123,20 +123,105 @@ def _load_files(files: list[Path], text_column: str, cache_dir: str, tables: set
                 ds = datasets.load_dataset(builder, data_files=paths, split="train", cache_dir=cache_dir)
             except datasets.exceptions.DatasetGenerationError as e:  # a malformed row: say which file and why
                 cause = e.__cause__ if e.__cause__ is not None else e
+                bad = _first_bad_row(paths, builder, text_column)
+                what = f"{bad[0]}: {bad[1]}" if bad else f"{', '.join(paths[:3])} ({type(cause).__name__}: {cause})"
                 raise ValueError(f"data: expected {builder} files with a {text_column!r} column, got unreadable "
-                                 f"{', '.join(paths[:3])} ({type(cause).__name__}: {cause})") from None
+                                 f"{what}") from None
             finally:
                 datasets.logging.set_verbosity(verbosity)
             if text_column not in ds.column_names:
                 raise ValueError(
-                    f"data files {paths[:3]} have no column {text_column!r} (columns: {ds.column_names}); "
-                    f"pass text_column= (--text-column) naming the column that holds the text"
+                    f"data: expected a column {text_column!r} in {', '.join(paths[:3])}, got the columns "
+                    f"{ds.column_names}; pass --text-column (text_column=) naming the column that holds the text"
                 )
             ds = ds.select_columns([text_column])
+            feature = ds.features[text_column]
+            if not (isinstance(feature, datasets.Value) and feature.dtype in ("string", "large_string")):
+                bad = _first_bad_row(paths, builder, text_column)
+                if bad is not None:
+                    raise ValueError(f"data: expected a string (or null) in column {text_column!r} of every row, "
+                                     f"got {bad[1]} at {bad[0]}")
+                ds = ds.cast_column(text_column, datasets.Value("string"))  # every value null: no documents
             if text_column != "text":
                 ds = ds.rename_column(text_column, "text")
         parts.append(ds)
     return parts[0] if len(parts) == 1 else datasets.concatenate_datasets(parts)
+
+
+def _shown(value) -> str:
+    text = repr(value)
+    return f"{text[:60]}… ({type(value).__name__})" if len(text) > 60 else f"{text} ({type(value).__name__})"
+
+
+def _first_bad_row(paths: list[str], builder: str, column: str) -> tuple[str, str] | None:
+    """(where, what) of the first row of ``paths`` that is not valid, or whose ``column`` is neither a string
+    nor null: ``("f.jsonl line 3, column 'text'", "123 (int)")``; None when every row is fine."""
+    import json
+
+    for path in paths:
+        if builder == "json":
+            with open(path, encoding="utf-8", errors="replace") as f:
+                head = f.read(4096).lstrip()[:1]
+            if head == "[":  # one JSON array, not JSON lines
+                try:
+                    rows = json.loads(Path(path).read_text(encoding="utf-8"))
+                except ValueError as e:
+                    return f"{path} ({e})", "not JSON"
+                lines = ((f"row {i + 1}", row) for i, row in enumerate(rows))
+            else:
+                def json_lines(path=path):
+                    with open(path, encoding="utf-8", errors="replace") as f:
+                        for n, line in enumerate(f, 1):
+                            if line.strip():
+                                try:
+                                    yield f"line {n}", json.loads(line)
+                                except ValueError as e:
+                                    yield f"line {n}", _NotJSON(str(e))
+                lines = json_lines()
+        elif builder == "csv":
+            import csv
+
+            def csv_rows(path=path):
+                with open(path, encoding="utf-8", errors="replace", newline="") as f:
+                    reader = csv.DictReader(f)
+                    for row in reader:  # a string, or empty for a missing value: pandas reads numbers as numbers
+                        value = row.get(column)
+                        yield f"line {reader.line_num}", {column: _as_number(value)}
+            lines = csv_rows()
+        elif builder == "parquet":
+            import pyarrow.parquet as pq
+
+            table = pq.read_table(path)
+            if column not in table.column_names:
+                continue
+            lines = ((f"row {i + 1}", {column: v}) for i, v in enumerate(table.column(column).to_pylist()))
+        else:
+            return None
+        for where, row in lines:
+            if isinstance(row, _NotJSON):
+                return f"{path} {where}", f"a line that is not JSON: {row}"
+            if not isinstance(row, dict):
+                return f"{path} {where}", f"{_shown(row)} instead of an object with a {column!r} field"
+            value = row.get(column)
+            if value is not None and not isinstance(value, str):
+                return f"{path} {where}, column {column!r}", _shown(value)
+    return None
+
+
+class _NotJSON(str):
+    """A line that json.loads refused (its message)."""
+
+
+def _as_number(value: str | None):
+    """A CSV cell as pandas reads it: an int or float when it parses as one, else the string (None if empty)."""
+    if value is None or value == "":
+        return None
+    for kind in (int, float):
+        try:
+            return kind(value)
+        except ValueError:
+            pass
+    return value
 
 
 def _files_source(kind: str, description: str, files: list[Path], text_column: str, tables: set[str]) -> Source:

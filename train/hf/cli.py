@@ -24,7 +24,9 @@ def export_parser() -> argparse.ArgumentParser:
                             "(model.safetensors, config.json, tokenizer.json); AutoModelForCausalLM opens it after "
                             "`import hybrid.models.hf`, or with trust_remote_code=True.")
     p.add_argument("run_dir", help="run directory (its checkpoint/) or a checkpoint directory")
-    p.add_argument("out_dir", help="directory to write")
+    p.add_argument("out_dir", help="directory to write; refused if it exists and is not empty, unless --overwrite")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace a non-empty out_dir whole (no old file stays; a failed export changes nothing)")
     return p
 
 
@@ -36,7 +38,7 @@ def export_main(argv: list[str] | None = None) -> int:
     def run():
         from .export import export_run
 
-        print(f"hybrid-export: wrote {export_run(args.run_dir, args.out_dir)}")
+        print(f"hybrid-export: wrote {export_run(args.run_dir, args.out_dir, overwrite=args.overwrite)}")
         return 0
 
     return _guarded("hybrid-export", run)
@@ -49,7 +51,10 @@ def import_parser() -> argparse.ArgumentParser:
                 description="Import a Llama, Mistral or Qwen2 transformers checkpoint as a transformer-preset run "
                             "directory (hybrid-generate, hybrid-train --init-from, load_run open it).")
     p.add_argument("hf_dir", help="transformers directory: config.json and model.safetensors (or shards)")
-    p.add_argument("out_dir", help="run directory to write")
+    p.add_argument("out_dir", help="run directory to write; refused if it exists and is not empty, unless --overwrite")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace a non-empty out_dir whole, e.g. an earlier run with its checkpoints and metrics "
+                        "(no old file stays; a failed import changes nothing)")
     p.add_argument("--layout", choices=["half", "interleaved"], default="half",
                    help="rotary layout of the imported q/k projections: half (as in transformers) or this "
                         "library's interleaved pairs; the same function either way (default: half)")
@@ -66,7 +71,8 @@ def import_main(argv: list[str] | None = None) -> int:
     def run():
         from .importer import import_checkpoint
 
-        path, notes = import_checkpoint(args.hf_dir, args.out_dir, layout=args.layout, dtype=args.dtype)
+        path, notes = import_checkpoint(args.hf_dir, args.out_dir, layout=args.layout, dtype=args.dtype,
+                                        overwrite=args.overwrite)
         for note in notes:
             print(f"hybrid-import: note: {note}")
         print(f"hybrid-import: wrote {path}")
@@ -76,6 +82,28 @@ def import_main(argv: list[str] | None = None) -> int:
 
 
 # ---------------------------------------------------------------------------------------------- eval
+
+def check_writable_file(path, what: str) -> None:
+    """A ValueError unless ``path`` can be written: its folder exists and is writable, and ``path`` is not a
+    folder or a read-only file. Checked before a long computation whose result goes there."""
+    import os
+    from pathlib import Path
+
+    path = Path(path)
+    folder = path.parent if str(path.parent) else Path(".")
+    if path.is_dir():
+        raise ValueError(f"{what}: expected a file to write, got the directory {path}")
+    if not folder.is_dir():
+        raise ValueError(f"{what}: expected a file in an existing directory, got {path} ({folder} does not exist)")
+    existed = path.exists()
+    try:  # the real test (os.access says yes to root everywhere, /proc included): open it, leave no trace
+        with open(path, "a"):
+            pass
+        if not existed:
+            os.unlink(path)
+    except OSError as e:
+        raise ValueError(f"{what}: expected a writable file, got {path} ({e.strerror or e})") from None
+
 
 def eval_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="hybrid-eval",
@@ -109,6 +137,8 @@ def eval_main(argv: list[str] | None = None) -> int:
         tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
         if not tasks:
             raise ValueError(f"--tasks: expected comma-separated task names, got {args.tasks!r}")
+        if args.output:
+            check_writable_file(args.output, "--output")  # before the evaluation, not after it
         out = evaluate(args.path, tasks, include_path=args.include_path, device=args.device,
                        batch_size=args.batch_size, limit=args.limit, num_fewshot=args.num_fewshot,
                        max_length=args.max_length, log_samples=args.log_samples and bool(args.output))

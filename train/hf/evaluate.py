@@ -6,6 +6,8 @@
 """
 from __future__ import annotations
 
+import difflib
+import logging
 from pathlib import Path
 
 from ..checkpoint import has_checkpoint
@@ -33,20 +35,81 @@ def load_for_eval(path, device: str = "cpu"):
     return model, tokenizer
 
 
-def evaluate(path, tasks: list[str], *, include_path=None, device: str = "cpu", batch_size: int = 1,
-             limit: int | None = None, num_fewshot: int | None = None, max_length: int | None = None,
-             log_samples: bool = False) -> dict:
-    """lm-eval's output for ``tasks`` on the model at ``path``: ``out["results"][task][metric]``, and with
-    ``log_samples`` the per-document requests and responses in ``out["samples"][task]``."""
+class _DropWarning(logging.Filter):
+    """Drops one message of a logger: lm-eval warns on every HFLM made from a model object, which is the way its
+    own documentation gives for a model already in memory (ours, built from a run directory). Nothing the user
+    can act on, so that one warning is not shown; every other message of the logger is."""
+
+    def __init__(self, text: str):
+        super().__init__()
+        self.text = text
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return self.text not in record.getMessage()
+
+
+_PRETRAINED_NOT_STR = "`pretrained` model kwarg is not of type `str`"
+
+
+def check_include_path(include_path) -> None:
+    """A ValueError unless ``include_path`` is None or an existing directory (lm-eval ignores a missing one)."""
+    if include_path is not None and not Path(include_path).is_dir():
+        what = "a file" if Path(include_path).exists() else "no such directory"
+        raise ValueError(f"include_path: expected a directory of lm-eval task YAML files, got {include_path} ({what})")
+
+
+def check_tasks(manager, tasks: list[str], include_path=None) -> None:
+    """A ValueError naming every task that ``manager`` (an lm-eval TaskManager) does not know, with the
+    nearest names it does know; a path to a task YAML file is a task too."""
+    known = set(manager.all_tasks)
+    unknown = [t for t in tasks if t not in known and not Path(t).is_file()]
+    if not unknown:
+        return
+    near = sorted({m for t in unknown for m in difflib.get_close_matches(t, known, n=3, cutoff=0.8)})
+    where = f"the tasks of lm-eval and of --include-path {include_path}" if include_path else (
+        "the tasks of lm-eval (a task of your own needs --include-path DIR, its YAML folder)")
+    raise ValueError(f"tasks: expected names from {where}, got unknown {', '.join(map(repr, unknown))}"
+                     + (f"; did you mean {', '.join(near)}?" if near else "; `lm-eval ls tasks` lists them"))
+
+
+def _lm_eval():
     try:
         import lm_eval
         from lm_eval.models.huggingface import HFLM
         from lm_eval.tasks import TaskManager
     except ImportError as e:
-        raise ImportError(f"hybrid-eval needs lm-eval: pip install -e '.[eval]' in the hybrid checkout ({e})") from None
-    model, tokenizer = load_for_eval(path, device)
-    lm = HFLM(pretrained=model, tokenizer=tokenizer, backend="causal", batch_size=batch_size, device=device,
-              max_length=max_length)
+        raise ImportError(f"hybrid-eval needs lm-eval: pip install 'hybrid-lm[eval]' (or -e '.[eval]' in the "
+                          f"checkout) ({e})") from None
+    return lm_eval, HFLM, TaskManager
+
+
+def task_manager(tasks: list[str], include_path=None):
+    """lm-eval's TaskManager with ``include_path``, after checking the path and that it knows every task."""
+    check_include_path(include_path)
+    _, _, TaskManager = _lm_eval()
     manager = TaskManager(include_path=str(include_path) if include_path else None)
+    check_tasks(manager, tasks, include_path)
+    return manager
+
+
+def evaluate(path, tasks: list[str], *, include_path=None, device: str = "cpu", batch_size: int = 1,
+             limit: int | None = None, num_fewshot: int | None = None, max_length: int | None = None,
+             log_samples: bool = False) -> dict:
+    """lm-eval's output for ``tasks`` on the model at ``path``: ``out["results"][task][metric]``, and with
+    ``log_samples`` the per-document requests and responses in ``out["samples"][task]``.
+
+    The include path and the task names are checked before the model is loaded (a ValueError names them)."""
+    check_include_path(include_path)  # before lm-eval's slow import and task index
+    lm_eval, HFLM, _ = _lm_eval()
+    manager = task_manager(tasks, include_path)
+    model, tokenizer = load_for_eval(path, device)
+    hf_logger = logging.getLogger("lm_eval.models.huggingface")
+    quiet = _DropWarning(_PRETRAINED_NOT_STR)
+    hf_logger.addFilter(quiet)
+    try:
+        lm = HFLM(pretrained=model, tokenizer=tokenizer, backend="causal", batch_size=batch_size, device=device,
+                  max_length=max_length)
+    finally:
+        hf_logger.removeFilter(quiet)
     return lm_eval.simple_evaluate(model=lm, tasks=list(tasks), task_manager=manager, limit=limit,
                                    num_fewshot=num_fewshot, log_samples=log_samples)

@@ -10,6 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..inference import LoadedRun, load_run
+from ..outdir import check_output_dir, staged_output_dir
 from .tokenizer import to_hf_tokenizer
 
 
@@ -28,11 +29,16 @@ def hf_model_from_run(run: LoadedRun):
     return model
 
 
-def export_run(run_dir, out_dir) -> Path:
-    """Write the run's model and tokenizer as a transformers directory; returns ``out_dir``."""
-    run = load_run(run_dir)
+def export_run(run_dir, out_dir, *, overwrite: bool = False) -> Path:
+    """Write the run's model and tokenizer as a transformers directory; returns ``out_dir``.
+
+    An ``out_dir`` that exists and is not empty (a run directory, an earlier export) is refused unless
+    ``overwrite``; it is then replaced whole, and a failed export changes nothing (``hybrid.train.outdir``).
+    """
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    hf_model_from_run(run).save_pretrained(out)
-    to_hf_tokenizer(run.tokenizer).save_pretrained(out)
+    check_output_dir(out, overwrite=overwrite, inputs=(run_dir,))
+    run = load_run(run_dir)
+    with staged_output_dir(out, overwrite=overwrite, inputs=(run_dir,)) as stage:
+        hf_model_from_run(run).save_pretrained(stage)
+        to_hf_tokenizer(run.tokenizer).save_pretrained(stage)
     return out

@@ -12,7 +12,10 @@ from pathlib import Path
 
 from hybrid.models import PRESETS
 
-from ..cli import _Parser, _positive_int, _set_pair
+from ..cli import USER_ERRORS, _fail, _Parser, _positive_int, _set_pair
+from ..config import TRACKERS
+from ..outdir import check_output_dir, prepare_suite_dir, staged_output_dir
+from ..progress import progress_bar
 from ..suite import markdown_table, parse_int_list, parse_name_list
 from . import TASK_NAMES, make_task
 from .suite import (BUDGETS, MODELS, SUITES, budget_for, curriculum_steps, model_shape, run_synthetic_suite,
@@ -47,6 +50,11 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--seeds", help="comma-separated seeds, e.g. 0,1,2 (overrides the budget)")
     p.add_argument("--models", help="comma-separated suite models (overrides the budget): " + ", ".join(MODELS))
     p.add_argument("--device", default="auto", help="auto (cuda when available), cpu, cuda, cuda:N")
+    p.add_argument("--overwrite", action="store_true",
+                   help="--task: replace a non-empty --out; --suite: start the suite over instead of continuing it")
+    p.add_argument("--log", choices=list(TRACKERS), action="append", default=[],
+                   help="log each finished run (its metrics.jsonl, results and config) to TensorBoard "
+                        "(RUN/tensorboard/) or Weights & Biases; repeatable")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     g = p.add_argument_group("one run (--task)")
     g.add_argument("--preset", choices=sorted(PRESETS), default="vo-rnn", help="architecture (default: vo-rnn)")
@@ -71,16 +79,19 @@ def _one_run(args, budget) -> int:
     print(budget.describe())
     print(f"run: {json.dumps(config.to_dict())}")
     bar = None
-    if not args.quiet:
-        from tqdm.auto import tqdm
-
-        bar = tqdm(total=config.steps, desc=args.task, unit="step", dynamic_ncols=True)
+    if not args.quiet:  # a tqdm bar on a terminal, plain lines in a log file
+        bar = progress_bar(total=config.steps, desc=args.task, unit="step")
     try:
-        results = train_task(config, args.out, on_step=(lambda s, loss: (bar.update(1), bar.set_postfix(loss=f"{loss:.4f}")))
-                             if bar is not None else None)
+        with staged_output_dir(args.out, overwrite=args.overwrite, what="--out") as stage:  # whole or nothing
+            results = train_task(config, stage, on_step=(lambda s, loss: (bar.update(1), bar.set_postfix(loss=f"{loss:.4f}")))
+                                 if bar is not None else None)
     finally:
         if bar is not None:
             bar.close()
+    if args.log:
+        from ..tracking import replay_run
+
+        replay_run(args.log, args.out, config.to_dict(), summary=_summary(results))
     points = list(results["accuracy"])
     print(markdown_table(["", "valid"] + points,
                          [["accuracy", f"{results['valid_accuracy']:.4f}"] + [f"{results['accuracy'][p]:.4f}" for p in points],
@@ -89,28 +100,57 @@ def _one_run(args, budget) -> int:
     return 0 if results["status"] == "finished" else 1
 
 
+def _summary(metrics: dict) -> dict:
+    """The numbers of a run's results (accuracy per test point, …), for the trackers."""
+    return {k: v for k, v in metrics.items() if isinstance(v, (int, float, dict)) and not isinstance(v, bool)}
+
+
+def _log_suite(kinds, out: Path, suite: str) -> None:
+    from ..suite import ResultsLog
+    from ..tracking import replay_run
+
+    for record in ResultsLog(out).records():
+        run_dir = out / record["run"]
+        if run_dir.is_dir():
+            replay_run(kinds, run_dir, record["config"], summary=_summary(record["metrics"]), group=suite)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = parser()
-    args = p.parse_args(argv)
+    args = p.parse_args(argv)  # a bad option: SystemExit(2), its one line printed
     try:
+        from ..tracking import check_trackers
+
+        check_trackers(args.log)
+        if args.task is not None:
+            check_output_dir(args.out, overwrite=args.overwrite, what="--out")
         seeds = parse_int_list(args.seeds) if args.seeds is not None else None
         models = parse_name_list(args.models) if args.models is not None else None
-        budget = budget_for(args.budget, steps=args.steps, seq_len=args.seq_len, seeds=seeds, models=models)
+        budget = budget_for(args.budget, steps=args.steps, seq_len=args.seq_len, seeds=seeds, models=models,
+                            suite=args.suite or args.task)
         if args.suite is not None:
             if args.sets or args.lr is not None or args.batch_size is not None:
                 raise ValueError("--set, --lr and --batch-size: apply to one run (--task); a suite takes its "
                                  "models, rates and batch from the budget")
+            prepare_suite_dir(args.out, overwrite=args.overwrite)
             print(budget.describe(), flush=True)
             report = run_synthetic_suite(args.suite, budget, args.out, device=args.device, verbose=not args.quiet)
             print(f"report: {report}")
+            if args.log:
+                _log_suite(args.log, Path(args.out), args.suite)
             return 0
         return _one_run(args, budget)
-    except (ValueError, FileNotFoundError) as e:
+    except USER_ERRORS as e:
         if os.environ.get("HYBRID_TRACEBACK"):
             raise
-        p.exit(2, f"{p.prog}: error: {e}\n")
+        p.exit(_fail(p.prog, e))  # one line, exit 2
     except KeyboardInterrupt:
-        print(f"{p.prog}: interrupted; run the same command again to resume", file=sys.stderr)
+        if args.suite is not None:  # finished runs are in results.jsonl; the suite continues from them
+            print(f"{p.prog}: interrupted; the finished runs are kept in {args.out}; run the same command again to "
+                  f"continue the suite", file=sys.stderr)
+        else:  # a --task run is written whole or not at all
+            print(f"{p.prog}: interrupted; nothing was written to {args.out}; run the same command again to start "
+                  f"over", file=sys.stderr)
         return 130
 
 
