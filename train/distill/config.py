@@ -1,0 +1,171 @@
+"""DistillConfig: everything one ``hybrid-distill`` run needs, validated on construction."""
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field, fields
+
+from ..config import TRACKERS
+from ..data.packing import PACKINGS
+from .mapping import RNN_FIELDS
+
+__all__ = ["DistillConfig", "TRAIN_PARTS", "DECAY_INITS", "RESUMABLE"]
+
+TRAIN_PARTS = ("all", "new")  # stage 2 trains every weight, or only the replaced layers' mixers
+DECAY_INITS = ("attention", "ring")  # the R layers' decay: fitted to the attention's mean distance, or the LRU ring
+# what --resume may change (the rest defines the run: the teacher, the student, the data order, the losses)
+RESUMABLE = ("steps", "eval_every", "eval_batches", "log_every", "save_every", "keep", "device", "log")
+
+
+@dataclass
+class DistillConfig:
+    teacher: str = ""  # a run directory (hybrid-train, hybrid-import, hybrid-distill)
+    out: str = "runs/distill"
+    # the student: exactly one of pattern / keep_attention
+    pattern: str | None = None  # R = replaced, A = kept; repeated and cut at the teacher's n_layers
+    keep_attention: str | None = None  # "auto:K": keep the K attention layers whose replacement costs the most
+    model: dict = field(default_factory=dict)  # HybridConfig overrides: window, and the R layers' RNN_FIELDS
+    decay_init: str = "attention"  # DECAY_INITS
+    # data (as hybrid-train; the tokenizer is always the teacher's)
+    data: str | None = None
+    text_column: str = "text"
+    valid_fraction: float = 0.05
+    seq_len: int = 256
+    packing: str = "documents"
+    batch_size: int = 16
+    # stage 1: alignment
+    align_steps: int = 100
+    align_lr: float = 3e-3
+    align_warmup: int | None = None  # None: min(100, align_steps // 10)
+    # stage 2: end to end
+    steps: int = 200
+    lr: float = 1e-3
+    warmup: int | None = None  # None: min(100, steps // 10)
+    temperature: float = 1.0
+    ce_weight: float = 0.0
+    train: str = "all"
+    # both stages' AdamW
+    min_lr_ratio: float = 0.1
+    weight_decay: float = 0.1
+    betas: tuple[float, float] = (0.9, 0.95)
+    grad_clip: float | None = 1.0
+    # layer selection
+    select_batches: int = 8
+    # bookkeeping
+    eval_every: int = 100
+    eval_batches: int | None = 50
+    log_every: int = 10
+    save_every: int = 100
+    keep: int = 2
+    log: list = field(default_factory=list)
+    seed: int = 0
+    device: str = "auto"
+
+    def __post_init__(self):
+        if isinstance(self.betas, list):
+            self.betas = tuple(self.betas)
+        if self.grad_clip == 0:
+            self.grad_clip = None
+        if isinstance(self.log, (tuple, str)):
+            self.log = [self.log] if isinstance(self.log, str) else list(self.log)
+        self._validate()
+
+    @property
+    def align_warmup_steps(self) -> int:
+        return min(100, self.align_steps // 10) if self.align_warmup is None else self.align_warmup
+
+    @property
+    def warmup_steps(self) -> int:
+        return min(100, self.steps // 10) if self.warmup is None else self.warmup
+
+    @property
+    def total_steps(self) -> int:
+        return self.align_steps + self.steps
+
+    def _validate(self) -> None:
+        def integer(name, low):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < low:
+                raise ValueError(f"{name}: expected an int >= {low}, got {v!r}")
+
+        def number(name, low, high=math.inf, low_open=False):
+            v = getattr(self, name)
+            ok = not isinstance(v, bool) and isinstance(v, (int, float)) and math.isfinite(v)
+            if not (ok and (v > low if low_open else v >= low) and v <= high):
+                what = (f"a finite number {'>' if low_open else '>='} {low:g}" if high == math.inf
+                        else f"a number in {'(' if low_open else '['}{low:g}, {high:g}]")
+                raise ValueError(f"{name}: expected {what}, got {v!r}")
+
+        if not isinstance(self.teacher, str) or not self.teacher:
+            raise ValueError(f"teacher: expected a run directory, got {self.teacher!r}")
+        if not isinstance(self.out, str) or not self.out:
+            raise ValueError(f"out: expected a directory path, got {self.out!r}")
+        if (self.pattern is None) == (self.keep_attention is None):
+            raise ValueError("--pattern / --keep-attention: expected exactly one of them (a fixed pattern such as RRA, "
+                             f"or auto:K), got {'both' if self.pattern is not None else 'neither'}")
+        if not isinstance(self.model, dict):
+            raise ValueError(f"model: expected a dict of HybridConfig overrides, got {type(self.model).__name__}")
+        bad = sorted(set(self.model) - {"window", *RNN_FIELDS})
+        if bad:
+            raise ValueError(f"--set: expected one of the R layers' fields {list(RNN_FIELDS)} (the student keeps the "
+                             f"teacher's vocabulary, width, depth, heads and MLPs; --pattern / --window for the "
+                             f"layers), got {', '.join(bad)}")
+        if self.data is not None and not isinstance(self.data, str):
+            raise ValueError(f"data: expected a string or None, got {self.data!r}")
+        if not isinstance(self.text_column, str) or not self.text_column:
+            raise ValueError(f"text_column: expected a column name, got {self.text_column!r}")
+        number("valid_fraction", 0.0, 1.0, low_open=True)
+        if self.valid_fraction >= 1.0:
+            raise ValueError(f"valid_fraction: expected a number in (0, 1), got {self.valid_fraction!r}")
+        if self.packing not in PACKINGS:
+            raise ValueError(f"packing: expected one of {list(PACKINGS)}, got {self.packing!r}")
+        for name in ("seq_len", "batch_size", "log_every", "keep", "select_batches"):
+            integer(name, 1)
+        for name in ("align_steps", "steps", "eval_every", "save_every", "seed"):
+            integer(name, 0)
+        if self.total_steps < 1:
+            raise ValueError("steps: expected at least one step in all (--align-steps + --steps), got 0")
+        for name, total in (("align_warmup", self.align_steps), ("warmup", self.steps)):
+            if getattr(self, name) is not None:
+                integer(name, 0)
+                if getattr(self, name) > total:
+                    raise ValueError(f"{name}: expected at most its stage's {total} steps, got {getattr(self, name)}")
+        for name in ("align_lr", "lr", "temperature"):
+            number(name, 0.0, low_open=True)
+        number("ce_weight", 0.0)
+        number("min_lr_ratio", 0.0, 1.0)
+        number("weight_decay", 0.0)
+        if self.decay_init not in DECAY_INITS:
+            raise ValueError(f"decay_init: expected one of {list(DECAY_INITS)}, got {self.decay_init!r}")
+        if self.train not in TRAIN_PARTS:
+            raise ValueError(f"train: expected one of {list(TRAIN_PARTS)}, got {self.train!r}")
+        if (not isinstance(self.betas, tuple) or len(self.betas) != 2
+                or not all(isinstance(b, (int, float)) and not isinstance(b, bool) and 0 <= b < 1 for b in self.betas)):
+            raise ValueError(f"betas: expected two numbers in [0, 1), got {self.betas!r}")
+        if self.grad_clip is not None:
+            number("grad_clip", 0.0, low_open=True)
+        if self.eval_batches is not None:
+            integer("eval_batches", 1)
+        if (not isinstance(self.log, list) or any(k not in TRACKERS for k in self.log)
+                or len(set(self.log)) != len(self.log)):
+            raise ValueError(f"log: expected a list of distinct trackers from {list(TRACKERS)}, got {self.log!r}")
+        if not isinstance(self.device, str) or not (self.device in ("auto", "cpu", "cuda")
+                                                    or self.device.startswith("cuda:")):
+            raise ValueError(f"device: expected 'auto', 'cpu', 'cuda' or 'cuda:N', got {self.device!r}")
+
+    def to_dict(self) -> dict:
+        d = dataclasses.asdict(self)
+        d["betas"] = list(self.betas)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "DistillConfig":
+        if not isinstance(d, dict):
+            raise ValueError(f"distill config: expected a dict, got {type(d).__name__}")
+        unknown = sorted(set(d) - {f.name for f in fields(cls)})
+        if unknown:
+            raise ValueError(f"distill config: unknown field(s) {unknown}")
+        return cls(**d)
+
+    def replace(self, **overrides) -> "DistillConfig":
+        return dataclasses.replace(self, **overrides)

@@ -1,0 +1,696 @@
+"""The distillation run: teacher, student, the two stages, selection, the run directory, exact resume.
+
+    result = Distiller(DistillConfig(teacher="runs/tf", pattern="RRA", model={"window": 64}, out="runs/rra")).fit()
+    result = Distiller.from_checkpoint("runs/rra", steps=400).fit()          # continue; --steps is the new total
+
+One process, one device. Global step ``k`` counts the stage-1 steps, then the stage-2 steps; every step reads one
+batch of ``batch_size × seq_len`` training tokens (the data order continues across the stages), so the run's
+distillation tokens are ``(align_steps + steps) × batch_size × seq_len``.
+
+- Stage 1 trains the R mixers only (every other weight frozen) on ``alignment_losses``; in ``auto:K`` mode every
+  attention layer of the teacher gets an R layer here (the stage-1 model is the teacher with all of them
+  replaced), then ``replacement_costs`` ranks them and the student keeps the K most costly as attention.
+- Stage 2 trains the student (``train="all"``) or the replaced layers' mixers (``"new"``) on ``distill_loss``.
+
+Checkpoints (``hybrid.train.checkpoint``) hold the current model (in stage 1 the stage-1 model, after it the
+student: a ``HybridLM`` with its own ``HybridConfig``), the optimizer and schedule of the current stage, the data
+position, the RNG and the stage; ``extra["tokenizer"]`` is the teacher's, so ``load_run``, ``hybrid-generate``,
+``hybrid-export`` and the benchmark's evaluation open the run directory like any other. A non-finite loss or
+gradient norm is caught at the next log or save (a flag on the device, no sync per step) and ends the run before
+anything is written; the last good checkpoint stays.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import random
+import shutil
+import statistics
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from hybrid.models import HybridConfig, HybridLM
+
+from ..checkpoint import (
+    Checkpoint,
+    CheckpointError,
+    capture_rng_state,
+    load_checkpoint,
+    restore_rng_state,
+    save_checkpoint,
+)
+from ..data import prepare_data
+from ..data.packing import pack_documents
+from ..distributed import resolve_device
+from ..init_from import copy_matching
+from ..metrics import METRICS_FILE, MetricsLogger, read_metrics
+from ..optim import build_optimizer
+from ..outdir import check_output_dir
+from ..progress import progress_bar
+from ..schedule import warmup_cosine
+from ..sharding import GlobalBatches
+from ..tokenizer import tokenizer_from_dict
+from ..tracking import open_trackers
+from .config import RESUMABLE, DistillConfig
+from .losses import alignment_losses, capture_mixer_io, distill_loss, token_kl
+from .mapping import decay_from_attention, init_student, layer_types_for_pattern, student_config
+from .select import keep_most_costly, parse_keep_attention, replacement_costs
+
+__all__ = ["Distiller", "DistillResult", "load_teacher", "PLOT_FILE", "RANKING_FILE", "SUMMARY_FILE", "CONFIG_FILE"]
+
+PLOT_FILE, RANKING_FILE, SUMMARY_FILE = "loss.png", "layer_ranking.json", "distill.json"
+CONFIG_FILE = "distill_config.json"
+
+
+@dataclass
+class Teacher:
+    model: HybridLM
+    config: HybridConfig
+    tokenizer: dict  # the checkpoint's tokenizer record
+    path: Path  # the run directory
+    sha256: str  # of its model.safetensors: a resumed run checks that the teacher did not change
+
+
+def load_teacher(run_dir, device) -> Teacher:
+    """The teacher's model (frozen, eval mode), config and tokenizer record; a ValueError naming --teacher when
+    ``run_dir`` is not a run directory, or its checkpoint has no tokenizer record."""
+    path = Path(run_dir)
+    try:
+        ckpt = load_checkpoint(path)
+    except FileNotFoundError as e:
+        raise ValueError(f"--teacher: expected a run directory (with checkpoint/), got {run_dir} ({e})") from None
+    except CheckpointError as e:
+        raise ValueError(f"--teacher: expected a readable run directory, got {run_dir} ({e})") from None
+    extra = ckpt.extra if isinstance(ckpt.extra, dict) else {}
+    if not isinstance(extra.get("tokenizer"), dict):
+        raise ValueError(f"--teacher: expected a checkpoint with a tokenizer record (written by hybrid-train, "
+                         f"hybrid-import or hybrid-distill), got {ckpt.path}, which has none: the student's vocabulary "
+                         f"could not be checked against the data")
+    try:
+        config = HybridConfig.from_dict(ckpt.config)
+    except ValueError as e:
+        raise ValueError(f"--teacher: expected a valid model config, got {ckpt.path / 'config.json'} ({e})") from None
+    if config.dtype == "float16":
+        raise ValueError("--teacher: expected a float32 or bfloat16 model, got float16 (no loss scaling here); "
+                         "import it with hybrid-import --dtype float32")
+    model = HybridLM(config)
+    try:
+        model.load_state_dict(ckpt.model_state)
+    except RuntimeError as e:
+        raise ValueError(f"--teacher: the weights of {ckpt.path} do not fit its config "
+                         f"({' '.join(str(e).split())[:200]})") from None
+    model.to(device).eval().requires_grad_(False)
+    sha = ckpt.manifest.get("files", {}).get("model.safetensors", {}).get("sha256", "")
+    root = ckpt.path.parent if ckpt.path.name.startswith("checkpoint") else ckpt.path
+    return Teacher(model=model, config=config, tokenizer=extra["tokenizer"], path=root.resolve(), sha256=sha)
+
+
+@dataclass
+class DistillResult:
+    step: int
+    out: Path
+    layer_types: str  # the student's
+    replaced: list[int]
+    val_loss: float | None = None
+    val_bpb: float | None = None
+    val_kl: float | None = None
+    teacher_val_bpb: float | None = None
+    ranking: list[dict] | None = None
+    history: list[dict] = field(default_factory=list)
+    summary: dict = field(default_factory=dict)
+
+
+class Distiller:
+    """One distillation run (fresh, or resumed with ``from_checkpoint``); ``fit()`` runs it. ``verbose``: 0 silent,
+    1 messages, 2 also one line per metrics record without a progress bar. ``on_log(record)``: every record."""
+
+    def __init__(self, config: DistillConfig, *, overwrite: bool = False, verbose: int = 1,
+                 progress: bool | None = None, on_log: Callable[[dict], None] | None = None,
+                 _checkpoint: Checkpoint | None = None):
+        if not isinstance(config, DistillConfig):
+            raise ValueError(f"config: expected a DistillConfig, got {type(config).__name__}")
+        self.config, self.overwrite, self.verbose = config, overwrite, verbose
+        self.progress = sys.stderr.isatty() if progress is None else progress
+        self.on_log, self.checkpoint = on_log, _checkpoint
+        self.out = Path(config.out)
+        self.bar = None
+        self.last_saved: tuple[int, Path] | None = None
+        self.step = 0
+
+    @classmethod
+    def from_checkpoint(cls, run_dir, *, distiller_kwargs: dict | None = None, **overrides) -> "Distiller":
+        """Continue the run in ``run_dir``; ``overrides`` may change only ``RESUMABLE`` fields (``steps``: the new
+        total of stage 2)."""
+        ckpt = load_checkpoint(run_dir)
+        extra = ckpt.extra if isinstance(ckpt.extra, dict) else {}
+        record = extra.get("distill")
+        if not isinstance(record, dict):
+            raise CheckpointError(ckpt.path, "has no distillation record: it was not written by hybrid-distill, so "
+                                             "hybrid-distill cannot resume it")
+        saved = DistillConfig.from_dict(record["config"])
+        overrides.pop("out", None)
+        if "teacher" in overrides and Path(overrides["teacher"]).resolve() == Path(record["teacher"]["path"]):
+            overrides.pop("teacher")  # the same run, named another way
+        fixed = sorted(k for k, v in overrides.items() if k not in RESUMABLE and v != getattr(saved, k, None))
+        if fixed:
+            flags = lambda names: ", ".join("--" + k.replace("_", "-") for k in names)  # noqa: E731
+            raise ValueError(f"--resume: expected only {flags(RESUMABLE)} to change, got {flags(fixed)} (they define "
+                             f"the run)")
+        done = record["stage_step"] if record["stage"] == "distill" else 0
+        if overrides.get("steps") is not None and overrides["steps"] < done:
+            raise ValueError(f"steps: expected the new total of stage 2, at least the {done} steps done, got "
+                             f"{overrides['steps']}")
+        overrides.pop("teacher", None)  # unchanged: the recorded absolute path works from any directory
+        config = saved.replace(**overrides, teacher=record["teacher"]["path"], out=str(ckpt.path.parent))
+        return cls(config, _checkpoint=ckpt, **(distiller_kwargs or {}))
+
+    # ------------------------------------------------------------------------------------------ messages
+
+    def write(self, msg: str) -> None:
+        if self.bar is not None:
+            self.bar.write(msg)
+        else:
+            print(msg, flush=True)
+
+    def _say(self, msg: str, level: int = 1) -> None:
+        if self.verbose >= level:
+            self.write(msg)
+
+    # ------------------------------------------------------------------------------------------ setup
+
+    def _plan(self) -> None:
+        """Check everything the command line gave against the teacher (one line per mistake), before writing."""
+        c, t = self.config, self.teacher
+        letters = t.config.layer_types
+        self.candidates = [i for i, letter in enumerate(letters) if letter == "A"]
+        if not self.candidates:
+            raise ValueError(f"--teacher: expected a model with attention layers to replace, got layers {letters!r}")
+        self.k = None
+        if c.pattern is not None:
+            types = layer_types_for_pattern(c.pattern, t.config.n_layers)
+            for i, (have, want) in enumerate(zip(letters, types)):  # R / A at attention, the teacher's own elsewhere
+                if (want not in ("R", "A")) if have == "A" else (want != have):
+                    expected = "R or A (the teacher has attention there)" if have == "A" else f"the teacher's {have!r}"
+                    raise ValueError(f"--pattern: expected {expected} at layer {i} (the teacher's layers are "
+                                     f"{letters!r}), got {want!r} ({c.pattern!r} gives {types!r})")
+            self.align_layers = [i for i, (have, want) in enumerate(zip(letters, types)) if want == "R" and have == "A"]
+            self.align_pattern = c.pattern
+        else:
+            self.k = parse_keep_attention(c.keep_attention, t.config.n_layers, len(self.candidates))
+            self.align_layers = list(self.candidates)
+            self.align_pattern = "".join("R" if i in self.candidates else x for i, x in enumerate(letters))
+        try:
+            self.align_config = student_config(t.config, self.align_pattern, c.model, str(t.path))
+            if c.pattern is None:  # every student auto:K can give must be a valid config too (the window)
+                student_config(t.config, letters, c.model, str(t.path))
+        except ValueError as e:
+            raise ValueError(f"student: {e}") from None
+        self.tokenizer = tokenizer_from_dict(t.tokenizer)
+        if self.tokenizer.vocab_size > t.config.vocab_size:
+            raise ValueError(f"--teacher: expected a tokenizer of at most the model's vocab_size={t.config.vocab_size} "
+                             f"tokens, got {self.tokenizer.vocab_size} ({self.tokenizer.name})")
+
+    def _setup(self) -> None:
+        c = self.config
+        self.device = resolve_device(c.device)
+        if self.checkpoint is None:  # refuse a used --out before anything slow (and before clearing it)
+            inputs = [Path(c.teacher)] + ([Path(c.data)] if c.data and Path(c.data).exists() else [])
+            check_output_dir(self.out, overwrite=self.overwrite, what="--out", inputs=inputs)
+        random.seed(c.seed)
+        np.random.seed(c.seed)
+        torch.manual_seed(c.seed)
+        self.teacher = load_teacher(c.teacher, self.device)
+        if self.checkpoint is not None:
+            recorded = self.checkpoint.extra["distill"]["teacher"]
+            if recorded["sha256"] != self.teacher.sha256:
+                raise ValueError(f"--teacher: expected the teacher this run started from, got {self.teacher.path}, "
+                                 f"whose weights changed since (sha256 {self.teacher.sha256[:12]}…, recorded "
+                                 f"{recorded['sha256'][:12]}…)")
+        self._plan()
+        self.autocast = contextlib.nullcontext
+        if self.device.type == "cuda" and torch.cuda.is_bf16_supported():
+            self.autocast = lambda: torch.autocast("cuda", dtype=torch.bfloat16)
+        self.data = prepare_data(c.data, tokenizer=self.tokenizer, valid_fraction=c.valid_fraction,
+                                 text_column=c.text_column)
+        self.batches = GlobalBatches(self.data, seq_len=c.seq_len, batch_size=c.batch_size, grad_accum=1,
+                                     seed=c.seed, packing=c.packing)
+        if self.checkpoint is None and self.out.exists():  # --overwrite: the old directory goes, all being checked
+            shutil.rmtree(self.out)
+        self.ranking, self.replaced, self.align_init = None, None, None
+        self.nonfinite_at = torch.zeros((), dtype=torch.float64, device=self.device)
+        ckpt = self.checkpoint
+        if ckpt is None or ckpt.extra["distill"]["stage"] == "align":
+            self.stage, self.stage_step = "align", 0
+            self.model = HybridLM(self.align_config).to(self.device)
+            self.notes = [init_student(self.model, self.teacher.model, self.align_layers)]
+            if c.decay_init == "attention" and ckpt is None:
+                self.notes[0]["decay"] = self._fit_decays()
+            self._start_align()
+        else:
+            record = ckpt.extra["distill"]
+            self.stage = "distill"
+            self.ranking, self.replaced = record.get("ranking"), record["replaced"]
+            self.model = HybridLM(HybridConfig.from_dict(ckpt.config)).to(self.device)
+            self._start_distill()
+        if ckpt is not None:
+            self._restore(ckpt)
+
+    def _fit_decays(self) -> dict:
+        """Each new R layer's decay from the mean attention distance of the layer it replaces
+        (``decay_from_attention``), on the first ``batch_size`` windows of the training stream (read directly: the
+        data order is untouched)."""
+        c = self.config
+        rows = min(c.batch_size, max(1, len(self.data.train) // c.seq_len))
+        stream = np.asarray(self.data.train[:rows * c.seq_len]).astype(np.int64)
+        ids = torch.from_numpy(stream).reshape(rows, c.seq_len).to(self.device)
+        captured = capture_mixer_io(self.teacher.model, self.align_layers, ids, None)
+        return {i: [round(g, 4) for g in decay_from_attention(self.teacher.model.blocks[i].mixer,
+                                                               self.model.blocks[i].mixer, captured[i][0]).tolist()]
+                for i in self.align_layers}
+
+    def _trainable(self, modules: nn.Module) -> None:
+        """Only ``modules``' parameters train: every other parameter of the model is frozen."""
+        self.model.requires_grad_(False)
+        modules.requires_grad_(True)
+        self.trainable = [p for p in self.model.parameters() if p.requires_grad]
+
+    def _start_align(self) -> None:
+        c = self.config
+        self.mixers = {i: self.model.blocks[i].mixer for i in self.align_layers}
+        group = nn.ModuleDict({str(i): m for i, m in self.mixers.items()})
+        self._trainable(group)
+        self.optimizer = build_optimizer(group, lr=c.align_lr, weight_decay=c.weight_decay, betas=c.betas)
+        self.scheduler = warmup_cosine(self.optimizer, warmup=c.align_warmup_steps, total=max(c.align_steps, 1),
+                                       min_lr_ratio=c.min_lr_ratio)
+
+    def _start_distill(self) -> None:
+        c = self.config
+        if c.train == "all":
+            group = self.model
+        else:
+            group = nn.ModuleDict({str(i): self.model.blocks[i].mixer for i in self.replaced})
+        self._trainable(group)
+        self.optimizer = build_optimizer(group, lr=c.lr, weight_decay=c.weight_decay, betas=c.betas)
+        self.scheduler = warmup_cosine(self.optimizer, warmup=c.warmup_steps, total=max(c.steps, 1),
+                                       min_lr_ratio=c.min_lr_ratio)
+
+    def _restore(self, ckpt: Checkpoint) -> None:
+        record = ckpt.extra["distill"]
+        try:
+            self.model.load_state_dict(ckpt.model_state)
+            self.optimizer.load_state_dict(ckpt.optimizer_state)
+            self.scheduler.load_state_dict(ckpt.scheduler_state)
+        except (KeyError, RuntimeError, ValueError, TypeError) as e:
+            problem = f"does not fit this run ({type(e).__name__}: {' '.join(str(e).split())[:200]})"
+            raise CheckpointError(ckpt.path, problem) from None
+        if self.stage == "distill":  # --steps on resume is the new total
+            schedule = self.scheduler.lr_lambdas[0]
+            schedule.total = max(self.config.steps, 1)
+            for group, base in zip(self.optimizer.param_groups, self.scheduler.base_lrs):
+                group["lr"] = base * schedule(self.scheduler.last_epoch)
+        self.batches.load_state_dict(ckpt.data_state)
+        restore_rng_state(ckpt.rng_state)
+        self.step, self.stage_step = ckpt.step, record["stage_step"]
+        self.align_init = record.get("align_mse_init")
+        self.last_saved = (ckpt.step, ckpt.path)
+
+    # ------------------------------------------------------------------------------------------ batches
+
+    def _to_device(self, x, y, cu):
+        x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
+        return x, y, None if cu is None else cu.to(self.device, non_blocking=True)
+
+    def _valid(self, max_batches: int | None):
+        """Validation batches ``(x, y, cu_seqlens)`` on the device, packed as training packs them."""
+        c = self.config
+        for x, y in self.data.valid_batches(c.seq_len, c.batch_size, max_batches=max_batches):
+            cu = None
+            if c.packing == "documents":
+                x, y, cu = pack_documents(x, y, self.tokenizer.eos_id)
+            yield self._to_device(x, y, cu)
+
+    # ------------------------------------------------------------------------------------------ steps
+
+    def _clip_and_step(self, loss: torch.Tensor):
+        c = self.config
+        loss.backward()
+        norm = torch.nn.utils.clip_grad_norm_(self.trainable, c.grad_clip) if c.grad_clip is not None else None
+        bad = ~torch.isfinite(loss.detach())
+        if norm is not None:
+            bad = bad | ~torch.isfinite(norm)
+        self.nonfinite_at = torch.where(bad & (self.nonfinite_at == 0), float(self.step + 1), self.nonfinite_at)
+        lr = self.optimizer.param_groups[0]["lr"]
+        self.optimizer.step()
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return norm, lr
+
+    def _align_step(self):
+        x, _, cu = self._to_device(*self.batches.next_step()[0])
+        with self.autocast():
+            captured = capture_mixer_io(self.teacher.model, self.align_layers, x, cu)
+            losses = alignment_losses(self.mixers, captured, cu)
+        loss = sum(losses.values())
+        norm, lr = self._clip_and_step(loss)
+        return loss.detach(), {f"mse_layer{i}": v.detach() for i, v in losses.items()}, norm, lr
+
+    def _distill_step(self):
+        c = self.config
+        x, y, cu = self._to_device(*self.batches.next_step()[0])
+        with self.autocast():
+            with torch.no_grad():
+                teacher_logits, _ = self.teacher.model(x, cu_seqlens=cu, output_final_state=False)
+            logits, _ = self.model(x, cu_seqlens=cu, output_final_state=False)
+        loss, parts = distill_loss(logits, teacher_logits, y, temperature=c.temperature, ce_weight=c.ce_weight)
+        norm, lr = self._clip_and_step(loss)
+        parts = {k: v for k, v in parts.items() if v is not None}
+        return loss.detach(), parts, norm, lr
+
+    # ------------------------------------------------------------------------------------------ evaluation
+
+    @torch.no_grad()
+    def align_eval(self) -> dict:
+        """Per-layer validation MSE (and MSE over the teacher output's mean square) of the R layers."""
+        sums = {i: [0.0, 0.0] for i in self.align_layers}
+        n = 0
+        for x, _, cu in self._valid(self.config.eval_batches):
+            with self.autocast():
+                captured = capture_mixer_io(self.teacher.model, self.align_layers, x, cu)
+                losses = alignment_losses(self.mixers, captured, cu)
+            for i, v in losses.items():
+                sums[i][0] += v.item()
+                sums[i][1] += captured[i][1].float().pow(2).mean().item()
+            n += 1
+        out = {}
+        for i, (mse, power) in sums.items():
+            out[f"val_mse_layer{i}"] = mse / max(n, 1)
+            out[f"val_rel_mse_layer{i}"] = mse / max(power, 1e-30)
+        return out
+
+    @torch.no_grad()
+    def _teacher_eval(self) -> dict:
+        total, count = 0.0, 0
+        for x, y, cu in self._valid(self.config.eval_batches):
+            with self.autocast():
+                logits, _ = self.teacher.model(x, cu_seqlens=cu, output_final_state=False)
+            total += F.cross_entropy(logits.double().flatten(0, 1), y.flatten(), reduction="sum").item()
+            count += y.numel()
+        mean = total / max(count, 1)
+        return {"teacher_val_loss": mean, "teacher_val_bpb": self.data.bpb(mean)}
+
+    @torch.no_grad()
+    def student_eval(self) -> dict:
+        """The student's validation loss, bits per byte and KL to the teacher (per token, τ = 1)."""
+        was = self.model.training
+        self.model.eval()
+        ce, kl, count = 0.0, 0.0, 0
+        try:
+            for x, y, cu in self._valid(self.config.eval_batches):
+                with self.autocast():
+                    teacher_logits, _ = self.teacher.model(x, cu_seqlens=cu, output_final_state=False)
+                    logits, _ = self.model(x, cu_seqlens=cu, output_final_state=False)
+                ce += F.cross_entropy(logits.double().flatten(0, 1), y.flatten(), reduction="sum").item()
+                kl += token_kl(logits, teacher_logits).double().sum().item()
+                count += y.numel()
+        finally:
+            self.model.train(was)
+        mean = ce / max(count, 1)
+        return {"val_loss": mean, "val_bpb": self.data.bpb(mean), "val_kl": kl / max(count, 1), "val_tokens": count}
+
+    # ------------------------------------------------------------------------------------------ health, saving
+
+    def _check_health(self, *, weights: bool) -> None:
+        first_bad = int(self.nonfinite_at.item())
+        if first_bad:
+            raise FloatingPointError(self._diverged(f"the loss or gradient norm was not finite at step {first_bad}"))
+        if weights and not all(bool(torch.isfinite(p).all()) for p in self.trainable):
+            raise FloatingPointError(self._diverged(f"the weights are not finite after step {self.step}"))
+
+    def _diverged(self, what: str) -> str:
+        lr = "--align-lr" if self.stage == "align" else "--lr"
+        if self.last_saved is None:
+            where = f"no checkpoint was written; start again with a lower {lr}"
+        else:
+            step, path = self.last_saved
+            where = (f"the last good checkpoint is {path} (step {step}); start again with a lower {lr}, or continue it "
+                     f"with hybrid-distill --resume {self.out}")
+        return f"distillation diverged: {what}; {where}"
+
+    def _save(self) -> None:
+        c = self.config
+        self._check_health(weights=True)
+        record = {"config": c.to_dict(), "stage": self.stage, "stage_step": self.stage_step,
+                  "teacher": {"path": str(self.teacher.path), "sha256": self.teacher.sha256},
+                  "layer_types": self.model.config.layer_types, "align_layers": self.align_layers,
+                  "replaced": self.replaced, "ranking": self.ranking, "align_mse_init": self.align_init}
+        extra = {"tokenizer": self.tokenizer.to_dict(), "distill": record,
+                 "data_stats": {k: v for k, v in self.data.stats.items() if isinstance(v, (int, str, bool))}}
+        save_checkpoint(self.out, model_state=self.model.state_dict(), config=self.model.config.to_dict(),
+                        optimizer_state=self.optimizer.state_dict(), scheduler_state=self.scheduler.state_dict(),
+                        rng_state=capture_rng_state(), data_state=self.batches.state_dict(), step=self.step,
+                        extra=extra, keep=c.keep)
+        self.last_saved = (self.step, self.out / "checkpoint")
+        self._say(f"step {self.step:>6}  checkpoint saved to {self.out / 'checkpoint'}", level=2)
+
+    def _record(self, record: dict) -> None:
+        self.metrics.log(**record)
+        self.history.append(record)
+        self.tracker.log(record)
+        if self.on_log:
+            self.on_log(record)
+
+    # ------------------------------------------------------------------------------------------ run
+
+    def fit(self) -> DistillResult:
+        self.bar, self.metrics, self.tracker = None, None, None
+        try:
+            return self._fit()
+        finally:
+            if self.bar is not None:
+                self.bar.close()
+            if self.metrics is not None:
+                self.metrics.close()
+            if self.tracker is not None:
+                self.tracker.close()
+
+    def _fit(self) -> DistillResult:
+        self._setup()
+        c = self.config
+        resumed = self.checkpoint is not None
+        self.history = []
+        self.out.mkdir(parents=True, exist_ok=True)
+        self.metrics = MetricsLogger(self.out, resume_step=self.step if resumed else None)
+        self.tracker = open_trackers(c.log, self.out, c.to_dict(), resume_step=self.step if resumed else None)
+        (self.out / CONFIG_FILE).write_text(json.dumps(c.to_dict(), indent=2) + "\n")
+        self._announce(resumed)
+        if self.progress and self.verbose:
+            self.bar = progress_bar(total=c.total_steps, initial=self.step, desc="hybrid-distill", unit="step")
+        if self.stage == "align":
+            if not resumed and self.align_layers:
+                self.align_init = self.align_eval()
+                self._record({"step": 0, "stage": "align", **self.align_init})
+            self._loop("align", c.align_steps, self._align_step)
+            self._select_and_build()
+        teacher = self._teacher_figures = self._teacher_eval()
+        if self.stage_step == 0:
+            self._record({"step": self.step, "stage": "distill", **teacher})
+        self.last_eval = None
+        self._loop("distill", c.steps, self._distill_step)
+        final = self.last_eval
+        if final is None:  # no stage-2 step ran (--steps 0, or a finished run resumed)
+            final = self.student_eval()
+            self._record({"step": self.step, "stage": "distill", **final})
+        if self.last_saved is None or self.last_saved[0] != self.step or self.stage_step == 0:
+            self._save()
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None
+        self._plot()
+        summary = self._summary(teacher, final)
+        (self.out / SUMMARY_FILE).write_text(json.dumps(summary, indent=2) + "\n")
+        self._say(self._layout(summary))
+        return DistillResult(step=self.step, out=self.out, layer_types=self.model.config.layer_types,
+                             replaced=list(self.replaced), val_loss=final["val_loss"], val_bpb=final["val_bpb"],
+                             val_kl=final["val_kl"], teacher_val_bpb=teacher["teacher_val_bpb"], ranking=self.ranking,
+                             history=self.history, summary=summary)
+
+    def _loop(self, stage: str, total: int, step_fn) -> None:
+        c = self.config
+        loss_sum = torch.zeros((), dtype=torch.float64, device=self.device)
+        part_sums: dict[str, torch.Tensor] = {}
+        n, seconds = 0, 0.0
+        while self.stage_step < total:
+            t0 = time.perf_counter()
+            loss, parts, norm, lr = step_fn()
+            self.step += 1
+            self.stage_step += 1
+            n += 1
+            loss_sum += loss.double()
+            for k, v in parts.items():
+                part_sums[k] = part_sums.get(k, 0.0) + v.double()
+            last = self.stage_step == total
+            if self.step % c.log_every == 0 or last:
+                self._check_health(weights=False)
+                seconds += time.perf_counter() - t0
+                record = {"step": self.step, "stage": stage, "loss": (loss_sum / n).item(), "lr": lr,
+                          "tokens_per_s": n * c.batch_size * c.seq_len / max(seconds, 1e-9),
+                          **{k: (v / n).item() for k, v in part_sums.items()}}
+                if norm is not None:
+                    record["grad_norm"] = float(norm)
+                self._record(record)
+                if self.bar is not None:
+                    self.bar.set_postfix(stage=stage, loss=f"{record['loss']:.4f}")
+                else:
+                    self._say(f"step {self.step:>6}  {stage:<7}  loss {record['loss']:.5f}  lr {lr:.2e}  "
+                              f"{record['tokens_per_s']:,.0f} tok/s", level=2)
+                loss_sum.zero_()
+                part_sums, n, seconds = {}, 0, 0.0
+            else:
+                seconds += time.perf_counter() - t0
+            if self.bar is not None:
+                self.bar.update(1)
+            if (c.eval_every and self.step % c.eval_every == 0) or last:
+                self._check_health(weights=True)
+                figures = self.align_eval() if stage == "align" else self.student_eval()
+                if stage == "distill":
+                    self.last_eval = figures
+                self._record({"step": self.step, "stage": stage, **figures})
+                self._plot()
+                shown = "  ".join(f"{k} {v:.4g}" for k, v in figures.items()
+                                  if k.startswith(("val_rel", "val_bpb", "val_kl")))
+                self._say(f"step {self.step:>6}  {stage:<7}  {shown}")
+            if (c.save_every and self.step % c.save_every == 0) or last:
+                self._save()
+
+    def _select_and_build(self) -> None:
+        """After stage 1: rank the layers (auto:K), build the student, start stage 2."""
+        c = self.config
+        kept = []
+        if self.k is not None:
+            batches = [(x, cu) for x, _, cu in self._valid(c.select_batches)]
+            costs = replacement_costs(self.teacher.model, self.mixers, batches)
+            self.ranking = keep_most_costly(costs, self.k)
+            kept = [r["layer"] for r in self.ranking if r["kept"]]
+            letters = self.teacher.config.layer_types
+            types = "".join("A" if i in kept or x != "A" else "R" for i, x in enumerate(letters))
+            self._say("layer ranking (KL of the teacher with only that layer replaced, nats/token):\n"
+                      + "\n".join(f"  {r['rank']:>2}. layer {r['layer']:>3}  KL {r['kl']:.5f}  "
+                                  f"{'kept as attention' if r['kept'] else 'replaced by R'}" for r in self.ranking))
+            (self.out / RANKING_FILE).write_text(json.dumps(
+                {"teacher": str(self.teacher.path), "k": self.k, "layer_types": types,
+                 "metric": "mean per-token KL(teacher || teacher with only this layer replaced by its stage-1 R "
+                           f"layer), nats, over {len(batches)} validation batches",
+                 "ranking": self.ranking}, indent=2) + "\n")
+            config = student_config(self.teacher.config, types, c.model, str(self.teacher.path))
+            student = HybridLM(config).to(self.device)
+            self.replaced = [i for i in self.align_layers if i not in kept]
+            copy_matching(student, {k: v for k, v in self.teacher.model.state_dict().items()  # kept attention too
+                                    if not any(k.startswith(f"blocks.{i}.mixer.") for i in self.replaced)})
+            for i in self.replaced:
+                student.blocks[i].mixer.load_state_dict(self.model.blocks[i].mixer.state_dict())
+            self.model = student
+        else:
+            self.replaced = list(self.align_layers)
+        self.stage, self.stage_step = "distill", 0
+        self._start_distill()
+
+    # ------------------------------------------------------------------------------------------ reporting
+
+    def _announce(self, resumed: bool) -> None:
+        c, s = self.config, self.data.stats
+        mode = f"pattern {c.pattern}" if c.pattern is not None else f"keep-attention {c.keep_attention}"
+        what = f"resuming at step {self.step} ({self.stage})" if resumed else "distilling"
+        self._say(f"{what}: teacher {self.teacher.path} (layers {self.teacher.config.layer_types}, "
+                  f"{self.teacher.model.num_parameters():,} parameters) -> {mode}, window "
+                  f"{self.align_config.window or 'global'}\n"
+                  f"data: {s['source']}: {s['train_tokens']:,} train / {s['valid_tokens']:,} valid tokens "
+                  f"({s['tokenizer']})\n"
+                  f"stage 1 (align {len(self.align_layers)} R layers): {c.align_steps} steps, lr {c.align_lr:g}; "
+                  f"stage 2 (KL, τ={c.temperature:g}, ce_weight {c.ce_weight:g}, train {c.train}): {c.steps} steps, "
+                  f"lr {c.lr:g}; {c.batch_size} × {c.seq_len} tokens per step (packing {c.packing})")
+        for note in getattr(self, "notes", []):
+            self._say(f"note: copied {note['copied']} teacher tensors; R layers {note['mapped_layers']} from the "
+                      f"attention they replace (V, O)")
+            if "decay" in note:
+                per_layer = (f"layer {i}: {', '.join(f'{g:.3f}' for g in gs)}" for i, gs in note["decay"].items())
+                self._say("note: decay γ per head from the attention's mean distance: " + "; ".join(per_layer))
+
+    def _plot(self) -> None:
+        """loss.png: stage 1's per-layer MSE, stage 2's loss and the validation loss against the teacher's."""
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.figure import Figure
+
+        records = read_metrics(self.out / METRICS_FILE)
+        fig = Figure(figsize=(11, 4.5), dpi=100)
+        FigureCanvasAgg(fig)
+        ax1, ax2 = fig.add_subplot(1, 2, 1), fig.add_subplot(1, 2, 2)
+        align = [r for r in records if r.get("stage") == "align"]
+        for key in sorted({k for r in align for k in r if k.startswith(("mse_layer", "val_mse_layer"))}):
+            pts = [(r["step"], r[key]) for r in align if key in r]
+            ax1.plot(*zip(*pts), "o-" if key.startswith("val") else "-", label=key, markersize=3, linewidth=1)
+        ax1.set_yscale("log")
+        ax1.set_title("stage 1: alignment MSE per layer")
+        ax1.set_xlabel("step")
+        distill = [r for r in records if r.get("stage") == "distill"]
+        ax3 = ax2.twinx()  # the validation loss in nats per token, beside the teacher's, on its own scale
+        for ax, key, style in ((ax2, "loss", "-"), (ax2, "val_kl", "o-"), (ax3, "val_loss", "s--")):
+            pts = [(r["step"], r[key]) for r in distill if key in r and r[key] > 0]
+            if pts:
+                ax.plot(*zip(*pts), style, label=key, markersize=4, linewidth=1, color={"loss": "C0", "val_kl": "C1",
+                                                                                         "val_loss": "C2"}[key])
+        teacher = getattr(self, "_teacher_figures", None)
+        if teacher and any("val_loss" in r for r in distill):
+            ax3.axhline(teacher["teacher_val_loss"], linestyle=":", color="gray", label="teacher val_loss")
+        ax2.set_yscale("log")
+        ax2.set_ylabel("KL(teacher || student), nats/token")
+        ax3.set_ylabel("validation loss, nats/token")
+        ax2.set_title("stage 2: training loss and validation KL, validation loss")
+        ax2.set_xlabel("step")
+        if ax3.lines:
+            ax3.legend(fontsize=7, loc="upper right")
+        ax1.grid(True, alpha=0.3)
+        ax2.grid(True, alpha=0.3)
+        if ax1.lines:
+            ax1.legend(fontsize=7)
+        if ax2.lines:
+            ax2.legend(fontsize=7, loc="upper left")
+        fig.tight_layout()
+        fig.savefig(self.out / PLOT_FILE, format="png")
+
+    def _summary(self, teacher: dict, final: dict) -> dict:
+        c = self.config
+        records = read_metrics(self.out / METRICS_FILE)
+        speeds = {stage: [r["tokens_per_s"] for r in records if r.get("stage") == stage and "tokens_per_s" in r]
+                  for stage in ("align", "distill")}
+        align_final = next((r for r in reversed(records) if r.get("stage") == "align"
+                            and any(k.startswith("val_mse") for k in r)), None)
+        tokens = c.batch_size * c.seq_len
+        return {
+            "teacher": str(self.teacher.path), "teacher_layer_types": self.teacher.config.layer_types,
+            "layer_types": self.model.config.layer_types, "replaced": self.replaced,
+            "window": self.model.config.window, "ranking": self.ranking, **teacher, **final,
+            "tokens": {"align": c.align_steps * tokens, "distill": c.steps * tokens, "total": c.total_steps * tokens},
+            "tokens_per_s": {k: statistics.median(v) if v else None for k, v in speeds.items()},
+            "align_mse_init": self.align_init,
+            "align_mse_final": None if align_final is None else {k: v for k, v in align_final.items()
+                                                                   if k.startswith("val_")},
+        }
+
+    def _layout(self, s: dict) -> str:
+        return (f"done at step {self.step}: student {s['layer_types']} (R at {s['replaced']}, window {s['window']}): "
+                f"val_bpb {s['val_bpb']:.4f} (teacher {s['teacher_val_bpb']:.4f}), KL to the teacher "
+                f"{s['val_kl']:.4f} nats/token\n"
+                f"run directory {self.out}/\n"
+                f"  checkpoint/          the student (hybrid-generate, hybrid-export, load_run open it); resumable\n"
+                f"  {METRICS_FILE:<20} stage 1 and stage 2 records (JSON lines)\n"
+                f"  {PLOT_FILE:<20} both stages' curves\n"
+                + (f"  {RANKING_FILE:<20} the layer ranking\n" if self.ranking else "")
+                + f"  {SUMMARY_FILE:<20} the summary; {CONFIG_FILE}: the run's options")
