@@ -110,12 +110,13 @@ def test_every_cli_refuses_abbreviations():
 
     from hybrid.train.bench.cli import bench_parser
     from hybrid.train.cli import generate_parser
+    from hybrid.train.distill.cli import parser as distill_parser
     from hybrid.train.hf.cli import eval_parser, export_parser, import_parser
     from hybrid.train.rope_analysis import analyze_parser
     from hybrid.train.tasks.cli import parser as synthetic_parser
 
     parsers = [train_parser, generate_parser, bench_parser, eval_parser, export_parser, import_parser,
-               analyze_parser, synthetic_parser]
+               analyze_parser, synthetic_parser, distill_parser]
     assert all(p().allow_abbrev is False for p in parsers)
     scripts = {e.name for e in entry_points(group="console_scripts") if e.value.startswith("hybrid.")}
     assert len(scripts) == len(parsers), scripts  # a new CLI gets a line here

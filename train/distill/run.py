@@ -440,8 +440,8 @@ class Distiller:
             where = f"no checkpoint was written; start again with a lower {lr}"
         else:
             step, path = self.last_saved
-            where = (f"the last good checkpoint is {path} (step {step}); start again with a lower {lr}, or continue it "
-                     f"with hybrid-distill --resume {self.out}")
+            where = (f"the last good checkpoint is {path} (step {step}); it cannot be resumed with another learning "
+                     f"rate: start again with a lower {lr} (--overwrite)")
         return f"distillation diverged: {what}; {where}"
 
     def _save(self) -> None:
