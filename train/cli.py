@@ -228,12 +228,13 @@ def train_parser() -> argparse.ArgumentParser:
 MODEL_FLAGS = ("pattern", "d_model", "n_layers", "n_heads", "window")
 
 
-def config_from_args(args: argparse.Namespace) -> dict:
-    """The TrainConfig fields the command line sets (only those given), ``model`` overrides merged."""
+def config_from_args(args: argparse.Namespace, model_flags: tuple[str, ...] = MODEL_FLAGS) -> dict:
+    """The config fields the command line sets (only those given), ``model`` overrides (``model_flags`` and
+    ``--set``) merged into one dict."""
     given = dict(vars(args))
     for name in ("resume", "overwrite", "quiet", "config"):
         given.pop(name, None)
-    model = {name: given.pop(name) for name in MODEL_FLAGS if name in given}
+    model = {name: given.pop(name) for name in model_flags if name in given}
     for key, value in given.pop("sets", []):
         model[key] = value
     if model:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 import shlex
 
-from ..cli import _finite_float, _guarded, _int_or, _Parser, _positive_int, _set_pair, _count
+from ..cli import _count, _finite_float, _guarded, _int_or, _Parser, _positive_int, _set_pair, config_from_args
 from ..config import TRACKERS
 from .config import DECAY_INITS, TRAIN_PARTS, DistillConfig
 
@@ -105,27 +105,11 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
-def config_from_args(args: argparse.Namespace) -> dict:
-    given = dict(vars(args))
-    for name in ("resume", "overwrite", "quiet"):
-        given.pop(name, None)
-    model = {}
-    if "window" in given:
-        model["window"] = given.pop("window")
-    for key, value in given.pop("sets", []):
-        model[key] = value
-    if model:
-        given["model"] = model
-    if "betas" in given:
-        given["betas"] = tuple(given["betas"])
-    return given
-
-
 def _run(args: argparse.Namespace) -> int:
     from ..tracking import check_trackers
     from .run import Distiller
 
-    given = config_from_args(args)
+    given = config_from_args(args, model_flags=("window",))  # hybrid-distill's one model flag
     kwargs = dict(verbose=0 if args.quiet else 2)
     if args.quiet:
         import datasets
