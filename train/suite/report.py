@@ -72,12 +72,18 @@ def plot_lines(path, series: dict, *, xlabel: str, ylabel: str, title: str | Non
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
         fig.tight_layout()
-        tmp = path.with_name(path.name + ".tmp")
-        fig.savefig(tmp, format="png")
-        os.replace(tmp, path)
+        save_figure(fig, path)
     finally:
         plt.close(fig)
     return path
+
+
+def save_figure(fig, path: Path) -> None:
+    """Write ``fig`` as a PNG at ``path`` atomically (a temporary file, then a rename): a reader never sees a
+    half-written image."""
+    tmp = path.with_name(path.name + ".tmp")
+    fig.savefig(tmp, format="png")
+    os.replace(tmp, path)
 
 
 def write_report(path, title: str, sections: list[str]) -> Path:

@@ -452,9 +452,7 @@ def plot_heatmap(path, lengths, depths, values, *, title: str | None = None) -> 
         fig.colorbar(image, ax=ax, fraction=0.05, pad=0.03)
         if title:
             ax.set_title(title, fontsize=8)
-        tmp = path.with_name(path.name + ".tmp")
-        fig.savefig(tmp, format="png")
-        os.replace(tmp, path)
+        report.save_figure(fig, path)
     finally:
         plt.close(fig)
     return path
