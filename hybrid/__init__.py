@@ -1,12 +1,14 @@
 """hybrid: building blocks of complex-RNN / attention hybrid language models.
 
-Token mixers (each with a parallel/chunk ``forward``, a one-token ``step`` and a fixed or growing state):
+Token mixers (``hybrid.mixer.Mixer``s, each with a parallel/chunk ``forward``, a one-token ``step``, a fixed or
+growing state, and its options dataclass: ``RecurrenceConfig``, ``AttentionConfig``, ``RetentionConfig``):
 
 - ``VORecurrence`` (R): VO-RoPE with exponential decay as a complex linear RNN (``hybrid.kernels.complex_scan``);
 - ``Attention`` (A): softmax attention with rotary on any of q, k, v, o; GQA; sliding window; shared-KV;
 - ``MultiScaleRetention`` (M): RetNet's retention, the baseline.
 
-``hybrid.rotary`` holds the rotary toolkit (schedules and context extension, layouts, placement, CARoPE).
+``hybrid.rotary`` holds the rotary toolkit (``RotaryConfig``, the options every mixer shares; schedules and
+context extension, layouts, placement, CARoPE).
 
 The library is one namespace: ``hybrid.kernels`` (ops), ``hybrid`` (these building blocks), ``hybrid.models``
 (HybridConfig, HybridLM) and ``hybrid.train`` (data, trainer, CLIs, benchmarks); imports point that way only,
@@ -17,13 +19,15 @@ train → models → hybrid → kernels. The names users type most are re-export
 """
 import importlib
 from . import rotary
-from .attention import Attention, AttentionState
+from .attention import Attention, AttentionConfig, AttentionState
 from .conv import CausalConv1d
 from .kv_cache import KVCache, RingKVCache
+from .mixer import Mixer, MixerState
 from .mlp import SwiGLU
 from .norms import RMSNorm
-from .recurrence import RecurrenceState, VORecurrence
-from .retention import MultiScaleRetention, RetentionState
+from .recurrence import RecurrenceConfig, RecurrenceState, VORecurrence
+from .retention import MultiScaleRetention, RetentionConfig, RetentionState
+from .rotary import RotaryConfig
 
 # name → the module that defines it; resolved on first access by __getattr__ below.
 _LAZY = {
@@ -49,6 +53,7 @@ def __dir__():
 
 
 __all__ = [*_LAZY,
-    "Attention", "AttentionState", "CausalConv1d", "KVCache", "MultiScaleRetention", "RMSNorm", "RecurrenceState",
-    "RetentionState", "RingKVCache", "SwiGLU", "VORecurrence", "rotary",
+    "Attention", "AttentionConfig", "AttentionState", "CausalConv1d", "KVCache", "Mixer", "MixerState",
+    "MultiScaleRetention", "RMSNorm", "RecurrenceConfig", "RecurrenceState", "RetentionConfig", "RetentionState",
+    "RingKVCache", "RotaryConfig", "SwiGLU", "VORecurrence", "rotary",
 ]

@@ -1,7 +1,8 @@
 """Softmax attention, the mixer "A": rotary on any subset of q, k, v, o; GQA/MQA; sliding window; shared-KV.
 
-Per head, with token positions `p_i = offset + i` and `R_p` the rotary rotation at `p` (or at the CARoPE
-phase of token `p`):
+Per head, with token positions `p_i = offset + i` (`offset`: the caller's position of x's first token, 0 for a
+fresh sequence; states hold no position) and `R_p` the rotary rotation at `p` (or at the CARoPE phase of token
+`p`):
 
     q_i ← R_i q_i  ("q")     k_j ← R_j k_j  ("k")     v_j ← R_j v_j  ("v")
     o_i = Σ_{j ∈ W(i)} softmax_j(scale · q_iᵀ k_j) v_j,      W(i) = {j : i − w < j ≤ i}   (w = ∞: global)
@@ -12,25 +13,9 @@ phase of token `p`):
 with `shared_kv` one projection `c_j` is key and value and the cache is the single tensor `R_j c_j`
 (placement must rotate k and v alike: qkvo, qkv, q, o or none).
 
-Softmax scale: `head_dim^-1/2`, times `attention_factor²` of the rotary scaling (YaRN / LongRoPE
-temperature, 1 without scaling) when both q and k are rotated: the factor multiplies both rotated vectors in
-those schemes, hence their logit; v and o rotations stay pure rotations.
-
-`dynamic` / `longrope` scaling make the frequencies depend on the total length (see `Rotary`); keys cached
-under earlier frequencies are not re-rotated (as in HF), so the modes agree only while the total length stays
-at or below the schedule's `original_max_position_embeddings`.
-
-Cache (`hybrid.kv_cache`): without a window it grows (`KVCache`, `S = tokens seen`). With `window = w` it is a
-ring of `w` slots (`RingKVCache`), token `p` stored at slot `p % w`, allocated at its full size on the first
-write (in the dtype of the keys), so `nbytes` is constant. Windowed parallel and chunked calls attend
-block-locally in O(T·w) (`hybrid.kernels.window_attention`: flash-attn or FlexAttention on CUDA, block-local
-SDPA elsewhere); no tensor has a T × S dimension.
-
-When autograd records nothing (decoding, no-grad prefill) the caches are written in place: decoding copies
-nothing per token. A global cache stays shareable (an older state copies its prefix before appending, so
-branching works); a window ring does not: a state is consumed by the call that continues it, and continuing an
-older state raises. `clone()` a state to continue it more than once. Under autograd every update is out of
-place and states are never modified.
+scale = head_dim^{−1/2}, times attention_factor² of a YaRN / LongRoPE scaling when q and k are both rotated.
+Why, the `dynamic` / `longrope` caveat and the caches: docs/design.md, "Attention (A)" and "KV caches and state
+reuse".
 """
 from __future__ import annotations
 
@@ -39,11 +24,70 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from hybrid.checks import check_even_dim, check_input_dtype, check_number, check_positive_int, check_sequence_states
+from hybrid.checks import check_bool, check_even_dim, check_input_dtype, check_positive_int, check_sequence_states
 from hybrid.kernels.window_attention import BACKENDS as WINDOW_BACKENDS, sdpa_bthd, window_attention
 from hybrid.kernels.varlen import check_cu_seqlens
 from hybrid.kv_cache import KVCache, RingKVCache
-from hybrid.rotary import CARoPE, Rotary, apply_rotary, cos_sin_from_phases, parse_placement
+from hybrid.mixer import Mixer, check_offset
+from hybrid.rotary import PLACEMENTS, CARoPE, Rotary, RotaryConfig, apply_rotary, cos_sin_from_phases, parse_placement
+
+# shared-KV caches one tensor as key and value, so k and v must be rotated alike
+SHARED_KV_PLACEMENTS = tuple(p for p in PLACEMENTS if parse_placement(p).k == parse_placement(p).v)
+
+
+@dataclass(frozen=True)
+class AttentionConfig:
+    """The options of an `Attention` layer, validated on construction; errors name the field.
+
+    n_kv_heads: GQA / MQA key-value heads (a divisor of n_heads; None: n_heads). window: sliding window w
+    (None: global). shared_kv: one projection is key and value (the cache holds one tensor). bias: biases
+    on the q/k/v and output projections (imported Qwen2 / Llama checkpoints). placement: which of q, k, v, o
+    are rotated (`hybrid.rotary.PLACEMENTS`). rotary_dim: partial rotary, the first R channels of each head
+    (even, at most head_dim; None: head_dim).
+    """
+
+    n_kv_heads: int | None = None
+    window: int | None = None
+    shared_kv: bool = False
+    bias: bool = False
+    placement: str = "qkvo"
+    rotary_dim: int | None = None
+
+    def __post_init__(self):
+        check_positive_int("n_kv_heads", self.n_kv_heads, allow_none=True)
+        check_positive_int("window", self.window, allow_none=True)
+        check_bool("shared_kv", self.shared_kv)
+        check_bool("bias", self.bias)
+        object.__setattr__(self, "placement", parse_placement(self.placement).name)  # "QK", "nope" → "qk", "none"
+        check_positive_int("rotary_dim", self.rotary_dim, allow_none=True)
+        if self.shared_kv and self.placement not in SHARED_KV_PLACEMENTS:
+            raise ValueError(f"shared_kv: expected placement in {SHARED_KV_PLACEMENTS} (k and v rotated alike: "
+                             f"one cached tensor is key and value), got placement={self.placement!r}")
+
+    @property
+    def state_grows(self) -> bool:
+        """A global cache grows with the tokens seen; a window's ring does not."""
+        return self.window is None
+
+    @property
+    def cheap_to_recompute(self) -> bool:
+        """Windowed attention costs O(T·w); global attention O(T²)."""
+        return self.window is not None
+
+    def check_with(self, *, n_heads: int, head_dim: int, rotary: RotaryConfig) -> None:
+        """The options fit `n_heads` heads of `head_dim` channels and the model's rotary options."""
+        if self.n_kv_heads is not None and n_heads % self.n_kv_heads:
+            raise ValueError(f"n_kv_heads: expected a divisor of n_heads={n_heads}, got {self.n_kv_heads}")
+        if self.rotary_dim is not None:
+            check_even_dim("rotary_dim", self.rotary_dim, at_most=head_dim)
+        if not parse_placement(self.placement).any:
+            if rotary.carope:
+                raise ValueError(f"carope: expected placement to rotate something (else CARoPE's phases are "
+                                 f"unused), got placement={self.placement!r}")
+            return
+        if self.rotary_dim is None:
+            check_even_dim("head_dim", head_dim)  # or set an even rotary_dim
+        rotary.check_with(self.rotary_dim or head_dim)
 
 
 @dataclass
@@ -53,9 +97,9 @@ class AttentionState:
     k: `(B, S, G, D)` rotated keys, or with shared-KV the one tensor `R_j c_j` (key and value); None
        before the first token. `S` = `length` without a window, `w` (ring slots) with one.
     v: `(B, S, G, D)` rotated values; None with shared-KV.
-    offset: tokens seen (the position of the next token).
-    length: tokens held in the cache (≤ w); they are positions `offset − length … offset − 1`. A state
-       with `offset = c`, `length = 0` starts the sequence at position c.
+    length: tokens held in the cache (≤ w); with `offset` the position the caller continues at (the tokens
+       seen), they are positions `offset − length … offset − 1`. An empty state continued at `offset = c`
+       starts the sequence at position c.
     phase: `(B, G, P)` float32 CARoPE phase after the last token; None without CARoPE.
     cache: the `KVCache` / `RingKVCache` behind `k`, `v` (`k`, `v` are its entries), or None. `nbytes` counts
        the cached entries; a growing `KVCache` may hold up to twice that while it grows.
@@ -63,7 +107,6 @@ class AttentionState:
 
     k: Tensor | None = None
     v: Tensor | None = None
-    offset: int = 0
     length: int = 0
     phase: Tensor | None = None
     cache: KVCache | RingKVCache | None = None
@@ -74,12 +117,13 @@ class AttentionState:
 
     @classmethod
     def cat(cls, states: list["AttentionState"]) -> "AttentionState":
-        """The states of several sequences at one offset and cache length as one batch (rows in order); the
+        """The states of several sequences at one position and cache length as one batch (rows in order); the
         caches are copied into one new cache."""
         first = states[0]
-        if any(s.offset != first.offset or s.length != first.length for s in states):
-            raise ValueError("states: expected states at one offset and cache length, got "
-                             f"{sorted({(s.offset, s.length) for s in states})}")
+        where = lambda s: (s.length, s.cache.end if isinstance(s.cache, RingKVCache) else None)  # noqa: E731
+        if any(where(s) != where(first) for s in states):
+            raise ValueError("states: expected states at one position and cache length, got (length, ring position) "
+                             f"{sorted({where(s) for s in states}, key=str)}")
         cat = lambda ts: None if ts[0] is None else torch.cat(ts)  # noqa: E731
         k, v, phase = cat([s.k for s in states]), cat([s.v for s in states]), cat([s.phase for s in states])
         cache = None
@@ -88,102 +132,56 @@ class AttentionState:
         elif isinstance(first.cache, KVCache):
             cache = KVCache.from_prefix(k, v)
             k, v = cache.keys, cache.values
-        return cls(k=k, v=v, offset=first.offset, length=first.length, phase=phase, cache=cache)
+        return cls(k=k, v=v, length=first.length, phase=phase, cache=cache)
 
     def clone(self) -> "AttentionState":
-        """A copy sharing no storage: continuing it leaves this state valid, and the other way round."""
-        if isinstance(self.cache, RingKVCache) and self.cache.end != self.offset:
-            raise ValueError(f"state: expected the newest state of its window cache (at position {self.cache.end}), "
-                             f"got one at position {self.offset}: its window was overwritten")
+        """A copy sharing no storage: continuing it leaves this state valid, and the other way round. The copy of
+        a consumed windowed state (its ring written past it) keeps the ring's position, so continuing it raises
+        as continuing the state itself would."""
         copy = lambda t: None if t is None else t.clone()  # noqa: E731
         k, v, cache = copy(self.k), copy(self.v), None
         if isinstance(self.cache, RingKVCache):
             cache = RingKVCache(k, v, self.cache.end)
-        return AttentionState(k=k, v=v, offset=self.offset, length=self.length, phase=copy(self.phase), cache=cache)
+        return AttentionState(k=k, v=v, length=self.length, phase=copy(self.phase), cache=cache)
 
 
-class Attention(nn.Module):
+class Attention(Mixer):
     """Causal softmax attention with rotary placement, GQA/MQA, sliding window, shared-KV and CARoPE.
 
     `in_proj` stacks `[W_q; W_k; W_v]` (rows `H·D`, `G·D`, `G·D`; with shared-KV `[W_q; W_c]`), `out_proj`
     maps `H·D → d_model`. H = n_heads, G = n_kv_heads (query head h reads kv head `h // (H/G)`),
-    D = head_dim, R = rotary_dim, P = R/2. `window_backend` picks the way windowed calls attend (None or
-    "auto": the fastest exact one for the device; see `hybrid.kernels.window_attention`).
+    D = head_dim, R = rotary_dim, P = R/2. Options: `AttentionConfig` (`config=` or its fields as keywords);
+    `rotary`: the model's `RotaryConfig` (CARoPE when `rotary.carope`). `window_backend` picks the way
+    windowed calls attend (None or "auto": the fastest exact one for the device; see
+    `hybrid.kernels.window_attention`).
     """
 
-    def __init__(
-        self,
-        d_model: int,
-        n_heads: int,
-        *,
-        n_kv_heads: int | None = None,
-        head_dim: int | None = None,
-        placement="qkvo",
-        rope_base: float = 10000.0,
-        rope_scaling=None,
-        rope_layout: str = "interleaved",
-        rotary_dim: int | None = None,
-        window: int | None = None,
-        shared_kv: bool = False,
-        carope: bool = False,
-        bias: bool = False,
-        window_backend: str | None = None,
-    ):
-        super().__init__()
-        check_positive_int("d_model", d_model)
-        check_positive_int("n_heads", n_heads)
-        check_positive_int("n_kv_heads", n_kv_heads, allow_none=True)
-        check_positive_int("head_dim", head_dim, allow_none=True)
-        check_positive_int("window", window, allow_none=True)
-        check_positive_int("rotary_dim", rotary_dim, allow_none=True)
-        if head_dim is None and d_model % n_heads:
-            raise ValueError(f"n_heads: expected a divisor of d_model={d_model} (or pass head_dim), got {n_heads}")
-        head_dim = d_model // n_heads if head_dim is None else head_dim
-        n_kv_heads = n_heads if n_kv_heads is None else n_kv_heads
-        if n_heads % n_kv_heads:
-            raise ValueError(f"n_kv_heads: expected a divisor of n_heads={n_heads}, got {n_kv_heads}")
-        pl = parse_placement(placement)
-        rotates = pl.q or pl.k or pl.v or pl.o
-        if rotates:
-            if rotary_dim is None:
-                check_even_dim("head_dim", head_dim)  # or pass an even rotary_dim
-            else:
-                check_even_dim("rotary_dim", rotary_dim, at_most=head_dim)
-        rotary_dim = head_dim if rotary_dim is None else rotary_dim
-        check_number("rope_base", rope_base, low=1, low_open=True)
-        if rope_layout not in ("interleaved", "half"):
-            raise ValueError(f"rope_layout: expected 'interleaved' or 'half', got {rope_layout!r}")
-        if shared_kv and pl.k != pl.v:
-            raise ValueError(
-                f"shared_kv: expected a placement rotating k and v alike (qkvo, qkv, q, o, none), "
-                f"got placement {pl.name!r}"
-            )
+    Config = AttentionConfig
+
+    def __init__(self, d_model: int, n_heads: int, head_dim: int | None = None, *,
+                 rotary: RotaryConfig | None = None, norm_eps: float = 1e-6, config: AttentionConfig | None = None,
+                 window_backend: str | None = None, **options):
+        super().__init__(d_model, n_heads, head_dim, rotary=rotary, norm_eps=norm_eps, config=config, **options)
         if window_backend not in (None, "auto", *WINDOW_BACKENDS):
             raise ValueError(
                 f"window_backend: expected None, 'auto' or one of {WINDOW_BACKENDS}, got {window_backend!r}"
             )
-        if carope and not rotates:
-            raise ValueError(f"carope: expected a placement that rotates something, got placement {pl.name!r}")
-        if carope and rope_scaling is not None:
-            raise ValueError(f"rope_scaling: expected None with carope=True, got {rope_scaling!r}")
-
-        self.d_model, self.n_heads, self.n_kv_heads, self.head_dim = d_model, n_heads, n_kv_heads, head_dim
-        self.placement, self.rotary_dim, self.rope_layout = pl, rotary_dim, rope_layout
-        self.window, self.shared_kv = window, shared_kv
+        c, rot = self.config, self.rotary_config
+        pl = parse_placement(c.placement)
+        self.n_kv_heads = n_heads if c.n_kv_heads is None else c.n_kv_heads
+        self.placement, self.rotary_dim, self.rope_layout = pl, c.rotary_dim or self.head_dim, rot.layout
+        self.window, self.shared_kv = c.window, c.shared_kv
         self.window_backend = window_backend  # None: `window_attention`'s choice ("auto" / $HYBRID_WINDOW_BACKEND)
-        H, G, D = n_heads, n_kv_heads, head_dim
-        self.in_proj = nn.Linear(d_model, (H + G * (1 if shared_kv else 2)) * D, bias=bias)
-        self.out_proj = nn.Linear(H * D, d_model, bias=bias)
+        H, G, D = n_heads, self.n_kv_heads, self.head_dim
+        self.in_proj = nn.Linear(d_model, (H + G * (1 if c.shared_kv else 2)) * D, bias=c.bias)
+        self.out_proj = nn.Linear(H * D, d_model, bias=c.bias)
         self.rotary = None
         self.carope = None
         factor = 1.0
-        if carope:
-            self.carope = CARoPE(d_model, G, rotary_dim, rope_base)
-        elif rotates:
-            try:  # every other argument is checked above: what Rotary rejects is the scaling dict
-                self.rotary = Rotary(D, base=rope_base, scaling=rope_scaling, layout=rope_layout, rotary_dim=rotary_dim)
-            except ValueError as e:
-                raise ValueError(f"rope_scaling: {e}") from e
+        if pl.any and rot.carope:
+            self.carope = CARoPE(d_model, G, self.rotary_dim, rot.base)
+        elif pl.any:
+            self.rotary = Rotary(D, base=rot.base, scaling=rot.scaling, layout=rot.layout, rotary_dim=self.rotary_dim)
             if pl.q and pl.k:
                 factor = float(self.rotary.attention_factor)
         self.scale = D**-0.5 * factor**2
@@ -198,63 +196,75 @@ class Attention(nn.Module):
     # ---------------------------------------------------------------------------------------------- API
 
     def init_state(self, batch_size: int, device=None, dtype: torch.dtype | None = None) -> AttentionState:
-        """An empty cache at position 0. The kv tensors are allocated on the first token, in the dtype of the
+        """An empty cache. The kv tensors are allocated on the first token, in the dtype of the
         keys (`dtype` is accepted for the common mixer signature; the CARoPE phase is float32 by design)."""
         phase = None
         if self.carope is not None:
             phase = torch.zeros(batch_size, self.n_kv_heads, self.rotary_dim // 2, device=device)  # (B, G, P)
         return AttentionState(phase=phase)
 
-    def forward(self, x: Tensor, state=None, *, cu_seqlens: Tensor | None = None, output_final_state: bool = True):
-        """x `(B, T, d_model)` → y `(B, T, d_model)` and the state after these T tokens (parallel / chunk); the
-        state is None when `output_final_state` is False (training: no cache is built).
+    def forward(self, x: Tensor, state=None, *, offset=0, cu_seqlens: Tensor | None = None,
+                output_final_state: bool = True):
+        """x `(B, T, d_model)` at positions `offset … offset + T − 1` → y `(B, T, d_model)` and the state after
+        these T tokens (parallel / chunk); the state is None when `output_final_state` is False (training: no
+        cache is built). `offset`: the tokens `state` has seen (0 for a fresh sequence).
 
         `cu_seqlens` (`(N+1,)`, `hybrid.kernels.varlen`): x is a packed batch `(1, total_T, d_model)` of N
         sequences; no query sees another sequence's keys, and rotary positions restart at each sequence's
         offset. `state` is then None or a list of N `AttentionState | None` (batch 1 each), and so is the
-        returned state.
+        returned state; `offset` is 0 or a list of N positions.
         """
         if x.dim() != 3 or x.shape[-1] != self.d_model:
             raise ValueError(f"x: expected (B, T, d_model={self.d_model}), got shape {tuple(x.shape)}")
         check_input_dtype("x", x, self.out_proj.weight.dtype)
         if cu_seqlens is not None:
-            return self._attend_packed(x, state, cu_seqlens, output_final_state)
-        if state is None:
-            state = self.init_state(x.shape[0], x.device)
+            return self._attend_packed(x, state, cu_seqlens, offset, output_final_state)
+        state, offset = self._continued(state, offset, x)
         if x.shape[1] == 0:
             return x.new_zeros(x.shape), (state if output_final_state else None)
         if not output_final_state and state.k is None:
-            return self._attend_stateless(x, state), None
-        y, state = self._attend(x, state)
+            return self._attend_stateless(x, state, offset), None
+        y, state = self._attend(x, state, offset)
         return y, (state if output_final_state else None)
 
-    def step(self, x: Tensor, state: AttentionState | None) -> tuple[Tensor, AttentionState]:
-        """x `(B, d_model)`: one token → y `(B, d_model)` and the next state (the recurrent form)."""
+    def step(self, x: Tensor, state: AttentionState | None = None, offset: int = 0) -> tuple[Tensor, AttentionState]:
+        """x `(B, d_model)`: one token at position `offset` → y `(B, d_model)` and the next state (the recurrent
+        form)."""
         if x.dim() != 2 or x.shape[-1] != self.d_model:
             raise ValueError(f"x: expected (B, d_model={self.d_model}), got shape {tuple(x.shape)}")
         check_input_dtype("x", x, self.out_proj.weight.dtype)
-        if state is None:
-            state = self.init_state(x.shape[0], x.device)
-        y, state = self._attend(x[:, None], state)  # (B, 1, d_model)
+        state, offset = self._continued(state, offset, x)
+        y, state = self._attend(x[:, None], state, offset)  # (B, 1, d_model)
         return y[:, 0], state
+
+    def _continued(self, state: AttentionState | None, offset, x: Tensor) -> tuple[AttentionState, int]:
+        """The state to continue (a fresh one for None) and the checked position: at least the tokens it holds."""
+        offset = check_offset(offset)
+        if state is None:
+            return self.init_state(x.shape[0], x.device), offset
+        if offset < state.length:
+            raise ValueError(f"offset: expected the position of x's first token, at least the {state.length} tokens "
+                             f"the state holds, got {offset}")
+        return state, offset
 
     # ------------------------------------------------------------------------------------------ pieces
 
-    def _attend(self, x: Tensor, state: AttentionState) -> tuple[Tensor, AttentionState]:
-        T = x.shape[1]
-        q, k, v = self._project(x)
-        cs_q, cs_kv, phase = self._cos_sin(x, state)
-        q, k, v = self._rotate_qkv(q, k, v, cs_q, cs_kv)
-        o, cache, length = self._mix(q, k, v, state)  # o (B, T, H, D)
+    def _attend(self, x: Tensor, state: AttentionState, offset: int) -> tuple[Tensor, AttentionState]:
+        q, k, v = self.project(x)
+        cs_q, cs_kv, phase = self.cos_sin(x, state, offset)
+        q, k, v = self.rotate_qkv(q, k, v, cs_q, cs_kv)
+        o, cache, length = self._mix(q, k, v, state, offset)  # o (B, T, H, D)
         y = self._finish(o, cs_q)
         if isinstance(cache, KVCache):
             ck, cv = cache.keys, cache.values  # (B, L + T, G, D)
         else:
             ck, cv = cache.k, cache.v  # (B, w, G, D)
-        return y, AttentionState(k=ck, v=cv, offset=state.offset + T, length=length, phase=phase, cache=cache)
+        return y, AttentionState(k=ck, v=cv, length=length, phase=phase, cache=cache)
 
-    def _project(self, x: Tensor):
-        """q `(B, T, H, D)`, k `(B, T, G, D)`, v `(B, T, G, D)` (None with shared-KV), unrotated."""
+    def project(self, x: Tensor):
+        """x `(B, T, d_model)` → q `(B, T, H, D)`, k `(B, T, G, D)`, v `(B, T, G, D)` (None with shared-KV),
+        unrotated. With `cos_sin` and `rotate_qkv`: the queries and keys the layer scores (read by
+        `hybrid.train.distill.mapping`)."""
         H, G, D = self.n_heads, self.n_kv_heads, self.head_dim
         qkv = self.in_proj(x)  # (B, T, (H + 2G)·D) or (B, T, (H + G)·D)
         q = qkv[..., : H * D].unflatten(-1, (H, D))  # (B, T, H, D)
@@ -262,7 +272,9 @@ class Attention(nn.Module):
         v = None if self.shared_kv else qkv[..., (H + G) * D :].unflatten(-1, (G, D))  # (B, T, G, D)
         return q, k, v
 
-    def _rotate_qkv(self, q: Tensor, k: Tensor, v: Tensor | None, cs_q, cs_kv):
+    def rotate_qkv(self, q: Tensor, k: Tensor, v: Tensor | None, cs_q, cs_kv):
+        """q, k, v rotated where the placement says (its q, k, v flags): q by `cs_q`, k and v by `cs_kv`, the
+        tables of `cos_sin`. Returns (q, k, v) in the shapes given."""
         pl = self.placement
         if pl.q:
             q = self._rotate(q, cs_q)
@@ -278,24 +290,24 @@ class Attention(nn.Module):
             o = self._rotate(o, cs_q, inverse=True)
         return self.out_proj(o.flatten(2))  # (B, T, H·D) → (B, T, d_model)
 
-    def _attend_stateless(self, x: Tensor, state: AttentionState) -> Tensor:
+    def _attend_stateless(self, x: Tensor, state: AttentionState, offset: int) -> Tensor:
         """The training path: attention over the call's own tokens only, no cache built."""
-        q, k, v = self._project(x)
-        cs_q, cs_kv, _ = self._cos_sin(x, state)
-        q, k, v = self._rotate_qkv(q, k, v, cs_q, cs_kv)
+        q, k, v = self.project(x)
+        cs_q, cs_kv, _ = self.cos_sin(x, state, offset)
+        q, k, v = self.rotate_qkv(q, k, v, cs_q, cs_kv)
         o = window_attention(q, k, k if v is None else v, self.window, scale=self.scale, backend=self.window_backend)
         return self._finish(o, cs_q)
 
-    def _attend_packed(self, x: Tensor, states, cu_seqlens: Tensor, output_final_state: bool):
+    def _attend_packed(self, x: Tensor, states, cu_seqlens: Tensor, offset, output_final_state: bool):
         """`forward` on a packed batch (see `forward`): per-sequence positions, prefixes and states."""
         T = x.shape[1]
         cu_seqlens = check_cu_seqlens(cu_seqlens, T, x.device, batch=x.shape[0])
         N = cu_seqlens.numel() - 1
         states = check_sequence_states(states, N, self._check_sequence_state)
-        if states is not None and all(st is None or (st.k is None and st.offset == 0) for st in states):
+        offsets = check_offset(offset, N)
+        if states is not None and not any(offsets) and all(st is None or st.k is None for st in states):
             states = None  # empty caches at position 0: fresh sequences
-        offsets = [0] * N if states is None else [0 if st is None else st.offset for st in states]
-        q, k, v = self._project(x)
+        q, k, v = self.project(x)
         cs_q = cs_kv = phase_end = None
         if self.carope is not None:
             phase0 = None
@@ -310,10 +322,10 @@ class Attention(nn.Module):
         elif self.rotary is not None:
             off_t = None if max(offsets) == 0 else torch.tensor(offsets, device=x.device)
             cs_q = cs_kv = self.rotary.cos_sin_packed(cu_seqlens, T, off_t, max(offsets), device=x.device)  # (T, P)
-        q, k, v = self._rotate_qkv(q, k, v, cs_q, cs_kv)
+        q, k, v = self.rotate_qkv(q, k, v, cs_q, cs_kv)
         keys, values, cu_k = k, v, None
         if states is not None and any(st is not None and st.length > 0 for st in states):
-            keys, values, cu_k = self._with_prefixes(k, v, states, cu_seqlens)
+            keys, values, cu_k = self._with_prefixes(k, v, states, offsets, cu_seqlens)
         o = window_attention(q, keys, keys if values is None else values, self.window, scale=self.scale,
                              backend=self.window_backend, cu_seqlens=cu_seqlens, cu_seqlens_k=cu_k)
         y = self._finish(o, cs_q)
@@ -323,6 +335,9 @@ class Attention(nn.Module):
         out = []
         for n in range(N):
             st = None if states is None else states[n]
+            if st is not None and offsets[n] < st.length:
+                raise ValueError(f"offset: expected the position of sequence {n}'s first token, at least the "
+                                 f"{st.length} tokens its state holds, got {offsets[n]}")
             st = self.init_state(1, x.device) if st is None else st
             k_n = k[:, bounds[n]:bounds[n + 1]]  # (1, T_n, G, D)
             v_n = None if v is None else v[:, bounds[n]:bounds[n + 1]]
@@ -334,10 +349,10 @@ class Attention(nn.Module):
                 cache = self._global_cache(st, k_n, v_n).update(k_n, v_n)
                 ck, cv, length = cache.keys, cache.values, st.length + T_n
             else:
-                cache = self._ring_cache(st, k_n).update(k_n, v_n)
+                cache = self._ring_cache(st, k_n, offsets[n]).update(k_n, v_n)
                 ck, cv, length = cache.k, cache.v, min(st.length + T_n, self.window)
             phase = None if phase_end is None else phase_end[n:n + 1]
-            out.append(AttentionState(k=ck, v=cv, offset=st.offset + T_n, length=length, phase=phase, cache=cache))
+            out.append(AttentionState(k=ck, v=cv, length=length, phase=phase, cache=cache))
         return y, out
 
     @staticmethod
@@ -345,7 +360,7 @@ class Attention(nn.Module):
         if not isinstance(state, AttentionState):
             raise ValueError(f"state: expected AttentionState entries, got {type(state).__name__}")
 
-    def _with_prefixes(self, k: Tensor, v: Tensor | None, states, cu_seqlens: Tensor):
+    def _with_prefixes(self, k: Tensor, v: Tensor | None, states, offsets: list[int], cu_seqlens: Tensor):
         """Each sequence's visible cached keys (all of them, or the last w − 1 with a window) put before its new
         keys: packed keys `(1, total_K, G, D)` (values likewise) and their offsets `cu_seqlens_k`."""
         bounds = cu_seqlens.tolist()
@@ -358,7 +373,7 @@ class Attention(nn.Module):
                     old_k = st.k[:, :st.length]  # (1, L_n, G, D)
                     old_v = None if v is None else st.v[:, :st.length]
                 else:
-                    old_k, old_v = self._ring_cache(st, new_k).last(min(st.length, self.window - 1))
+                    old_k, old_v = self._ring_cache(st, new_k, offsets[n]).last(min(st.length, self.window - 1))
                 pieces_k.append(old_k.to(new_k.dtype))
                 if v is not None:
                     pieces_v.append(old_v.to(new_v.dtype))
@@ -373,8 +388,9 @@ class Attention(nn.Module):
         values = None if v is None else torch.cat(pieces_v, dim=1)
         return keys, values, torch.tensor(cu_k, dtype=cu_seqlens.dtype, device=cu_seqlens.device)
 
-    def _cos_sin(self, x: Tensor, state: AttentionState):
-        """(cos, sin) for queries and for keys, and the next CARoPE phase.
+    def cos_sin(self, x: Tensor, state: AttentionState, offset: int = 0):
+        """(cos, sin) for queries and for keys, and the next CARoPE phase (from the state's), for x
+        `(B, T, d_model)` at positions `offset …`; `(None, None, None)` when the layer rotates nothing.
 
         Rotary: both `(T, P)` at positions `offset + arange(T)`. CARoPE: keys `(B, T, G, P)` from the
         phases of x; queries `(B, T, H, P)`, each head taking its kv group's phases.
@@ -387,7 +403,7 @@ class Attention(nn.Module):
             return cs_q, (cos, sin), phase_end
         if self.rotary is None:
             return None, None, None
-        cs = self.rotary.cos_sin(x.shape[1], offset=state.offset, device=x.device)  # (T, P) each
+        cs = self.rotary.cos_sin(x.shape[1], offset=offset, device=x.device)  # (T, P) each
         return cs, cs, None
 
     def _rotate(self, t: Tensor, cs, inverse: bool = False) -> Tensor:
@@ -395,12 +411,13 @@ class Attention(nn.Module):
             t, cs[0], cs[1], inverse=inverse, layout=self.rope_layout, rotary_dim=self.rotary_dim
         )
 
-    def _mix(self, q: Tensor, k: Tensor, v: Tensor | None, state: AttentionState):
-        """Attend q `(B, T, H, D)` over the cache and the new k, v `(B, T, G, D)` (v None: shared-KV).
+    def _mix(self, q: Tensor, k: Tensor, v: Tensor | None, state: AttentionState, offset: int):
+        """Attend q `(B, T, H, D)` at positions `offset …` over the cache and the new k, v `(B, T, G, D)` (v None:
+        shared-KV).
 
         Returns (o `(B, T, H, D)`, the updated cache, the cached length).
         """
-        T, w, off, L = q.shape[1], self.window, state.offset, state.length
+        T, w, off, L = q.shape[1], self.window, offset, state.length
         shared = v is None
         if state.k is not None:  # keep the cache's dtype
             if state.k.shape[0] != q.shape[0]:
@@ -415,7 +432,7 @@ class Attention(nn.Module):
                                  backend=self.window_backend)
             return o, cache, L + T
 
-        ring = self._ring_cache(state, k)
+        ring = self._ring_cache(state, k, offset)
         length = min(L + T, w)
         if T == 1:  # decode: write in place first; the ring then holds exactly the window of the query
             ring = ring.update(k, v)
@@ -449,17 +466,17 @@ class Attention(nn.Module):
             return KVCache(prefix_k, prefix_v, L)  # update concatenates out of place
         return KVCache.from_prefix(prefix_k, prefix_v, L + T if T > 1 and L == 0 else 2 * (L + T))
 
-    def _ring_cache(self, state: AttentionState, k: Tensor) -> RingKVCache:
-        """The ring to continue from: a fresh one before the first token, else the state's, which must not
-        have been written past the state (an older state's window may be overwritten)."""
+    def _ring_cache(self, state: AttentionState, k: Tensor, offset: int) -> RingKVCache:
+        """The ring to continue from at position `offset`: a fresh one before the first token, else the state's,
+        whose write position must be `offset` (an older state's window may be overwritten)."""
         if state.k is None:
-            return RingKVCache.empty(k, self.window, self.shared_kv, end=state.offset)
+            return RingKVCache.empty(k, self.window, self.shared_kv, end=offset)
         if state.cache is None:
-            return RingKVCache(state.k, state.v, state.offset)
-        if state.cache.end != state.offset:
+            return RingKVCache(state.k, state.v, offset)
+        if state.cache.end != offset:
             raise ValueError(
                 f"state: expected the newest state of its window cache (at position {state.cache.end}), got one "
-                f"at position {state.offset}; clone() a state (AttentionState or HybridState) before continuing "
-                "it more than once"
+                f"at position {offset}; clone() a state (AttentionState or HybridState) before continuing it more "
+                "than once, and pass the position it was left at as offset"
             )
         return state.cache

@@ -3,31 +3,14 @@ from __future__ import annotations
 
 import math
 import numbers
-import operator
 
 import torch
 
-
-def check_positive_int(name: str, value, *, allow_none: bool = False) -> None:
-    """Raise ``ValueError("{name}: expected a positive int[ or None], got {value!r}")`` unless it is one."""
-    if value is None and allow_none:
-        return
-    n = _as_int(value)  # ints, numpy ints, 0-dim integer tensors; never bools
-    if n is None or n < 1:
-        raise ValueError(f"{name}: expected a positive int{' or None' if allow_none else ''}, got {value!r}")
+from hybrid.kernels.checks import as_int as _as_int
+from hybrid.kernels.checks import check_positive_int  # noqa: F401 (one definition, for both layers)
 
 
 # ------------------------------------------------------------------------------------------ numbers
-
-
-def _as_int(value):
-    """``int(value)`` for ints, numpy ints and 0-dim integer tensors; None for anything else (bools too)."""
-    if isinstance(value, bool):
-        return None
-    try:
-        return int(operator.index(value))
-    except TypeError:
-        return None
 
 
 def check_int(name: str, value, *, low: int | None = None, high: int | None = None,
@@ -80,9 +63,39 @@ def check_number(name: str, value, *, low: float | None = None, high: float | No
 
 
 def check_choice(name: str, value, choices) -> None:
-    """``value`` is one of ``choices``."""
-    if not isinstance(value, (str, int, float, type(None))) or value not in choices:
+    """``value`` is one of ``choices`` (a bool never stands for 1 or 0)."""
+    listed = any(value is c if isinstance(value, bool) or isinstance(c, bool) else value == c for c in choices)
+    if not isinstance(value, (str, int, float, type(None))) or not listed:
         raise ValueError(f"{name}: expected one of {list(choices)}, got {value!r}")
+
+
+def check_bool(name: str, value) -> bool:
+    """``value`` is True or False (not 0, 1 or a string)."""
+    if not isinstance(value, bool):
+        raise ValueError(f"{name}: expected True or False, got {value!r}")
+    return value
+
+
+# ------------------------------------------------------------------------------------------ shapes
+
+
+def check_heads(d_model, n_heads, head_dim=None) -> int:
+    """The head size of ``n_heads`` heads over ``d_model``: ``head_dim``, or ``d_model // n_heads``, which then
+    must divide exactly. Returns it (evenness, for rotary pairs, is the mixer's own check)."""
+    check_positive_int("d_model", d_model)
+    check_positive_int("n_heads", n_heads)
+    if head_dim is not None:
+        check_positive_int("head_dim", head_dim)
+        return int(head_dim)
+    if d_model % n_heads:
+        raise ValueError(f"n_heads: expected a divisor of d_model={d_model} (or set head_dim), got {n_heads}")
+    return int(d_model) // int(n_heads)
+
+
+def check_rotary_base(name: str, value) -> float:
+    """A rotary base: a finite number > 1 (at or below 1 the frequencies base^(−2i/d) would not decay: no
+    slow pairs, no long-range positions)."""
+    return check_number(name, value, low=1, low_open=True)
 
 
 # ------------------------------------------------------------------------------------------ tensors

@@ -7,7 +7,7 @@
 input dtype. forward(a) then forward(b, state) equals forward(a ++ b); step() is the same for one token.
 
 The backend ("causal_conv1d" on CUDA where the package fits, else "torch") is chosen per call by
-`select_conv_backend`; `HYBRID_CONV_BACKEND=torch` or `hybrid.conv.FORCE_TORCH = True` forces "torch".
+`select_conv_backend`; `HYBRID_CONV_BACKEND=torch` forces "torch".
 `causal_conv1d_reference`, `select_conv_backend` and `BACKEND_ENV` stay importable from here.
 """
 from __future__ import annotations
@@ -19,8 +19,7 @@ from torch import Tensor, nn
 
 from hybrid.kernels.causal_conv import BACKEND_ENV, causal_conv1d, causal_conv1d_step
 from hybrid.kernels.causal_conv import causal_conv1d_reference as _reference
-from hybrid.kernels.causal_conv import select_conv_backend as _select_conv_backend
-from hybrid.kernels.causal_conv.fused import causal_conv1d_module as _causal_conv1d_module  # noqa: F401 (tests)
+from hybrid.kernels.causal_conv import select_conv_backend
 
 from .checks import check_positive_int
 
@@ -30,15 +29,6 @@ __all__ = [
     "select_conv_backend",
     "BACKEND_ENV",
 ]
-
-FORCE_TORCH = False
-
-
-def select_conv_backend(device, channels: int, width: int, *dtypes: torch.dtype) -> str:
-    """The op's choice (`hybrid.kernels.causal_conv.select_conv_backend`), or 'torch' under `FORCE_TORCH`."""
-    choice = _select_conv_backend(device, channels, width, *dtypes)
-    return "torch" if FORCE_TORCH else choice
-
 
 def causal_conv1d_reference(
     x: Tensor, weight: Tensor, bias: Tensor | None = None, conv_state: Tensor | None = None

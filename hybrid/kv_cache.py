@@ -10,9 +10,9 @@ of place, since autograd cannot record a write into a tensor that an earlier cal
   place (amortised O(T) per call); an older state copies its prefix into a fresh buffer first, so branching
   from any earlier state stays valid (copy on write).
 - `RingKVCache` (sliding window w): `w` slots, token p at slot `p % w`, written once per token. Writing
-  position p overwrites p − w, which an older state may still need, so only the newest state (`end` =
-  its offset) may continue from a ring; `Attention` refuses an older one with a message pointing at
-  `AttentionState.clone()` / `HybridState.clone()`.
+  position p overwrites p − w, which an older state may still need, so only the newest state may continue from
+  a ring: `Attention` compares `end` with the position (`offset`) the caller continues at, and refuses an older
+  state with a message pointing at `AttentionState.clone()` / `HybridState.clone()`.
 """
 from __future__ import annotations
 

@@ -13,7 +13,7 @@ import math
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .checks import check_positive_int
+from .checks import check_number, check_positive_int
 
 __all__ = ["SwiGLU", "swiglu_hidden"]
 
@@ -22,8 +22,7 @@ def swiglu_hidden(d_model: int, mlp_ratio: float = 8 / 3, multiple_of: int = 32)
     """The default hidden width: `mlp_ratio · d_model` rounded up to a multiple of `multiple_of`."""
     check_positive_int("d_model", d_model)
     check_positive_int("multiple_of", multiple_of)
-    if not (isinstance(mlp_ratio, (int, float)) and mlp_ratio > 0):
-        raise ValueError(f"mlp_ratio: expected a positive number, got {mlp_ratio!r}")
+    check_number("mlp_ratio", mlp_ratio, low=0, low_open=True)
     return multiple_of * math.ceil(mlp_ratio * d_model / multiple_of)
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from .checks import check_positive_int
+from .checks import check_number, check_positive_int
 
 __all__ = ["rms_norm", "head_rms_norm", "RMSNorm"]
 
@@ -40,9 +40,7 @@ class RMSNorm(nn.Module):
     def __init__(self, dim: int, eps: float = 1e-6):
         super().__init__()
         check_positive_int("dim", dim)
-        if not eps >= 0:
-            raise ValueError(f"eps: expected a non-negative float, got {eps!r}")
-        self.dim, self.eps = dim, float(eps)
+        self.dim, self.eps = dim, check_number("eps", eps, low=0)
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: Tensor) -> Tensor:

@@ -1,13 +1,13 @@
 """The "R" mixer: Griffin's recurrent block with the RG-LRU replaced by the VO-RoPE complex scan.
 
-    gate  = act(W_g x)                                              (B, T, d_rnn)
+    gate  = gelu(W_g x)                                             (B, T, d_rnn)
     u     = conv1d_causal(W_v x)            (depthwise, width 4)    (B, T, d_rnn)
     v_t   = sqrt(1 − γ_t²) · (i_t ⊙ u_t)    (i_t = 1 unless selective)
     s_t   = γ_t e^{−iθ_t} s_{t−1} + v_t     per head and rotary pair (hybrid.kernels.complex_scan)
     y     = W_o (gate ⊙ s)
 
 With static γ and θ the scan output is exactly VO-RoPE with exponential decay,
-``o_i = Σ_{j≤i} γ^{i−j} R_{j−i} v_j`` (seed 001). Options:
+``o_i = Σ_{j≤i} γ^{i−j} R_{j−i} v_j`` (Su, "The second type of rotary position encoding", 2025). Options:
 
 - decay γ: learnable per head-channel, ``log γ = −exp(ν)``, initialised uniformly on the LRU ring
   ``γ² ~ U[r_min², r_max²]``; ``selective=True`` makes it data-dependent as in the RG-LRU:
@@ -35,11 +35,13 @@ from torch import nn
 from hybrid.kernels import complex_scan, complex_scan_step
 from hybrid.kernels.varlen import check_cu_seqlens
 
-from .checks import check_even_dim, check_input_dtype, check_number, check_positive_int, check_sequence_states
+from .checks import (check_bool, check_choice, check_even_dim, check_input_dtype, check_number, check_positive_int,
+                     check_sequence_states)
 from .conv import CausalConv1d
-from .rotary import PHASE_MAPS, CARoPE, DataPhase, inv_freq
+from .mixer import FixedStateOptions, Mixer
+from .precision import at_least_float32
+from .rotary import PHASE_MAPS, CARoPE, DataPhase, RotaryConfig, inv_freq
 
-GATE_ACTIVATIONS = {"gelu": F.gelu, "silu": F.silu}
 SELECTIVE_GATES = {"sigmoid": torch.sigmoid, "hardsigmoid": F.hardsigmoid}  # the recurrence gate r_t
 SELECTIVE_C = 8.0
 MIN_WRITE_SQ = 1e-12  # 1 − γ² is floored here: sqrt's gradient is infinite at γ = 1 (a held token, r_t = 0)
@@ -52,114 +54,111 @@ class RecurrenceState:
 
     conv: ``(B, W−1, d_rnn)``, the last inputs of the causal conv (activation dtype).
     scan: ``(B, H, head_dim)`` float32, the complex state (pairs interleaved).
-    offset: tokens seen so far.
     """
 
     conv: torch.Tensor
     scan: torch.Tensor
-    offset: int = 0
 
     @property
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in (self.conv, self.scan))
 
+    def clone(self) -> "RecurrenceState":
+        """The state itself: it is never written in place, so continuing it twice is safe."""
+        return self
+
     @classmethod
     def cat(cls, states: list["RecurrenceState"]) -> "RecurrenceState":
-        """The states of several sequences at one offset as one batch (rows in order)."""
-        return cls(conv=torch.cat([s.conv for s in states]), scan=torch.cat([s.scan for s in states]),
-                   offset=states[0].offset)
+        """The states of several sequences as one batch (rows in order)."""
+        return cls(conv=torch.cat([s.conv for s in states]), scan=torch.cat([s.scan for s in states]))
 
 
-def _at_least_float32(t: torch.Tensor) -> torch.Tensor:
-    """float32 math for low-precision activations; float64 stays float64 (reference checks)."""
-    return t.to(torch.promote_types(t.dtype, torch.float32))
+@dataclass(frozen=True)
+class RecurrenceConfig(FixedStateOptions):
+    """The options of a `VORecurrence` layer, validated on construction; errors name the field.
 
-
-class VORecurrence(nn.Module):
-    """VO-RoPE recurrence block. Input and output ``(B, T, d_model)``.
-
-    ``phase`` picks the angles (``PHASES``; ``phase_map`` shapes the ``"data"`` ones, ``hybrid.rotary.DataPhase``);
-    ``learnable_theta=True`` and ``carope=True`` are the older spellings of ``phase="learned"`` / ``"carope"``.
+    r_min, r_max: the LRU ring of the initial decays, 0 < r_min ≤ r_max < 1. selective: data-dependent decay
+    (RG-LRU-like gates); selective_gate: its recurrence gate, "sigmoid" (RG-LRU) or "hardsigmoid" (can hold
+    γ_t = 1). phase: the rotation angles, one of `PHASES` — "static" (the rotary schedule), "learned" (the
+    schedule as a parameter), "carope" (CARoPE increments), "data" (θ_t from x_t) — or None: "carope" when the
+    rotary options say carope, else "static". phase_map: the "data" angle map (`hybrid.rotary.DataPhase`).
+    conv_width: the causal depthwise conv's width.
     """
 
-    def __init__(
-        self,
-        d_model: int,
-        n_heads: int,
-        head_dim: int | None = None,
-        *,
-        conv_width: int = 4,
-        r_min: float = 0.9,
-        r_max: float = 0.999,
-        selective: bool = False,
-        selective_gate: str = "sigmoid",
-        rope_base: float = 10000.0,
-        rope_scaling: dict | None = None,
-        phase: str = "static",
-        phase_map: str = "pi-sigmoid",
-        learnable_theta: bool = False,
-        carope: bool = False,
-        gate_activation: str = "gelu",
-        scan_backend: str | None = None,
-        chunk_size: int | None = None,
-    ):
-        super().__init__()
-        check_positive_int("d_model", d_model)
-        check_positive_int("n_heads", n_heads)
-        check_positive_int("conv_width", conv_width)
-        if head_dim is None:
-            if d_model % n_heads:
-                raise ValueError(f"n_heads: expected a divisor of d_model={d_model}, got {n_heads}")
-            head_dim = d_model // n_heads
+    r_min: float = 0.9
+    r_max: float = 0.999
+    selective: bool = False
+    selective_gate: str = "sigmoid"
+    phase: str | None = None
+    phase_map: str = "pi-sigmoid"
+    conv_width: int = 4
+
+    def __post_init__(self):
+        check_number("r_min", self.r_min)
+        check_number("r_max", self.r_max)
+        if not 0.0 < self.r_min <= self.r_max < 1.0:
+            raise ValueError(f"r_min, r_max: expected 0 < r_min <= r_max < 1, got {self.r_min}, {self.r_max}")
+        check_bool("selective", self.selective)
+        check_choice("selective_gate", self.selective_gate, tuple(SELECTIVE_GATES))
+        if self.selective_gate != "sigmoid" and not self.selective:
+            raise ValueError(f"selective_gate: has no effect without selective=True, got {self.selective_gate!r}")
+        check_choice("phase", self.phase, (*PHASES, None))
+        check_choice("phase_map", self.phase_map, PHASE_MAPS)
+        check_positive_int("conv_width", self.conv_width)
+
+    def resolved_phase(self, rotary: RotaryConfig) -> str:
+        """`phase`, or by default "carope" when `rotary.carope`, else "static"."""
+        if self.phase is not None:
+            return self.phase
+        return "carope" if rotary.carope else "static"
+
+    def check_with(self, *, n_heads: int, head_dim: int, rotary: RotaryConfig) -> None:
+        """The options fit heads of `head_dim` channels (rotary pairs) and the model's rotary options."""
         check_even_dim("head_dim", head_dim)
-        check_number("rope_base", rope_base, low=1, low_open=True)
-        if not (0.0 < r_min <= r_max < 1.0):
-            raise ValueError(f"r_min, r_max: expected 0 < r_min <= r_max < 1, got r_min={r_min}, r_max={r_max}")
-        if learnable_theta and carope:
-            raise ValueError("learnable_theta: has no effect with carope=True (CARoPE supplies the angles); set one")
-        if phase not in PHASES:
-            raise ValueError(f"phase: expected one of {PHASES}, got {phase!r}")
-        if phase_map not in PHASE_MAPS:
-            raise ValueError(f"phase_map: expected one of {PHASE_MAPS}, got {phase_map!r}")
-        older_spellings = (("learnable_theta", learnable_theta, "learned"), ("carope", carope, "carope"))
-        for alias, given, meaning in older_spellings:
-            if given:
-                if phase not in ("static", meaning):
-                    raise ValueError(f"{alias}: means phase={meaning!r} and contradicts phase={phase!r}; set one")
-                phase = meaning
-        if selective_gate not in SELECTIVE_GATES:
-            raise ValueError(f"selective_gate: expected one of {sorted(SELECTIVE_GATES)}, got {selective_gate!r}")
-        if selective_gate != "sigmoid" and not selective:
-            raise ValueError(f"selective_gate: has no effect without selective=True, got {selective_gate!r}")
-        if gate_activation not in GATE_ACTIVATIONS:
-            raise ValueError(f"gate_activation: expected one of {sorted(GATE_ACTIVATIONS)}, got {gate_activation!r}")
-        self.d_model, self.n_heads, self.head_dim = d_model, n_heads, head_dim
-        self.n_pairs = head_dim // 2
-        self.d_rnn = n_heads * head_dim
-        self.r_min, self.r_max = r_min, r_max
-        self.selective, self.selective_gate, self.phase = selective, selective_gate, phase
-        self.gate_activation = gate_activation
-        self.scan_backend, self.chunk_size = scan_backend, chunk_size
-        H, P, hd = n_heads, self.n_pairs, head_dim
+        rotary.check_with(head_dim)
+        if self.resolved_phase(rotary) == "carope" and rotary.scaling is not None:
+            raise ValueError(f"phase: CARoPE has no context-extension scaling; expected scaling=None with "
+                             f"phase='carope', got {rotary.scaling!r}")
+
+
+class VORecurrence(Mixer):
+    """VO-RoPE recurrence block. Input and output ``(B, T, d_model)``.
+
+    Options: `RecurrenceConfig` (``config=`` or its fields as keywords); ``rotary``: the model's `RotaryConfig`
+    (the schedule of the "static", "learned" and "data" angles; CARoPE's base).
+    """
+
+    Config = RecurrenceConfig
+
+    def __init__(self, d_model: int, n_heads: int, head_dim: int | None = None, *,
+                 rotary: RotaryConfig | None = None, norm_eps: float = 1e-6, config: RecurrenceConfig | None = None,
+                 **options):
+        super().__init__(d_model, n_heads, head_dim, rotary=rotary, norm_eps=norm_eps, config=config, **options)
+        c, rot = self.config, self.rotary_config
+        self.n_pairs = self.head_dim // 2
+        self.d_rnn = self.n_heads * self.head_dim
+        self.r_min, self.r_max = c.r_min, c.r_max
+        self.selective, self.selective_gate, self.phase = c.selective, c.selective_gate, c.resolved_phase(rot)
+        H, P, hd = self.n_heads, self.n_pairs, self.head_dim
 
         self.gate_proj = nn.Linear(d_model, self.d_rnn, bias=False)
         self.value_proj = nn.Linear(d_model, self.d_rnn, bias=False)
-        self.conv = CausalConv1d(self.d_rnn, conv_width)
+        self.conv = CausalConv1d(self.d_rnn, c.conv_width)
         self.out_proj = nn.Linear(self.d_rnn, d_model, bias=False)
         self.decay_nu = nn.Parameter(torch.empty(H, P))  # log γ = −exp(ν)
-        if selective:
+        if self.selective:
             self.recur_gate_weight = nn.Parameter(torch.empty(H, hd, P))  # block-diagonal u → r
             self.recur_gate_bias = nn.Parameter(torch.empty(H, P))
             self.input_gate_weight = nn.Parameter(torch.empty(H, hd, hd))  # block-diagonal u → i
             self.input_gate_bias = nn.Parameter(torch.empty(H, hd))
-        freqs, _ = inv_freq(head_dim, base=rope_base, scaling=rope_scaling)
+        freqs, _ = inv_freq(hd, base=rot.base, scaling=rot.scaling)
         theta = freqs.repeat(H, 1)  # (H, P): every head gets the rotary schedule
-        if phase == "learned":
+        if self.phase == "learned":
             self.theta = nn.Parameter(theta)
         else:
             self.register_buffer("theta", theta, persistent=False)
-        self.carope = CARoPE(d_model, H, hd, base=rope_base) if phase == "carope" else None
-        self.data_phase = DataPhase(d_model, theta, phase_map) if phase == "data" else None
+        self.carope = CARoPE(d_model, H, hd, base=rot.base) if self.phase == "carope" else None
+        self.data_phase = DataPhase(d_model, theta, c.phase_map) if self.phase == "data" else None
         self.reset_parameters()
 
     @torch.no_grad()
@@ -186,20 +185,20 @@ class VORecurrence(nn.Module):
 
     def log_decay(self) -> torch.Tensor:
         """Static ``log γ = −exp(ν)``, ``(H, P)`` float32, always < 0."""
-        return -torch.exp(_at_least_float32(self.decay_nu))
+        return -torch.exp(at_least_float32(self.decay_nu))
 
     def init_state(self, batch_size: int, device=None, dtype: torch.dtype | None = None) -> RecurrenceState:
         dtype = dtype or self.value_proj.weight.dtype
         conv = self.conv.init_state(batch_size, device=device, dtype=dtype)
         scan = torch.zeros(batch_size, self.n_heads, self.head_dim, device=device, dtype=torch.float32)
-        return RecurrenceState(conv=conv, scan=scan, offset=0)
+        return RecurrenceState(conv=conv, scan=scan)
 
-    def _scan_inputs(self, x: torch.Tensor, u: torch.Tensor):
+    def scan_inputs(self, x: torch.Tensor, u: torch.Tensor):
         """Scan inputs from the mixer input x ``(B, T, d_model)`` and the conv output u ``(B, T, d_rnn)``.
 
         Returns v ``(B, T, H, hd)`` in u's dtype, log γ and θ, each ``(H, P)`` or ``(B, T, H, P)`` float32.
         """
-        uh = rearrange(_at_least_float32(u), "b t (h d) -> b t h d", h=self.n_heads)
+        uh = rearrange(at_least_float32(u), "b t (h d) -> b t h d", h=self.n_heads)
         log_decay = self.log_decay()  # (H, P)
         if self.selective:
             w_r, b_r, w_i, b_i = (
@@ -218,7 +217,7 @@ class VORecurrence(nn.Module):
         elif self.data_phase is not None:
             theta = self.data_phase.increments(x)  # (B, T, H, P)
         else:
-            theta = _at_least_float32(self.theta)  # (H, P)
+            theta = at_least_float32(self.theta)  # (H, P)
         return v.to(u.dtype), log_decay, theta
 
     def _check_state(self, state: RecurrenceState, batch: int) -> None:
@@ -230,9 +229,12 @@ class VORecurrence(nn.Module):
 
     # ------------------------------------------------------------------------------------------ forms
 
-    def forward(self, x: torch.Tensor, state=None, *, cu_seqlens: torch.Tensor | None = None,
+    def forward(self, x: torch.Tensor, state=None, *, offset=0, cu_seqlens: torch.Tensor | None = None,
                 output_final_state: bool = True):
         """Parallel / chunk form. x ``(B, T, d_model)`` -> (y ``(B, T, d_model)``, new state or None).
+
+        ``offset`` (the position of x's first token) is accepted for the common mixer signature and unused: the
+        rotation is relative by construction, so the output does not depend on where the sequence starts.
 
         ``cu_seqlens`` (``(N+1,)``, ``hybrid.kernels.varlen``): x is a packed batch ``(1, total_T, d_model)`` of N
         sequences, each restarting the conv and the scan; ``state`` is then None or a list of N
@@ -244,57 +246,54 @@ class VORecurrence(nn.Module):
         check_input_dtype("x", x, self.value_proj.weight.dtype)
         if cu_seqlens is not None:
             return self._forward_packed(x, state, cu_seqlens, output_final_state)
-        B, T, _ = x.shape
         if state is not None:
-            self._check_state(state, B)
-        conv0, scan0, offset = (None, None, 0) if state is None else (state.conv, state.scan, state.offset)
-        gate = GATE_ACTIVATIONS[self.gate_activation](self.gate_proj(x))
+            self._check_state(state, x.shape[0])
+        conv0, scan0 = (None, None) if state is None else (state.conv, state.scan)
+        gate = F.gelu(self.gate_proj(x))
         u, conv_state = self.conv(self.value_proj(x), conv0, output_final_state=output_final_state)
-        v, log_decay, theta = self._scan_inputs(x, u)
+        v, log_decay, theta = self.scan_inputs(x, u)
         y, scan_state = complex_scan(
-            v, log_decay, theta, scan0, output_final_state=output_final_state,
-            chunk_size=self.chunk_size, backend=self.scan_backend, check_values=False,
+            v, log_decay, theta, scan0, output_final_state=output_final_state, check_values=False,
         )
         y = rearrange(y, "b t h d -> b t (h d)").to(gate.dtype)
         out = self.out_proj(gate * y)
         if not output_final_state:
             return out, None
-        return out, RecurrenceState(conv=conv_state, scan=scan_state, offset=offset + T)
+        return out, RecurrenceState(conv=conv_state, scan=scan_state)
 
     def _forward_packed(self, x: torch.Tensor, states, cu_seqlens: torch.Tensor, output_final_state: bool):
         """``forward`` on a packed batch: per-sequence states in and out (see ``forward``)."""
         cu_seqlens = check_cu_seqlens(cu_seqlens, x.shape[1], x.device, batch=x.shape[0])
         N = cu_seqlens.numel() - 1
-        conv0, scan0, offsets = self._stack_states(states, N, x)
-        gate = GATE_ACTIVATIONS[self.gate_activation](self.gate_proj(x))
+        conv0, scan0 = self._stack_states(states, N, x)
+        gate = F.gelu(self.gate_proj(x))
         u, conv_state = self.conv(self.value_proj(x), conv0, cu_seqlens=cu_seqlens,
                                   output_final_state=output_final_state)
-        v, log_decay, theta = self._scan_inputs(x, u)
+        v, log_decay, theta = self.scan_inputs(x, u)
         y, scan_state = complex_scan(
             v, log_decay, theta, scan0, output_final_state=output_final_state, cu_seqlens=cu_seqlens,
-            chunk_size=self.chunk_size, backend=self.scan_backend, check_values=False,
+            check_values=False,
         )
         out = self.out_proj(gate * rearrange(y, "b t h d -> b t (h d)").to(gate.dtype))
         if not output_final_state:
             return out, None
-        lens = (cu_seqlens[1:] - cu_seqlens[:-1]).tolist()
-        return out, [RecurrenceState(conv=conv_state[n:n + 1], scan=scan_state[n:n + 1], offset=offsets[n] + lens[n])
-                     for n in range(N)]
+        return out, [RecurrenceState(conv=conv_state[n:n + 1], scan=scan_state[n:n + 1]) for n in range(N)]
 
     def _stack_states(self, states, N: int, x: torch.Tensor):
         """Per-sequence states (None or a list of N ``RecurrenceState | None``) as ``conv (N, W−1, C)``, ``scan
-        (N, H, D)`` (None when every one is None: zeros) and the offsets."""
+        (N, H, D)`` (both None when every one is None: zeros)."""
         states = check_sequence_states(states, N, lambda s: self._check_state(s, 1))
         if states is None:
-            return None, None, [0] * N
+            return None, None
         blank = self.init_state(1, x.device, x.dtype)
         full = [blank if s is None else s for s in states]
         conv = torch.cat([s.conv.to(x.dtype) for s in full])  # (N, W−1, C)
         scan = torch.cat([s.scan for s in full])  # (N, H, D)
-        return conv, scan, [s.offset for s in full]
+        return conv, scan
 
-    def step(self, x: torch.Tensor, state: RecurrenceState | None = None):
-        """Recurrent form, one token. x ``(B, d_model)`` -> (y ``(B, d_model)``, new state)."""
+    def step(self, x: torch.Tensor, state: RecurrenceState | None = None, offset: int = 0):
+        """Recurrent form, one token. x ``(B, d_model)`` -> (y ``(B, d_model)``, new state); ``offset`` unused (see
+        ``forward``)."""
         if x.dim() != 2 or x.shape[-1] != self.d_model:
             raise ValueError(f"x: expected shape (B, d_model={self.d_model}), got {tuple(x.shape)}")
         check_input_dtype("x", x, self.value_proj.weight.dtype)
@@ -302,13 +301,13 @@ class VORecurrence(nn.Module):
         if state is None:
             state = self.init_state(B, x.device, x.dtype)
         self._check_state(state, B)
-        gate = GATE_ACTIVATIONS[self.gate_activation](self.gate_proj(x))
+        gate = F.gelu(self.gate_proj(x))
         u, conv_state = self.conv.step(self.value_proj(x), state.conv)
-        v, log_decay, theta = self._scan_inputs(x.unsqueeze(1), u.unsqueeze(1))  # as a length-1 sequence
+        v, log_decay, theta = self.scan_inputs(x.unsqueeze(1), u.unsqueeze(1))  # as a length-1 sequence
         if log_decay.dim() == 4:
             log_decay = log_decay[:, 0]
         if theta.dim() == 4:
             theta = theta[:, 0]
         y, scan_state = complex_scan_step(v[:, 0], log_decay, theta, state.scan, check_values=False)
         out = self.out_proj(gate * y.reshape(B, self.d_rnn).to(gate.dtype))
-        return out, RecurrenceState(conv=conv_state, scan=scan_state, offset=state.offset + 1)
+        return out, RecurrenceState(conv=conv_state, scan=scan_state)

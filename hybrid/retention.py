@@ -1,6 +1,7 @@
 """RetNet multi-scale retention, the mixer "M" (the baseline).
 
-Per head h (decay γ_h = 1 − 2^{−5−h}), with positions p_n = offset + n and RoPE rotations R_p:
+Per head h (decay γ_h = 1 − 2^{−5−h}), with positions p_n = offset + n (`offset`: the caller's position of the
+first token, 0 for a fresh sequence; the state holds none) and RoPE rotations R_p:
 
     q̃_n = R_{p_n} W_q x_n,   k̃_n = R_{p_n} W_k x_n / √D,   v_n = W_v x_n
     o_n = Σ_{m≤n} γ^{n−m} (q̃_n · k̃_m) v_m                    (q̃_n·k̃_m = q_nᵀ R_{m−n} k_m: relative)
@@ -10,8 +11,8 @@ The retention itself is the op `hybrid.kernels.retention`; this layer holds the 
 norm and gate. Three forms give the same o:
 - parallel: o = ((Q̃ K̃ᵀ) ⊙ Dec) V with Dec[n, m] = exp((n − m)·log γ) for m ≤ n, else 0
   (`retention_reference`: O(T²), the tests' ground truth).
-- chunkwise: the parallel form inside tiles of `retention_chunk` tokens plus γ^{c+1} q̃_c S carried in,
-  S' = γ^C S + Σ_m γ^{C−1−m} k̃_mᵀ v_m across tiles (`retention_chunkwise`, O(T·retention_chunk)).
+- chunkwise: the parallel form inside tiles of `tile_size` tokens plus γ^{c+1} q̃_c S carried in,
+  S' = γ^C S + Σ_m γ^{C−1−m} k̃_mᵀ v_m across tiles (`retention_chunkwise`, O(T·tile_size)).
   `forward` runs it for whole sequences, with or without an incoming state.
 - recurrent: S_t = γ S_{t−1} + k̃_tᵀ v_t, o_t = q̃_t S_t (`retention_step`, used by `step`).
 S is (B, H, D, D) float32 (float64 for float64 inputs); q, k, v and o are computed in that precision,
@@ -34,36 +35,38 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from hybrid.checks import check_even_dim, check_input_dtype, check_number, check_positive_int, check_sequence_states
-from hybrid.kernels.retention import DEFAULT_RETENTION_CHUNK, retention_chunkwise, retention_step
+from hybrid.checks import check_even_dim, check_input_dtype, check_positive_int, check_sequence_states
+from hybrid.kernels.retention import DEFAULT_TILE_SIZE, retention_chunkwise, retention_step
 from hybrid.kernels.varlen import check_cu_seqlens
+from hybrid.mixer import FixedStateOptions, Mixer, check_offset
 from hybrid.norms import head_rms_norm
-from hybrid.rotary import Rotary, apply_rotary
+from hybrid.rotary import Rotary, RotaryConfig, apply_rotary
 
-__all__ = ["MultiScaleRetention", "RetentionState", "retention_log_decay"]
-
-_LAYOUTS = ("interleaved", "half")
+__all__ = ["MultiScaleRetention", "RetentionConfig", "RetentionState", "retention_log_decay"]
 
 
 @dataclass
 class RetentionState:
-    """State of one `MultiScaleRetention` layer.
+    """State of one `MultiScaleRetention` layer; it holds no position (the caller passes `offset`).
 
-    S: (B, H, D, D) float32, `Σ_{m<offset} γ^{offset−1−m} k̃_mᵀ v_m` (row index: key channel).
-    offset: tokens seen (the position of the next token).
+    S: (B, H, D, D) float32, `Σ_m γ^{p−1−m} k̃_mᵀ v_m` over the tokens seen, p the position of the next one
+       (row index: key channel).
     """
 
     S: Tensor
-    offset: int = 0
 
     @property
     def nbytes(self) -> int:
         return self.S.numel() * self.S.element_size()
 
+    def clone(self) -> "RetentionState":
+        """The state itself: it is never written in place, so continuing it twice is safe."""
+        return self
+
     @classmethod
     def cat(cls, states: list["RetentionState"]) -> "RetentionState":
-        """The states of several sequences at one offset as one batch (rows in order)."""
-        return cls(S=torch.cat([s.S for s in states]), offset=states[0].offset)
+        """The states of several sequences as one batch (rows in order)."""
+        return cls(S=torch.cat([s.S for s in states]))
 
 
 def retention_log_decay(n_heads: int, device=None, dtype: torch.dtype = torch.float32) -> Tensor:
@@ -72,50 +75,53 @@ def retention_log_decay(n_heads: int, device=None, dtype: torch.dtype = torch.fl
     return torch.log1p(-torch.exp2(-5.0 - h)).to(device=device, dtype=dtype)
 
 
-class MultiScaleRetention(nn.Module):
-    """Multi-scale retention: q, k, v, g projections d_model → H·D, output projection H·D → d_model.
+@dataclass(frozen=True)
+class RetentionConfig(FixedStateOptions):
+    """The options of a `MultiScaleRetention` layer, validated on construction; errors name the field.
 
-    retention_chunk: the tile length of the chunkwise form `forward` runs (same numbers for any value;
-    time and memory O(T·retention_chunk)).
+    tile_size: the tile length of the chunkwise form `forward` runs (same numbers for any value; time and
+    memory O(T·tile_size)).
     """
 
-    def __init__(
-        self,
-        d_model: int,
-        n_heads: int,
-        head_dim: int | None = None,
-        rope_base: float = 10000.0,
-        rope_layout: str = "interleaved",
-        *,
-        retention_chunk: int = DEFAULT_RETENTION_CHUNK,
-        norm_eps: float = 1e-6,
-    ):
-        super().__init__()
-        check_positive_int("d_model", d_model)
-        check_positive_int("n_heads", n_heads)
-        if head_dim is None:
-            if d_model % n_heads:
-                raise ValueError(
-                    f"n_heads: expected a divisor of d_model={d_model} (head_dim=None), got {n_heads}"
-                )
-            head_dim = d_model // n_heads
+    tile_size: int = DEFAULT_TILE_SIZE
+
+    def __post_init__(self):
+        check_positive_int("tile_size", self.tile_size)
+
+    def check_with(self, *, n_heads: int, head_dim: int, rotary: RotaryConfig) -> None:
+        """Heads of `head_dim` channels are rotary pairs (RoPE on q and k), and the rotary options fit them."""
         check_even_dim("head_dim", head_dim)
-        check_number("rope_base", rope_base, low=1, low_open=True)
-        if rope_layout not in _LAYOUTS:
-            raise ValueError(f"rope_layout: expected one of {_LAYOUTS}, got {rope_layout!r}")
-        check_positive_int("retention_chunk", retention_chunk)
-        if not norm_eps >= 0:
-            raise ValueError(f"norm_eps: expected a non-negative float, got {norm_eps!r}")
-        self.d_model, self.n_heads, self.head_dim = d_model, n_heads, head_dim
-        self.rope_base, self.rope_layout = float(rope_base), rope_layout
-        self.retention_chunk, self.norm_eps = retention_chunk, float(norm_eps)
-        inner = n_heads * head_dim
+        rotary.check_with(head_dim)
+
+
+class MultiScaleRetention(Mixer):
+    """Multi-scale retention: q, k, v, g projections d_model → H·D, output projection H·D → d_model.
+
+    Options: `RetentionConfig` (`config=` or its fields as keywords). Of the `rotary` options it uses `base`
+    and `layout` (RoPE on q and k; no scaling, no CARoPE); `norm_eps` is the group norm's eps.
+    """
+
+    Config = RetentionConfig
+
+    def __init__(self, d_model: int, n_heads: int, head_dim: int | None = None, *,
+                 rotary: RotaryConfig | None = None, norm_eps: float = 1e-6, config: RetentionConfig | None = None,
+                 **options):
+        super().__init__(d_model, n_heads, head_dim, rotary=rotary, norm_eps=norm_eps, config=config, **options)
+        rot = self.rotary_config
+        self.rope_base, self.rope_layout = float(rot.base), rot.layout
+        self.tile_size = self.config.tile_size
+        inner = self.n_heads * self.head_dim
         self.q_proj = nn.Linear(d_model, inner, bias=False)
         self.k_proj = nn.Linear(d_model, inner, bias=False)
         self.v_proj = nn.Linear(d_model, inner, bias=False)
         self.g_proj = nn.Linear(d_model, inner, bias=False)
         self.out_proj = nn.Linear(inner, d_model, bias=False)
-        self.rotary = Rotary(head_dim, base=self.rope_base, layout=rope_layout)
+        self.rotary = Rotary(self.head_dim, base=self.rope_base, layout=self.rope_layout)
+        self.reset_parameters()
+
+    def init_weights(self, std: float, depth_std: float) -> None:
+        """RetNet's published initialisation (`reset_parameters`), not the model's: the baseline stays the
+        baseline."""
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -126,12 +132,12 @@ class MultiScaleRetention(nn.Module):
 
     def extra_repr(self) -> str:
         return (f"d_model={self.d_model}, n_heads={self.n_heads}, head_dim={self.head_dim}, "
-                f"rope_base={self.rope_base:g}, rope_layout={self.rope_layout!r}, retention_chunk={self.retention_chunk}")
+                f"rope_base={self.rope_base:g}, rope_layout={self.rope_layout!r}, tile_size={self.tile_size}")
 
     def init_state(self, batch_size: int, device=None, dtype: torch.dtype | None = None) -> RetentionState:
-        """A zero state at position 0; S is float32 whatever `dtype` (accepted for the common mixer signature)."""
+        """A zero state; S is float32 whatever `dtype` (accepted for the common mixer signature)."""
         H, D = self.n_heads, self.head_dim
-        return RetentionState(S=torch.zeros(batch_size, H, D, D, device=device, dtype=torch.float32), offset=0)
+        return RetentionState(S=torch.zeros(batch_size, H, D, D, device=device, dtype=torch.float32))
 
     # --- pieces -------------------------------------------------------------------------------------
     def _check_state(self, state: RetentionState, batch: int) -> None:
@@ -160,61 +166,63 @@ class MultiScaleRetention(nn.Module):
         return self.out_proj(F.silu(self.g_proj(x)) * o)
 
     # --- forms --------------------------------------------------------------------------------------
-    def forward(self, x: Tensor, state=None, *, cu_seqlens: Tensor | None = None, output_final_state: bool = True):
-        """x (B, T, d_model) -> y (B, T, d_model), state after the T tokens (None when `output_final_state` is
-        False): the chunkwise form, continuing `state` when given (it is not modified).
+    def forward(self, x: Tensor, state=None, *, offset=0, cu_seqlens: Tensor | None = None,
+                output_final_state: bool = True):
+        """x (B, T, d_model) at positions offset … offset + T − 1 -> y (B, T, d_model), state after the T tokens
+        (None when `output_final_state` is False): the chunkwise form, continuing `state` when given (it is not
+        modified). `offset`: the tokens `state` has seen (0 for a fresh sequence).
 
         `cu_seqlens` (`(N+1,)`, `hybrid.kernels.varlen`): x is a packed batch `(1, total_T, d_model)` of N
         sequences, each restarting its retention and its rotary positions; `state` is then None or a list of N
-        `RetentionState | None` (batch 1 each), and so is the returned state.
+        `RetentionState | None` (batch 1 each), and so is the returned state; `offset` is 0 or a list of N
+        positions.
         """
         if x.dim() != 3 or x.shape[-1] != self.d_model or x.shape[1] < 1:
             raise ValueError(f"x: expected shape (B, T>=1, {self.d_model}), got {tuple(x.shape)}")
         check_input_dtype("x", x, self.out_proj.weight.dtype)
         if cu_seqlens is not None:
-            return self._forward_packed(x, state, cu_seqlens, output_final_state)
+            return self._forward_packed(x, state, cu_seqlens, offset, output_final_state)
         B, T, _ = x.shape
-        offset = 0
+        offset = check_offset(offset)
         cdt = torch.promote_types(x.dtype, torch.float32)
         S = None
         if state is not None:
             self._check_state(state, B)
-            offset, S = state.offset, state.S.to(cdt)
+            S = state.S.to(cdt)
         q, k, v = self._qkv(x, offset, cdt)
         log_gamma = retention_log_decay(self.n_heads, x.device, cdt)
         with torch.autocast(x.device.type, enabled=False):  # keep the retention and S in cdt
             o, S = retention_chunkwise(q, k, v, log_gamma, S, output_final_state=output_final_state,
-                                       retention_chunk=self.retention_chunk)  # (B, T, H, D)
+                                       tile_size=self.tile_size)  # (B, T, H, D)
         y = self._output(x, o)
-        return y, (RetentionState(S=S, offset=offset + T) if output_final_state else None)
+        return y, (RetentionState(S=S) if output_final_state else None)
 
-    def _forward_packed(self, x: Tensor, states, cu_seqlens: Tensor, output_final_state: bool):
+    def _forward_packed(self, x: Tensor, states, cu_seqlens: Tensor, offset, output_final_state: bool):
         """`forward` on a packed batch: per-sequence states and positions (see `forward`)."""
         T = x.shape[1]
         cu_seqlens = check_cu_seqlens(cu_seqlens, T, x.device, batch=x.shape[0])
         N = cu_seqlens.numel() - 1
         cdt = torch.promote_types(x.dtype, torch.float32)
-        S, offsets = None, [0] * N
+        S, offsets = None, check_offset(offset, N)
         states = check_sequence_states(states, N, lambda st: self._check_state(st, 1))
         if states is not None:
             zero = self.init_state(1, x.device).S
             S = torch.cat([(zero if st is None else st.S).to(cdt) for st in states])  # (N, H, D, D)
-            offsets = [0 if st is None else st.offset for st in states]
         off_t = None if max(offsets) == 0 else torch.tensor(offsets, device=x.device)
         cos_sin = self.rotary.cos_sin_packed(cu_seqlens, T, off_t, max(offsets), device=x.device)
         q, k, v = self._qkv(x, 0, cdt, cos_sin)
         log_gamma = retention_log_decay(self.n_heads, x.device, cdt)
         with torch.autocast(x.device.type, enabled=False):  # keep the retention and S in cdt
             o, S = retention_chunkwise(q, k, v, log_gamma, S, output_final_state=output_final_state,
-                                       cu_seqlens=cu_seqlens, retention_chunk=self.retention_chunk)
+                                       cu_seqlens=cu_seqlens, tile_size=self.tile_size)
         y = self._output(x, o)
         if not output_final_state:
             return y, None
-        lens = (cu_seqlens[1:] - cu_seqlens[:-1]).tolist()
-        return y, [RetentionState(S=S[n:n + 1], offset=offsets[n] + lens[n]) for n in range(N)]
+        return y, [RetentionState(S=S[n:n + 1]) for n in range(N)]
 
-    def step(self, x: Tensor, state: RetentionState | None) -> tuple[Tensor, RetentionState]:
-        """x (B, d_model) -> y (B, d_model); the recurrent form S_t = γ S_{t−1} + k̃_tᵀ v_t, o_t = q̃_t S_t."""
+    def step(self, x: Tensor, state: RetentionState | None = None, offset: int = 0) -> tuple[Tensor, RetentionState]:
+        """x (B, d_model) at position `offset` -> y (B, d_model); the recurrent form S_t = γ S_{t−1} + k̃_tᵀ v_t,
+        o_t = q̃_t S_t."""
         if x.dim() != 2 or x.shape[-1] != self.d_model:
             raise ValueError(f"x: expected shape (B, {self.d_model}), got {tuple(x.shape)}")
         check_input_dtype("x", x, self.out_proj.weight.dtype)
@@ -223,10 +231,10 @@ class MultiScaleRetention(nn.Module):
             state = self.init_state(B, x.device)
         self._check_state(state, B)
         cdt = torch.promote_types(x.dtype, torch.float32)
-        q, k, v = self._qkv(x[:, None], state.offset, cdt)  # (B, 1, H, D) each
+        q, k, v = self._qkv(x[:, None], check_offset(offset), cdt)  # (B, 1, H, D) each
         q, k, v = q[:, 0], k[:, 0], v[:, 0]  # (B, H, D)
         log_gamma = retention_log_decay(self.n_heads, x.device, cdt)  # (H,)
         with torch.autocast(x.device.type, enabled=False):  # keep the retention and S in cdt
             o, S = retention_step(q, k, v, log_gamma, state.S.to(cdt))  # (B, H, D), (B, H, D, D)
         y = self._output(x[:, None], o[:, None])[:, 0]  # (B, d_model)
-        return y, RetentionState(S=S, offset=state.offset + 1)
+        return y, RetentionState(S=S)

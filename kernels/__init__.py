@@ -1,4 +1,7 @@
-"""Ops: Triton kernels and torch implementations, each with a plain reference beside it. No nn.Modules."""
+"""Ops: Triton kernels and torch implementations, each with a plain reference beside it. No nn.Modules.
+
+Each op picks its backend from the call, else from ``$HYBRID_<OP>_BACKEND`` (``hybrid.kernels.env``).
+"""
 from .causal_conv import causal_conv1d, causal_conv1d_reference, causal_conv1d_step
 from .complex_scan import complex_scan, complex_scan_reference, complex_scan_step
 from .retention import retention_chunkwise, retention_reference, retention_step

@@ -1,6 +1,7 @@
 """Models: HybridConfig with presets, HybridLM (three modes, one state), generation."""
 from .config import PRESETS, SIZES, HybridConfig
-from .lm import MODES, HybridLM
+from .lm import HybridLM
+from .modes import MODES
 from .sampling import sample_next
 from .state import HybridState
 

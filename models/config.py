@@ -1,10 +1,18 @@
 """HybridConfig: one dataclass for every model of the library, with named presets.
 
-A model is ``n_layers`` pre-norm blocks whose mixers follow ``pattern`` repeated to length ``n_layers``:
+A model is ``n_layers`` pre-norm blocks whose mixers follow ``pattern`` repeated to length ``n_layers``; the
+letters are the rows of the mixer table (``models/mixers.py``):
 
-    R   VO-RoPE recurrence (complex scan)           hybrid.recurrence.VORecurrence
-    A   softmax attention, rotary on q/k/v/o         hybrid.attention.Attention
-    M   RetNet multi-scale retention                 hybrid.retention.MultiScaleRetention
+    R   VO-RoPE recurrence (complex scan)           hybrid.recurrence.VORecurrence      config.recurrence
+    A   softmax attention, rotary on q/k/v/o         hybrid.attention.Attention          config.attention
+    M   RetNet multi-scale retention                 hybrid.retention.MultiScaleRetention config.retention
+
+The config is the stack's fields, the rotary options every mixer shares (``config.rotary``, a
+``hybrid.rotary.RotaryConfig``) and one section per table row, each that mixer's own options dataclass
+(``config.attention.window``). Fields are set by stack name, by dotted name (``"attention.window"``), by section
+(``attention=AttentionConfig(...)``, which sets every field of it, or a dict, which sets its keys) or by the
+old flat names (``window``, ``rope_base``, ``rnn_phase``, …, ``models.config_names.FLAT_ALIASES``), which also
+stay readable as compatibility aliases (``config.window``, ``config.resolved_rnn_phase``).
 
 Presets (``HybridConfig.preset(name, size)``):
 
@@ -15,22 +23,21 @@ Presets (``HybridConfig.preset(name, size)``):
 """
 from __future__ import annotations
 
+import copy
 import dataclasses
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 
 import torch
 
 from hybrid.abs_pos import ABS_POS_KINDS
-from hybrid.checks import check_even_dim, check_number, check_positive_int
-from hybrid.recurrence import PHASES as RNN_PHASES
-from hybrid.recurrence import SELECTIVE_GATES
-from hybrid.rotary import PHASE_MAPS, PLACEMENTS, inv_freq, parse_placement
+from hybrid.checks import check_bool, check_heads, check_number, check_positive_int
+from hybrid.rotary import RotaryConfig
 
-MIXER_LETTERS = {"R": "VO-RoPE recurrence", "A": "attention", "M": "multi-scale retention"}
+from . import mixers as mixer_table
+from .config_names import FLAT_ALIASES, options_fields, parse, respell, spellings
+
 RECOMPUTE = ("none", "linear", "all")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "float64": torch.float64}
-# shared-KV caches one tensor as key and value, so k and v must be rotated alike
-SHARED_KV_PLACEMENTS = tuple(p for p in PLACEMENTS if parse_placement(p).k == parse_placement(p).v)
 
 # size -> (d_model, n_layers, n_heads); parameter counts are for the byte vocabulary (embedding ≈ 0)
 SIZES = {
@@ -53,10 +60,7 @@ def _upgrade(d: dict) -> dict:
     if "rnn_learnable_theta" not in d:
         return d
     d = dict(d)
-    learnable = d.pop("rnn_learnable_theta")
-    if not isinstance(learnable, bool):
-        raise ValueError(f"rnn_learnable_theta: expected True or False, got {learnable!r}")
-    if learnable:
+    if check_bool("rnn_learnable_theta", d.pop("rnn_learnable_theta")):
         if d.get("rnn_phase") not in (None, "learned"):
             raise ValueError(f"rnn_learnable_theta: contradicts rnn_phase={d['rnn_phase']!r}; set one")
         if d.get("carope") and "R" in d.get("pattern", "R"):
@@ -65,9 +69,21 @@ def _upgrade(d: dict) -> dict:
     return d
 
 
-@dataclass
+def _sections() -> dict[str, type]:
+    """Section name → its options dataclass: the rotary options, then one per row of the mixer table."""
+    out = {"rotary": RotaryConfig}
+    for letter, row in mixer_table.MIXERS.items():
+        if row.name in out or row.name in _STACK or row.name in FLAT_ALIASES:
+            raise ValueError(f"MIXERS: row {letter!r} needs a section name of its own, got {row.name!r}")
+        out[row.name] = row.cls.Config
+    return out
+
+
+@dataclass(frozen=True, init=False)
 class HybridConfig:
-    """Every field is validated in ``__post_init__``; errors name the field."""
+    """The stack's fields, ``rotary`` and one options section per mixer (``mixers``: section name → options,
+    read as ``config.<name>``). Every value is validated on construction; errors name the field as it was
+    given (stack name, dotted name or old flat name). Immutable: ``replace`` makes a changed copy."""
 
     # the stack
     vocab_size: int = 264
@@ -82,121 +98,90 @@ class HybridConfig:
     tie_embeddings: bool = True
     init_std: float = 0.02
     dtype: str = "float32"  # parameter dtype
-    # attention (A)
-    n_kv_heads: int | None = None  # GQA / MQA; default n_heads
-    window: int | None = None  # sliding window; None = global
-    shared_kv: bool = False  # one projection serves as key and value (cache holds one tensor)
-    attention_bias: bool = False  # biases on the q/k/v and output projections (imported Qwen2 / Llama checkpoints)
-    # rotary (A, R, M)
-    rope_base: float = 10000.0
-    rope_scaling: dict | None = None  # Llama/HF-style: {"rope_type": "yarn", "factor": 4, ...}
-    rope_placement: str = "qkvo"  # any of hybrid.rotary.PLACEMENTS, for attention
-    rope_layout: str = "interleaved"  # or "half"
-    rotary_dim: int | None = None  # partial rotary (attention); default head_dim
-    carope: bool = False  # context-aware phases (attention and recurrence)
     # absolute positions added to the token embedding: None, "learned" (a table of abs_pos_max_len vectors;
     # longer inputs are an error) or "sinusoidal" (fixed, any length)
     abs_pos: str | None = None
     abs_pos_max_len: int | None = None
-    # recurrence (R)
-    rnn_r_min: float = 0.9
-    rnn_r_max: float = 0.999
-    rnn_selective: bool = False  # data-dependent decay (RG-LRU-like gate)
-    rnn_selective_gate: str = "sigmoid"  # its recurrence gate: "sigmoid" (RG-LRU) or "hardsigmoid" (can hold γ_t = 1)
-    # rotation angles: "static" (rotary schedule), "learned" (the schedule as a parameter), "carope" (CARoPE
-    # increments), "data" (θ_t = π·σ(W x_t + b) per pair); None = "carope" when carope=True, else "static"
-    rnn_phase: str | None = None
-    # the "data" angle map: "pi-sigmoid" (0, π), "2pi-tanh" (−2π, 2π) or "pi-hardsigmoid" [0, π] (exact 0 and π)
-    rnn_phase_map: str = "pi-sigmoid"
-    rnn_conv_width: int = 4
-    # retention (M)
-    retention_chunk: int = 64  # tile of its chunkwise form: O(T·retention_chunk); same numbers for any value
     # training memory: which blocks keep only their input and recompute their activations in backward
-    # (activation checkpointing): "none"; "linear" = every block whose mixer costs O(T) (R, M, windowed A), so
-    # the recomputation is cheap and the global attention blocks are left alone; "all". Same numbers either way.
+    # (activation checkpointing): "none"; "linear" = every block whose mixer is cheap to recompute (its
+    # options' `cheap_to_recompute`: R, M, windowed A), leaving the global attention blocks alone; "all".
+    # Same numbers either way.
     recompute: str = "none"
     # free-form provenance (preset name, size); not used by the model
     meta: dict = field(default_factory=dict)
+    # the rotary options every mixer shares, and each mixer's own
+    rotary: RotaryConfig = field(default_factory=RotaryConfig)
+    mixers: dict = field(default_factory=dict)
 
-    def __post_init__(self):
-        def positive_int(name):
+    def __init__(self, **values):
+        self._set(values)
+
+    # ------------------------------------------------------------------------------------------ building
+
+    def _set(self, values: dict, base: "HybridConfig | None" = None, quiet: dict | None = None) -> None:
+        """Fill the fields from `values` (any spelling) over `base`'s values (or the defaults) and `quiet`
+        values (a preset's, named in errors by default spellings), then validate."""
+        sections = _sections()
+        given, spelled, unknown = parse(values, _STACK, sections)
+        if unknown:
+            raise ValueError(f"config: unknown field(s) {sorted(unknown)}; known fields are "
+                             f"{sorted(HybridConfig.field_names())}")
+        values = base._values() if base is not None else {}
+        if quiet:
+            values.update(parse(quiet, _STACK, sections)[0])
+        values.update(given)
+        for f in dataclasses.fields(HybridConfig):
+            if f.name in _STACK:
+                default = f.default_factory() if f.default is dataclasses.MISSING else f.default
+                object.__setattr__(self, f.name, values.get(f.name, default))
+        head_dim = self._check_stack()
+        dotted = any("." in name for name in spelled.values())
+
+        def names(section: str) -> dict[str, str]:  # a section's fields as the user spells them
+            return spellings(section, options_fields(sections[section]), spelled, dotted)
+
+        built = {}
+        for section, cls in sections.items():
+            fields_given = {f: values[(section, f)] for f in options_fields(cls) if (section, f) in values}
+            try:
+                built[section] = cls(**fields_given)
+            except ValueError as e:
+                raise respell(e, names(section)) from None
+        rotary = built.pop("rotary")
+        object.__setattr__(self, "rotary", rotary)
+        object.__setattr__(self, "mixers", built)
+        for letter in dict.fromkeys(self.pattern):  # each letter of the pattern once, in order
+            section = mixer_table.MIXERS[letter].name
+            try:
+                built[section].check_with(n_heads=self.n_heads, head_dim=head_dim, rotary=rotary)
+            except ValueError as e:
+                raise respell(e, {**names("rotary"), **names(section)}) from None
+
+    def _check_stack(self) -> int:
+        """Validate the stack's fields; returns the head size."""
+        for name in ("vocab_size", "d_model", "n_layers", "n_heads"):
             check_positive_int(name, getattr(self, name))
-
-        def positive_float(name):
-            check_number(name, getattr(self, name), low=0, low_open=True)
-
-        for name in ("vocab_size", "d_model", "n_layers", "n_heads", "rnn_conv_width", "retention_chunk"):
-            positive_int(name)
         for name in ("mlp_ratio", "norm_eps", "init_std"):
-            positive_float(name)
-        # base <= 1 would make the rotary frequencies base^(-2i/d) >= 1: no slow pairs, no long-range positions
-        check_number("rope_base", self.rope_base, low=1, low_open=True)
+            check_number(name, getattr(self, name), low=0, low_open=True)
+        letters = mixer_table.MIXERS
         if not isinstance(self.pattern, str) or not self.pattern:
-            raise ValueError(f"pattern: expected a non-empty string of mixer letters {sorted(MIXER_LETTERS)}, got {self.pattern!r}")
-        bad = sorted(set(self.pattern) - set(MIXER_LETTERS))
+            raise ValueError(f"pattern: expected a non-empty string of mixer letters {sorted(letters)}, "
+                             f"got {self.pattern!r}")
+        bad = sorted(set(self.pattern) - set(letters))
         if bad:
             raise ValueError(
                 f"pattern: unknown mixer letter(s) {bad} in {self.pattern!r}; expected letters from "
-                + ", ".join(f"{k} ({v})" for k, v in MIXER_LETTERS.items())
+                + ", ".join(f"{k} ({row.name})" for k, row in letters.items())
             )
-        if self.head_dim is None:
-            if self.d_model % self.n_heads:
-                raise ValueError(
-                    f"n_heads: expected a divisor of d_model={self.d_model} (or set head_dim), got {self.n_heads}"
-                )
-        else:
-            positive_int("head_dim")
-        check_even_dim("head_dim", self.resolved_head_dim)  # d_model // n_heads when head_dim is None
-        if self.n_kv_heads is not None:
-            positive_int("n_kv_heads")
-            if self.n_heads % self.n_kv_heads:
-                raise ValueError(f"n_kv_heads: expected a divisor of n_heads={self.n_heads}, got {self.n_kv_heads}")
-        if self.window is not None:
-            positive_int("window")
-        if self.mlp_hidden is not None:
-            positive_int("mlp_hidden")
-        if self.rotary_dim is not None:
-            check_even_dim("rotary_dim", self.rotary_dim, at_most=self.resolved_head_dim)
-        if self.rope_placement not in PLACEMENTS:
-            raise ValueError(f"rope_placement: expected one of {list(PLACEMENTS)}, got {self.rope_placement!r}")
-        if self.rope_layout not in ("interleaved", "half"):
-            raise ValueError(f"rope_layout: expected 'interleaved' or 'half', got {self.rope_layout!r}")
-        if self.rope_scaling is not None:
-            if not isinstance(self.rope_scaling, dict):
-                raise ValueError(f"rope_scaling: expected a dict or None, got {type(self.rope_scaling).__name__}")
-            try:
-                inv_freq(self.resolved_head_dim, base=self.rope_base, scaling=self.rope_scaling)
-            except ValueError as e:
-                raise ValueError(f"rope_scaling: {e}") from None
-        if self.shared_kv and self.rope_placement not in SHARED_KV_PLACEMENTS:
-            raise ValueError(
-                f"shared_kv: one cached tensor cannot serve as key and value under rope_placement="
-                f"{self.rope_placement!r} (k and v would need different rotations); use one of {SHARED_KV_PLACEMENTS}"
-            )
-        if not (0.0 < self.rnn_r_min <= self.rnn_r_max < 1.0):
-            raise ValueError(
-                f"rnn_r_min, rnn_r_max: expected 0 < rnn_r_min <= rnn_r_max < 1, got {self.rnn_r_min}, {self.rnn_r_max}"
-            )
-        if self.carope and self.rope_scaling is not None:
-            raise ValueError("carope: CARoPE has no context-extension scaling; set rope_scaling=None or carope=False")
-        if self.carope and self.rope_placement == "none" and "A" in self.pattern:
-            raise ValueError("carope: rope_placement='none' rotates nothing, so CARoPE's phases would be unused")
-        if self.rnn_phase is not None and self.rnn_phase not in RNN_PHASES:
-            raise ValueError(f"rnn_phase: expected one of {RNN_PHASES} or None, got {self.rnn_phase!r}")
-        if self.rnn_phase_map not in PHASE_MAPS:
-            raise ValueError(f"rnn_phase_map: expected one of {PHASE_MAPS}, got {self.rnn_phase_map!r}")
-        if self.rnn_selective_gate not in SELECTIVE_GATES:
-            raise ValueError(f"rnn_selective_gate: expected one of {tuple(SELECTIVE_GATES)}, got {self.rnn_selective_gate!r}")
-        if self.rnn_selective_gate != "sigmoid" and self.rnn_selective is not True:
-            raise ValueError(f"rnn_selective_gate: has no effect without rnn_selective=True, got {self.rnn_selective_gate!r}")
-        if self.rnn_phase == "carope" and self.rope_scaling is not None and "R" in self.pattern:
-            raise ValueError("rnn_phase: CARoPE has no context-extension scaling; set rope_scaling=None or another rnn_phase")
+        head_dim = check_heads(self.d_model, self.n_heads, self.head_dim)
+        check_positive_int("mlp_hidden", self.mlp_hidden, allow_none=True)
         if self.abs_pos is not None and self.abs_pos not in ABS_POS_KINDS:
             raise ValueError(f"abs_pos: expected None or one of {ABS_POS_KINDS}, got {self.abs_pos!r}")
         if self.abs_pos == "learned":
             if self.abs_pos_max_len is None:
-                raise ValueError("abs_pos_max_len: abs_pos='learned' needs the table length, expected a positive int, got None")
-            positive_int("abs_pos_max_len")
+                raise ValueError("abs_pos_max_len: abs_pos='learned' needs the table length, expected a positive "
+                                 "int, got None")
+            check_positive_int("abs_pos_max_len", self.abs_pos_max_len)
         elif self.abs_pos_max_len is not None:
             raise ValueError(
                 f"abs_pos_max_len: only abs_pos='learned' has a table length, expected None with abs_pos="
@@ -208,9 +193,56 @@ class HybridConfig:
             raise ValueError(f"recompute: expected one of {RECOMPUTE}, got {self.recompute!r}")
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype: expected one of {list(DTYPES)}, got {self.dtype!r}")
-        for name in ("tie_embeddings", "shared_kv", "attention_bias", "carope", "rnn_selective"):
-            if not isinstance(getattr(self, name), bool):
-                raise ValueError(f"{name}: expected True or False, got {getattr(self, name)!r}")
+        check_bool("tie_embeddings", self.tie_embeddings)
+        return head_dim
+
+    def _values(self) -> dict:
+        """Every value, keyed by stack name or (section, field)."""
+        out = {name: getattr(self, name) for name in _STACK}
+        for section, options in {"rotary": self.rotary, **self.mixers}.items():
+            out.update({(section, f): getattr(options, f) for f in options_fields(type(options))})
+        return out
+
+    # ------------------------------------------------------------------------------------------ sections
+
+    def section(self, name: str):
+        """The options of one section: "rotary" or a mixer table name ("attention", "recurrence", …)."""
+        if name == "rotary":
+            return self.rotary
+        if name not in self.mixers:
+            raise ValueError(f"section: expected one of {['rotary', *self.mixers]}, got {name!r}")
+        return self.mixers[name]
+
+    def mixer_config(self, letter: str):
+        """The options of the mixer a pattern letter names."""
+        return self.section(mixer_table.mixer_row(letter).name)
+
+    def __getattr__(self, name: str):
+        """`config.<section>` and the old flat names (`config.window` = `config.attention.window`)."""
+        mixers = self.__dict__.get("mixers")
+        if mixers is not None:
+            if name in mixers:
+                return mixers[name]
+            if name in FLAT_ALIASES:
+                section, f = FLAT_ALIASES[name]
+                return getattr(self.section(section), f)
+        raise AttributeError(f"'HybridConfig' object has no attribute {name!r}")
+
+    def __repr__(self) -> str:
+        parts = [f"{name}={getattr(self, name)!r}" for name in _STACK]
+        parts += [f"{name}={options!r}" for name, options in {"rotary": self.rotary, **self.mixers}.items()]
+        return f"HybridConfig({', '.join(parts)})"
+
+    @classmethod
+    def section_names(cls) -> tuple[str, ...]:
+        """The sections, each settable whole (a dict or options object): "rotary", then the mixer table's names."""
+        return tuple(_sections())
+
+    @classmethod
+    def field_names(cls) -> tuple[str, ...]:
+        """Every settable name: the stack's fields, each section's dotted fields, the old flat names."""
+        dotted = [f"{s}.{f}" for s, options in _sections().items() for f in options_fields(options)]
+        return (*_STACK, *dotted, *FLAT_ALIASES)
 
     # ------------------------------------------------------------------------------------------ derived
 
@@ -220,10 +252,9 @@ class HybridConfig:
 
     @property
     def resolved_rnn_phase(self) -> str:
-        """The R layers' angle kind: ``rnn_phase``, or by default "carope" when carope=True, else "static"."""
-        if self.rnn_phase is not None:
-            return self.rnn_phase
-        return "carope" if self.carope else "static"
+        """The R layers' angle kind: ``recurrence.phase``, or by default "carope" when ``rotary.carope``, else
+        "static" (a compatibility alias of ``recurrence.resolved_phase(rotary)``)."""
+        return self.section("recurrence").resolved_phase(self.rotary)
 
     @property
     def layer_types(self) -> str:
@@ -237,8 +268,9 @@ class HybridConfig:
 
     @property
     def state_is_fixed(self) -> bool:
-        """True when the decode state does not grow with the sequence (no global attention layer)."""
-        return "A" not in self.layer_types or self.window is not None
+        """True when the decode state does not grow with the sequence (no mixer of the pattern declares
+        ``state_grows``: no global attention layer)."""
+        return not any(self.mixer_config(letter).state_grows for letter in set(self.pattern))
 
     @property
     def max_positions(self) -> int | None:
@@ -248,28 +280,29 @@ class HybridConfig:
     # ------------------------------------------------------------------------------------------ I/O
 
     def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
+        """The stack's fields, then one nested dict per section (`{"rotary": {...}, "attention": {...}, …}`)."""
+        out = {name: copy.deepcopy(getattr(self, name)) for name in _STACK}
+        for name, options in {"rotary": self.rotary, **self.mixers}.items():
+            out[name] = dataclasses.asdict(options)
+        return out
 
     @classmethod
     def from_dict(cls, d: dict) -> "HybridConfig":
+        """A config from `to_dict`'s nested dict, or from an old flat one (checkpoints before the sections)."""
         if not isinstance(d, dict):
             raise ValueError(f"config: expected a dict, got {type(d).__name__}")
-        d = _upgrade(d)
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(d) - known)
-        if unknown:
-            raise ValueError(f"config: unknown field(s) {unknown}; known fields are {sorted(known)}")
-        return cls(**d)
+        return cls(**_upgrade(d))
 
     def replace(self, **overrides) -> "HybridConfig":
-        unknown = sorted(set(overrides) - {f.name for f in fields(self)})
-        if unknown:
-            raise ValueError(f"config: unknown field(s) {unknown}")
-        return dataclasses.replace(self, **overrides)
+        """A copy with some fields changed, in any spelling: ``replace(window=8)``,
+        ``replace(**{"attention.window": 8})``, ``replace(attention=AttentionConfig(window=8))``."""
+        new = object.__new__(HybridConfig)
+        new._set(overrides, base=self)
+        return new
 
     @classmethod
     def preset(cls, name: str, size: str = "tiny", **overrides) -> "HybridConfig":
-        """A named preset at a named size, with any field overridden.
+        """A named preset at a named size, with any field overridden (in any spelling).
 
         >>> HybridConfig.preset("hybrid", "small", window=256).layer_types
         'RRARRARR'
@@ -282,8 +315,9 @@ class HybridConfig:
         for key, value in PRESETS[name].items():
             values[key] = WINDOWS[size] if value == "size" else value
         values["meta"] = {"preset": name, "size": size}
-        unknown = sorted(set(overrides) - {f.name for f in fields(cls)})
-        if unknown:
-            raise ValueError(f"config: unknown field(s) {unknown}")
-        values.update(overrides)
-        return cls(**values)
+        new = object.__new__(cls)
+        new._set(overrides, quiet=values)
+        return new
+
+
+_STACK = tuple(f.name for f in dataclasses.fields(HybridConfig) if f.name not in ("rotary", "mixers"))

@@ -10,6 +10,11 @@ Three modes give the same logits (to float rounding) and return a state that con
     chunked     blocks of ``chunk_size`` tokens, each continuing the state (long prompts, bounded memory)
     recurrent   one token at a time through each mixer's ``step`` (decoding; O(1) per token when every
                 attention layer is windowed)
+
+The position is kept once, in ``HybridState.offset`` (the tokens seen), and passed down to every mixer as its
+``offset`` (gpt-fast's ``input_pos``); layer states hold none. One token continuing a state is a decode step in
+any mode: ``step``, ``forward`` at T = 1 with a state (the Hugging Face wrapper's decoding) and ``generate``
+(``models/generation.py``) all take that one route.
 """
 from __future__ import annotations
 
@@ -20,19 +25,18 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from hybrid import MultiScaleRetention, RMSNorm, SwiGLU
+from hybrid import RMSNorm, SwiGLU
 from hybrid.abs_pos import AbsolutePositions, packed_positions, sinusoidal_scale
 
 from hybrid.checks import check_int, check_sequence_states
 from hybrid.kernels.varlen import check_cu_seqlens, positions_in_sequence
 
 from .config import HybridConfig
+from .generation import generate as generate_tokens
 from .mixers import build_mixer
-from .sampling import check_sampling, sample_next
+from .modes import DEFAULT_CHUNK_SIZE, MODES
 from .state import HybridState
 
-MODES = ("parallel", "chunked", "recurrent")
-DEFAULT_CHUNK_SIZE = 128
 
 
 class Block(nn.Module):
@@ -40,21 +44,23 @@ class Block(nn.Module):
 
     def __init__(self, config: HybridConfig, letter: str):
         super().__init__()
-        self.letter = letter
         self.mixer_norm = RMSNorm(config.d_model, eps=config.norm_eps)
         self.mixer = build_mixer(config, letter)
         self.mlp_norm = RMSNorm(config.d_model, eps=config.norm_eps)
         self.mlp = SwiGLU(config.d_model, hidden=config.mlp_hidden, mlp_ratio=config.mlp_ratio)
 
-    def forward(self, x: torch.Tensor, state, cu_seqlens: torch.Tensor | None = None, output_final_state: bool = True):
-        """x ``(B, T, d_model)``: the parallel / chunk form (``cu_seqlens``: a packed batch, see ``HybridLM``)."""
-        h, state = self.mixer(self.mixer_norm(x), state, cu_seqlens=cu_seqlens, output_final_state=output_final_state)
+    def forward(self, x: torch.Tensor, state, offset=0, cu_seqlens: torch.Tensor | None = None,
+                output_final_state: bool = True):
+        """x ``(B, T, d_model)`` from position ``offset``: the parallel / chunk form (``cu_seqlens``: a packed batch,
+        ``offset`` 0 or one position per sequence; see ``HybridLM``)."""
+        h, state = self.mixer(self.mixer_norm(x), state, offset=offset, cu_seqlens=cu_seqlens,
+                              output_final_state=output_final_state)
         x = x + h
         return x + self.mlp(self.mlp_norm(x)), state
 
-    def step(self, x: torch.Tensor, state):
-        """x ``(B, d_model)``: one token."""
-        h, state = self.mixer.step(self.mixer_norm(x), state)
+    def step(self, x: torch.Tensor, state, offset: int):
+        """x ``(B, d_model)``: one token at position ``offset``."""
+        h, state = self.mixer.step(self.mixer_norm(x), state, offset)
         x = x + h
         return x + self.mlp(self.mlp_norm(x)), state
 
@@ -71,7 +77,7 @@ class HybridLM(nn.Module):
         self.abs_pos = None if config.abs_pos is None else AbsolutePositions(
             config.abs_pos, config.d_model, max_len=config.abs_pos_max_len, scale=sinusoidal_scale(config.init_std))
         self.blocks = nn.ModuleList(Block(config, letter) for letter in config.layer_types)
-        self._recompute = [self._recomputes(letter) for letter in config.layer_types]
+        self._recompute = [self._recomputes(block.mixer) for block in self.blocks]
         self.norm = RMSNorm(config.d_model, eps=config.norm_eps)
         self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
         self._init_weights()
@@ -82,8 +88,9 @@ class HybridLM(nn.Module):
     @torch.no_grad()
     def _init_weights(self) -> None:
         """N(0, init_std) for linear and embedding weights; residual output projections scaled by
-        1/√(2·n_layers) (GPT-2). Mixer-specific parameters (decays, gates, CARoPE) keep their own init, and
-        retention (M) layers keep RetNet's published initialisation, so the baseline is the baseline."""
+        1/√(2·n_layers) (GPT-2): the MLP's here, the mixer's by its ``init_weights`` hook. Mixer-specific
+        parameters (decays, gates, CARoPE) keep their own init, and retention (M) layers keep RetNet's
+        published initialisation (their hook), so the baseline is the baseline."""
         std = self.config.init_std
         for module in self.modules():
             if isinstance(module, (nn.Linear, nn.Embedding)):
@@ -93,10 +100,7 @@ class HybridLM(nn.Module):
         depth_std = std / math.sqrt(2 * self.config.n_layers)
         for block in self.blocks:
             nn.init.normal_(block.mlp.w_down.weight, mean=0.0, std=depth_std)
-            if isinstance(block.mixer, MultiScaleRetention):
-                block.mixer.reset_parameters()
-            else:
-                nn.init.normal_(block.mixer.out_proj.weight, mean=0.0, std=depth_std)
+            block.mixer.init_weights(std, depth_std)
 
     def num_parameters(self, exclude_embeddings: bool = False) -> int:
         """All parameters, or without the token and (learned) position embedding tables."""
@@ -134,7 +138,9 @@ class HybridLM(nn.Module):
             raise ValueError(f"state: expected {len(self.blocks)} layer states, got {len(state.layers)}")
         return state
 
-    def _check_ids(self, input_ids, name: str = "input_ids", shape: str = "(B, T)") -> None:
+    def check_ids(self, input_ids, name: str = "input_ids", shape: str = "(B, T)") -> None:
+        """``input_ids`` is an int tensor of ``shape`` holding ids in ``[0, vocab_size)`` (checked on the device,
+        without a host sync, off the CPU)."""
         ndim = len([axis for axis in shape.strip("()").split(",") if axis.strip()])
         if not isinstance(input_ids, torch.Tensor) or input_ids.dtype not in (torch.int64, torch.int32):
             got = input_ids.dtype if isinstance(input_ids, torch.Tensor) else type(input_ids).__name__
@@ -162,24 +168,28 @@ class HybridLM(nn.Module):
         ``(logits, new_state)`` (``new_state`` None with ``output_final_state=False``: training builds no
         decoding state).
 
+        One token continuing a state (T = 1, ``state`` given) is a decode step whatever ``mode``: the route of
+        ``step`` and ``generate``.
+
         ``cu_seqlens`` (LongTensor ``(N+1,)``, ``hybrid.kernels.varlen``): ``input_ids`` ``(1, total_T)`` packs N
         sequences; every mixer restarts at each offset, and rotary and absolute positions restart at 0 (or at
         the sequence's state offset). ``state`` is then None or a list of N ``HybridState | None`` (batch 1
         each), and the returned state is such a list.
         """
-        self._check_ids(input_ids)
+        self.check_ids(input_ids)
         if mode not in MODES:
             raise ValueError(f"mode: expected one of {MODES}, got {mode!r}")
         check_int("chunk_size", chunk_size, low=1, allow_none=True, what="a positive int")
         B, T = input_ids.shape
         if cu_seqlens is not None:
             return self._forward_packed(input_ids, mode, state, chunk_size, cu_seqlens, output_final_state)
+        decode_step = T == 1 and state is not None  # one token continuing a state
         if state is None and not output_final_state:  # no decoding state: the mixers start from zeros
             state = HybridState(layers=[None] * len(self.blocks))
         state = self._check_state(state, B)
         if T == 0:
             return self.lm_head.weight.new_zeros(B, 0, self.config.vocab_size), (state if output_final_state else None)
-        if mode == "recurrent":
+        if mode == "recurrent" or decode_step:
             logits = []
             for t in range(T):
                 step_logits, state = self._step(input_ids[:, t], state)
@@ -226,29 +236,31 @@ class HybridLM(nn.Module):
             logits.append(chunk_logits)
         return torch.cat(logits, dim=1), (doc_states if output_final_state else None)
 
-    def _recomputes(self, letter: str) -> bool:
-        """Whether ``config.recompute`` asks this block to recompute its activations in backward."""
+    def _recomputes(self, mixer) -> bool:
+        """Whether ``config.recompute`` asks this mixer's block to recompute its activations in backward:
+        "linear" picks the mixers whose options declare ``cheap_to_recompute`` (R, M, windowed A: O(T))."""
         mode = self.config.recompute
-        linear_cost = letter != "A" or self.config.window is not None  # R, M and windowed A are O(T)
-        return mode == "all" or (mode == "linear" and linear_cost)
+        return mode == "all" or (mode == "linear" and mixer.config.cheap_to_recompute)
 
-    def _run_blocks(self, h: torch.Tensor, layer_states, cu_seqlens, output_final_state: bool):
-        """Every block over h ``(B, T, d_model)``; returns the final hidden states' logits and the layer states."""
+    def _run_blocks(self, h: torch.Tensor, layer_states, offset, cu_seqlens, output_final_state: bool):
+        """Every block over h ``(B, T, d_model)`` from position ``offset`` (with ``cu_seqlens``: 0 or one per
+        sequence); returns the final hidden states' logits and the layer states."""
         layers = []
         records = torch.is_grad_enabled() and self.training
         for block, layer_state, recompute in zip(self.blocks, layer_states, self._recompute):
             if recompute and records:
                 # activation checkpointing: keep h, run the block again in backward. Under autograd every
                 # state update is out of place (hybrid.kv_cache), so the second run sees the same inputs.
-                h, layer_state = checkpoint(block, h, layer_state, cu_seqlens, output_final_state, use_reentrant=False)
+                h, layer_state = checkpoint(block, h, layer_state, offset, cu_seqlens, output_final_state,
+                                            use_reentrant=False)
             else:
-                h, layer_state = block(h, layer_state, cu_seqlens, output_final_state)
+                h, layer_state = block(h, layer_state, offset, cu_seqlens, output_final_state)
             layers.append(layer_state)
         return self.lm_head(self.norm(h)), layers
 
     def _forward_block(self, ids: torch.Tensor, state: HybridState, output_final_state: bool = True):
         h = self._embed(ids, state.offset)  # (B, T, d_model)
-        logits, layers = self._run_blocks(h, state.layers, None, output_final_state)
+        logits, layers = self._run_blocks(h, state.layers, state.offset, None, output_final_state)
         if not output_final_state:
             return logits, None
         return logits, HybridState(layers=layers, offset=state.offset + ids.shape[1])
@@ -267,7 +279,8 @@ class HybridLM(nn.Module):
         layer_states = [None] * len(self.blocks)
         if states is not None and any(st is not None for st in states):
             layer_states = [[None if st is None else st.layers[i] for st in states] for i in range(len(self.blocks))]
-        logits, layers = self._run_blocks(h, layer_states, cu_seqlens, output_final_state)
+        logits, layers = self._run_blocks(h, layer_states, 0 if offsets is None else offsets, cu_seqlens,
+                                          output_final_state)
         if not output_final_state:
             return logits, None
         lens = (cu_seqlens[1:] - cu_seqlens[:-1]).tolist()
@@ -276,84 +289,26 @@ class HybridLM(nn.Module):
 
     def step(self, token_ids: torch.Tensor, state: HybridState | None = None):
         """One token per sequence: ``token_ids`` ``(B,)`` -> (logits ``(B, vocab_size)``, new state)."""
-        self._check_ids(token_ids, "token_ids", "(B,)")
+        self.check_ids(token_ids, "token_ids", "(B,)")
         return self._step(token_ids, self._check_state(state, token_ids.shape[0]))
 
     def _step(self, token_ids: torch.Tensor, state: HybridState):
-        """``step`` on checked ids and state."""
+        """``step`` on checked ids and state: the one decode route (``step``, ``forward`` at T = 1 with a state,
+        the recurrent mode, ``generate``)."""
         h = self._embed(token_ids, state.offset)  # (B, d_model)
         layers = []
         for block, layer_state in zip(self.blocks, state.layers):
-            h, layer_state = block.step(h, layer_state)
+            h, layer_state = block.step(h, layer_state, state.offset)
             layers.append(layer_state)
         return self.lm_head(self.norm(h)), HybridState(layers=layers, offset=state.offset + 1)
 
     # ------------------------------------------------------------------------------------------ generate
 
-    @torch.no_grad()
-    def generate(
-        self,
-        input_ids: torch.Tensor,
-        max_new_tokens: int,
-        mode: str = "recurrent",
-        prefill: str = "parallel",
-        temperature: float = 1.0,
-        top_k: int | None = None,
-        top_p: float | None = None,
-        generator: torch.Generator | None = None,
-        eos_token_id: int | None = None,
-        chunk_size: int | None = None,
-        vocab_limit: int | None = None,
-    ) -> torch.Tensor:
+    def generate(self, input_ids: torch.Tensor, max_new_tokens: int, **options) -> torch.Tensor:
         """Continue ``input_ids`` ``(B, T)`` by up to ``max_new_tokens`` tokens; returns ``(B, T + n)``.
 
-        mode "recurrent" prefills the prompt (``prefill`` = "parallel" or "chunked") and then decodes one
-        token at a time from the state; "parallel" and "chunked" recompute the whole sequence for every new
-        token (no state: the slow reference the recurrent decoder must match). Temperature 0 is greedy.
-        Sequences that produced ``eos_token_id`` are padded with it; generation stops when all have.
-        ``vocab_limit``: the tokenizer's vocabulary size; ids from it up to ``vocab_size`` (padding rows of
-        the embedding) are never produced, in any sampling mode (default: every id may be produced).
-        """
-        self._check_ids(input_ids)
-        check_int("max_new_tokens", max_new_tokens, low=0)
-        if mode not in MODES:
-            raise ValueError(f"mode: expected one of {MODES}, got {mode!r}")
-        if prefill not in ("parallel", "chunked"):
-            raise ValueError(f"prefill: expected 'parallel' or 'chunked', got {prefill!r}")
-        if input_ids.shape[1] == 0:
-            raise ValueError("input_ids: expected a prompt of at least one token, got an empty sequence")
-        check_sampling(temperature, top_k, top_p)
-        V = self.config.vocab_size
-        vocab_limit = check_int("vocab_limit", vocab_limit, low=1, high=V, allow_none=True)
-        limit = V if vocab_limit is None else vocab_limit
-        check_int("eos_token_id", eos_token_id, low=0, high=limit - 1, allow_none=True)
-        B = input_ids.shape[0]
-        finished = torch.zeros(B, dtype=torch.bool, device=input_ids.device)
-        new_tokens = []
-
-        def pick(logits):
-            token = sample_next(logits, temperature, top_k, top_p, generator, vocab_limit=vocab_limit)
-            if eos_token_id is not None:
-                token = torch.where(finished, torch.full_like(token, eos_token_id), token)
-                finished.logical_or_(token == eos_token_id)
-            new_tokens.append(token)
-            return token
-
-        if mode == "recurrent":
-            logits, state = self(input_ids, mode=prefill, chunk_size=chunk_size)
-            next_logits = logits[:, -1]
-            for i in range(max_new_tokens):
-                token = pick(next_logits)
-                if i + 1 == max_new_tokens or (eos_token_id is not None and bool(finished.all())):
-                    break
-                next_logits, state = self._step(token, state)
-        else:
-            sequence = input_ids
-            for _ in range(max_new_tokens):
-                logits, _ = self(sequence, mode=mode, chunk_size=chunk_size)
-                sequence = torch.cat([sequence, pick(logits[:, -1]).unsqueeze(1)], dim=1)
-                if eos_token_id is not None and bool(finished.all()):
-                    break
-        if not new_tokens:
-            return input_ids
-        return torch.cat([input_ids, torch.stack(new_tokens, dim=1)], dim=1)
+        ``options``: ``mode``, ``prefill``, ``temperature``, ``top_k``, ``top_p``, ``generator``, ``eos_token_id``,
+        ``chunk_size``, ``vocab_limit``. The decode loop lives outside the model, in
+        ``hybrid.models.generation.generate(self, input_ids, max_new_tokens, **options)``, whose docstring says
+        what each does."""
+        return generate_tokens(self, input_ids, max_new_tokens, **options)

@@ -1,47 +1,48 @@
-"""The mixer table: pattern letter → mixer class and the config fields it is built from.
+"""The mixer table: the one place a mixer is declared. Pattern letter → (config section, mixer class).
 
-Every mixer offers the same contract: `forward(x (B, T, d_model), state) -> (y, state)` (parallel / chunk),
-`step(x (B, d_model), state) -> (y, state)` (one token), `init_state(batch_size, device=None, dtype=None)` and
-states with `nbytes`. A new mixer is one more row here (and its letter in `config.MIXER_LETTERS`).
+A row `"R": MixerRow("recurrence", VORecurrence)` makes "R" a pattern letter, gives `HybridConfig` a section
+`config.recurrence` holding a `VORecurrence.Config` (filled with its defaults, checked against the stack's shape
+when the pattern uses the letter), and builds each "R" layer as
+
+    VORecurrence(d_model, n_heads, head_dim, rotary=config.rotary, norm_eps=config.norm_eps,
+                 config=config.recurrence)
+
+Every mixer follows `hybrid.mixer.Mixer`: `forward(x (B, T, d_model), state, *, offset) -> (y, state)` (parallel /
+chunk), `step(x (B, d_model), state, offset) -> (y, state)` (one token; `offset`: the position, kept by the
+caller), `init_state(batch_size, device=None, dtype=None)`, states with `nbytes`, `clone()` and `cat`, and a
+`Config` declaring `state_grows` and `cheap_to_recompute`.
+A new mixer is one file (the class and its `Config`) and one row here.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
-
-from torch import nn
 
 from hybrid import Attention, MultiScaleRetention, VORecurrence
-
-from .config import MIXER_LETTERS, HybridConfig
+from hybrid.mixer import Mixer
 
 
 @dataclass(frozen=True)
-class MixerSpec:
-    cls: type[nn.Module]
-    kwargs: Callable[[HybridConfig], dict]  # the constructor's arguments from the config
+class MixerRow:
+    name: str  # the config section holding its options: HybridConfig.<name>
+    cls: type[Mixer]  # the mixer; cls.Config is its options dataclass
 
 
-MIXERS: dict[str, MixerSpec] = {
-    "R": MixerSpec(VORecurrence, lambda c: dict(
-        d_model=c.d_model, n_heads=c.n_heads, head_dim=c.resolved_head_dim, conv_width=c.rnn_conv_width,
-        r_min=c.rnn_r_min, r_max=c.rnn_r_max, selective=c.rnn_selective,
-        selective_gate=c.rnn_selective_gate, rope_base=c.rope_base,
-        rope_scaling=c.rope_scaling, phase=c.resolved_rnn_phase, phase_map=c.rnn_phase_map)),
-    "A": MixerSpec(Attention, lambda c: dict(
-        d_model=c.d_model, n_heads=c.n_heads, n_kv_heads=c.n_kv_heads, head_dim=c.resolved_head_dim,
-        placement=c.rope_placement, rope_base=c.rope_base, rope_scaling=c.rope_scaling, rope_layout=c.rope_layout,
-        rotary_dim=c.rotary_dim, window=c.window, shared_kv=c.shared_kv, carope=c.carope, bias=c.attention_bias)),
-    "M": MixerSpec(MultiScaleRetention, lambda c: dict(
-        d_model=c.d_model, n_heads=c.n_heads, head_dim=c.resolved_head_dim, rope_base=c.rope_base,
-        rope_layout=c.rope_layout, norm_eps=c.norm_eps, retention_chunk=c.retention_chunk)),
+MIXERS: dict[str, MixerRow] = {
+    "R": MixerRow("recurrence", VORecurrence),
+    "A": MixerRow("attention", Attention),
+    "M": MixerRow("retention", MultiScaleRetention),
 }
-assert set(MIXERS) == set(MIXER_LETTERS), "every pattern letter has one row"
 
 
-def build_mixer(config: HybridConfig, letter: str) -> nn.Module:
-    """The mixer module for one pattern letter."""
+def mixer_row(letter: str) -> MixerRow:
+    """The table row of a pattern letter."""
     if letter not in MIXERS:
         raise ValueError(f"pattern: expected a mixer letter from {sorted(MIXERS)}, got {letter!r}")
-    spec = MIXERS[letter]
-    return spec.cls(**spec.kwargs(config))
+    return MIXERS[letter]
+
+
+def build_mixer(config, letter: str) -> Mixer:
+    """The mixer module for one pattern letter of a ``HybridConfig``."""
+    row = mixer_row(letter)
+    return row.cls(config.d_model, config.n_heads, config.resolved_head_dim, rotary=config.rotary,
+                   norm_eps=config.norm_eps, config=config.section(row.name))

@@ -1,17 +1,17 @@
-"""The model-level decode state: one state per layer plus the number of tokens seen."""
+"""The model-level decode state: one state per layer plus the number of tokens seen, kept here once."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Union
 
-from hybrid import AttentionState, RecurrenceState, RetentionState
-
-LayerState = Union[RecurrenceState, AttentionState, RetentionState]
+from hybrid.mixer import MixerState
 
 
 @dataclass
 class HybridState:
     """Per-layer mixer states, in layer order, and the tokens seen.
+
+    ``offset`` (the tokens seen: the position of the next token) is the one record of the position: layer states
+    hold none, and the model passes ``offset`` to every mixer's ``forward`` / ``step``.
 
     Passing it back to ``HybridLM.forward`` / ``step`` continues the sequence in any mode: processing ``a`` and
     then ``b`` from the returned state equals processing ``a ++ b``.
@@ -23,7 +23,7 @@ class HybridState:
     times (e.g. to branch continuations from one prompt), ``clone()`` it first, once per extra branch.
     """
 
-    layers: list[LayerState] = field(default_factory=list)
+    layers: list[MixerState] = field(default_factory=list)
     offset: int = 0
 
     @property
@@ -33,9 +33,9 @@ class HybridState:
         return sum(layer.nbytes for layer in self.layers)
 
     def clone(self) -> "HybridState":
-        """A state that continues independently of this one (attention caches copied; R and M states are
-        never written in place, so they are shared)."""
-        layers = [layer.clone() if isinstance(layer, AttentionState) else layer for layer in self.layers]
+        """A state that continues independently of this one: each layer's ``clone()`` (attention caches
+        copied; R and M states are never written in place, so they clone to themselves)."""
+        layers = [None if layer is None else layer.clone() for layer in self.layers]
         return HybridState(layers=layers, offset=self.offset)
 
     @classmethod

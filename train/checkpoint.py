@@ -42,6 +42,8 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
+from hybrid.checks import check_positive_int
+
 __all__ = [
     "Checkpoint",
     "CheckpointError",
@@ -214,8 +216,7 @@ def save_checkpoint(
 ) -> Path:
     """Write `<run_dir>/checkpoint/` atomically (see the module doc); returns its path. ``keep``: how many
     checkpoints stay, this one included (the others as `checkpoint-step-N/`)."""
-    if isinstance(keep, bool) or not isinstance(keep, int) or keep < 1:
-        raise ValueError(f"keep: expected a positive int, got {keep!r}")
+    check_positive_int("keep", keep)
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     for stale in run_dir.glob(TMP_PREFIX + "*"):  # left by a save that crashed

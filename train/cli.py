@@ -2,25 +2,24 @@
 
 User errors (a missing data path, an unknown preset, a corrupt checkpoint, an offline hub name, a bad
 value) print one line, ``<prog>: error: …``, to stderr and exit with status 2; a diverged run exits with 1
-and an interrupted one with 130. ``HYBRID_TRACEBACK=1`` shows the full traceback instead.
+and an interrupted one with 130. ``HYBRID_TRACEBACK=1`` shows the full traceback instead (``cli_parts``).
 """
 from __future__ import annotations
 
 import argparse
 import gc
-import json
-import math
 import os
 import shlex
-import sys
-from dataclasses import fields
 
-from hybrid.models import PRESETS, SIZES, HybridConfig
+from hybrid.models import PRESETS, SIZES
 
-from .config import MAX_SKIPS_IN_A_ROW, NONFINITE_POLICIES, TRACKERS, TrainConfig
-from .data import HubOfflineError
+from .cli_parts import (MODEL_FLAGS, Parser, UsageError, add_device_flag, add_log_flag, add_set_flag,
+                        config_from_args, count, finite_float, int_or, positive_int, run_command)
+from .config import MAX_SKIPS_IN_A_ROW, NONFINITE_POLICIES, TrainConfig
 
-__all__ = ["train_main", "generate_main", "train_parser", "generate_parser", "config_from_args", "train_config_from_args"]
+__all__ = ["train_main", "generate_main", "train_parser", "generate_parser", "config_from_args",
+           "train_config_from_args", "MODEL_FLAGS"]
+
 
 D = TrainConfig()  # the defaults shown in --help
 
@@ -41,86 +40,8 @@ wandb/ with --log); Ctrl-C names the checkpoint that survived and the command th
 """
 
 
-class _Parser(argparse.ArgumentParser):
-    """argparse whose errors are one line (no usage block) and exit 2, and that never expands an abbreviation
-    (``--log`` would otherwise be read as ``--log-every``: a misspelt or future flag must not become another)."""
-
-    def __init__(self, *args, **kwargs):
-        kwargs.setdefault("allow_abbrev", False)
-        super().__init__(*args, **kwargs)
-
-    def error(self, message):
-        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
-
-
-class UsageError(ValueError):
-    """A command-line mistake found after parsing."""
-
-
-def _int_at_least(low: int, what: str):
-    def parse(text: str) -> int:
-        try:
-            v = int(text)
-        except ValueError:
-            v = None
-        if v is None or v < low:
-            raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}")
-        return v
-
-    return parse
-
-
-_positive_int = _int_at_least(1, "a positive integer")
-_count = _int_at_least(0, "an integer >= 0")
-
-
-def _finite_float(low: float, *, low_open: bool = False, high: float | None = None):
-    """A finite float in [low, high] (or (low, high]); the message never offers inf, which is refused."""
-    if high is None:
-        what = f"a finite number {'>' if low_open else '>='} {low:g}"
-    else:
-        what = f"a number in {'(' if low_open else '['}{low:g}, {high:g}]"
-
-    def parse(text: str) -> float:
-        try:
-            v = float(text)
-        except ValueError:
-            v = math.nan
-        ok = math.isfinite(v) and (v > low if low_open else v >= low) and (high is None or v <= high)
-        if not ok:
-            raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}")
-        return v
-
-    return parse
-
-
-def _int_or(word: str):
-    def parse(text: str):
-        return None if text.lower() == word else _positive_int(text)
-
-    return parse
-
-
-def _set_pair(text: str) -> tuple[str, object]:
-    key, sep, value = text.partition("=")
-    key = key.strip().replace("-", "_")
-    if not sep or not key:
-        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
-    known = {f.name for f in fields(HybridConfig)}
-    if key not in known:
-        raise argparse.ArgumentTypeError(
-            f"unknown HybridConfig field {key!r}; known fields: {', '.join(sorted(known))}")
-    try:
-        return key, json.loads(value)
-    except json.JSONDecodeError as e:
-        if value.lstrip()[:1] in ('{', '[', '"'):  # meant as JSON: say why it is not
-            raise argparse.ArgumentTypeError(
-                f"{key}: expected a JSON value, got {value!r} ({e.msg} at column {e.colno})") from None
-        return key, value  # a bare string: --set rope_layout=half
-
-
 def train_parser() -> argparse.ArgumentParser:
-    p = _Parser(
+    p = Parser(
         prog="hybrid-train",
         description="Train a hybrid language model. With no arguments: the tiny hybrid preset (RRA: two VO-RoPE "
                     "recurrence layers per attention layer) on this Python's standard-library sources, on the "
@@ -140,13 +61,13 @@ def train_parser() -> argparse.ArgumentParser:
                    help=f"tiny ≈0.8M, small ≈25M, base ≈125M, large ≈350M parameters (default: {D.size})")
     g.add_argument("--pattern", default=S, help="mixer letters repeated over the layers: R recurrence, A attention, "
                                                   "M retention (e.g. RRA)")
-    g.add_argument("--d-model", type=_positive_int, default=S, help="model width")
-    g.add_argument("--n-layers", type=_positive_int, default=S, help="number of blocks")
-    g.add_argument("--n-heads", type=_positive_int, default=S, help="heads per mixer")
-    g.add_argument("--window", type=_int_or("none"), default=S,
+    g.add_argument("--d-model", type=positive_int, default=S, help="model width")
+    g.add_argument("--n-layers", type=positive_int, default=S, help="number of blocks")
+    g.add_argument("--n-heads", type=positive_int, default=S, help="heads per mixer")
+    g.add_argument("--window", type=int_or("none"), default=S,
                    help="attention sliding window in tokens, or 'none' for global attention")
-    g.add_argument("--set", dest="sets", metavar="KEY=VALUE", type=_set_pair, action="append", default=S,
-                   help="any HybridConfig field, VALUE parsed as JSON (e.g. --set carope=true --set "
+    add_set_flag(g, default=S,
+                 help="any HybridConfig field, VALUE parsed as JSON (e.g. --set carope=true --set "
                         "rope_scaling='{\"rope_type\": \"yarn\", \"factor\": 4}'); repeatable")
 
     g = p.add_argument_group("data")
@@ -159,29 +80,29 @@ def train_parser() -> argparse.ArgumentParser:
                    help="a tokenizer.json (or a directory holding one); default: bytes (vocab 259)")
     g.add_argument("--valid-fraction", type=float, default=S,
                    help=f"fraction of documents held out for validation (default: {D.valid_fraction})")
-    g.add_argument("--seq-len", type=_positive_int, default=S, help=f"tokens per sequence (default: {D.seq_len})")
+    g.add_argument("--seq-len", type=positive_int, default=S, help=f"tokens per sequence (default: {D.seq_len})")
     g.add_argument("--packing", choices=("documents", "stream"), default=S,
                    help="documents: every mixer restarts at each document inside a sequence (cu_seqlens); stream: "
                         f"sequences read across document ends (default: {D.packing}; docs/training.md)")
-    g.add_argument("--batch-size", type=_positive_int, default=S,
+    g.add_argument("--batch-size", type=positive_int, default=S,
                    help=f"sequences per micro-batch per rank (default: {D.batch_size})")
-    g.add_argument("--grad-accum", type=_positive_int, default=S,
+    g.add_argument("--grad-accum", type=positive_int, default=S,
                    help=f"micro-batches per optimizer step (default: {D.grad_accum})")
 
     g = p.add_argument_group("optimisation")
-    g.add_argument("--steps", type=_positive_int, default=S,
+    g.add_argument("--steps", type=positive_int, default=S,
                    help=f"total optimizer steps; with --resume, the new total (default: {D.steps})")
     g.add_argument("--lr", type=float, default=S, help=f"peak learning rate (default: {D.lr:g})")
     g.add_argument("--min-lr-ratio", type=float, default=S,
                    help=f"the cosine decays to lr × this (default: {D.min_lr_ratio})")
-    g.add_argument("--warmup", type=_count, default=S, help="linear warmup steps (default: min(100, steps / 10))")
+    g.add_argument("--warmup", type=count, default=S, help="linear warmup steps (default: min(100, steps / 10))")
     g.add_argument("--weight-decay", type=float, default=S,
                    help=f"AdamW decay of Linear/Embedding weights only (default: {D.weight_decay})")
     g.add_argument("--betas", type=float, nargs=2, metavar=("B1", "B2"), default=S,
                    help=f"AdamW betas (default: {D.betas[0]} {D.betas[1]})")
     g.add_argument("--grad-clip", type=float, default=S,
                    help=f"max gradient norm; 0 turns clipping off (default: {D.grad_clip})")
-    g.add_argument("--seed", type=_count, default=S, help=f"model init and data order (default: {D.seed})")
+    g.add_argument("--seed", type=count, default=S, help=f"model init and data order (default: {D.seed})")
 
     g = p.add_argument_group("bookkeeping")
     g.add_argument("--out", default=S, metavar="DIR", help=f"run directory (default: {D.out})")
@@ -197,51 +118,32 @@ def train_parser() -> argparse.ArgumentParser:
                         "e.g. a hybrid (--set pattern='\"RRA\"') started from a transformer's attention, MLP and "
                         "embedding weights")
     g.add_argument("--overwrite", action="store_true", help="start over in an --out that already has a checkpoint")
-    g.add_argument("--eval-every", type=_count, default=S,
+    g.add_argument("--eval-every", type=count, default=S,
                    help=f"steps between evaluations, 0 = only at the end (default: {D.eval_every})")
-    g.add_argument("--eval-batches", type=_int_or("all"), default=S,
+    g.add_argument("--eval-batches", type=int_or("all"), default=S,
                    help=f"validation batches per evaluation, or 'all' (default: {D.eval_batches})")
-    g.add_argument("--save-every", type=_count, default=S,
+    g.add_argument("--save-every", type=count, default=S,
                    help=f"steps between checkpoints, 0 = only at the end (default: {D.save_every})")
-    g.add_argument("--log-every", type=_positive_int, default=S,
+    g.add_argument("--log-every", type=positive_int, default=S,
                    help=f"steps between metrics records (default: {D.log_every})")
-    g.add_argument("--keep", type=_positive_int, default=S,
+    g.add_argument("--keep", type=positive_int, default=S,
                    help=f"checkpoints to keep: checkpoint/ and the newest N-1 as checkpoint-step-STEP/ "
                         f"(default: {D.keep})")
     g.add_argument("--on-nonfinite", choices=list(NONFINITE_POLICIES), default=S,
                    help="a non-finite loss or gradient: stop (the run ends; no checkpoint holds it) or skip "
                         f"(drop that step's update; stop after {MAX_SKIPS_IN_A_ROW} in a row) "
                         f"(default: {D.on_nonfinite})")
-    g.add_argument("--log", choices=list(TRACKERS), action="append", default=S,
-                   help="also send every metrics record and the config to TensorBoard (OUT/tensorboard/) or Weights "
-                        "& Biases (WANDB_MODE=offline works offline); repeatable; extras [tensorboard], [wandb]")
+    add_log_flag(g, default=S,
+                 help="also send every metrics record and the config to TensorBoard (OUT/tensorboard/) or Weights "
+                      "& Biases (WANDB_MODE=offline works offline); repeatable; extras [tensorboard], [wandb]")
     g.add_argument("--quiet", action="store_true", help="print nothing but errors")
 
     g = p.add_argument_group("execution")
-    g.add_argument("--device", default=S, help="auto (cuda if available), cpu, cuda or cuda:N (default: auto)")
+    add_device_flag(g, default=S)
     g.add_argument("--compile", action="store_true", default=S, help="torch.compile the model")
     g.add_argument("--fsdp", action="store_true", default=S,
                    help="under torchrun: shard with FSDP2 instead of replicating with DDP")
     return p
-
-
-MODEL_FLAGS = ("pattern", "d_model", "n_layers", "n_heads", "window")
-
-
-def config_from_args(args: argparse.Namespace, model_flags: tuple[str, ...] = MODEL_FLAGS) -> dict:
-    """The config fields the command line sets (only those given), ``model`` overrides (``model_flags`` and
-    ``--set``) merged into one dict."""
-    given = dict(vars(args))
-    for name in ("resume", "overwrite", "quiet", "config"):
-        given.pop(name, None)
-    model = {name: given.pop(name) for name in model_flags if name in given}
-    for key, value in given.pop("sets", []):
-        model[key] = value
-    if model:
-        given["model"] = model
-    if "betas" in given:
-        given["betas"] = tuple(given["betas"])
-    return given
 
 
 def train_config_from_args(args: argparse.Namespace) -> dict:
@@ -257,34 +159,6 @@ def train_config_from_args(args: argparse.Namespace) -> dict:
     if "model" in base or "model" in given:
         merged["model"] = {**base.get("model", {}), **given.get("model", {})}
     return merged
-
-
-def _fail(prog: str, error: BaseException) -> int:
-    rank = os.environ.get("RANK")
-    where = f"[rank {rank}] " if rank is not None and os.environ.get("WORLD_SIZE", "1") != "1" else ""
-    if isinstance(error, OSError) and error.strerror and error.filename:  # "[Errno 13] …" -> "path: reason"
-        error = f"{error.filename}: {error.strerror}"
-    message = " ".join(str(error).split()) or type(error).__name__
-    print(f"{prog}: error: {where}{message}", file=sys.stderr)
-    return 2
-
-
-USER_ERRORS = (ValueError, OSError, HubOfflineError, ImportError)  # OSError: unwritable --out, a full disk, …
-
-
-def _guarded(prog: str, fn) -> int:
-    if os.environ.get("HYBRID_TRACEBACK") == "1":
-        return fn()
-    try:
-        return fn()
-    except KeyboardInterrupt as e:  # hybrid-train says what survived and how to resume (_interrupted)
-        print(f"{prog}: interrupted" + (f" {e}" if str(e) else ""), file=sys.stderr)
-        return 130
-    except FloatingPointError as e:
-        print(f"{prog}: {e}", file=sys.stderr)
-        return 1
-    except USER_ERRORS as e:
-        return _fail(prog, e)
 
 
 def _interrupted(trainer) -> str:
@@ -340,23 +214,18 @@ def _train(args: argparse.Namespace) -> int:
 
 def train_main(argv: list[str] | None = None) -> int:
     """``hybrid-train``: returns the exit status (the console script exits with it)."""
-    try:
-        args = train_parser().parse_args(argv)
-    except SystemExit as e:  # --help (0) or a bad option (2, message printed)
-        return e.code
-    status = _guarded("hybrid-train", lambda: _train(args))
+    status = run_command(train_parser(), argv, _train)
     # An FSDP2-sharded model sits in reference cycles (its hooks and state point back at it), so it outlives the
     # run until a garbage collection; left to interpreter shutdown, tearing down the gloo process group's
     # objects there can abort the process (SIGABRT; pytorch/pytorch#179291). Collect while Python is whole.
     gc.collect()
     return status
 
-
 # ---------------------------------------------------------------------------------------------- generate
 
 
 def generate_parser() -> argparse.ArgumentParser:
-    p = _Parser(
+    p = Parser(
         prog="hybrid-generate",
         description="Continue a prompt with the model of a training run (its checkpoint and tokenizer). The "
                     "prompt is read as the start of a document; the prompt and its continuation are printed.",
@@ -367,29 +236,27 @@ def generate_parser() -> argparse.ArgumentParser:
     p.add_argument("--run", required=True, metavar="DIR",
                    help="run directory (its checkpoint/) or a checkpoint directory")
     p.add_argument("--prompt", default="", help="text to continue (default: empty: a fresh document)")
-    p.add_argument("--max-new-tokens", type=_count, default=200, help="tokens to generate (default: 200)")
+    p.add_argument("--max-new-tokens", type=count, default=200, help="tokens to generate (default: 200)")
     p.add_argument("--mode", choices=["recurrent", "parallel", "chunked"], default="recurrent",
                    help="recurrent: O(1) state per token; parallel/chunked: recompute the whole sequence per "
                         "token (the slow reference) (default: recurrent)")
     p.add_argument("--prefill", choices=["parallel", "chunked"], default="parallel",
                    help="how the recurrent mode reads the prompt (default: parallel)")
-    p.add_argument("--chunk-size", type=_positive_int, default=None, help="block size of chunked processing")
-    p.add_argument("--temperature", type=_finite_float(0.0), default=0.8, help="0 = greedy (default: 0.8)")
-    p.add_argument("--top-k", type=_positive_int, default=None, help="sample among the k most likely tokens")
-    p.add_argument("--top-p", type=_finite_float(0.0, low_open=True, high=1.0), default=None,
+    p.add_argument("--chunk-size", type=positive_int, default=None, help="block size of chunked processing")
+    p.add_argument("--temperature", type=finite_float(0.0), default=0.8, help="0 = greedy (default: 0.8)")
+    p.add_argument("--top-k", type=positive_int, default=None, help="sample among the k most likely tokens")
+    p.add_argument("--top-p", type=finite_float(0.0, low_open=True, high=1.0), default=None,
                    help="sample from the smallest set of mass >= p, p in (0, 1]")
-    p.add_argument("--seed", type=_count, default=0, help="sampling seed (default: 0)")
+    p.add_argument("--seed", type=count, default=0, help="sampling seed (default: 0)")
     p.add_argument("--no-stop", action="store_true", help="keep going past the end-of-document token")
-    p.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N (default: auto)")
+    add_device_flag(p)
     return p
 
 
 def _generate(args: argparse.Namespace) -> int:
-    from .distributed import resolve_device
+    from .device import resolve_device
     from .inference import generate_text, load_run
 
-    if args.device not in ("auto", "cpu", "cuda") and not args.device.startswith("cuda:"):
-        raise UsageError(f"--device: expected auto, cpu, cuda or cuda:N, got {args.device!r}")
     run = load_run(args.run, device=resolve_device(args.device))
     text = generate_text(run, args.prompt, max_new_tokens=args.max_new_tokens, mode=args.mode,
                          prefill=args.prefill, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
@@ -400,8 +267,4 @@ def _generate(args: argparse.Namespace) -> int:
 
 def generate_main(argv: list[str] | None = None) -> int:
     """``hybrid-generate``: returns the exit status."""
-    try:
-        args = generate_parser().parse_args(argv)
-    except SystemExit as e:
-        return e.code
-    return _guarded("hybrid-generate", lambda: _generate(args))
+    return run_command(generate_parser(), argv, _generate)

@@ -7,16 +7,19 @@ step sees ``batch_size × grad_accum × world_size`` sequences of ``seq_len`` to
 from __future__ import annotations
 
 import dataclasses
-import math
 from dataclasses import dataclass, field, fields
 
+from hybrid.checks import check_int
 from hybrid.models import PRESETS, SIZES
 
+from .config_checks import check_betas, check_fraction, check_optional_str, check_real, check_text_column, tracker_list
 from .data.packing import PACKINGS
+from .device import check_device
+from .schedule import default_warmup
+from .tracking import TRACKERS
 
 __all__ = ["TrainConfig", "NONFINITE_POLICIES", "MAX_SKIPS_IN_A_ROW", "TRACKERS"]
 
-TRACKERS = ("tensorboard", "wandb")  # experiment trackers (hybrid.train.tracking)
 
 NONFINITE_POLICIES = ("stop", "skip")
 MAX_SKIPS_IN_A_ROW = 5  # on_nonfinite="skip": more consecutive non-finite steps than this end the run
@@ -63,32 +66,16 @@ class TrainConfig:
     fsdp: bool = False  # FSDP2 (fully_shard per block, then the root) instead of DDP under torchrun
 
     def __post_init__(self):
-        if isinstance(self.betas, list):
-            self.betas = tuple(self.betas)
         if self.grad_clip == 0:
             self.grad_clip = None
         self._validate()
 
     @property
     def warmup_steps(self) -> int:
-        """``warmup``, or when it is None the derived ``min(100, steps // 10)``."""
-        return min(100, self.steps // 10) if self.warmup is None else self.warmup
+        """``warmup``, or when it is None the derived ``default_warmup(steps)`` (``min(100, steps // 10)``)."""
+        return default_warmup(self.steps) if self.warmup is None else self.warmup
 
     def _validate(self) -> None:
-        def integer(name, low):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int) or v < low:
-                raise ValueError(f"{name}: expected an int >= {low}, got {v!r}")
-
-        def number(name, low, high=math.inf, low_open=False, or_else=""):
-            v = getattr(self, name)
-            ok = not isinstance(v, bool) and isinstance(v, (int, float)) and math.isfinite(v)
-            ok = ok and (v > low if low_open else v >= low) and v <= high
-            if not ok:  # no upper bound: "a finite number > 0", never "(0.0, inf]" (which inf would be in)
-                what = (f"a finite number {'>' if low_open else '>='} {low:g}" if high == math.inf
-                        else f"a number in {'(' if low_open else '['}{low:g}, {high:g}]")
-                raise ValueError(f"{name}: expected {what}{or_else}, got {v!r}")
-
         if self.preset not in PRESETS:
             raise ValueError(f"preset: expected one of {sorted(PRESETS)}, got {self.preset!r}")
         if self.size not in SIZES:
@@ -96,49 +83,34 @@ class TrainConfig:
         if not isinstance(self.model, dict):
             raise ValueError(f"model: expected a dict of HybridConfig overrides, got {type(self.model).__name__}")
         for name in ("data", "tokenizer", "init_from"):
-            if getattr(self, name) is not None and not isinstance(getattr(self, name), str):
-                raise ValueError(f"{name}: expected a string or None, got {getattr(self, name)!r}")
+            check_optional_str(name, getattr(self, name))
         if self.init_partial and self.init_from is None:
             raise ValueError("init_partial: expected together with init_from (the run to copy weights from), got no init_from")
-        number("valid_fraction", 0.0, 1.0, low_open=True)
-        if self.valid_fraction >= 1.0:
-            raise ValueError(f"valid_fraction: expected a number in (0, 1), got {self.valid_fraction!r}")
-        for name in ("seq_len", "batch_size", "grad_accum", "steps", "log_every"):
-            integer(name, 1)
-        for name in ("eval_every", "save_every", "seed"):
-            integer(name, 0)
-        integer("keep", 1)
+        check_fraction("valid_fraction", self.valid_fraction)
+        for name, low in (("seq_len", 1), ("batch_size", 1), ("grad_accum", 1), ("steps", 1), ("log_every", 1),
+                          ("eval_every", 0), ("save_every", 0), ("seed", 0), ("keep", 1)):
+            setattr(self, name, check_int(name, getattr(self, name), low=low))
         if self.warmup is not None:
-            integer("warmup", 0)
+            self.warmup = check_int("warmup", self.warmup, low=0)
             if self.warmup > self.steps:
                 raise ValueError(f"warmup: expected at most steps={self.steps}, got {self.warmup}")
         if self.packing not in PACKINGS:
             raise ValueError(f"packing: expected one of {list(PACKINGS)}, got {self.packing!r}")
         if self.on_nonfinite not in NONFINITE_POLICIES:
             raise ValueError(f"on_nonfinite: expected one of {list(NONFINITE_POLICIES)}, got {self.on_nonfinite!r}")
-        number("lr", 0.0, low_open=True)
-        number("min_lr_ratio", 0.0, 1.0)
-        number("weight_decay", 0.0)
-        if (not isinstance(self.betas, tuple) or len(self.betas) != 2
-                or not all(isinstance(b, (int, float)) and not isinstance(b, bool) and 0 <= b < 1 for b in self.betas)):
-            raise ValueError(f"betas: expected two numbers in [0, 1), got {self.betas!r}")
+        check_real("lr", self.lr, low=0.0, low_open=True)
+        check_real("min_lr_ratio", self.min_lr_ratio, low=0.0, high=1.0)
+        check_real("weight_decay", self.weight_decay, low=0.0)
+        self.betas = check_betas("betas", self.betas)
         if self.grad_clip is not None:
-            number("grad_clip", 0.0, low_open=True, or_else=", or 0 (or None) for no clipping")
-        if not isinstance(self.text_column, str) or not self.text_column:
-            raise ValueError(f"text_column: expected a column name, got {self.text_column!r}")
-        if isinstance(self.log, (tuple, str)):
-            self.log = [self.log] if isinstance(self.log, str) else list(self.log)
-        if (not isinstance(self.log, list) or any(k not in TRACKERS for k in self.log)
-                or len(set(self.log)) != len(self.log)):
-            raise ValueError(f"log: expected a list of distinct trackers from {list(TRACKERS)}, got {self.log!r}")
+            check_real("grad_clip", self.grad_clip, low=0.0, low_open=True, or_else=", or 0 (or None) for no clipping")
+        check_text_column("text_column", self.text_column)
+        self.log = tracker_list("log", self.log)
         if self.eval_batches is not None:
-            integer("eval_batches", 1)
+            self.eval_batches = check_int("eval_batches", self.eval_batches, low=1)
         if not isinstance(self.out, str) or not self.out:
             raise ValueError(f"out: expected a directory path, got {self.out!r}")
-        if not isinstance(self.device, str) or not (
-            self.device in ("auto", "cpu", "cuda") or self.device.startswith("cuda:")
-        ):
-            raise ValueError(f"device: expected 'auto', 'cpu', 'cuda' or 'cuda:N', got {self.device!r}")
+        check_device("device", self.device)
         for name in ("compile", "fsdp", "init_partial"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name}: expected True or False, got {getattr(self, name)!r}")

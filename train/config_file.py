@@ -69,11 +69,11 @@ def load_config_file(path) -> dict:
         if not isinstance(d["model"], dict):
             raise ValueError(f"config: expected 'model' to be a table of HybridConfig fields, got "
                              f"{type(d['model']).__name__} in {path}")
-        model_fields = {f.name for f in fields(HybridConfig)}
+        model_fields = HybridConfig.field_names() + HybridConfig.section_names()  # a section may be a table
         for key in d["model"]:
             if key not in model_fields:
                 raise ValueError(f"config: expected HybridConfig fields under 'model', got unknown key "
-                                 f"'model.{key}' in {path} (the fields: {', '.join(sorted(model_fields))})")
+                                 f"'model.{key}' in {path} (the fields: {', '.join(model_fields)})")
         d["model"] = dict(d["model"])
     for where, word in _NONE_WORDS.items():
         holder = d

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import torch
 
+from .cli_parts import Parser, add_device_flag, count, finite_float, positive_int, run_command
 from .config import TrainConfig
 
 PROMPT = "class Point:\n    def __init__(self"
@@ -49,23 +50,31 @@ def _steps_within(budget: float, elapsed: float, per_step: float, eval_s: float,
     return n
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m hybrid.train.demo", description=__doc__.split("\n\n")[0], allow_abbrev=False)
+def parser() -> argparse.ArgumentParser:
+    p = Parser(prog="python -m hybrid.train.demo", description=__doc__.split("\n\n")[0])
     p.add_argument("--out", default="runs/demo", help="run directory, replaced if present (default: runs/demo)")
-    p.add_argument("--steps", type=int, default=RECIPE["steps"], help=f"training steps (default: {RECIPE['steps']})")
-    p.add_argument("--device", default="auto", help="auto, cpu or cuda (default: auto)")
-    p.add_argument("--new-tokens", type=int, default=160, help="tokens per sample (default: 160)")
-    p.add_argument("--budget", type=float, default=BUDGET_S,
+    p.add_argument("--steps", type=positive_int, default=RECIPE["steps"],
+                   help=f"training steps (default: {RECIPE['steps']})")
+    add_device_flag(p)
+    p.add_argument("--new-tokens", type=count, default=160, help="tokens per sample (default: 160)")
+    p.add_argument("--budget", type=finite_float(0.0), default=BUDGET_S,
                    help="seconds for the training (evaluations included); a slower machine trains fewer steps, "
                         f"0 = no limit (default: {BUDGET_S:.0f})")
-    args = p.parse_args(argv)
+    return p
 
+
+def main(argv: list[str] | None = None) -> int:
+    """The demo: returns the exit status (1 when the two modes' samples differ)."""
+    return run_command(parser(), argv, _demo)
+
+
+def _demo(args: argparse.Namespace) -> int:
     import datasets
 
     from hybrid.models import HybridLM
 
     from .data import prepare_data
-    from .distributed import resolve_device
+    from .device import resolve_device
     from .inference import generate_ids, load_run
     from .trainer import Trainer, model_config_for
 

@@ -12,7 +12,6 @@ N ranks resumes on M, with or without FSDP.
 """
 from __future__ import annotations
 
-import os
 import warnings
 from dataclasses import dataclass
 
@@ -26,6 +25,8 @@ from torch.distributed.checkpoint.state_dict import (
     set_model_state_dict,
     set_optimizer_state_dict,
 )
+
+from .device import env_int, resolve_device  # resolve_device: also importable from here, its first home
 
 __all__ = ["DistEnv", "resolve_device", "init_distributed", "wrap_model", "full_state", "load_full_state", "tied_names"]
 
@@ -68,32 +69,10 @@ class DistEnv:
             dist.destroy_process_group()
 
 
-def _env_int(name: str, default: int) -> int:
-    value = os.environ.get(name)
-    if value is None:
-        return default
-    try:
-        return int(value)
-    except ValueError:
-        raise ValueError(f"{name}: expected an integer in the environment, got {value!r}") from None
-
-
-def resolve_device(spec: str = "auto") -> torch.device:
-    """"auto" → this rank's GPU when CUDA is available, else the CPU; "cuda" → this rank's GPU."""
-    local_rank = _env_int("LOCAL_RANK", 0)
-    if spec == "auto":
-        spec = "cuda" if torch.cuda.is_available() else "cpu"
-    if spec.startswith("cuda") and not torch.cuda.is_available():
-        raise ValueError(f"device: {spec!r} was asked for, but this torch build sees no CUDA device; use --device cpu")
-    if spec == "cuda":
-        return torch.device("cuda", local_rank % torch.cuda.device_count())
-    return torch.device(spec)
-
-
 def init_distributed(device: torch.device) -> DistEnv:
     """Join the torchrun job this process belongs to (if any); NCCL for CUDA devices, gloo otherwise."""
-    env = DistEnv(rank=_env_int("RANK", 0), world_size=_env_int("WORLD_SIZE", 1),
-                  local_rank=_env_int("LOCAL_RANK", 0))
+    env = DistEnv(rank=env_int("RANK", 0), world_size=env_int("WORLD_SIZE", 1),
+                  local_rank=env_int("LOCAL_RANK", 0))
     if not 0 <= env.rank < env.world_size:
         raise ValueError(f"RANK: expected 0 <= RANK < WORLD_SIZE={env.world_size}, got {env.rank}")
     if env.distributed and not dist.is_initialized():

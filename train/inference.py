@@ -13,9 +13,10 @@ from pathlib import Path
 
 import torch
 
-from hybrid.models import HybridConfig, HybridLM
+from hybrid.models import HybridLM
 
 from .checkpoint import CheckpointError, load_checkpoint
+from .saved_model import checkpoint_config, checkpoint_model
 from .tokenizer import Tokenizer, tokenizer_from_dict
 
 __all__ = ["LoadedRun", "load_run", "generate_ids", "generate_text"]
@@ -40,17 +41,9 @@ def load_run(run_dir, device: str | torch.device = "cpu") -> LoadedRun:
     extra = ckpt.extra if isinstance(ckpt.extra, dict) else {}
     if "tokenizer" not in extra:
         raise CheckpointError(ckpt.path, "has no tokenizer record: it was not written by train.Trainer")
-    try:
-        config = HybridConfig.from_dict(ckpt.config)
-    except ValueError as e:
-        raise CheckpointError(ckpt.path / "config.json", f"is not a valid model config ({e})") from None
+    config = checkpoint_config(ckpt)
     tokenizer = tokenizer_from_dict(extra["tokenizer"])
-    model = HybridLM(config)
-    try:
-        model.load_state_dict(ckpt.model_state)
-    except RuntimeError as e:
-        raise CheckpointError(ckpt.path, f"weights do not fit the model config ({e})") from None
-    model.to(device).eval()
+    model = checkpoint_model(ckpt, device, config)
     return LoadedRun(model=model, tokenizer=tokenizer, step=ckpt.step, path=ckpt.path,
                      train_config=extra.get("train_config", {}))
 

@@ -17,7 +17,8 @@ import torch
 
 from hybrid.models import HybridConfig
 
-from .checkpoint import CheckpointError, load_checkpoint
+from .checkpoint import load_checkpoint
+from .saved_model import checkpoint_config
 
 
 @dataclass
@@ -49,10 +50,26 @@ def modules_of(names: list[str], limit: int = 6) -> str:
 def load_init(run_dir) -> InitWeights:
     """The model config, weights and tokenizer spec of the checkpoint in ``run_dir``."""
     ckpt = load_checkpoint(run_dir)
-    try:
-        config = HybridConfig.from_dict(ckpt.config)
-    except ValueError as e:
-        raise CheckpointError(ckpt.path / "config.json", f"is not a valid model config ({e})") from None
+    config = checkpoint_config(ckpt)
     record = (ckpt.extra or {}).get("tokenizer", {}) if isinstance(ckpt.extra, dict) else {}
     tokenizer = record.get("path") if record.get("kind") == "tokenizers" else None
     return InitWeights(config=config, model_state=ckpt.model_state, tokenizer=tokenizer)
+
+
+def init_weights(model: torch.nn.Module, init: InitWeights, *, source: str, partial: bool = False) -> list[str]:
+    """Load ``init``'s weights (from the run ``source``) into ``model``: every one of them, or with ``partial``
+    those whose name and shape match (the rest keep their initialisation). Returns the notes to show; a
+    ValueError when nothing fits (``partial``) or not everything does (not ``partial``)."""
+    if not partial:
+        try:
+            model.load_state_dict(init.model_state)
+        except RuntimeError as e:
+            raise ValueError(f"init_from: the weights of {source} do not fit the model config "
+                             f"({' '.join(str(e).split())[:300]}); --init-partial copies the weights that fit"
+                             ) from None
+        return []
+    copied, fresh, unused = copy_matching(model, init.model_state)
+    if not copied:
+        raise ValueError(f"init_partial: no weight of {source} fits the model config (names or shapes differ)")
+    return [f"--init-from {source}: copied {len(copied)} weights, initialised {len(fresh)} ({modules_of(fresh)}), "
+            f"ignored {len(unused)} ({modules_of(unused)})"]

@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-__all__ = ["param_groups", "build_optimizer"]
+__all__ = ["param_groups", "build_optimizer", "set_weight_decay"]
 
 DECAYED_MODULES = (nn.Linear, nn.Embedding)
 
@@ -45,3 +45,11 @@ def build_optimizer(model: nn.Module, *, lr: float, weight_decay: float, betas=(
     for g in groups:
         del g["names"]  # keep the optimizer's state dict free of our bookkeeping
     return torch.optim.AdamW(groups, lr=lr, betas=tuple(betas))
+
+
+def set_weight_decay(optimizer: torch.optim.Optimizer, weight_decay: float) -> None:
+    """``weight_decay`` on the ``decay`` group, 0 on ``no_decay`` (a group saved without its name: the first is
+    ``decay``), e.g. a resume that changes it."""
+    for i, group in enumerate(optimizer.param_groups):
+        decayed = group.get("group", "decay" if i == 0 else "no_decay") == "decay"
+        group["weight_decay"] = weight_decay if decayed else 0.0

@@ -6,9 +6,12 @@ Steps count from 0 (the first optimizer step uses `lr_at(0)`)::
     warmup ≤ step ≤ total    min_lr + (lr − min_lr) · ½ (1 + cos(π · (step − warmup) / (total − warmup)))
     step > total             min_lr
 
-`warmup_cosine(optimizer, ...)` is a `LambdaLR` whose multiplier is a `WarmupCosine` object; `LambdaLR`
-saves such an object's attributes in its `state_dict()`, so a resumed run gets back the schedule it was
-started with, and its position (`last_epoch`). Call `scheduler.step()` after each `optimizer.step()`.
+A run that names no warmup gets `default_warmup(total) = min(100, total // 10)`.
+
+`warmup_cosine(optimizer, ...)` is a `WarmupCosineLR`: a `LambdaLR` whose multiplier is a `WarmupCosine` object;
+`LambdaLR` saves such an object's attributes in its `state_dict()`, so a resumed run gets back the schedule it
+was started with, and its position (`last_epoch`). `set_total` changes the total (and the warmup and peak lr)
+mid-run. Call `scheduler.step()` after each `optimizer.step()`.
 """
 from __future__ import annotations
 
@@ -17,12 +20,17 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["lr_at", "WarmupCosine", "warmup_cosine"]
+__all__ = ["lr_at", "default_warmup", "WarmupCosine", "WarmupCosineLR", "warmup_cosine"]
 
 
 def _check(warmup: int, total: int) -> None:
     if warmup < 0 or total < 1 or warmup > total:
         raise ValueError(f"schedule: expected 0 <= warmup <= total and total >= 1, got warmup={warmup}, total={total}")
+
+
+def default_warmup(total: int) -> int:
+    """The warmup of a run that names none: a tenth of the steps, at most 100."""
+    return min(100, total // 10)
 
 
 def lr_at(step: int, *, lr: float, warmup: int, total: int, min_lr: float | None = None) -> float:
@@ -54,7 +62,30 @@ class WarmupCosine:
         return lr_at(step, lr=1.0, warmup=self.warmup, total=self.total, min_lr=self.min_lr_ratio)
 
 
+class WarmupCosineLR(torch.optim.lr_scheduler.LambdaLR):
+    """`LambdaLR` over one `WarmupCosine` shared by every param group. Its `state_dict()` is `LambdaLR`'s, so
+    schedules saved as a plain `LambdaLR` load into it."""
+
+    @property
+    def schedule(self) -> WarmupCosine:
+        return self.lr_lambdas[0]
+
+    def set_total(self, total: int, *, warmup: int | None = None, lr: float | None = None) -> None:
+        """Stretch (or shrink) the cosine to end at step `total`; `warmup` and the peak `lr` (every group's
+        base lr) change with it when given. The lr of the step about to run follows at once; the steps
+        taken so far keep theirs."""
+        warmup = self.schedule.warmup if warmup is None else warmup
+        _check(warmup, total)
+        self.schedule.warmup, self.schedule.total = warmup, total
+        if lr is not None:
+            self.base_lrs = [lr for _ in self.optimizer.param_groups]
+            for group in self.optimizer.param_groups:
+                group["initial_lr"] = lr
+        for group, base in zip(self.optimizer.param_groups, self.base_lrs):
+            group["lr"] = base * self.schedule(self.last_epoch)
+
+
 def warmup_cosine(optimizer: torch.optim.Optimizer, *, warmup: int, total: int,
-                  min_lr_ratio: float = 0.1) -> torch.optim.lr_scheduler.LambdaLR:
-    """A `LambdaLR` over every param group (each scaled from its own initial lr)."""
-    return torch.optim.lr_scheduler.LambdaLR(optimizer, WarmupCosine(warmup, total, min_lr_ratio))
+                  min_lr_ratio: float = 0.1) -> WarmupCosineLR:
+    """A `WarmupCosineLR` over every param group (each scaled from its own initial lr)."""
+    return WarmupCosineLR(optimizer, WarmupCosine(warmup, total, min_lr_ratio))

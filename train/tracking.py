@@ -27,10 +27,9 @@ import os
 import secrets
 from pathlib import Path
 
-from .config import TRACKERS
-
 __all__ = ["TRACKERS", "Trackers", "open_trackers", "replay_run", "flatten", "TENSORBOARD_DIR", "WANDB_DIR"]
 
+TRACKERS = ("tensorboard", "wandb")  # the experiment trackers --log names
 TENSORBOARD_DIR, WANDB_DIR = "tensorboard", "wandb"
 _RUN_ID_FILE = "hybrid-run-id"
 

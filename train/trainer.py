@@ -8,11 +8,8 @@ grad_accum`` backpropagated (gradient sync only on the last, under DDP or FSDP2)
 clipped, AdamW (``hybrid.train.optim``), the LambdaLR warmup-cosine schedule. bf16 autocast on CUDA, none on CPU;
 a ``dtype=float16`` model trains on CUDA only, with float32 master weights, float16 autocast and a GradScaler.
 
-Divergence never reaches a checkpoint: every step folds "loss or gradient norm not finite" into a flag on the
-device (no host sync per step); the flag, and the weights themselves, are checked before every save and log
-(one sync there). ``on_nonfinite="stop"`` ends the run with a FloatingPointError naming the last good
-checkpoint; ``"skip"`` reads the flag every step (one sync per step), drops that step's update (the data and
-the schedule move on) and stops after ``MAX_SKIPS_IN_A_ROW`` skips in a row. ``keep`` checkpoints are kept.
+Divergence never reaches a checkpoint (``hybrid.train.divergence``: ``on_nonfinite`` "stop" or "skip"); what
+the run prints is ``hybrid.train.console``'s. ``keep`` checkpoints are kept.
 
 Step ``k`` (1-based) is logged when ``k % log_every == 0`` (the mean loss of the steps since the previous
 record), evaluated when ``k % eval_every == 0``, saved when ``k % save_every == 0``, and the last step is
@@ -31,7 +28,6 @@ import math
 import os
 import random
 import shutil
-import sys
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -40,9 +36,9 @@ from typing import Callable
 
 import numpy as np
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
 
+from hybrid.checks import check_int
 from hybrid.models import HybridConfig, HybridLM
 
 from .checkpoint import (
@@ -56,14 +52,18 @@ from .checkpoint import (
     save_checkpoint,
 )
 from .config import MAX_SKIPS_IN_A_ROW, TrainConfig
+from .console import Console, end_message, start_message, train_record_line
 from .data import PreparedData, prepare_data
-from .distributed import DistEnv, full_state, init_distributed, load_full_state, resolve_device, wrap_model
+from .device import resolve_device
+from .distributed import DistEnv, full_state, init_distributed, load_full_state, wrap_model
+from .divergence import DivergenceGuard
 from .evaluate import evaluate
 from .footprint import check_fits
-from .init_from import copy_matching, load_init, modules_of
+from .init_from import init_weights, load_init
 from .metrics import METRICS_FILE, MetricsLogger, plot_loss_curve
-from .optim import build_optimizer
+from .optim import build_optimizer, set_weight_decay
 from .resume import resume_config
+from .saved_model import checkpoint_config
 from .schedule import warmup_cosine
 from .sharding import GlobalBatches
 from .tokenizer import Tokenizer, round_vocab_size
@@ -112,8 +112,8 @@ class Trainer:
     """One training run (fresh, or resumed with ``from_checkpoint``); ``fit()`` runs it.
 
     ``verbose``: 0 silent, 1 start / evaluation / checkpoint / end messages, 2 also one line per metrics
-    record when there is no progress bar. ``progress``: a tqdm bar on rank 0 (default: when stderr is a
-    TTY). ``on_log(record)`` / ``on_eval(record)`` are called on rank 0 with every train / eval record.
+    record when there is no progress bar. ``progress``: a progress bar on rank 0 (default: when stderr is a
+    TTY; ``hybrid.train.console``). ``on_log(record)`` / ``on_eval(record)`` are called on rank 0 with every train / eval record.
     """
 
     def __init__(self, config: TrainConfig, *, overwrite: bool = False, verbose: int = 1,
@@ -122,12 +122,13 @@ class Trainer:
                  _notes: tuple[str, ...] = ()):
         if not isinstance(config, TrainConfig):
             raise ValueError(f"config: expected a TrainConfig, got {type(config).__name__}")
-        self.config, self.overwrite, self.verbose = config, overwrite, verbose
-        self.progress = sys.stderr.isatty() if progress is None else progress
+        self.config, self.overwrite = config, overwrite
+        self.console = Console(verbose, progress)
+        self.verbose, self.progress = verbose, self.console.progress  # read again by fit()
         self.on_log, self.on_eval = on_log, on_eval
         self.checkpoint, self.notes = _checkpoint, list(_notes)
         self.out = Path(config.out)
-        self.env, self.bar = DistEnv(), None
+        self.env = DistEnv()
 
     @classmethod
     def from_checkpoint(cls, run_dir, *, world_size: int | None = None, trainer_kwargs: dict | None = None,
@@ -158,15 +159,7 @@ class Trainer:
 
     def write(self, msg: str) -> None:
         """Print ``msg`` on rank 0, above the progress bar when there is one (for ``on_log`` / ``on_eval``)."""
-        if self.env.is_main:
-            if self.bar is not None:
-                self.bar.write(msg)
-            else:
-                print(msg, flush=True)
-
-    def _say(self, msg: str, level: int = 1) -> None:
-        if self.verbose >= level:
-            self.write(msg)
+        self.console.write(msg)
 
     def _prepare_data(self) -> PreparedData:
         c = self.config
@@ -217,10 +210,11 @@ class Trainer:
         self.tokenizer = self.data.tokenizer
         base = init.config if init is not None else None
         if c.init_from and self.checkpoint is not None:  # resuming a run that started from another's weights
-            base = HybridConfig.from_dict(self.checkpoint.config)
+            base = checkpoint_config(self.checkpoint)
         self.model_config = model_config_for(c, self.tokenizer, base)
-        as_saved = json.loads(json.dumps(self.model_config.to_dict()))
-        if self.checkpoint is not None and self.checkpoint.config != as_saved:
+        # read back as a config: a checkpoint saved before the config had sections stores the old flat names
+        as_saved = HybridConfig.from_dict(json.loads(json.dumps(self.model_config.to_dict())))
+        if self.checkpoint is not None and checkpoint_config(self.checkpoint) != as_saved:
             raise CheckpointError(self.checkpoint.path / "config.json",
                                   "the model config does not match the one its training record describes")
         if c.fsdp and not self.env.distributed:
@@ -228,18 +222,8 @@ class Trainer:
         self._set_precision()
         check_fits(self.model_config, self.device, shards=self.env.world_size if c.fsdp else 1)  # before allocating
         self.model = HybridLM(self.model_config).to(self.device)  # the module: state dicts, evaluation
-        if init is not None and c.init_partial:
-            copied, fresh, unused = copy_matching(self.model, init.model_state)
-            if not copied:
-                raise ValueError(f"init_partial: no weight of {c.init_from} fits the model config (names or shapes differ)")
-            self.notes.append(f"--init-from {c.init_from}: copied {len(copied)} weights, initialised "
-                              f"{len(fresh)} ({modules_of(fresh)}), ignored {len(unused)} ({modules_of(unused)})")
-        elif init is not None:
-            try:
-                self.model.load_state_dict(init.model_state)
-            except RuntimeError as e:
-                raise ValueError(f"init_from: the weights of {c.init_from} do not fit the model config "
-                                 f"({' '.join(str(e).split())[:300]}); --init-partial copies the weights that fit") from None
+        if init is not None:
+            self.notes += init_weights(self.model, init, source=c.init_from, partial=c.init_partial)
         if self.scaler is not None:
             self.model.float()  # float32 master weights; float16 autocast runs the model
         self.num_parameters = self.model.num_parameters()
@@ -254,9 +238,8 @@ class Trainer:
                                      grad_accum=c.grad_accum, seed=c.seed, rank=self.env.rank,
                                      world_size=self.env.world_size, packing=c.packing)
         self.step = 0
-        self.last_saved: tuple[int, Path] | None = None  # (step, path) of the newest checkpoint of this run
-        self.nonfinite_at = torch.zeros((), dtype=torch.float64, device=self.device)  # first bad step, 0 = none
-        self.skipped, self.skips_in_a_row = 0, 0
+        self.divergence = DivergenceGuard(c.on_nonfinite, device=self.device, env=self.env, out=self.out, lr=c.lr,
+                                          float16=self.scaler is not None)
         if self.checkpoint is not None:
             self._restore(self.checkpoint)
 
@@ -286,8 +269,9 @@ class Trainer:
         except (KeyError, RuntimeError, ValueError, TypeError) as e:
             problem = f"does not fit this model and optimizer ({type(e).__name__}: {e})"
             raise CheckpointError(ckpt.path, problem) from None
-        self._apply_optimiser_config()  # --lr, --warmup, --weight-decay given on resume
-        self._set_schedule_total(self.config.steps)  # --steps on resume is the new total
+        c = self.config  # --steps (the new total), --lr, --warmup, --weight-decay given on resume
+        self.scheduler.set_total(c.steps, warmup=c.warmup_steps, lr=c.lr)
+        set_weight_decay(self.optimizer, c.weight_decay)
         scaler_state = (ckpt.extra or {}).get("grad_scaler")
         if self.scaler is not None and scaler_state:
             self.scaler.load_state_dict(scaler_state)
@@ -297,25 +281,7 @@ class Trainer:
                               "this epoch is seen again")
         restore_rng_state(ckpt.rng_state)
         self.step = ckpt.step
-        self.last_saved = (ckpt.step, ckpt.path)
-
-    def _apply_optimiser_config(self) -> None:
-        """The config's lr, warmup and weight decay over those the checkpoint's optimizer and scheduler hold
-        (the same values unless the resume changed them)."""
-        c = self.config
-        self.scheduler.lr_lambdas[0].warmup = c.warmup_steps
-        self.scheduler.base_lrs = [c.lr for _ in self.optimizer.param_groups]
-        for i, group in enumerate(self.optimizer.param_groups):
-            group["initial_lr"] = c.lr
-            decayed = group.get("group", "decay" if i == 0 else "no_decay") == "decay"
-            group["weight_decay"] = c.weight_decay if decayed else 0.0
-
-    def _set_schedule_total(self, steps: int) -> None:
-        """Stretch the cosine to end at ``steps``, including the lr of the step about to run."""
-        schedule = self.scheduler.lr_lambdas[0]
-        schedule.total = steps
-        for group, base in zip(self.optimizer.param_groups, self.scheduler.base_lrs):
-            group["lr"] = base * schedule(self.scheduler.last_epoch)
+        self.divergence.last_saved = (ckpt.step, ckpt.path)
 
     def set_total_steps(self, steps: int) -> None:
         """Change the run's total while it runs (from ``on_log``, so on one process): the cosine is
@@ -325,14 +291,11 @@ class Trainer:
         on the total), so the run is the one that ``steps`` would have given from the start.
         """
         warmup = self.config.warmup_steps  # kept: a derived warmup does not follow a total changed mid-run
-        if isinstance(steps, bool) or not isinstance(steps, int) or steps < max(self.step, 1, warmup):
-            raise ValueError(f"steps: expected an int >= max(current step {self.step}, warmup "
-                             f"{warmup}), got {steps!r}")
+        steps = check_int("steps", steps, low=max(self.step, 1, warmup),
+                          what=f"an int >= max(current step {self.step}, warmup {warmup})")
         self.config = self.config.replace(steps=steps, warmup=warmup)
-        self._set_schedule_total(steps)
-        if self.bar is not None:
-            self.bar.total = steps
-            self.bar.refresh()
+        self.scheduler.set_total(steps)
+        self.console.set_total(steps)
 
     # ------------------------------------------------------------------------------------------ steps
 
@@ -365,14 +328,7 @@ class Trainer:
             if hasattr(norm, "full_tensor"):  # a DTensor under FSDP
                 norm = norm.full_tensor()
         mean_loss = loss_sum / len(micro)
-        bad = ~torch.isfinite(mean_loss)
-        if norm is not None and self.scaler is None:  # with a scaler, overflowing gradients are routine
-            bad = bad | ~torch.isfinite(norm)
-        skip = False
-        if c.on_nonfinite == "skip":
-            skip = self.env.all_reduce(bad.double()).item() > 0  # every rank skips alike; one sync per step
-        else:  # remember the first bad step on the device; checked at the next log or save
-            self.nonfinite_at = torch.where(bad & (self.nonfinite_at == 0), float(self.step + 1), self.nonfinite_at)
+        skip = self.divergence.after_backward(mean_loss, norm, self.step + 1)
         lr = self.optimizer.param_groups[0]["lr"]
         if skip:
             if self.scaler is not None:
@@ -389,36 +345,8 @@ class Trainer:
         return mean_loss, norm, lr, skip
 
     def _check_health(self, *, weights: bool) -> None:
-        """Raise FloatingPointError (on every rank) if a step since the start had a non-finite loss or gradient
-        norm, or (``weights``) a weight is not finite. One collective and one host sync."""
-        flags = [self.nonfinite_at]
-        if weights:
-            finite = [torch.isfinite(p.to_local() if hasattr(p, "to_local") else p).all() for p in self.model.parameters()]
-            flags.append((~torch.stack(finite).all()).double())
-        first_bad, bad_weights = (self.env.all_reduce(torch.stack(flags), op=dist.ReduceOp.MAX).tolist()
-                                  + [0.0])[:2]
-        if first_bad:
-            raise FloatingPointError(self._diverged(f"the training loss or gradient norm was not finite at step "
-                                                    f"{int(first_bad)}", first_bad=int(first_bad)))
-        if bad_weights:
-            raise FloatingPointError(self._diverged(f"the weights are not finite after step {self.step}"))
-
-    def _diverged(self, what: str, first_bad: int | None = None) -> str:
-        c = self.config
-        if self.last_saved is None:
-            where = "no checkpoint was written; start again with a lower --lr or a longer --warmup"
-        else:
-            step, path = self.last_saved
-            where = (f"the last good checkpoint is {path} (step {step}): continue it "
-                     f"with a lower learning rate, e.g. hybrid-train --resume {self.out} --lr {c.lr / 10:g}, or a "
-                     f"longer --warmup")
-            earlier = [(s, p) for s, p in kept_checkpoints(self.out) if s < step]
-            if first_bad == step + 1 and earlier:  # the first step from those weights: they may be the cause
-                where += (f"; if it fails again at once, resume the one before, {earlier[0][1]} "
-                          f"(step {earlier[0][0]})")
-        hints = ["--on-nonfinite skip drops isolated non-finite steps"] * (c.on_nonfinite == "stop")
-        hints += ["float16 overflows easily: --set dtype=bfloat16"] * (self.scaler is not None)
-        return f"training diverged: {what}; {where}" + (f" ({'; '.join(hints)})" if hints else "")
+        """FloatingPointError (on every rank) if a step so far was not finite, or (``weights``) a weight is not."""
+        self.divergence.check(self.step, self.model.parameters() if weights else None)
 
     def _evaluate(self) -> dict:
         c = self.config
@@ -433,7 +361,7 @@ class Trainer:
             plot_loss_curve(self.metrics.path, self.out / PLOT_FILE)
             if self.on_eval:
                 self.on_eval(record)
-        self._say(f"step {self.step:>6}  val_loss {result['val_loss']:.4f}  val_bpb {result['val_bpb']:.4f}")
+        self.console.say(f"step {self.step:>6}  val_loss {result['val_loss']:.4f}  val_bpb {result['val_bpb']:.4f}")
         return record
 
     def _save(self) -> None:
@@ -452,8 +380,8 @@ class Trainer:
                             rng_state=capture_rng_state(), data_state=self.batches.state_dict(),
                             step=self.step, extra=extra, keep=c.keep)
         self.env.barrier()
-        self.last_saved = (self.step, self.out / "checkpoint")
-        self._say(f"step {self.step:>6}  checkpoint saved to {self.out / 'checkpoint'}")
+        self.divergence.last_saved = (self.step, self.out / "checkpoint")
+        self.console.say(f"step {self.step:>6}  checkpoint saved to {self.out / 'checkpoint'}")
 
     def _log(self, loss_sum: torch.Tensor, norm, lr: float, n_steps: int, n_skipped: int, seconds: float) -> dict:
         c = self.config
@@ -462,7 +390,7 @@ class Trainer:
         total = self.env.all_reduce(loss_sum.double().clone()).item()
         loss = total / (n_kept * self.env.world_size) if n_kept else None
         if loss is not None and not math.isfinite(loss):
-            raise FloatingPointError(self._diverged(f"the training loss is {loss} at step {self.step}"))
+            raise FloatingPointError(self.divergence.message(f"the training loss is {loss} at step {self.step}"))
         tokens = n_steps * self.batches.global_batch * c.seq_len
         record = {"step": self.step, **({"loss": loss} if loss is not None else {}), "lr": lr,
                   "tokens_per_s": tokens / max(seconds, 1e-9)}
@@ -481,7 +409,7 @@ class Trainer:
     # ------------------------------------------------------------------------------------------ run
 
     def fit(self) -> TrainResult:
-        self.bar = None
+        self.console = Console(self.verbose, self.progress)
         self.env = DistEnv()
         finished = False
         try:
@@ -489,8 +417,7 @@ class Trainer:
             finished = True
             return result
         finally:
-            if self.bar is not None:
-                self.bar.close()
+            self.console.close_bar()
             if getattr(self, "metrics", None) is not None:
                 self.metrics.close()
             if getattr(self, "tracker", None) is not None:
@@ -499,7 +426,8 @@ class Trainer:
 
     def _fit(self) -> TrainResult:
         self._setup()
-        c, env = self.config, self.env
+        c, env, console = self.config, self.env, self.console
+        console.is_main = env.is_main
         start = self.step
         self.history = []
         self.metrics = self.tracker = None
@@ -509,11 +437,14 @@ class Trainer:
             self.tracker = open_trackers(c.log, self.out, c.to_dict(),  # TensorBoard / W&B: each metrics record
                                          resume_step=start if self.checkpoint is not None else None)
             (self.out / CONFIG_FILE).write_text(json.dumps(c.to_dict(), indent=2) + "\n")
-            if self.progress:
-                from tqdm.auto import tqdm
-
-                self.bar = tqdm(total=c.steps, initial=start, desc="train", unit="step", dynamic_ncols=True)
-        self._announce(start)
+        console.open_bar(total=c.steps, initial=start, desc="train")
+        wrap = "FSDP2" if self.fsdp else ("DDP" if self.ddp is not None else "single process")
+        console.say(start_message(resumed=self.checkpoint is not None, config=c, model_config=self.model_config,
+                                  num_parameters=self.num_parameters, device=self.device, wrap=wrap,
+                                  stats=self.data.stats, start=start, global_batch=self.batches.global_batch,
+                                  world_size=env.world_size))
+        for note in self.notes:
+            console.say(f"note: {note}")
         unigram = self.data.unigram_bpb() if env.is_main else None
 
         last_eval = self._loop()
@@ -521,10 +452,8 @@ class Trainer:
             last_eval = self._evaluate()
         paths = {"out": self.out, "checkpoint": self.out / "checkpoint", "metrics": self.out / METRICS_FILE,
                  "plot": self.out / PLOT_FILE, "config": self.out / CONFIG_FILE}  # the plot: drawn by _evaluate
-        if self.bar is not None:
-            self.bar.close()
-            self.bar = None
-        self._say(self._layout(paths, last_eval, unigram, self.config.packing))
+        console.close_bar()
+        console.say(end_message(paths, last_eval, unigram, self.config.packing))
         return TrainResult(step=self.step, out=self.out, model_config=self.model_config,
                            num_parameters=self.num_parameters, val_loss=last_eval["val_loss"],
                            val_bpb=last_eval["val_bpb"], unigram_bpb=unigram, history=self.history, paths=paths)
@@ -539,29 +468,25 @@ class Trainer:
             loss, norm, lr, skipped = self._train_step()
             self.step += 1
             n_steps += 1
+            self.divergence.count(self.step, skipped, self.console.say)
             if skipped:
-                self._count_skip()
                 n_skipped += 1
             else:
-                self.skips_in_a_row = 0
                 loss_sum += loss.double()
-            c = self.config
+            c, postfix = self.config, {}
             if self.step % c.log_every == 0 or self.step == c.steps:
                 seconds += time.perf_counter() - t0  # after the loss sync, so queued GPU work is counted
                 record = self._log(loss_sum, norm, lr, n_steps, n_skipped, seconds)
                 loss_sum.zero_()
                 n_steps, n_skipped, seconds = 0, 0, 0.0
-                shown = f"{record['loss']:.4f}" if "loss" in record else "-"
-                skips = f"  skipped {record['skipped']}" if "skipped" in record else ""
-                if self.bar is not None:
-                    self.bar.set_postfix(loss=shown, lr=f"{record['lr']:.2e}", tok_s=f"{record['tokens_per_s']:.0f}")
+                if self.console.bar is not None:
+                    postfix = dict(loss=f"{record['loss']:.4f}" if "loss" in record else "-",
+                                   lr=f"{record['lr']:.2e}", tok_s=f"{record['tokens_per_s']:.0f}")
                 else:
-                    self._say(f"step {self.step:>6}  loss {shown}  lr {record['lr']:.3e}  "
-                              f"{record['tokens_per_s']:,.0f} tok/s{skips}", level=2)
+                    self.console.say(train_record_line(record), level=2)
             else:
                 seconds += time.perf_counter() - t0
-            if self.bar is not None:
-                self.bar.update(1)
+            self.console.advance(**postfix)
             c = self.config  # on_log may have changed the total
             if (c.eval_every and self.step % c.eval_every == 0) or self.step == c.steps:
                 self._check_health(weights=True)  # no NaN validation record either
@@ -569,47 +494,6 @@ class Trainer:
             if (c.save_every and self.step % c.save_every == 0) or self.step == c.steps:
                 self._save()
         return last_eval
-
-    def _count_skip(self) -> None:
-        self.skipped += 1
-        self.skips_in_a_row += 1
-        self._say(f"step {self.step:>6}  non-finite loss or gradient: update skipped ({self.skips_in_a_row} in a row, "
-                  f"{self.skipped} in this run)")
-        if self.skips_in_a_row > MAX_SKIPS_IN_A_ROW:
-            self.nonfinite_at.fill_(float(self.step - self.skips_in_a_row + 1))
-            raise FloatingPointError(self._diverged(
-                f"{self.skips_in_a_row} steps in a row had a non-finite loss or gradient (from step "
-                f"{self.step - self.skips_in_a_row + 1}; --on-nonfinite skip allows {MAX_SKIPS_IN_A_ROW})"))
-
-    def _announce(self, start: int) -> None:
-        c, env, s = self.config, self.env, self.data.stats
-        what = "resuming" if self.checkpoint is not None else "training"
-        layout = f"{c.batch_size} × {c.grad_accum} accum × {env.world_size} rank(s)"
-        wrap = "FSDP2" if self.fsdp else ("DDP" if self.ddp is not None else "single process")
-        self._say(
-            f"{what} {c.preset}/{c.size} (pattern {self.model_config.pattern}, {self.num_parameters:,} parameters, "
-            f"vocab {self.model_config.vocab_size}) on {self.device} [{wrap}]\n"
-            f"data: {s['source']}: {s['train_tokens']:,} train / {s['valid_tokens']:,} valid tokens "
-            f"({s['tokenizer']})\n"
-            f"steps {start} -> {c.steps}, global batch {self.batches.global_batch} × {c.seq_len} tokens "
-            f"({layout}, packing {c.packing}), lr {c.lr:g}, warmup {c.warmup_steps}"
-        )
-        for note in self.notes:
-            self._say(f"note: {note}")
-
-    @staticmethod
-    def _layout(paths: dict, last_eval: dict, unigram: float | None, packing: str) -> str:
-        base = f" (unigram baseline {unigram:.3f})" if unigram is not None else ""
-        return (
-            f"done at step {last_eval['step']}: val_loss {last_eval['val_loss']:.4f}, "
-            f"val_bpb {last_eval['val_bpb']:.4f}{base}, scored with packing {packing} as trained\n"
-            f"run directory {paths['out']}/\n"
-            f"  checkpoint/         weights, model config, optimizer, scheduler, RNG, data position\n"
-            f"  {METRICS_FILE:<19} training and validation records (JSON lines)\n"
-            f"  {PLOT_FILE:<19} loss curve\n"
-            f"  {CONFIG_FILE:<19} the training config"
-        )
-
 
 def train(config: TrainConfig, **kwargs) -> TrainResult:
     """``Trainer(config, **kwargs).fit()``."""

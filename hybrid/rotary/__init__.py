@@ -1,10 +1,11 @@
-"""Rotary toolkit: schedules, application, placement in attention, layouts, CARoPE, LongRoPE search,
-data-dependent recurrence angles.
+"""Rotary toolkit: the shared options (`RotaryConfig`), schedules, application, placement in attention, layouts,
+CARoPE, LongRoPE search, data-dependent recurrence angles.
 
 See docs/rotary.md for a guide.
 """
-from .apply import LAYOUTS, apply_rotary, cos_sin_from_angles, rotary_angles
+from .apply import LAYOUTS, apply_rotary, check_layout, cos_sin_from_angles, rotary_angles
 from .carope import CARoPE, cos_sin_from_phases
+from .config import RotaryConfig
 from .data_phase import PHASE_MAPS, DataPhase
 from .layouts import convert_layout, convert_projection, rotary_permutation
 from .longrope_search import SearchResult, longrope_search, seed_candidates
@@ -13,7 +14,8 @@ from .placement import PLACEMENTS, RotaryPlacement, parse_placement
 from .schedules import ROPE_TYPES, inv_freq
 
 __all__ = [
-    "CARoPE", "DataPhase", "LAYOUTS", "PHASE_MAPS", "PLACEMENTS", "ROPE_TYPES", "Rotary", "RotaryPlacement", "SearchResult",
-    "apply_rotary", "convert_layout", "convert_projection", "cos_sin_from_angles", "cos_sin_from_phases",
-    "inv_freq", "longrope_search", "parse_placement", "rotary_angles", "rotary_permutation", "seed_candidates",
+    "CARoPE", "DataPhase", "LAYOUTS", "PHASE_MAPS", "PLACEMENTS", "ROPE_TYPES", "Rotary", "RotaryConfig",
+    "RotaryPlacement", "SearchResult", "apply_rotary", "check_layout", "convert_layout", "convert_projection",
+    "cos_sin_from_angles", "cos_sin_from_phases", "inv_freq", "longrope_search", "parse_placement",
+    "rotary_angles", "rotary_permutation", "seed_candidates",
 ]

@@ -18,6 +18,12 @@ from hybrid.checks import check_choice, check_even_dim, check_float_tensor
 LAYOUTS = ("interleaved", "half")
 
 
+def check_layout(name: str, value) -> str:
+    """A rotary layout, one of ``LAYOUTS``: how the channels of a head pair up (see the module docstring)."""
+    check_choice(name, value, LAYOUTS)
+    return value
+
+
 def rotary_angles(positions: torch.Tensor, inv_freq: torch.Tensor) -> torch.Tensor:
     """Angles `φ[..., k] = position · inv_freq[k]`, float64.
 
@@ -84,7 +90,7 @@ def apply_rotary(
     check_float_tensor("x", x)  # an integer tensor would be rotated and truncated back to integers
     if x.dim() != 4:
         raise ValueError(f"x: expected shape (B, T, H, D), got {tuple(x.shape)}")
-    check_choice("layout", layout, LAYOUTS)
+    check_layout("layout", layout)
     D = x.shape[-1]
     R = D if rotary_dim is None else check_even_dim("rotary_dim", rotary_dim, at_most=D, at_most_name="D")
     cos, sin = _check_cos_sin(x, cos, sin, R // 2)

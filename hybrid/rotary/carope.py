@@ -1,4 +1,5 @@
-"""CARoPE (seed 004): context-aware rotary phases, a cumulative sum of per-token, per-head frequencies.
+"""CARoPE (Veisi et al., "Context-aware Rotary Position Embedding"): context-aware rotary phases, a cumulative
+sum of per-token, per-head frequencies.
 
     f_h(x_t) = 1 / (softplus(x_t·W + b)_h + 1) ∈ (0, 1)         W: d_model → n_heads, with bias
     φ_{h,i}(m) = φ_{h,i}(start) + Σ_{t ≤ m} f_h(x_t)^i          i = 0 … P − 1, P = rotary_dim / 2
@@ -18,8 +19,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from hybrid.checks import check_even_dim, check_number, check_positive_int
+from hybrid.checks import check_even_dim, check_positive_int, check_rotary_base
 from hybrid.kernels.varlen import sequence_ids
+from hybrid.precision import at_least_float32
 
 
 def _softplus_inverse(y: float) -> float:
@@ -27,15 +29,12 @@ def _softplus_inverse(y: float) -> float:
     return y + math.log(-math.expm1(-y))
 
 
-def _at_least_float32(t: torch.Tensor) -> torch.Tensor:
-    return t.to(torch.promote_types(t.dtype, torch.float32))
-
 
 def cos_sin_from_phases(phases: torch.Tensor):
     """`(cos φ, sin φ)`, each `(B, T, H, P)` float32 (float64 for float64 phases), for `apply_rotary`."""
     if phases.dim() != 4:
         raise ValueError(f"phases: expected shape (B, T, H, P), got {tuple(phases.shape)}")
-    phases = _at_least_float32(phases)
+    phases = at_least_float32(phases)
     return torch.cos(phases), torch.sin(phases)
 
 
@@ -53,7 +52,7 @@ class CARoPE(nn.Module):
         check_positive_int("d_model", d_model)
         check_positive_int("n_heads", n_heads)
         check_even_dim("rotary_dim", rotary_dim)
-        check_number("base", base, low=1, low_open=True)
+        check_rotary_base("base", base)
         self.d_model, self.n_heads, self.rotary_dim = int(d_model), int(n_heads), int(rotary_dim)
         self.base = float(base)
         self.n_pairs = self.rotary_dim // 2

@@ -21,11 +21,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from hybrid.checks import check_choice
+from hybrid.precision import at_least_float32
+
 PHASE_MAPS = ("pi-sigmoid", "2pi-tanh", "pi-hardsigmoid")
-
-
-def _at_least_float32(t: torch.Tensor) -> torch.Tensor:
-    return t.to(torch.promote_types(t.dtype, torch.float32))
 
 
 def phase_from_logits(z: torch.Tensor, phase_map: str) -> torch.Tensor:
@@ -67,8 +66,7 @@ class DataPhase(nn.Module):
 
     def __init__(self, d_model: int, init_theta: torch.Tensor, phase_map: str = "pi-sigmoid"):
         super().__init__()
-        if phase_map not in PHASE_MAPS:
-            raise ValueError(f"phase_map: expected one of {PHASE_MAPS}, got {phase_map!r}")
+        check_choice("phase_map", phase_map, PHASE_MAPS)
         if init_theta.dim() != 2:
             raise ValueError(f"init_theta: expected shape (n_heads, n_pairs), got {tuple(init_theta.shape)}")
         self.d_model, self.phase_map = d_model, phase_map
@@ -90,7 +88,7 @@ class DataPhase(nn.Module):
     def increments(self, x: torch.Tensor) -> torch.Tensor:
         if x.dim() != 3 or x.shape[-1] != self.d_model:
             raise ValueError(f"x: expected shape (B, T, d_model={self.d_model}), got {tuple(x.shape)}")
-        dtype = torch.promote_types(_at_least_float32(x).dtype, self.weight.dtype)
+        dtype = torch.promote_types(at_least_float32(x).dtype, self.weight.dtype)
         dtype = torch.promote_types(dtype, torch.float32)
         z = F.linear(x.to(dtype), self.weight.to(dtype))  # (B, T, H·P)
         z = z.unflatten(-1, (self.n_heads, self.n_pairs)) + self.bias.to(dtype)  # (B, T, H, P)

@@ -15,19 +15,14 @@ import torch
 
 from hybrid.checks import check_even_dim, check_positive_int
 
-from .apply import LAYOUTS
-
-
-def _check_layouts(src: str, dst: str) -> None:
-    for name, v in (("src", src), ("dst", dst)):
-        if v not in LAYOUTS:
-            raise ValueError(f"{name}: expected one of {LAYOUTS}, got {v!r}")
+from .apply import check_layout
 
 
 def rotary_permutation(head_dim: int, rotary_dim: int | None = None, *, src: str = "interleaved",
                        dst: str = "half") -> torch.Tensor:
     """int64 `(head_dim,)` index with `x_dst = x_src[..., perm]` for one head's channels."""
-    _check_layouts(src, dst)
+    check_layout("src", src)
+    check_layout("dst", dst)
     check_positive_int("head_dim", head_dim)
     R = head_dim if rotary_dim is None else check_even_dim("rotary_dim", rotary_dim, at_most=head_dim)
     perm = torch.arange(head_dim)

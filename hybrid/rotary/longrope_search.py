@@ -13,10 +13,11 @@ The initial population is `init` (e.g. `seed_candidates`: PI, NTK, YaRN) plus mu
 from __future__ import annotations
 
 import math
-import numbers
 from dataclasses import dataclass, field
 
 import torch
+
+from hybrid.checks import check_int, check_number, check_positive_int
 
 from .schedules import inv_freq
 
@@ -51,12 +52,6 @@ def _project(f: torch.Tensor, lower: float, upper: float | None, monotonic: bool
     return f
 
 
-def _positive(name: str, v, integer: bool = False):
-    kind = numbers.Integral if integer else numbers.Real
-    if not isinstance(v, kind) or isinstance(v, bool) or not v > 0:
-        raise ValueError(f"{name}: expected a positive {'int' if integer else 'number'}, got {v!r}")
-
-
 def longrope_search(loss_fn, n_pairs: int, *, init=None, population: int = 64, generations: int = 40,
                     parents: int = 16, mutation_prob: float = 0.3, mutation_scale: float = 0.3,
                     final_scale: float = 0.005, lower: float = 1.0, upper: float | None = None,
@@ -67,18 +62,13 @@ def longrope_search(loss_fn, n_pairs: int, *, init=None, population: int = 64, g
     float64 `(n_pairs,)` tensor (a copy) and returns a number; identical candidates are evaluated once.
     `generator` (a seeded `torch.Generator`) makes the search reproducible; default seed 0.
     """
-    _positive("n_pairs", n_pairs, integer=True)
-    for name, v in (("population", population), ("generations", generations), ("parents", parents)):
-        _positive(name, v, integer=True)
-    if parents > population:
-        raise ValueError(f"parents: expected an int <= population={population}, got {parents}")
-    if not 0.0 <= mutation_prob <= 1.0:
-        raise ValueError(f"mutation_prob: expected a number in [0, 1], got {mutation_prob!r}")
-    _positive("mutation_scale", mutation_scale)
-    _positive("final_scale", final_scale)
-    _positive("lower", lower)
-    if upper is not None and not (isinstance(upper, numbers.Real) and upper >= lower):
-        raise ValueError(f"upper: expected None or a number >= lower={lower}, got {upper!r}")
+    for name, v in (("n_pairs", n_pairs), ("population", population), ("generations", generations)):
+        check_positive_int(name, v)
+    check_int("parents", parents, low=1, high=population)
+    check_number("mutation_prob", mutation_prob, low=0, high=1)
+    for name, v in (("mutation_scale", mutation_scale), ("final_scale", final_scale), ("lower", lower)):
+        check_number(name, v, low=0, low_open=True)
+    check_number("upper", upper, low=lower, allow_none=True)
     if generator is None:
         generator = torch.Generator().manual_seed(0)
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from hybrid.checks import check_choice, check_even_dim, check_float_tensor, check_int, check_positive_int
+from hybrid.checks import check_even_dim, check_float_tensor, check_int, check_positive_int
 from hybrid.kernels.varlen import positions_in_sequence
 
-from .apply import LAYOUTS, apply_rotary, cos_sin_from_angles, rotary_angles
+from .apply import apply_rotary, check_layout, cos_sin_from_angles, rotary_angles
 from .schedules import inv_freq, length_dependence
 
 
@@ -40,7 +40,7 @@ class Rotary(nn.Module):
         super().__init__()
         check_positive_int("dim", dim)
         R = check_even_dim("dim", dim) if rotary_dim is None else check_even_dim("rotary_dim", rotary_dim, at_most=dim, at_most_name="dim")
-        check_choice("layout", layout, LAYOUTS)
+        check_layout("layout", layout)
         self.dim, self.rotary_dim, self.layout = int(dim), int(R), layout
         theta, self.attention_factor = inv_freq(int(R), base, scaling)  # validates scaling
         self.base, self.scaling = float(base), None if scaling is None else dict(scaling)

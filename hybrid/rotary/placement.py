@@ -1,7 +1,7 @@
 """Where rotary goes inside attention: `parse_placement("qk" | "vo" | ...)`.
 
-Seed 001 ("the second type of rotary position embedding") compares these placements; with `R_m` the rotation
-by position m and `a_ij` the attention weights:
+Su's post "The second type of rotary position encoding" (VO-RoPE, 2025) compares these placements; with `R_m`
+the rotation by position m and `a_ij` the attention weights:
 
 | name   | q | k | v | o | relative? | what attention computes                       |
 | ------ | - | - | - | - | --------- | --------------------------------------------- |

@@ -21,12 +21,11 @@ docs/rotary.md).
 from __future__ import annotations
 
 import math
-import numbers
 from collections.abc import Mapping
 
 import torch
 
-from hybrid.checks import check_even_dim, check_int, check_number
+from hybrid.checks import check_bool, check_even_dim, check_int, check_number, check_positive_int, check_rotary_base
 
 ROPE_TYPES = ("default", "linear", "ntk", "dynamic", "yarn", "longrope", "llama3")
 
@@ -56,24 +55,13 @@ _HINTS = {
 
 
 # ----------------------------------------------------------------------------------------------- validation
-def _is_real(v) -> bool:
-    return isinstance(v, numbers.Real) and not isinstance(v, bool) and math.isfinite(float(v))
-
-
 def _real(cfg: dict, key: str, *, low: float | None = None, strict: bool = False) -> float:
-    v = cfg[key]
-    bad = not _is_real(v) or (low is not None and (float(v) <= low if strict else float(v) < low))
-    if bad:
-        bound = "" if low is None else f" {'>' if strict else '≥'} {low:g}"
-        raise ValueError(f"scaling[{key!r}]: expected a finite number{bound}, got {v!r}")
-    return float(v)
+    return check_number(f"scaling[{key!r}]", cfg[key], low=low, low_open=strict)
 
 
 def _positive_int(cfg: dict, key: str) -> int:
-    v = cfg[key]
-    if not isinstance(v, numbers.Integral) or isinstance(v, bool) or v <= 0:
-        raise ValueError(f"scaling[{key!r}]: expected a positive int, got {v!r}")
-    return int(v)
+    check_positive_int(f"scaling[{key!r}]", cfg[key])
+    return int(cfg[key])
 
 
 def _per_pair(cfg: dict, key: str, n: int) -> torch.Tensor:
@@ -180,9 +168,7 @@ def _yarn(dim, base, cfg, seq_len):
     beta_slow = _real(cfg, "beta_slow", low=0.0, strict=True) if "beta_slow" in cfg else 1.0
     if beta_fast < beta_slow:
         raise ValueError(f"scaling['beta_fast']: expected a number >= beta_slow={beta_slow:g}, got {beta_fast:g}")
-    truncate = cfg.get("truncate", True)
-    if not isinstance(truncate, bool):
-        raise ValueError(f"scaling['truncate']: expected True or False, got {truncate!r}")
+    truncate = check_bool("scaling['truncate']", cfg.get("truncate", True))
     if "attention_factor" in cfg:
         attn = _real(cfg, "attention_factor", low=0.0, strict=True)
     else:
@@ -252,7 +238,7 @@ _SCHEDULES = {
 def check_dim_base(dim, base) -> None:
     """ValueError unless dim is a positive even int and base a finite number > 1."""
     check_even_dim("dim", dim)
-    check_number("base", base, low=1, low_open=True)  # base <= 1: the frequencies base^(-2i/d) would not decay
+    check_rotary_base("base", base)
 
 
 def length_dependence(scaling, dim: int) -> tuple[str, int | None]:

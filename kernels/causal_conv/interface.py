@@ -11,36 +11,33 @@ Ways ("backend"):
                      float32 / float16 / bfloat16, when the package imports)
     "torch"          `F.conv1d(groups=C)` over `[tail; x]` (`depthwise.py`), any device and dtype
     "reference"      an explicit loop over time (`reference.py`): tests only
-None / "auto" takes `select_conv_backend`'s choice: "causal_conv1d" where it fits, else "torch"; `$HYBRID_CONV_BACKEND`
-= "torch" (or `FORCE_TORCH = True`) forces "torch".
+None takes `$HYBRID_CONV_BACKEND` (`hybrid.kernels.env`), else "auto": "causal_conv1d" where it fits, else "torch"
+(`select_conv_backend`).
 """
 from __future__ import annotations
-
-import os
 
 import torch
 from torch import Tensor
 
+from ..env import read_env
 from ..varlen import check_cu_seqlens
 from .depthwise import causal_conv1d_torch
 from .fused import causal_conv1d_fused, causal_conv1d_module, shape_and_dtypes_fit
 from .reference import causal_conv1d_reference
 
 BACKENDS = ("causal_conv1d", "torch", "reference")
-BACKEND_ENV = "HYBRID_CONV_BACKEND"  # "auto" (default) or "torch"
-FORCE_TORCH = False
+BACKEND_ENV = "HYBRID_CONV_BACKEND"
 _FORMS = {"causal_conv1d": causal_conv1d_fused, "torch": causal_conv1d_torch, "reference": causal_conv1d_reference}
 
 
 def select_conv_backend(device, channels: int, width: int, *dtypes: torch.dtype) -> str:
-    """'causal_conv1d' when forced off neither by `$HYBRID_CONV_BACKEND` nor `FORCE_TORCH`, the device is
-    CUDA, the shape and dtypes (of x and weight) suit the kernel and the package imports; else 'torch'."""
-    choice = os.environ.get(BACKEND_ENV, "auto").strip().lower() or "auto"
-    if choice not in ("auto", "torch"):
-        raise ValueError(f"${BACKEND_ENV}: expected 'auto' or 'torch', got {choice!r}")
-    if FORCE_TORCH or choice == "torch" or torch.device(device).type != "cuda":
-        return "torch"
-    if not shape_and_dtypes_fit(channels, width, *dtypes):
+    """The backend when the call names none: `$HYBRID_CONV_BACKEND` when set to one of `BACKENDS`, else (for
+    "auto") 'causal_conv1d' when the device is CUDA, the shape and dtypes (of x and weight) suit the kernel and
+    the package imports, and 'torch' otherwise."""
+    choice = read_env(BACKEND_ENV, ("auto",) + BACKENDS, "auto")
+    if choice != "auto":
+        return _checked(choice, BACKEND_ENV)
+    if torch.device(device).type != "cuda" or not shape_and_dtypes_fit(channels, width, *dtypes):
         return "torch"
     return "causal_conv1d" if causal_conv1d_module() is not None else "torch"
 
@@ -52,8 +49,12 @@ def resolve_conv_backend(backend: str | None, x: Tensor, weight: Tensor) -> str:
         return select_conv_backend(x.device, x.shape[-1], weight.shape[1], x.dtype, weight.dtype)
     if backend not in BACKENDS:
         raise ValueError(f"backend: expected one of {BACKENDS} or 'auto', got {backend!r}")
+    return _checked(backend, "backend")
+
+
+def _checked(backend: str, source: str) -> str:
     if backend == "causal_conv1d" and causal_conv1d_module() is None:
-        raise ValueError("backend: 'causal_conv1d' needs the causal_conv1d package (pip install "
+        raise ValueError(f"{source}: 'causal_conv1d' needs the causal_conv1d package (pip install "
                          "'causal-conv1d>=1.4'), which does not import here")
     return backend
 

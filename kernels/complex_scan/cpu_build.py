@@ -1,14 +1,16 @@
 """Build ``cpu_scan.cpp`` on first use and load it with ctypes; cached per source and compiler.
 
 The library is built once per machine into ``kernels/`` of the library's cache, ``$HYBRID_CACHE`` (default
-``$XDG_CACHE_HOME/hybrid`` or ``~/.cache/hybrid``, the same cache the data pipeline uses), named by a hash of the source, the compile command and the compiler's version, so an
-edit or another compiler builds a new file and a stale one is never loaded. Concurrent processes (pytest
+``$XDG_CACHE_HOME/hybrid`` or ``~/.cache/hybrid``, the same cache the data pipeline uses), named by a hash of
+the source, the compile command and the compiler's version, so an edit or another compiler builds a new file
+and a stale one is never loaded. Concurrent processes (pytest
 workers, torchrun ranks) are safe without a lock: each compiles into its own temporary file and renames it
 into place, an atomic step, so a reader sees either no file or a whole one; a process that loses the race
 simply loads the winner's identical file. The build takes about a second (no torch headers).
 
 ``load()`` returns the ``ctypes.CDLL`` or ``None`` when no compiler is found or the build fails (the
-caller then falls back to the torch backend); ``$HYBRID_CPU_SCAN=0`` turns the compiled path off.
+caller then falls back to the torch backend). This file imports nothing of the package (concurrent builders
+load it alone): the backend choice is made in ``interface.py`` and ``cpu_scan.available()``.
 """
 from __future__ import annotations
 
@@ -26,7 +28,6 @@ from pathlib import Path
 
 SOURCE = Path(__file__).with_name("cpu_scan.cpp")
 FLAGS = ["-O3", "-std=c++17", "-shared", "-fPIC", "-pthread", "-fno-math-errno", "-fno-trapping-math"]
-DISABLE_ENV = "HYBRID_CPU_SCAN"
 
 
 def cache_dir() -> Path:
@@ -89,8 +90,6 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
 @functools.lru_cache(maxsize=None)
 def load() -> ctypes.CDLL | None:
     """The compiled library (built on first use), or None with one warning saying why."""
-    if os.environ.get(DISABLE_ENV, "1") == "0":
-        return None
     cxx = compiler()
     if cxx is None:
         warnings.warn("complex_scan: no C++ compiler found (set $CXX); the CPU scan uses the torch backend",

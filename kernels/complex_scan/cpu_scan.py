@@ -22,15 +22,19 @@ import ctypes
 
 import torch
 
-from .cpu_build import DISABLE_ENV, load
+from ..env import read_deprecated
+from .cpu_build import load
 
 
 def available() -> bool:
-    """Whether the compiled CPU scan can be used (builds it on the first call)."""
+    """Whether the compiled CPU scan can be used (builds it on the first call). The deprecated
+    ``$HYBRID_CPU_SCAN=0`` turns it off (``$HYBRID_SCAN_BACKEND=torch`` now; ``hybrid.kernels.env``)."""
+    if read_deprecated("HYBRID_CPU_SCAN", "$HYBRID_SCAN_BACKEND=torch") == "0":
+        return False
     return load() is not None
 
 
-def _empty(*shape: int, dtype: torch.dtype) -> torch.Tensor:
+def empty_buffer(*shape: int, dtype: torch.dtype) -> torch.Tensor:
     """Every buffer the backend writes comes from here, so tests can poison them (fill with NaN). A large one is
     advised onto transparent huge pages first (``advise_huge_pages`` in ``cpu_scan.cpp``): the first write to a
     fresh buffer otherwise costs one page fault per 4 KiB, which for the scan's outputs took longer than the
@@ -86,8 +90,8 @@ def cpu_forward(x, log_decay, theta, initial_state):
     real = log_decay.dtype
     xr = x.to(real).contiguous()
     decay = _Decay(log_decay, theta)
-    y = _empty(B, T, H, D, dtype=real)
-    final = _empty(B, H, D, dtype=real)
+    y = empty_buffer(B, T, H, D, dtype=real)
+    final = empty_buffer(B, H, D, dtype=real)
     _entry("forward", real)(xr.data_ptr(), *decay.args(), _ptr(initial_state), y.data_ptr(), final.data_ptr(),
                             *_launch(B, T, H, D // 2))
     return y, final
@@ -115,10 +119,10 @@ def cpu_backward(grad_y, grad_final, log_decay, theta, states, initial_state, x_
     Tz = T if decay.varies_in_time else 1
     dy = None if grad_y is None else grad_y.to(real).contiguous()
     dfinal = None if grad_final is None else grad_final.to(real).contiguous()
-    dx = _empty(B, T, H, D, dtype=real) if need_x else None
-    gld = _empty(B, Tz, H, P, dtype=real) if need_ld else None  # (B, Tz, H, P)
-    gth = _empty(B, Tz, H, P, dtype=real) if need_th else None
-    ds0 = _empty(B, H, D, dtype=real) if need_s0 else None
+    dx = empty_buffer(B, T, H, D, dtype=real) if need_x else None
+    gld = empty_buffer(B, Tz, H, P, dtype=real) if need_ld else None  # (B, Tz, H, P)
+    gth = empty_buffer(B, Tz, H, P, dtype=real) if need_th else None
+    ds0 = empty_buffer(B, H, D, dtype=real) if need_s0 else None
     _entry("backward", real)(*decay.args(), states.data_ptr(), _ptr(initial_state), _ptr(dy), _ptr(dfinal),
                              _ptr(dx), _ptr(gld), _ptr(gth), H * P if Tz > 1 else 0, _ptr(ds0),
                              *_launch(B, T, H, P))

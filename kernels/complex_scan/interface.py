@@ -20,12 +20,13 @@ import os
 
 import torch
 
+from ..env import read_env
 from . import cpu_scan
 from . import ops  # noqa: F401  (registers torch.ops.hybrid.complex_scan and its backward)
-from .chunked import default_chunk_size
+from .blocked import default_block_size
 from .reference import complex_scan_reference
 from .validate import (
-    check_chunk_size,
+    check_block_size,
     check_cu_seqlens,
     check_decay_like,
     check_scan_values,
@@ -36,7 +37,7 @@ from .validate import (
 )
 
 BACKENDS = ("triton", "cpu", "torch", "reference")
-BACKEND_ENV = "HYBRID_BACKEND"
+BACKEND_ENV = "HYBRID_SCAN_BACKEND"  # formerly HYBRID_BACKEND (still read, with a FutureWarning)
 
 
 def triton_available() -> bool:
@@ -49,13 +50,13 @@ def _interpreting() -> bool:
 
 @torch.compiler.assume_constant_result
 def resolve_backend(backend: str | None, device: torch.device) -> str:
-    """``backend`` if given, else ``$HYBRID_BACKEND``, else: triton for CUDA tensors when it imports; cpu
-    (the compiled scan, built on first use) for CPU tensors when a C++ compiler is present; torch otherwise.
-    (A constant for torch.compile: decided once, when the graph is traced.)"""
+    """``backend`` if given, else ``$HYBRID_SCAN_BACKEND`` (``hybrid.kernels.env``), else "auto": triton for CUDA
+    tensors when it imports; cpu (the compiled scan, built on first use) for CPU tensors when a C++ compiler is
+    present; torch otherwise. (A constant for torch.compile: decided once, when the graph is traced.)"""
     source = "backend"
-    if backend is None and os.environ.get(BACKEND_ENV):
-        backend, source = os.environ[BACKEND_ENV], BACKEND_ENV
-    if backend is None or backend == "auto":
+    if backend is None:
+        backend, source = read_env(BACKEND_ENV, ("auto",) + BACKENDS, "auto", old="HYBRID_BACKEND"), BACKEND_ENV
+    if backend == "auto":
         if device.type == "cuda" and triton_available():
             return "triton"
         return "cpu" if device.type == "cpu" and cpu_scan.available() else "torch"
@@ -66,7 +67,7 @@ def resolve_backend(backend: str | None, device: torch.device) -> str:
             raise ValueError(f"{source}: the 'cpu' backend needs CPU tensors, got tensors on {device}")
         if not cpu_scan.available():
             raise ValueError(f"{source}: 'cpu' was asked for but the compiled CPU scan could not be built "
-                             "(no C++ compiler, or ${cpu_scan.DISABLE_ENV}=0); use 'torch'")
+                             "(no C++ compiler, or the deprecated $HYBRID_CPU_SCAN=0); use 'torch'")
     if backend == "triton":
         if not triton_available():
             raise ValueError(f"{source}: 'triton' was asked for but the triton package is not installed")
@@ -86,7 +87,7 @@ def complex_scan(
     *,
     output_final_state: bool = False,
     cu_seqlens: torch.Tensor | None = None,
-    chunk_size: int | None = None,
+    block_size: int | None = None,
     backend: str | None = None,
     check_values: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -107,9 +108,9 @@ def complex_scan(
             ``total_T``. Sequence n is ``x[:, cu_seqlens[n]:cu_seqlens[n+1]]``; its state starts from
             ``initial_state[n]`` (or zeros) and nothing crosses an offset: each sequence's outputs and
             gradients are those it has run alone.
-        chunk_size: chunk length of the torch backend (default ≈ √T); the Triton and cpu kernels tile on
-            their own.
-        backend: ``"triton"``, ``"cpu"``, ``"torch"`` or ``"reference"``; default ``$HYBRID_BACKEND``, else
+        block_size: block length of the torch backend's blocked scan (default ≈ √T); the Triton and cpu
+            kernels tile on their own. (Not the model's ``chunk_size``, the length of its chunked mode.)
+        backend: ``"triton"``, ``"cpu"``, ``"torch"`` or ``"reference"``; default ``$HYBRID_SCAN_BACKEND``, else
             triton for CUDA tensors when Triton imports, cpu (compiled on first use) for CPU tensors when a
             C++ compiler is present, else torch (the blocked scan in plain PyTorch, any device).
         check_values: check ``log_decay ≤ 0`` and ``theta`` finite, NaN refused (one device sync for both).
@@ -135,15 +136,15 @@ def complex_scan(
         N = check_cu_seqlens(cu_seqlens, x)
         initial_state = check_state(initial_state, "initial_state", (N, H, D), x,
                                     layout="(N, H, D) (one per sequence of cu_seqlens)")
-    check_chunk_size(chunk_size)
+    check_block_size(block_size)
     which = resolve_backend(backend, x.device)
     if cu_seqlens is not None:
-        return _packed(x, log_decay, theta, initial_state, cu_seqlens, which, chunk_size, output_final_state)
-    y, final = _scan(x, log_decay, theta, initial_state, which, chunk_size)
+        return _packed(x, log_decay, theta, initial_state, cu_seqlens, which, block_size, output_final_state)
+    y, final = _scan(x, log_decay, theta, initial_state, which, block_size)
     return y, (final if output_final_state else None)
 
 
-def _scan(x, log_decay, theta, initial_state, which, chunk_size):
+def _scan(x, log_decay, theta, initial_state, which, block_size):
     """One backend on checked inputs, every row its own sequence: ``(y, final_state)``."""
     B, T, H, D = x.shape
     P = D // 2
@@ -155,19 +156,19 @@ def _scan(x, log_decay, theta, initial_state, which, chunk_size):
     x = x.contiguous()
     log_decay = normalise_decay_like(log_decay, B, T, H, P)  # (Bd, Td, H, P)
     theta = normalise_decay_like(theta, B, T, H, P)
-    chunk = 0
+    block = 0
     if which == "torch":
-        chunk = chunk_size if chunk_size is not None else default_chunk_size(T)
+        block = block_size if block_size is not None else default_block_size(T)
     inputs = (x, log_decay, theta) + ((initial_state,) if initial_state is not None else ())
     save = torch.is_grad_enabled() and any(t.requires_grad for t in inputs)
-    y, final, _, _ = torch.ops.hybrid.complex_scan(x, log_decay, theta, initial_state, which, chunk, save)
+    y, final, _, _ = torch.ops.hybrid.complex_scan(x, log_decay, theta, initial_state, which, block, save)
     return y, final
 
 
 # ---------------------------------------------------------------------------------------------- packed
 
 
-def _packed(x, log_decay, theta, initial_state, cu_seqlens, which, chunk_size, output_final_state):
+def _packed(x, log_decay, theta, initial_state, cu_seqlens, which, block_size, output_final_state):
     """N sequences packed into ``x`` ``(1, total_T, H, D)``: ``(y, (N, H, D) final states or None)``."""
     _, T, H, D = x.shape
     P = D // 2
@@ -182,7 +183,7 @@ def _packed(x, log_decay, theta, initial_state, cu_seqlens, which, chunk_size, o
     work = x.to(real) if (initial_state is not None or output_final_state) else x
     if initial_state is not None:
         work = work.index_add(1, starts, _carried_in(log_decay, theta, initial_state, starts).unsqueeze(0))
-    y, _ = _scan(work, _restarted(log_decay, starts, T), theta, None, which, chunk_size)
+    y, _ = _scan(work, _restarted(log_decay, starts, T), theta, None, which, block_size)
     final = y[0, cu[1:] - 1] if output_final_state else None  # (N, H, D): y_t = s_t at each last token
     return y.to(x.dtype), final
 

@@ -1,17 +1,17 @@
 """The scan as ``torch.library`` custom ops, so that ``torch.compile(fullgraph=True)`` traces through it.
 
-    hybrid::complex_scan(x, log_decay, theta, initial_state?, backend, chunk_size, save_for_backward)
+    hybrid::complex_scan(x, log_decay, theta, initial_state?, backend, block_size, save_for_backward)
         -> (y, final_state, residual, tile)
     hybrid::complex_scan_backward(grad_y?, grad_final?, x?, log_decay, theta, initial_state?, residual, tile,
-                                  x_dtype, backend, chunk_size, needs)
+                                  x_dtype, backend, block_size, needs)
         -> (grad_x, grad_log_decay, grad_theta, grad_initial_state)
 
 Both take inputs already checked and normalised by ``interface.py`` (shapes and dtypes in ``validate.py``):
 ``x`` contiguous ``(B, T, H, D)``; ``log_decay`` / ``theta`` contiguous ``(Bd, Td, H, D/2)`` in the state dtype;
 ``initial_state`` None or ``(B, H, D)``. ``backend`` is ``"cpu"``, ``"torch"`` or ``"triton"`` (the reference is
-plain torch and needs no op); ``chunk_size`` is the torch backend's chunk (ignored by the others).
+plain torch and needs no op); ``block_size`` is the torch backend's block length (ignored by the others).
 
-Each op runs one backend's own forward / backward (``cpu_scan.py``, ``chunked.py``, ``triton_scan.py``); each
+Each op runs one backend's own forward / backward (``cpu_scan.py``, ``blocked.py``, ``triton_scan.py``); each
 has a fake (shape-only) implementation for tracing, and the forward's autograd formula calls the backward op,
 so a compiled graph holds both. What the backward needs beyond the inputs and ``y``:
 
@@ -31,7 +31,7 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from .chunked import torch_backward, torch_forward
+from .blocked import torch_backward, torch_forward
 from .cpu_scan import cpu_backward, cpu_forward
 
 _Outputs4 = tuple[Tensor, Tensor, Tensor, Tensor]
@@ -55,14 +55,14 @@ def _final_dtype(backend: str, log_decay: Tensor) -> torch.dtype:
 
 @torch.library.custom_op("hybrid::complex_scan", mutates_args=())
 def scan_op(x: Tensor, log_decay: Tensor, theta: Tensor, initial_state: Optional[Tensor], backend: str,
-            chunk_size: int, save_for_backward: bool) -> _Outputs4:
+            block_size: int, save_for_backward: bool) -> _Outputs4:
     if backend == "cpu":
         states, final = cpu_forward(x, log_decay, theta, initial_state)
         if x.dtype == states.dtype:
             return states, final, _nothing(states), _tile(0)
         return states.to(x.dtype), final, (states if save_for_backward else _nothing(states)), _tile(0)
     if backend == "torch":
-        y, final, states = torch_forward(x, log_decay, theta, initial_state, chunk_size)
+        y, final, states = torch_forward(x, log_decay, theta, initial_state, block_size)
         residual = states if (states is not None and save_for_backward) else _nothing(final)
         return y, final, residual, _tile(0)
     if backend == "triton":
@@ -74,7 +74,7 @@ def scan_op(x: Tensor, log_decay: Tensor, theta: Tensor, initial_state: Optional
 
 
 @scan_op.register_fake
-def _scan_op_fake(x, log_decay, theta, initial_state, backend, chunk_size, save_for_backward):
+def _scan_op_fake(x, log_decay, theta, initial_state, backend, block_size, save_for_backward):
     B, T, H, D = x.shape
     final = x.new_empty(B, H, D, dtype=_final_dtype(backend, log_decay))
     if not save_for_backward:
@@ -91,11 +91,11 @@ def _scan_op_fake(x, log_decay, theta, initial_state, backend, chunk_size, save_
 
 
 def _setup_context(ctx, inputs, output):
-    x, log_decay, theta, initial_state, backend, chunk_size, _ = inputs
+    x, log_decay, theta, initial_state, backend, block_size, _ = inputs
     y, _, residual, tile = output
     ctx.mark_non_differentiable(residual, tile)
     ctx.set_materialize_grads(False)
-    ctx.backend, ctx.chunk_size, ctx.x_dtype = backend, chunk_size, x.dtype
+    ctx.backend, ctx.block_size, ctx.x_dtype = backend, block_size, x.dtype
     if backend == "triton":  # recomputes the states from x and the checkpoints
         ctx.save_for_backward(x, log_decay, theta, initial_state, residual, tile)
     else:  # the states: y itself, or the residual when y was rounded to x's dtype
@@ -109,7 +109,7 @@ def _autograd_backward(ctx, grad_y, grad_final, _grad_residual, _grad_tile):
     if not any(needs) or (grad_y is None and grad_final is None):
         return None, None, None, None, None, None, None
     grads = torch.ops.hybrid.complex_scan_backward(grad_y, grad_final, x, log_decay, theta, initial_state,
-                                                   residual, tile, ctx.x_dtype, ctx.backend, ctx.chunk_size,
+                                                   residual, tile, ctx.x_dtype, ctx.backend, ctx.block_size,
                                                    needs)
     return (*(g if n else None for g, n in zip(grads, needs)), None, None, None)
 
@@ -123,13 +123,13 @@ scan_op.register_autograd(_autograd_backward, setup_context=_setup_context)
 @torch.library.custom_op("hybrid::complex_scan_backward", mutates_args=())
 def scan_backward_op(grad_y: Optional[Tensor], grad_final: Optional[Tensor], x: Optional[Tensor],
                      log_decay: Tensor, theta: Tensor, initial_state: Optional[Tensor], residual: Tensor,
-                     tile: Tensor, x_dtype: torch.dtype, backend: str, chunk_size: int,
+                     tile: Tensor, x_dtype: torch.dtype, backend: str, block_size: int,
                      needs: list[bool]) -> _Outputs4:
     needs = tuple(needs)
     if backend == "cpu":
         grads = cpu_backward(grad_y, grad_final, log_decay, theta, residual, initial_state, x_dtype, needs)
     elif backend == "torch":
-        grads = torch_backward(grad_y, grad_final, log_decay, theta, residual, initial_state, chunk_size,
+        grads = torch_backward(grad_y, grad_final, log_decay, theta, residual, initial_state, block_size,
                                x_dtype, needs)
     elif backend == "triton":
         from .triton_scan import triton_backward
@@ -142,7 +142,7 @@ def scan_backward_op(grad_y: Optional[Tensor], grad_final: Optional[Tensor], x: 
 
 @scan_backward_op.register_fake
 def _scan_backward_op_fake(grad_y, grad_final, x, log_decay, theta, initial_state, residual, tile, x_dtype,
-                           backend, chunk_size, needs):
+                           backend, block_size, needs):
     B, T, H, D = (x if backend == "triton" else residual).shape
     real = _final_dtype(backend, log_decay)
     need_x, need_ld, need_th, need_s0 = needs

@@ -1,63 +1,21 @@
-"""Triton backend of the complex diagonal scan.
+"""Triton backend of the complex diagonal scan. Per rotary pair ``k`` (``x[..., 2k] + i·x[..., 2k+1]``):
 
-Per rotary pair ``k`` (the complex number ``x[..., 2k] + i·x[..., 2k+1]``) the op is the linear recurrence
+    forward   s_t = a_t · s_{t−1} + x_t,   a_t = exp(log_decay_t − i·theta_t),   y_t = s_t,   s_0 = initial_state
+    backward  λ_t = g_t + conj(a_{t+1}) λ_{t+1}   (plus ∂L/∂final at the last step),   ∂L/∂x_t = λ_t,
+              g_z = λ_t · conj(a_t s_{t−1}),   ∂L/∂log_decay_t = Re g_z,   ∂L/∂theta_t = −Im g_z,
+              ∂L/∂initial_state = conj(a_1) λ_1
 
-    s_t = a_t · s_{t-1} + x_t,     a_t = exp(log_decay_t − i·theta_t),     y_t = s_t,     s_0 = initial_state.
+with ``g_t = ∂L/∂Re y_t + i ∂L/∂Im y_t``. Shapes: ``x`` ``(B, T, H, D)`` (float32 / bfloat16 / float16,
+``P = D/2`` pairs interleaved); ``log_decay``, ``theta`` float32 ``(Bd, Td, H, P)``, ``Bd ∈ {1, B}``,
+``Td ∈ {1, T}``; states ``(B, H, D)`` float32. Grid ``(B·H, ⌈P/BP⌉)``, each program walking time in tiles of
+``BT`` steps; the forward saves the float32 state entering each tile, ``(B, H, ⌈T/BT⌉, D)``, from which the
+backward recomputes the states. Arithmetic is float32 whatever x's dtype. ``log_decay = −∞`` gives ``a = 0``
+exactly (a sequence restart).
 
-Kernel layout (forward and backward alike)
--------------------------------------------
-* Grid ``(B·H, ceil(P / BP))``: one program per (batch, head, block of ``BP`` pairs). Each program walks the
-  whole sequence in time tiles of ``BT`` steps, carrying the ``(BP,)`` complex state from tile to tile, so
-  any ``T`` takes a single launch and every byte of ``x`` / ``y`` is touched once per pass.
-* A time tile of ``x`` is one coalesced ``(BT, 2·BP)`` load (contiguous over the head dim), split into
-  real/imaginary ``(BT, BP)`` halves with ``reshape + split``; outputs are re-interleaved with
-  ``join + reshape`` and stored the same way.
-* Inside a tile the recurrence is a parallel ``tl.associative_scan`` over time of affine maps
-  ``s ↦ a·s + b`` (complex, carried as four real tensors); composing "(a1, b1) then (a2, b2)" gives
-  ``(a2·a1, a2·b1 + b2)``. The scan yields, per step, the composite map of the tile prefix, which is then
-  applied to the carried state. Padding steps (``t ≥ T``) use the identity map (``a = 1``, ``x = 0``) so
-  they leave the carry untouched; padding pairs (``p ≥ P``) are masked on every load and store.
-* ``log_decay`` / ``theta`` are ``(Bd, Td, H, P)`` with ``Bd ∈ {1, B}`` and ``Td ∈ {1, T}``: a broadcast
-  batch axis is a zero stride, a broadcast time axis (``Td == 1``, "static") is loaded once per program
-  and its ``exp``/``cos``/``sin`` are evaluated once. ``a`` comes from ``_decay``: one ``exp`` and a sin/cos
-  pair sharing a single range reduction.
-
-Backward
---------
-With ``g_t = ∂L/∂Re y_t + i ∂L/∂Im y_t`` the adjoint is the reverse scan
-``λ_t = g_t + conj(a_{t+1}) λ_{t+1}`` (plus ``∂L/∂final`` at the last step), and
-
-    ∂L/∂x_t = λ_t,   g_z = λ_t · conj(a_t s_{t−1}),   ∂L/∂log_decay_t = Re g_z,   ∂L/∂theta_t = −Im g_z,
-    ∂L/∂initial_state = conj(a_1) λ_1.
-
-The backward kernel walks the tiles from last to first, carrying ``conj(a_{t0})·λ_{t0}`` down to the
-previous tile. Per tile:
-
-* the reverse ``tl.associative_scan`` (``reverse=True``) of the maps ``λ ↦ conj(a_{t+1})·λ + g_t``:
-  ``a_{t+1}`` is the tile's own ``a`` moved up one row with ``tl.gather`` (or, on Triton without it, a
-  second load shifted by one step); the last row of a tile and the step ``T−1`` use the identity and
-  receive the carry instead;
-* the tile's forward states, recomputed in float32 from a checkpoint: the forward saves the fp32 state
-  entering each of its time tiles, ``(B, H, ceil(T/BT_fwd), D)`` — ``1/BT_fwd`` of ``x``'s size in fp32 —
-  and ``y`` (possibly bf16) is never read back. The backward's tile is a multiple of the forward's. The
-  recompute scan also carries ``e = a_t·s_{t−1}`` exactly (two extra adds per combine): forming it as
-  ``s_t − x_t`` would cancel catastrophically under strong decay.
-
-Broadcast gradients are reduced deterministically: over time inside the program (register accumulator,
-one store per program), over batch by a ``sum`` of a per-batch buffer afterwards — no atomics.
-
-All arithmetic is float32 whatever the dtype of ``x``; ``y`` / ``dx`` are stored in ``x``'s dtype.
-
-``tl.exp(−inf) = 0`` exactly, so ``log_decay = −∞`` gives ``a = 0`` and the carry is cleared exactly (the
-packed-sequence restart of ``interface.py``): every composite map that contains that step has ``A = 0``.
-
-``triton_forward`` / ``triton_backward`` are what the custom op of ``ops.py`` runs (the forward's time tile,
-picked by the autotuner, travels to the backward as a small CPU tensor); ``complex_scan_triton`` is the
-autograd.Function path with testing hooks.
-
-Tuning: on a GPU, problems of at least ``_AUTOTUNE_MIN_WORK`` pair-steps autotune (BT, BP, num_warps) per
-(T rounded to a power of two, P, broadcast pattern, dtype); smaller ones, and every launch when
-``HYBRID_SCAN_AUTOTUNE=0``, use ``_default_blocks``. Under ``TRITON_INTERPRET=1`` tiles are small and fixed.
+``triton_forward`` / ``triton_backward`` are what the custom op of ``ops.py`` runs; ``complex_scan_triton`` is
+the autograd.Function path with testing hooks. Knobs: ``$HYBRID_SCAN_AUTOTUNE``, ``$HYBRID_SCAN_SHIFT``
+(``hybrid.kernels.env``). The kernel layout, the backward's recompute and the tuning: docs/design.md,
+"The Triton scan".
 """
 from __future__ import annotations
 
@@ -67,6 +25,8 @@ import os
 import torch
 import triton
 import triton.language as tl
+
+from ..env import read_env
 
 __all__ = ["complex_scan_triton"]
 
@@ -143,7 +103,7 @@ def _sincos(th):
 
 
 @triton.jit
-def _decay(ld, th):
+def complex_decay(ld, th):
     """``a = exp(ld − i·th)`` as (real, imaginary) = ``(e^ld·cos th, −e^ld·sin th)``."""
     sn, cs = _sincos(th)
     m = tl.exp(ld)
@@ -450,13 +410,14 @@ _BWD_CONFIGS = [(64, 16, 4), (32, 16, 2), (32, 32, 4), (128, 8, 4), (64, 8, 2), 
 _MIN_CK_BT = min(c[0] for c in _FWD_CONFIGS)
 # Problems smaller than this (pairs × steps) use the fixed default instead of autotuning.
 _AUTOTUNE_MIN_WORK = 1 << 22
-_AUTOTUNE = (not _INTERPRET) and os.environ.get("HYBRID_SCAN_AUTOTUNE", "1") != "0"
+_AUTOTUNE = (not _INTERPRET) and read_env("HYBRID_SCAN_AUTOTUNE", ("1", "0"), "1") == "1"
 # How the backward gets a_{t+1} for time-varying decay/angle: "gather" (tl.gather of the tile's own a, Triton
 # >= 3.2) or "load" (a second, shifted load and exp/cos/sin). $HYBRID_SCAN_SHIFT overrides, for A/B timing.
-_SHIFT_GATHER = os.environ.get("HYBRID_SCAN_SHIFT", "gather" if hasattr(tl, "gather") else "load") == "gather"
+_SHIFT_GATHER = read_env("HYBRID_SCAN_SHIFT", ("gather", "load"),
+                         "gather" if hasattr(tl, "gather") else "load") == "gather"
 
 
-def _default_blocks(T: int, P: int) -> tuple[int, int, int]:
+def default_blocks(T: int, P: int) -> tuple[int, int, int]:
     """(BT, BP, num_warps) without autotuning. Under the interpreter: small tiles (its scan costs per
     element and tests want many tiles and pair blocks)."""
     if _INTERPRET:
@@ -492,7 +453,7 @@ if _AUTOTUNE:
                         _FLAG_KEY + ["CK_BT", "HAS_DY", "HAS_DHT", "NEED_DX", "NEED_DLD", "NEED_DTH"])
 
 
-def _empty(shape, dtype, device) -> torch.Tensor:
+def empty_buffer(shape, dtype, device) -> torch.Tensor:
     """Every output / scratch buffer of this module is allocated here (tests poison it with NaN)."""
     return torch.empty(shape, dtype=dtype, device=device)
 
@@ -525,12 +486,12 @@ def _forward(x, log_decay, theta, initial_state, save_ck, blocks=None):
     if blocks is not None:
         bt, bp, warps = blocks[0], blocks[2], 4
     else:
-        bt, bp, warps = _default_blocks(T, P)
+        bt, bp, warps = default_blocks(T, P)
     # Checkpoint rows are allocated for the shortest tile the launch may pick.
     nck = triton.cdiv(T, _MIN_CK_BT if tune else bt)
-    y = _empty((B, T, H, D), x.dtype, x.device)
-    final = _empty((B, H, D), torch.float32, x.device)
-    ck = _empty((B, H, nck, D), torch.float32, x.device) if save_ck else final
+    y = empty_buffer((B, T, H, D), x.dtype, x.device)
+    final = empty_buffer((B, H, D), torch.float32, x.device)
+    ck = empty_buffer((B, H, nck, D), torch.float32, x.device) if save_ck else final
     ld_sb, ld_st, ld_static = _broadcast_strides(log_decay, B)
     th_sb, th_st, th_static = _broadcast_strides(theta, B)
     h0 = initial_state if initial_state is not None else final
@@ -553,17 +514,17 @@ def _backward(x, log_decay, theta, ck, ck_bt, dy, dfinal, needs, blocks=None):
     if blocks is not None:
         bt, bp, warps = blocks[1], blocks[2], 4
     else:
-        _, bp, warps = _default_blocks(T, P)
+        _, bp, warps = default_blocks(T, P)
         bt = ck_bt
     ld_sb, ld_st, ld_static = _broadcast_strides(log_decay, B)
     th_sb, th_st, th_static = _broadcast_strides(theta, B)
 
     dummy = ck
-    dx = _empty((B, T, H, D), x.dtype, dev) if need_dx else dummy
+    dx = empty_buffer((B, T, H, D), x.dtype, dev) if need_dx else dummy
     # Per-batch gradient buffers (B, Td, H, P); summed over batch below when the input has Bd == 1.
-    dld = _empty((B, log_decay.shape[1], H, P), torch.float32, dev) if need_dld else dummy
-    dth = _empty((B, theta.shape[1], H, P), torch.float32, dev) if need_dth else dummy
-    dh0 = _empty((B, H, D), torch.float32, dev) if need_dh0 else dummy
+    dld = empty_buffer((B, log_decay.shape[1], H, P), torch.float32, dev) if need_dld else dummy
+    dth = empty_buffer((B, theta.shape[1], H, P), torch.float32, dev) if need_dth else dummy
+    dh0 = empty_buffer((B, H, D), torch.float32, dev) if need_dh0 else dummy
     dld_sb, dld_st = (dld.stride(0), 0 if ld_static else dld.stride(1)) if need_dld else (0, 0)
     dth_sb, dth_st = (dth.stride(0), 0 if th_static else dth.stride(1)) if need_dth else (0, 0)
     if dy is not None:
@@ -597,7 +558,7 @@ def _backward(x, log_decay, theta, ck, ck_bt, dy, dfinal, needs, blocks=None):
 def checkpoint_rows(B: int, T: int, H: int, P: int) -> int:
     """Rows per (batch, head) of the forward's checkpoint buffer ``(B, H, rows, D)`` at the default tiles."""
     tune = _use_autotune(B, T, H, P, None)
-    return triton.cdiv(T, _MIN_CK_BT if tune else _default_blocks(T, P)[0])
+    return triton.cdiv(T, _MIN_CK_BT if tune else default_blocks(T, P)[0])
 
 
 def triton_forward(x, log_decay, theta, initial_state, save_checkpoints: bool):
@@ -651,7 +612,7 @@ def complex_scan_triton(x, log_decay, theta, initial_state=None, *, _block_t=Non
     blocks = None
     if _block_t is not None or _block_p is not None:
         B, T, H, D = x.shape
-        dbt, dbp, _ = _default_blocks(T, D // 2)
+        dbt, dbp, _ = default_blocks(T, D // 2)
         bt = _block_t if _block_t is not None else dbt
         bt_f, bt_b = (bt, bt) if isinstance(bt, int) else tuple(bt)
         blocks = (bt_f, bt_b, _block_p if _block_p is not None else dbp)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import torch
 
+from ..checks import check_positive_int
 from ..varlen import check_cu_seqlens as shared_check_cu_seqlens
 
 FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
@@ -100,11 +101,8 @@ def check_state(state, name: str, shape: tuple[int, ...], like: torch.Tensor,
     return state.to(state_dtype(like.dtype)).contiguous()
 
 
-def check_chunk_size(chunk_size) -> None:
-    if chunk_size is None:
-        return
-    if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
-        raise ValueError(f"chunk_size: expected a positive int or None, got {chunk_size!r}")
+def check_block_size(block_size) -> None:
+    check_positive_int("block_size", block_size, allow_none=True)
 
 
 def check_cu_seqlens(cu_seqlens, x: torch.Tensor) -> int:

@@ -4,12 +4,12 @@
 
 ``reference.py`` (the parallel form with its ``(T, T)`` decay matrix: the ground truth, tests run it in
 float64), ``chunkwise.py`` (the fast form for whole and packed sequences: the parallel form inside tiles of
-``retention_chunk`` tokens plus the state carried across them, O(T·retention_chunk) memory; the custom op
+``tile_size`` tokens plus the state carried across them, O(T·tile_size) memory; the custom op
 ``hybrid::retention_chunkwise``, so torch.compile traces it whole) and ``step.py`` (one token, the recurrent
 form). The op contract of every kernel folder (fla's names)::
 
     retention_chunkwise(q, k, v, log_gamma, initial_state=None, *, output_final_state=False, cu_seqlens=None,
-                        retention_chunk=DEFAULT_RETENTION_CHUNK) -> (o, final_state or None)
+                        tile_size=DEFAULT_TILE_SIZE) -> (o, final_state or None)
     retention_reference(q, k, v, log_gamma, initial_state=None, *, output_final_state=False, cu_seqlens=None)
     retention_step(q, k, v, log_gamma, state=None) -> (o_t, S_t)
 
@@ -18,8 +18,8 @@ form). The op contract of every kernel folder (fla's names)::
 ``(1, total_T, …)`` batch; no sequence sees another). States in float32 (float64 for float64 inputs),
 outputs in q's dtype. No nn.Modules.
 """
-from .chunkwise import DEFAULT_RETENTION_CHUNK, retention_chunkwise
+from .chunkwise import DEFAULT_TILE_SIZE, retention_chunkwise
 from .reference import retention_reference
 from .step import retention_step
 
-__all__ = ["DEFAULT_RETENTION_CHUNK", "retention_chunkwise", "retention_reference", "retention_step"]
+__all__ = ["DEFAULT_TILE_SIZE", "retention_chunkwise", "retention_reference", "retention_step"]

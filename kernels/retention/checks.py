@@ -9,6 +9,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from ..checks import check_positive_int
 from ..varlen import check_cu_seqlens as _check_cu_seqlens
 
 FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
@@ -58,6 +59,5 @@ def check_state(state, name: str, shape: tuple[int, ...], q: Tensor, layout: str
         raise ValueError(f"{name}: expected a tensor on {q.device} (the device of q), got {state.device}")
 
 
-def check_retention_chunk(retention_chunk) -> None:
-    if isinstance(retention_chunk, bool) or not isinstance(retention_chunk, int) or retention_chunk < 1:
-        raise ValueError(f"retention_chunk: expected a positive int, got {retention_chunk!r}")
+def check_tile_size(tile_size) -> None:
+    check_positive_int("tile_size", tile_size)

@@ -1,44 +1,28 @@
 r"""The chunkwise form of retention (RetNet, section 2.2): the fast form for whole and packed sequences.
 
-Time is cut into n_T tiles of C = ``retention_chunk`` tokens (the last one zero-padded; padding is a
-sequence of its own). Position c of tile j (absolute t = jC + c, tile start t₀ = jC), with S_j the state
-entering the tile; for one sequence per batch row:
+Time is cut into n_T tiles of C = ``tile_size`` tokens (the last one zero-padded; padding is a sequence of its
+own). Position c of tile j (absolute t = jC + c, tile start t₀ = jC), S_j the state entering the tile; for one
+sequence per batch row:
 
     o_t     = Σ_{m≤c} γ^{c−m} (q_t · k_m) v_m   +   γ^{c+1} q_t S_j                          (intra + inter)
     S_{j+1} = γ^C S_j + Σ_m γ^{C−1−m} k_mᵀ v_m                                              (the carry)
 
-Packed sequences (``cu_seqlens``, N sequences, σ(t) the sequence of t, s_n its first position, e_n its
-last, p = t − s_{σ(t)} the position inside it, I_n its initial state). A sequence is *fresh* in a tile when
-it starts inside it, s_{σ(t)} ≥ t₀ (a sequence that starts at the tile's first position is fresh too).
-Every decay that would cross an offset is masked to 0:
+Packed sequences (``cu_seqlens``): σ(t) is the sequence of t, s_n / e_n its first / last position, L_n its
+length, p = t − s_{σ(t)}, I_n its initial state; σ(t) is *fresh* in its tile when s_{σ(t)} ≥ t₀. Every decay
+that would cross an offset is masked to 0:
 
     o_t     = Σ_{m≤c, σ(m)=σ(t)} γ^{c−m} (q_t·k_m) v_m              intra, masked to one sequence
             + [s_{σ(t)} < t₀] γ^{c+1} q_t S_j                       the carried state, only if it is σ(t)'s
             + [s_{σ(t)} ≥ t₀] γ^{p+1} q_t I_{σ(t)}                   a fresh sequence reads its own I
     S_{j+1} = [s_ε < t₀] γ^C S_j + Σ_{m: σ(m)=ε} γ^{C−1−m} k_mᵀ v_m + [s_ε ≥ t₀] γ^{t₀+C−s_ε} I_ε
-                                                           (ε = σ(t₀+C−1), the sequence running at the tile's end)
+                                                      (ε = σ(t₀+C−1), the sequence running at the tile's end)
+    F_n     = [s_n < t_n] γ^{e_n−t_n+1} S_{j_n} + Σ_{max(t_n,s_n)≤m≤e_n} γ^{e_n−m} k_mᵀ v_m + [s_n ≥ t_n] γ^{L_n} I_n
+                                                      (final states; j_n = ⌊e_n / C⌋, t_n = j_n C)
 
-so S_j is always the state of the sequence running at t₀ − 1 after that position. The fresh-sequence term
-is one batched einsum over windows: sequence n's first min(L_n, tile remainder) queries ``(N, C, H, Dk)``
-against I_n, gathered back to their positions. Final states, with j_n = ⌊e_n / C⌋, t_n = j_n C:
-
-    F_n = [s_n < t_n] γ^{e_n−t_n+1} S_{j_n} + Σ_{max(t_n, s_n)≤m≤e_n} γ^{e_n−m} k_mᵀ v_m + [s_n ≥ t_n] γ^{L_n} I_n
-
-(one einsum over the N end tiles, gathered). All tiles' intra parts, own key-value sums and inter parts
-are batched einsums; only the carry runs over the n_T tiles, on ``(B, H, Dk, Dv)`` states; no Python loop
-over sequences. Every decay is γ to a power ≥ 0, so nothing overflows. Memory: the tile scores
-``(B, n_T, H, C, C)``, the per-tile states ``(B, n_T, H, Dk, Dv)`` and, for N packed sequences, the
-windows ``(N, C, H, D)`` (the size of the N states when C ≈ D): O(T·C + N·C·D), never ``(T, T)``.
-Without ``cu_seqlens`` each batch row is one sequence (N = 1, shared by the B rows) and the masks are
-skipped. Computed in float32 (float64 for float64 inputs); ``o`` comes back in q's dtype, states in
-float32 / float64.
-
-``retention_chunkwise`` is the torch.library custom op ``hybrid::retention_chunkwise`` (with a fake for
-tracing and autograd), so ``torch.compile(fullgraph=True)`` traces it as one node: no graph break, no
-unrolled carry. Its backward is a second op, ``hybrid::retention_chunkwise_backward``, which recomputes
-the forward under autograd and differentiates it (exact; the forward saves only its inputs). In eager
-mode the public function calls the same implementation directly under autograd instead (saving the
-activations, no recompute): same numbers, the speed of a plain torch function.
+Memory: the tile scores ``(B, n_T, H, C, C)``, the per-tile states ``(B, n_T, H, Dk, Dv)`` and the fresh
+sequences' windows ``(N, C, H, D)``: O(T·C + N·C·D), never ``(T, T)``. Computed in float32 (float64 for float64
+inputs); ``o`` in q's dtype. How it is batched, and the custom ops that torch.compile traces as one node:
+docs/design.md, "`hybrid.kernels.retention`".
 """
 from __future__ import annotations
 
@@ -48,9 +32,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .checks import check_cu_seqlens, check_qkv, check_retention_chunk, check_state, state_dtype
+from .checks import check_cu_seqlens, check_qkv, check_tile_size, check_state, state_dtype
 
-DEFAULT_RETENTION_CHUNK = 64
+DEFAULT_TILE_SIZE = 64
 
 
 def _decay(power: Tensor, log_gamma: Tensor) -> Tensor:
@@ -140,7 +124,7 @@ def _chunkwise(q: Tensor, k: Tensor, v: Tensor, log_gamma: Tensor, init: Tensor 
     return o[:, :T], final
 
 
-def _forward(q, k, v, log_gamma, initial_state, cu_seqlens, retention_chunk: int, output_final_state: bool):
+def _forward(q, k, v, log_gamma, initial_state, cu_seqlens, tile_size: int, output_final_state: bool):
     """Public shapes in and out: initial / final ``(N, H, Dk, Dv)`` with cu_seqlens, ``(B, H, Dk, Dv)`` without."""
     B, T, H, Dk = q.shape
     Dv = v.shape[-1]
@@ -159,7 +143,7 @@ def _forward(q, k, v, log_gamma, initial_state, cu_seqlens, retention_chunk: int
     if initial_state is not None:
         init = initial_state.to(sdt)
         init = init[None] if packed else init[:, None]  # (B, N, H, Dk, Dv)
-    o, final = _chunkwise(q.to(sdt), k.to(sdt), v.to(sdt), log_gamma.to(sdt), init, cu, retention_chunk,
+    o, final = _chunkwise(q.to(sdt), k.to(sdt), v.to(sdt), log_gamma.to(sdt), init, cu, tile_size,
                           output_final_state)
     if final is not None:
         final = final[0] if packed else final[:, 0]
@@ -171,15 +155,15 @@ def _forward(q, k, v, log_gamma, initial_state, cu_seqlens, retention_chunk: int
 
 @torch.library.custom_op("hybrid::retention_chunkwise", mutates_args=())
 def _op(q: Tensor, k: Tensor, v: Tensor, log_gamma: Tensor, initial_state: Optional[Tensor],
-        cu_seqlens: Optional[Tensor], retention_chunk: int, output_final_state: bool) -> tuple[Tensor, Tensor]:
+        cu_seqlens: Optional[Tensor], tile_size: int, output_final_state: bool) -> tuple[Tensor, Tensor]:
     """(o, final); final is an empty ``(0,)`` tensor when not output_final_state (an op returns tensors)."""
-    o, final = _forward(q, k, v, log_gamma, initial_state, cu_seqlens, retention_chunk, output_final_state)
+    o, final = _forward(q, k, v, log_gamma, initial_state, cu_seqlens, tile_size, output_final_state)
     final = final.contiguous() if final is not None else q.new_empty(0, dtype=state_dtype(q.dtype))
     return o.contiguous(), final  # contiguous, as the fake promises
 
 
 @_op.register_fake
-def _(q, k, v, log_gamma, initial_state, cu_seqlens, retention_chunk, output_final_state):
+def _(q, k, v, log_gamma, initial_state, cu_seqlens, tile_size, output_final_state):
     B, T, H, Dk = q.shape
     n = B if cu_seqlens is None else cu_seqlens.shape[0] - 1
     final_shape = (n, H, Dk, v.shape[-1]) if output_final_state else (0,)
@@ -200,7 +184,7 @@ def _autograd_inside_op():
 
 @torch.library.custom_op("hybrid::retention_chunkwise_backward", mutates_args=())
 def _op_backward(grad_o: Tensor, grad_final: Optional[Tensor], q: Tensor, k: Tensor, v: Tensor, log_gamma: Tensor,
-                 initial_state: Optional[Tensor], cu_seqlens: Optional[Tensor], retention_chunk: int,
+                 initial_state: Optional[Tensor], cu_seqlens: Optional[Tensor], tile_size: int,
                  needs_grad: list[bool]) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     """Gradients w.r.t. q, k, v, log_gamma, initial_state (an empty ``(0,)`` for each one not in ``needs_grad``
     and for a None initial_state): the forward recomputed under autograd and differentiated."""
@@ -213,7 +197,7 @@ def _op_backward(grad_o: Tensor, grad_final: Optional[Tensor], q: Tensor, k: Ten
         args = list(inputs)
         for i, x in zip(wanted, leaves):
             args[i] = x
-        o, final = _forward(*args, cu_seqlens, retention_chunk, want_final)
+        o, final = _forward(*args, cu_seqlens, tile_size, want_final)
         return (o, final) if want_final else (o,)
 
     grads = [None] * len(wanted)
@@ -241,15 +225,15 @@ def _op_backward(grad_o: Tensor, grad_final: Optional[Tensor], q: Tensor, k: Ten
 
 
 @_op_backward.register_fake
-def _(grad_o, grad_final, q, k, v, log_gamma, initial_state, cu_seqlens, retention_chunk, needs_grad):
+def _(grad_o, grad_final, q, k, v, log_gamma, initial_state, cu_seqlens, tile_size, needs_grad):
     return tuple(x.new_empty(x.shape) if x is not None and need else q.new_empty(0)  # contiguous
                  for x, need in zip((q, k, v, log_gamma, initial_state), needs_grad))
 
 
 def _setup_context(ctx, inputs, output):
-    q, k, v, log_gamma, initial_state, cu_seqlens, retention_chunk, output_final_state = inputs
+    q, k, v, log_gamma, initial_state, cu_seqlens, tile_size, output_final_state = inputs
     ctx.save_for_backward(q, k, v, log_gamma, initial_state, cu_seqlens)
-    ctx.retention_chunk, ctx.output_final_state = retention_chunk, output_final_state
+    ctx.tile_size, ctx.output_final_state = tile_size, output_final_state
 
 
 def _backward(ctx, grad_o, grad_final):
@@ -259,7 +243,7 @@ def _backward(ctx, grad_o, grad_final):
     grad_final = grad_final if ctx.output_final_state else None
     needs = [bool(n) for n in ctx.needs_input_grad[:5]]
     grads = torch.ops.hybrid.retention_chunkwise_backward(
-        grad_o, grad_final, q, k, v, log_gamma, initial_state, cu_seqlens, ctx.retention_chunk, needs)
+        grad_o, grad_final, q, k, v, log_gamma, initial_state, cu_seqlens, ctx.tile_size, needs)
     return tuple(g if need else None for g, need in zip(grads, needs)) + (None, None, None)
 
 
@@ -271,17 +255,17 @@ _op.register_autograd(_backward, setup_context=_setup_context)
 
 def retention_chunkwise(q: Tensor, k: Tensor, v: Tensor, log_gamma: Tensor, initial_state: Tensor | None = None, *,
                         output_final_state: bool = False, cu_seqlens: Tensor | None = None,
-                        retention_chunk: int = DEFAULT_RETENTION_CHUNK) -> tuple[Tensor, Tensor | None]:
+                        tile_size: int = DEFAULT_TILE_SIZE) -> tuple[Tensor, Tensor | None]:
     """q, k: ``(B, T, H, Dk)``; v: ``(B, T, H, Dv)``; log_gamma: ``(H,)``; initial_state: ``(B, H, Dk, Dv)``, or
     ``(N, H, Dk, Dv)`` with cu_seqlens, or None (zeros); cu_seqlens: ``(N+1,)`` offsets of N sequences packed
-    into a ``(1, total_T, …)`` batch (None: each row is one sequence); retention_chunk: the tile length C
-    (any positive int; ≥ T computes the parallel form in one tile).
+    into a ``(1, total_T, …)`` batch (None: each row is one sequence); tile_size: the tile length C (any
+    positive int; ≥ T computes the parallel form in one tile; the numbers do not depend on it).
 
     Returns ``o`` ``(B, T, H, Dv)`` (q's dtype) and, when output_final_state, the state after each sequence
     ``(B or N, H, Dk, Dv)`` (float32; float64 for float64 inputs), else None. The same numbers as
     ``retention_reference``.
     """
-    check_retention_chunk(retention_chunk)
+    check_tile_size(tile_size)
     check_qkv(q, k, v, log_gamma)
     B, T, H, Dk = q.shape
     if cu_seqlens is not None:
@@ -292,6 +276,6 @@ def retention_chunkwise(q: Tensor, k: Tensor, v: Tensor, log_gamma: Tensor, init
         check_state(initial_state, "initial_state", (B, H, Dk, v.shape[-1]), q)
     output_final_state = bool(output_final_state)
     if not torch.compiler.is_compiling():  # eager: plain autograd through the implementation, no recompute
-        return _forward(q, k, v, log_gamma, initial_state, cu_seqlens, retention_chunk, output_final_state)
-    o, final = _op(q, k, v, log_gamma, initial_state, cu_seqlens, retention_chunk, output_final_state)
+        return _forward(q, k, v, log_gamma, initial_state, cu_seqlens, tile_size, output_final_state)
+    o, final = _op(q, k, v, log_gamma, initial_state, cu_seqlens, tile_size, output_final_state)
     return o, (final if output_final_state else None)

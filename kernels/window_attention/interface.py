@@ -13,11 +13,11 @@ automatically).
 """
 from __future__ import annotations
 
-import os
-
 import torch
 from torch import Tensor
 
+from ..checks import check_positive_int
+from ..env import read_env
 from ..varlen import check_cu_seqlens
 from .blocked import window_attention_blocked
 from .flash import flash_supports, window_attention_flash
@@ -33,11 +33,12 @@ _FORMS = {"flash": window_attention_flash, "flex": window_attention_flex, "block
 
 
 def resolve_window_backend(backend: str | None, q: Tensor) -> str:
-    """`backend` if given, else `$HYBRID_WINDOW_BACKEND`, else the fastest exact way for q's device/dtype."""
+    """`backend` if given, else `$HYBRID_WINDOW_BACKEND` (`hybrid.kernels.env`), else "auto": the fastest exact
+    way for q's device/dtype."""
     source = "backend"
-    if backend is None and os.environ.get(BACKEND_ENV):
-        backend, source = os.environ[BACKEND_ENV], BACKEND_ENV
-    if backend is None or backend == "auto":
+    if backend is None:
+        backend, source = read_env(BACKEND_ENV, ("auto",) + BACKENDS, "auto"), BACKEND_ENV
+    if backend == "auto":
         if q.is_cuda and flash_supports(q):
             return "flash"
         if q.is_cuda and FLEX_AVAILABLE and q.shape[-1] in _FLEX_HEAD_DIMS:
@@ -54,8 +55,7 @@ def resolve_window_backend(backend: str | None, q: Tensor) -> str:
 
 
 def _check(q: Tensor, k: Tensor, v: Tensor, window) -> None:
-    if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 1):
-        raise ValueError(f"window: expected a positive int or None (global), got {window!r}")
+    check_positive_int("window", window, allow_none=True)  # None: global
     if q.dim() != 4:
         raise ValueError(f"q: expected shape (B, T, H, D), got {tuple(q.shape)}")
     B, T, H, D = q.shape

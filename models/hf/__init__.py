@@ -8,7 +8,7 @@
 padded batches, ``generate`` with a ``HybridCache`` of our recurrent states); ``convert`` maps Llama-family
 checkpoints (Llama, Mistral, Qwen2) onto the transformer preset. The core library never imports this package.
 """
-from ._compat import check_version
+from .compat import check_version
 
 check_version()
 

@@ -19,7 +19,7 @@ from transformers.cache_utils import Cache
 
 from hybrid.models import HybridState
 
-from ._compat import CACHE_INIT_TAKES_LAYERS
+from .compat import CACHE_INIT_TAKES_LAYERS
 
 
 def map_state_tensors(state, fn):

@@ -1,8 +1,10 @@
 """HybridHFConfig: a transformers ``PretrainedConfig`` that carries a ``HybridConfig`` losslessly.
 
-The whole ``HybridConfig`` is stored as the dict ``hybrid`` (its ``to_dict()``), the one source of truth;
-the usual transformers names (``vocab_size``, ``hidden_size``, ``num_hidden_layers``, ``num_attention_heads``,
-``tie_word_embeddings``) are mirrors derived from it for tools that read them (lm-eval, generation utils).
+The whole ``HybridConfig`` is stored as the dict ``hybrid`` (its ``to_dict()``: the stack's fields and one nested
+dict per section), the one source of truth; a ``config.json`` written before the sections holds the old flat
+fields there, which ``HybridConfig.from_dict`` reads too. The usual transformers names (``vocab_size``,
+``hidden_size``, ``num_hidden_layers``, ``num_attention_heads``, ``tie_word_embeddings``) are mirrors derived from
+it for tools that read them (lm-eval, generation utils).
 """
 from __future__ import annotations
 

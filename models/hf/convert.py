@@ -12,11 +12,11 @@ The two models compute the same function (logits equal to float32 rounding):
 | ``q_proj``, ``k_proj``, ``v_proj`` (+ biases)  | ``mixer.in_proj`` = rows [q; k; v] (+ biases)        |
 | ``o_proj`` (+ bias)                            | ``mixer.out_proj`` (bias 0 when q/k/v alone have one, Qwen2) |
 | ``gate_proj``, ``up_proj``, ``down_proj``      | ``mlp.w_gate``, ``mlp.w_up``, ``mlp.w_down`` (``mlp_hidden`` = intermediate_size) |
-| ``rope_theta``, ``rope_scaling`` / ``rope_parameters`` | ``rope_base``, ``rope_scaling`` (the same HF dict) |
-| ``num_key_value_heads``, ``head_dim``          | ``n_kv_heads``, ``head_dim`` (GQA: query head h reads kv head h // (H/G)) |
-| Mistral ``sliding_window``                     | ``window`` (token i attends to i − w < j ≤ i)       |
+| ``rope_theta``, ``rope_scaling`` / ``rope_parameters`` | ``rotary.base``, ``rotary.scaling`` (the same HF dict) |
+| ``num_key_value_heads``, ``head_dim``          | ``attention.n_kv_heads``, ``head_dim`` (GQA: head h reads kv head h // (H/G)) |
+| Mistral ``sliding_window``                     | ``attention.window`` (token i attends to i − w < j ≤ i) |
 
-Rotary layout: transformers pairs channel k with k + D/2 (``rope_layout="half"``), which ``HybridLM`` runs as
+Rotary layout: transformers pairs channel k with k + D/2 (``rotary.layout="half"``), which ``HybridLM`` runs as
 is; ``layout="interleaved"`` permutes the q and k rows of every head instead (``hybrid.rotary.convert_projection``),
 the same function in this library's default layout (e.g. to start hybrids from the weights).
 """
@@ -24,10 +24,11 @@ from __future__ import annotations
 
 import torch
 
+from hybrid import AttentionConfig, RotaryConfig
 from hybrid.models import HybridConfig
-from hybrid.rotary import convert_projection
+from hybrid.rotary import check_layout, convert_projection
 
-from ._compat import ROPE_PARAMETERS
+from .compat import ROPE_PARAMETERS
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
 
@@ -53,8 +54,7 @@ def config_from_llama(hf_config, *, layout: str = "half", dtype: str = "float32"
     kind = getattr(hf_config, "model_type", None)
     if kind not in SUPPORTED_MODEL_TYPES:
         raise ValueError(f"model_type: expected one of {SUPPORTED_MODEL_TYPES}, got {kind!r}")
-    if layout not in ("half", "interleaved"):
-        raise ValueError(f"layout: expected 'half' or 'interleaved', got {layout!r}")
+    check_layout("layout", layout)
     act = getattr(hf_config, "hidden_act", "silu")
     if act != "silu":
         raise ValueError(f"hidden_act: expected 'silu' (SwiGLU), got {act!r}")
@@ -67,14 +67,16 @@ def config_from_llama(hf_config, *, layout: str = "half", dtype: str = "float32"
     base, scaling = _rope(hf_config)
     H = hf_config.num_attention_heads
     head_dim = getattr(hf_config, "head_dim", None) or hf_config.hidden_size // H
+    attention = AttentionConfig(
+        n_kv_heads=getattr(hf_config, "num_key_value_heads", None) or H, window=window, placement="qk",
+        bias=bool(getattr(hf_config, "attention_bias", False)) or kind == "qwen2",
+    )
     return HybridConfig(
         vocab_size=hf_config.vocab_size, d_model=hf_config.hidden_size, n_layers=hf_config.num_hidden_layers,
-        n_heads=H, n_kv_heads=getattr(hf_config, "num_key_value_heads", None) or H, head_dim=head_dim,
-        pattern="A", mlp_hidden=hf_config.intermediate_size, norm_eps=float(hf_config.rms_norm_eps),
-        tie_embeddings=bool(getattr(hf_config, "tie_word_embeddings", False)),
-        attention_bias=bool(getattr(hf_config, "attention_bias", False)) or kind == "qwen2",
-        window=window, rope_base=base, rope_scaling=scaling, rope_placement="qk", rope_layout=layout,
+        n_heads=H, head_dim=head_dim, pattern="A", mlp_hidden=hf_config.intermediate_size,
+        norm_eps=float(hf_config.rms_norm_eps), tie_embeddings=bool(getattr(hf_config, "tie_word_embeddings", False)),
         dtype=dtype, meta={"preset": "transformer", "imported_from": kind},
+        rotary=RotaryConfig(base=base, scaling=scaling, layout=layout), attention=attention,
     )
 
 
@@ -88,10 +90,10 @@ def state_dict_from_llama(hf_state: dict[str, torch.Tensor], config: HybridConfi
             raise ValueError(f"checkpoint: expected a tensor named {key!r} (or 'model.{key}'), got none")
         return hf_state[key].to(dtype)
 
-    H, G, D = config.n_heads, config.n_kv_heads or config.n_heads, config.resolved_head_dim
+    H, G, D = config.n_heads, config.attention.n_kv_heads or config.n_heads, config.resolved_head_dim
 
     def qk(t: torch.Tensor, heads: int) -> torch.Tensor:  # rows of one q or k projection, in config's layout
-        if config.rope_layout == "half":
+        if config.rotary.layout == "half":
             return t
         return convert_projection(t, heads, src="half", dst="interleaved", dim=0)
 
@@ -106,7 +108,7 @@ def state_dict_from_llama(hf_state: dict[str, torch.Tensor], config: HybridConfi
             [qk(take(a + "q_proj.weight"), H), qk(take(a + "k_proj.weight"), G), take(a + "v_proj.weight")]
         )  # ((H + 2G)·D, d_model)
         out[dst + "mixer.out_proj.weight"] = take(a + "o_proj.weight")
-        if config.attention_bias:
+        if config.attention.bias:
             biases = [a + f"{p}_proj.bias" for p in "qkv"]
             zeros = torch.zeros(D * (H + 2 * G), dtype=dtype)
             q_b, k_b, v_b = (take(b) if b in hf_state else None for b in biases)

@@ -6,7 +6,8 @@
 
 The wrapped model is ``model.model`` (a ``HybridLM``), so the weights are ``model.<HybridLM key>``. Decoding
 keeps a ``HybridCache`` (our per-layer states, see cache.py): a prompt is prefilled in parallel mode, then
-each new token continues the state, as in ``HybridLM.generate(mode="recurrent")``.
+each new token continues the state through ``HybridLM.forward`` at T = 1, which is ``HybridLM.step``: the one
+decode route, that of ``HybridLM.generate(mode="recurrent")``.
 
 ``attention_mask`` (1 = token, 0 = pad) may pad rows on either side: each row sees only its own tokens, from
 position 0, so logits at real positions equal those of the unpadded row (logits at pads are 0). A padded
@@ -32,7 +33,7 @@ from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from hybrid.models import HybridLM, HybridState
 
-from ._compat import GENERATE_CACHE_KWARG, OUTPUT_CACHE_FIELD
+from .compat import GENERATE_CACHE_KWARG, OUTPUT_CACHE_FIELD
 from .cache import HybridCache, select_rows
 from .configuration import HybridHFConfig
 
@@ -168,7 +169,7 @@ class HybridForCausalLM(HybridPreTrainedModel, GenerationMixin):
             if cache is not None:
                 cache.columns = past + T
         else:
-            logits = self._forward_streams(input_ids, mask, cache if cache is not None else HybridCache())
+            logits = self.forward_streams(input_ids, mask, cache if cache is not None else HybridCache())
             if cache is not None:
                 cache.columns = past + T
 
@@ -215,8 +216,10 @@ class HybridForCausalLM(HybridPreTrainedModel, GenerationMixin):
             cache.streams = streams
         return logits
 
-    def _forward_streams(self, input_ids: torch.Tensor, mask: torch.Tensor | None, cache: HybridCache) -> torch.Tensor:
-        """Run each stream of rows on its real tokens; returns logits ``(B, T, V)`` (0 at pads)."""
+    def forward_streams(self, input_ids: torch.Tensor, mask: torch.Tensor | None, cache: HybridCache) -> torch.Tensor:
+        """Run each stream of rows (``cache.streams``: row indices and their state) on its real tokens, rows of one
+        mask pattern together, and leave the new states in ``cache``; returns logits ``(B, T, V)`` (0 at pads). The
+        path ``forward`` takes to continue a cache; ``hybrid.train.bench.packing`` times it on a fresh cache."""
         B, T = input_ids.shape
         if not cache.streams:
             cache.streams = [(torch.arange(B, device=input_ids.device), None)]
@@ -239,7 +242,7 @@ class HybridForCausalLM(HybridPreTrainedModel, GenerationMixin):
                     new_streams.append((group_rows, group_state))
                     continue
                 ids = input_ids[group_rows][:, positions]  # (n_g, T_g)
-                group_logits, group_state = self.model(ids, state=group_state)
+                group_logits, group_state = self.model(ids, state=group_state)  # T_g = 1 + a state: decode step
                 if logits is None:
                     logits = group_logits.new_zeros(B, T, group_logits.shape[-1])
                 logits[group_rows[:, None], positions[None, :]] = group_logits

@@ -7,11 +7,13 @@ import pytest
 import torch
 
 from hybrid.attention import Attention, AttentionState
+from hybrid.rotary import RotaryConfig
 
 PLACEMENTS = ("none", "q", "k", "v", "o", "qk", "vo", "qkv", "qkvo")
 RELATIVE = ("none", "qk", "vo", "qkvo")
 SHARED_OK = ("qkvo", "qkv", "q", "o", "none")
 F64 = dict(atol=1e-10, rtol=1e-9)
+CAROPE, HALF = RotaryConfig(carope=True), RotaryConfig(layout="half")
 # Angles, phases and cos/sin tables are float32 by design: a position shift, or CARoPE's float32 cumsum split
 # at another point, moves them by float32 rounding, so such comparisons hold to float32 precision only.
 F32 = dict(atol=2e-6, rtol=1e-5)
@@ -116,10 +118,10 @@ def test_reference_every_placement(placement, heads, window):
 @pytest.mark.parametrize(
     "kw",
     [
-        dict(d_model=14, n_heads=3, head_dim=8, rotary_dim=4, rope_layout="half"),
+        dict(d_model=14, n_heads=3, head_dim=8, rotary_dim=4, rotary=HALF),
         dict(d_model=14, n_heads=3, head_dim=8, rotary_dim=4),
         dict(d_model=14, n_heads=2, head_dim=7, rotary_dim=4, window=5),  # odd head_dim, even rotary part
-        dict(d_model=12, n_heads=2, rope_layout="half", window=2, rope_base=50.0),
+        dict(d_model=12, n_heads=2, rotary=RotaryConfig(layout="half", base=50.0), window=2),
         dict(d_model=14, n_heads=2, head_dim=7, placement="none"),  # odd head_dim without rotary
     ],
 )
@@ -128,8 +130,8 @@ def test_reference_layouts_and_partial_rotary(kw):
     m = make(**kw)
     x = rand_x(3, 11, m.d_model)
     inv = None
-    if "rope_base" in kw:
-        inv = kw["rope_base"] ** (-torch.arange(0, m.rotary_dim, 2, dtype=torch.float64) / m.rotary_dim)
+    if "rotary" in kw:
+        inv = kw["rotary"].base ** (-torch.arange(0, m.rotary_dim, 2, dtype=torch.float64) / m.rotary_dim)
     torch.testing.assert_close(m(x)[0], reference(m, x, inv_freq=inv), **F64)
 
 
@@ -144,7 +146,7 @@ def test_reference_shared_kv(placement, window):
 @pytest.mark.parametrize("window", [None, 3])
 @pytest.mark.parametrize("placement", ["qkvo", "qk", "vo", "q"])
 def test_reference_carope(placement, window):
-    m = make(d_model=24, n_heads=6, n_kv_heads=2, placement=placement, window=window, carope=True)
+    m = make(d_model=24, n_heads=6, n_kv_heads=2, placement=placement, window=window, rotary=CAROPE)
     x = rand_x(2, 9, m.d_model)
     torch.testing.assert_close(m(x)[0], reference(m, x), **F64)
 
@@ -164,7 +166,7 @@ def test_scaling_attention_factor():
     """YaRN's temperature scales the logits by attention_factor² only when q and k are both rotated."""
     yarn = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16}
     for placement, squared in (("qk", True), ("qkvo", True), ("vo", False), ("q", False)):
-        m = make(d_model=16, n_heads=2, placement=placement, rope_scaling=yarn)
+        m = make(d_model=16, n_heads=2, placement=placement, rotary=RotaryConfig(scaling=yarn))
         af = m.rotary.attention_factor
         assert af > 1.0
         assert m.scale == pytest.approx(m.head_dim**-0.5 * (af**2 if squared else 1.0))
@@ -173,16 +175,16 @@ def test_scaling_attention_factor():
 
 
 # -------------------------------------------------------------------------------------- mode agreement
-def run_plan(m: Attention, x: torch.Tensor, plan, state=None):
-    """plan: [("f", n) | ("s", n)]: forward over the next n tokens, or n calls of step."""
+def run_plan(m: Attention, x: torch.Tensor, plan, state=None, offset: int = 0):
+    """plan: [("f", n) | ("s", n)]: forward over the next n tokens, or n calls of step; x starts at `offset`."""
     ys, t = [], 0
     for mode, n in plan:
         if mode == "f":
-            y, state = m(x[:, t : t + n], state)
+            y, state = m(x[:, t : t + n], state, offset=offset + t)
             ys.append(y)
         else:
             for i in range(t, t + n):
-                y, state = m.step(x[:, i], state)
+                y, state = m.step(x[:, i], state, offset + i)
                 ys.append(y[:, None])
         t += n
     assert t == x.shape[1]
@@ -205,8 +207,8 @@ MODE_CONFIGS = {
     "window-mqa-v": dict(d_model=20, n_heads=5, n_kv_heads=1, placement="v", window=4),
     "shared-window-qkvo": dict(d_model=24, n_heads=6, n_kv_heads=3, placement="qkvo", shared_kv=True, window=4),
     "shared-global-qkv": dict(d_model=18, n_heads=3, placement="qkv", shared_kv=True),
-    "carope-window-gqa": dict(d_model=24, n_heads=6, n_kv_heads=2, placement="qkvo", carope=True, window=4),
-    "carope-global-vo": dict(d_model=18, n_heads=3, placement="vo", carope=True),
+    "carope-window-gqa": dict(d_model=24, n_heads=6, n_kv_heads=2, placement="qkvo", rotary=CAROPE, window=4),
+    "carope-global-vo": dict(d_model=18, n_heads=3, placement="vo", rotary=CAROPE),
     "window1-o": dict(d_model=12, n_heads=2, placement="o", window=1),
     "window20-gqa-qk": dict(d_model=24, n_heads=6, n_kv_heads=2, placement="qk", window=20),  # w > most chunks
     "window30-shared-qkv": dict(d_model=18, n_heads=3, placement="qkv", shared_kv=True, window=30),  # w ≥ T
@@ -223,7 +225,7 @@ def test_modes_agree(config):
     for plan in PLANS:
         y, s = run_plan(m, x, plan)
         torch.testing.assert_close(y, y_ref, **tol, msg=lambda e: f"{plan}: {e}")
-        assert (s.offset, s.length) == (s_ref.offset, s_ref.length)
+        assert s.length == s_ref.length
         torch.testing.assert_close(s.k, s_ref.k, **tol)
         assert (s.v is None) == (s_ref.v is None) == m.shared_kv
         if s.v is not None:
@@ -251,14 +253,14 @@ def test_window_state_is_fixed_size():
     x = rand_x(B, 4096 + 1, 4)
     state = m.init_state(B, x.device)
     for t in range(64):
-        _, state = m.step(x[:, t], state)
+        _, state = m.step(x[:, t], state, t)
     after_64 = state.nbytes
     assert after_64 == 2 * B * 5 * 2 * 2 * 8  # k and v rings: B·w·G·D float64
     for t in range(64, 4096, 504):  # prefill the rest in chunks (not aligned to w)
-        _, state = m(x[:, t : t + 504], state)
-    assert state.offset == 4096 and state.nbytes == after_64
+        _, state = m(x[:, t : t + 504], state, offset=t)
+    assert state.length == 5 and state.nbytes == after_64
     # the window only sees the last w tokens, and qk is relative: the next step equals a fresh run over them
-    y, state = m.step(x[:, 4096], state)
+    y, state = m.step(x[:, 4096], state, 4096)
     y_fresh, _ = m(x[:, 4096 - 4 : 4097])
     torch.testing.assert_close(y, y_fresh[:, -1], atol=1e-5, rtol=1e-5)
     assert state.nbytes == after_64
@@ -269,7 +271,7 @@ def test_global_cache_grows():
     x = rand_x(2, 10, 12)
     _, state = m(x[:, :7])
     assert state.nbytes == 2 * 2 * 7 * 1 * 4 * 8
-    _, state = m.step(x[:, 7], state)
+    _, state = m.step(x[:, 7], state, 7)
     assert state.nbytes == 2 * 2 * 8 * 1 * 4 * 8
 
 
@@ -281,12 +283,11 @@ def test_relativity(placement, window):
     m = make(d_model=18, n_heads=3, placement=placement, window=window)
     x = rand_x(2, 9, m.d_model)
     y0, _ = m(x)
-    shifted = dataclasses.replace(m.init_state(2, x.device), offset=37)
-    y1, s1 = m(x, shifted)
-    y2, _ = run_plan(m, x, [("s", 4), ("f", 5)], dataclasses.replace(m.init_state(2, x.device), offset=37))
+    y1, s1 = m(x, offset=37)  # a fresh state, the sequence starting at position 37
+    y2, _ = run_plan(m, x, [("s", 4), ("f", 5)], m.init_state(2, x.device), offset=37)
     torch.testing.assert_close(y1, reference(m, x, offset=37), **F64)
     torch.testing.assert_close(y2, y1, **F64)
-    assert s1.offset == 46
+    assert s1.length == (9 if window is None else window)
     if placement in RELATIVE:
         torch.testing.assert_close(y1, y0, **F32)
     else:
@@ -296,7 +297,7 @@ def test_relativity(placement, window):
 @pytest.mark.parametrize("placement", ["qk", "vo", "qkvo", "q", "qkv"])
 def test_relativity_carope(placement):
     """With CARoPE a constant phase shift plays the role of a position shift."""
-    m = make(d_model=18, n_heads=3, placement=placement, carope=True)
+    m = make(d_model=18, n_heads=3, placement=placement, rotary=CAROPE)
     x = rand_x(2, 9, m.d_model)
     y0, _ = m(x)
     state = m.init_state(2, x.device)
@@ -335,7 +336,7 @@ def test_shared_kv_equals_tied_weights(placement, window):
 @pytest.mark.parametrize(
     "kw",
     [
-        dict(placement="qkvo", n_kv_heads=1, window=3, carope=True, bias=True),
+        dict(placement="qkvo", n_kv_heads=1, window=3, rotary=CAROPE, bias=True),
         dict(placement="qkvo", shared_kv=True, n_kv_heads=1, bias=True),
         dict(placement="vo", window=4),
     ],
@@ -356,14 +357,14 @@ def test_gradcheck_through_cache():
     assert torch.autograd.gradcheck(lambda x: run_plan(m, x, [("f", 3), ("s", 1), ("f", 1)])[0], (x,))
 
 
-@pytest.mark.parametrize("kw", [dict(window=None), dict(window=3, carope=True), dict(shared_kv=True, n_kv_heads=1)])
+@pytest.mark.parametrize("kw", [dict(window=None), dict(window=3, rotary=CAROPE), dict(shared_kv=True, n_kv_heads=1)])
 def test_bf16_keeps_dtype(kw):
     m = make(d_model=16, n_heads=4, placement="qkvo", **kw)
     mb = make(d_model=16, n_heads=4, placement="qkvo", dtype=torch.bfloat16, **kw)
     x = rand_x(2, 7, 16)
     y, state = mb(x[:, :6].bfloat16())
     assert y.dtype == torch.bfloat16 and state.k.dtype == torch.bfloat16
-    y1, state = mb.step(x[:, 6].bfloat16(), state)
+    y1, state = mb.step(x[:, 6].bfloat16(), state, 6)
     assert y1.dtype == torch.bfloat16
     if state.phase is not None:
         assert state.phase.dtype == torch.float32
@@ -376,9 +377,9 @@ def test_bf16_keeps_dtype(kw):
 def test_empty_chunk_and_fresh_state():
     m = make(d_model=12, n_heads=2)
     state = m.init_state(3, "cpu")
-    assert isinstance(state, AttentionState) and state.nbytes == 0 and state.offset == 0
+    assert isinstance(state, AttentionState) and state.nbytes == 0 and state.length == 0
     y, s = m(rand_x(3, 0, 12), state)
-    assert y.shape == (3, 0, 12) and s.offset == 0
+    assert y.shape == (3, 0, 12) and s.length == 0
 
 
 # ---------------------------------------------------------------------------------------------- errors
@@ -396,20 +397,22 @@ BAD = [
     (dict(BASE, window=0), "window"),
     (dict(BASE, window=-2), "window"),
     (dict(BASE, placement="xy"), "placement"),
-    (dict(BASE, rope_layout="diagonal"), "rope_layout"),
-    (dict(BASE, rope_base=1.0), "rope_base"),
-    (dict(BASE, rope_scaling={"rope_type": "yarn", "factor": 0.5, "original_max_position_embeddings": 8}),
-     "rope_scaling"),
-    (dict(BASE, rope_scaling={"rope_type": "wobbly"}), "rope_scaling"),
-    (dict(BASE, carope=True, placement="none"), "carope"),
-    (dict(BASE, carope=True, rope_scaling={"rope_type": "linear", "factor": 2.0}), "rope_scaling"),
-] + [(dict(BASE, shared_kv=True, placement=p), "shared_kv") for p in ("qk", "vo", "k", "v")]
+    (dict(BASE, rotary=dict(layout="diagonal")), "^layout"),
+    (dict(BASE, rotary=dict(base=1.0)), "^base"),
+    (dict(BASE, rotary=dict(scaling={"rope_type": "yarn", "factor": 0.5, "original_max_position_embeddings": 8})),
+     "^scaling"),
+    (dict(BASE, rotary=dict(scaling={"rope_type": "wobbly"})), "^scaling"),
+    (dict(BASE, rotary=dict(carope=True), placement="none"), "^carope"),
+    (dict(BASE, rotary=dict(carope=True, scaling={"rope_type": "linear", "factor": 2.0})), "^carope: .*scaling"),
+    (dict(BASE, window_backend="fast"), "^window_backend"),
+    (dict(BASE, config=Attention.Config(), window=3), "^config"),
+] + [(dict(BASE, shared_kv=True, placement=p), "^shared_kv") for p in ("qk", "vo", "k", "v")]
 
 
 @pytest.mark.parametrize("kw,arg", BAD)
 def test_constructor_errors(kw, arg):
     with pytest.raises(ValueError, match=arg):
-        Attention(**kw)
+        Attention(**{**kw, "rotary": RotaryConfig(**kw["rotary"])} if "rotary" in kw else kw)
 
 
 def test_input_errors():
@@ -418,6 +421,32 @@ def test_input_errors():
         m(torch.zeros(2, 5, 11, dtype=torch.float64))
     with pytest.raises(ValueError, match="x: expected"):
         m.step(torch.zeros(2, 1, 12, dtype=torch.float64), m.init_state(2, "cpu"))
+
+
+@pytest.mark.parametrize("window", [None, 4])
+def test_the_caller_passes_the_position(window):
+    """States hold no position: continuing one without its offset is refused (a global cache holds more tokens
+    than the position given; a window's ring was written up to another position)."""
+    m = make(window=window, **BASE)
+    x = rand_x(2, 6, 12)
+    _, s = m(x[:, :5])
+    with pytest.raises(ValueError, match=r"^offset: expected the position of x's first token, at least the "
+                                         rf"{5 if window is None else 4} tokens the state holds, got 0$"):
+        m.step(x[:, 5], s)  # the offset forgotten
+    if window is not None:
+        with pytest.raises(ValueError, match=r"^state: expected the newest state of its window cache "
+                                             r"\(at position 5\), got one at position 4"):
+            m.step(x[:, 5], s, 4)
+    for bad, match in ((-1, r"^offset: expected an int >= 0, got -1"), (True, r"^offset: expected an int >= 0")):
+        with pytest.raises(ValueError, match=match):
+            m.step(x[:, 5], s, bad)
+    packed = x[:1]  # (1, 6, d): two sequences of 2 and 4 tokens
+    cu = torch.tensor([0, 2, 6])
+    with pytest.raises(ValueError, match=r"^offset: expected 0 or a list of N=2 positions with cu_seqlens, got 3"):
+        m(packed, cu_seqlens=cu, offset=3)
+    with pytest.raises(ValueError, match=r"^offset: expected 0 or a list of N=2 positions with cu_seqlens, got a "
+                                         r"list of 1"):
+        m(packed, cu_seqlens=cu, offset=[3])
 
 
 def test_global_decode_cache_appends_in_place_and_branches_stay_valid():
@@ -430,14 +459,14 @@ def test_global_decode_cache_appends_in_place_and_branches_stay_valid():
     with torch.no_grad():
         y_full, _ = attn(x)
         _, s5 = attn(x[:, :5])
-        _, s6 = attn.step(x[:, 5], s5)
-        y6, s7 = attn.step(x[:, 6], s6)
+        _, s6 = attn.step(x[:, 5], s5, 5)
+        y6, s7 = attn.step(x[:, 6], s6, 6)
         assert s7.cache is s6.cache is not None  # appended in place
-        y_branch, s7b = attn.step(x_alt, s6)  # s6 is no longer the newest: copy-on-write
+        y_branch, s7b = attn.step(x_alt, s6, 6)  # s6 is no longer the newest: copy-on-write
         assert s7b.cache is not s6.cache
         y_rest = []
         for t in range(7, 12):  # continue the first branch after the second one was taken
-            y_t, s7 = attn.step(x[:, t], s7)
+            y_t, s7 = attn.step(x[:, t], s7, t)
             y_rest.append(y_t)
         y_ref_branch, _ = attn(torch.cat([x[:, :6], x_alt[:, None]], 1))
     torch.testing.assert_close(y6, y_full[:, 6])
@@ -523,7 +552,7 @@ def test_decode_writes_the_ring_in_place(n_kv_heads, prefill):
         ys = []
         for t in range(prefill, prefill + 3):
             with _NewTensors() as probe:
-                y, s = m.step(x[:, t], s)
+                y, s = m.step(x[:, t], s, t)
             ys.append(y)
             assert s.k is ring and s.k.data_ptr() == ring.data_ptr()  # the same storage, written in place
             assert probe.largest < ring.numel() // 8  # nothing of the ring's size is allocated per token
@@ -536,15 +565,15 @@ def test_windowed_state_is_consumed_without_grad_and_clone_branches():
     with torch.no_grad():
         _, s = m(x[:, :7])
         branch = s.clone()
-        y_a, s_a = m.step(x[:, 7], s)  # consumes s
+        y_a, s_a = m.step(x[:, 7], s, 7)  # consumes s
         with pytest.raises(ValueError, match=r"state: expected the newest state of its window cache.*clone\(\)"):
-            m.step(alt[:, 0], s)
+            m.step(alt[:, 0], s, 7)
         with pytest.raises(ValueError, match=r"state: expected the newest state"):
-            m(alt, s)
+            m(alt, s, offset=7)
         with pytest.raises(ValueError, match=r"state: expected the newest state"):
-            s.clone()
-        y_b, s_b = m(alt, branch)  # the clone continues independently
-        y_a2, _ = m(x[:, 8:], s_a)  # and did not disturb the first branch
+            m(alt, s.clone(), offset=7)  # a clone of a consumed state is refused too
+        y_b, s_b = m(alt, branch, offset=7)  # the clone continues independently
+        y_a2, _ = m(x[:, 8:], s_a, offset=8)  # and did not disturb the first branch
         ref_a, _ = m(x)
         ref_b, _ = m(torch.cat([x[:, :7], alt], 1))
     torch.testing.assert_close(torch.cat([y_a[:, None], y_a2], 1), ref_a[:, 7:], **F64)
@@ -557,8 +586,8 @@ def test_states_are_not_modified_under_autograd():
     x = rand_x(1, 10, 18)
     _, s = m(x[:, :6])
     k_before = s.k.clone()
-    y1, _ = m(x[:, 6:], s)
-    y2, _ = m.step(x[:, 6], s)
+    y1, _ = m(x[:, 6:], s, offset=6)
+    y2, _ = m.step(x[:, 6], s, 6)
     torch.testing.assert_close(s.k, k_before, atol=0, rtol=0)
     torch.testing.assert_close(y2, y1[:, 0], **F64)
 

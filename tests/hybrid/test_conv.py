@@ -7,6 +7,7 @@ import torch
 
 from hybrid import conv as conv_mod
 from hybrid.conv import CausalConv1d, causal_conv1d_reference, select_conv_backend
+from hybrid.kernels.causal_conv.fused import causal_conv1d_module  # cached import of the optional package
 
 F64 = torch.float64
 
@@ -14,9 +15,9 @@ F64 = torch.float64
 @pytest.fixture(autouse=True)
 def _torch_backend_default(monkeypatch):
     monkeypatch.delenv(conv_mod.BACKEND_ENV, raising=False)
-    conv_mod._causal_conv1d_module.cache_clear()
+    causal_conv1d_module.cache_clear()
     yield
-    conv_mod._causal_conv1d_module.cache_clear()
+    causal_conv1d_module.cache_clear()
 
 
 def loop_ref(x, weight, bias, tail):
@@ -181,11 +182,11 @@ def _fake_causal_conv1d(calls):
 def test_selection_logic(monkeypatch):
     cuda = torch.device("cuda")
     monkeypatch.setitem(sys.modules, "causal_conv1d", None)  # import fails
-    conv_mod._causal_conv1d_module.cache_clear()
+    causal_conv1d_module.cache_clear()
     assert select_conv_backend(cuda, 16, 4, torch.float32) == "torch"
 
     monkeypatch.setitem(sys.modules, "causal_conv1d", _fake_causal_conv1d([]))
-    conv_mod._causal_conv1d_module.cache_clear()
+    causal_conv1d_module.cache_clear()
     assert select_conv_backend(cuda, 16, 4, torch.float32, torch.float32) == "causal_conv1d"
     assert select_conv_backend("cuda:0", 16, 2, torch.bfloat16) == "causal_conv1d"
     assert select_conv_backend("cpu", 16, 4, torch.float32) == "torch"  # only on CUDA
@@ -193,9 +194,6 @@ def test_selection_logic(monkeypatch):
     assert select_conv_backend(cuda, 16, 5, torch.float32) == "torch"  # W > 4
     assert select_conv_backend(cuda, 16, 1, torch.float32) == "torch"  # W < 2
     assert select_conv_backend(cuda, 16, 4, torch.float32, torch.float64) == "torch"
-    monkeypatch.setattr(conv_mod, "FORCE_TORCH", True)
-    assert select_conv_backend(cuda, 16, 4, torch.float32) == "torch"
-    monkeypatch.setattr(conv_mod, "FORCE_TORCH", False)
     monkeypatch.setenv(conv_mod.BACKEND_ENV, "torch")
     assert select_conv_backend(cuda, 16, 4, torch.float32) == "torch"
     monkeypatch.setenv(conv_mod.BACKEND_ENV, "bogus")
@@ -207,7 +205,7 @@ def test_fused_call_wiring(monkeypatch):
     """With the fused backend selected (faked on CPU), forward/step give the torch path's numbers."""
     calls = []
     monkeypatch.setitem(sys.modules, "causal_conv1d", _fake_causal_conv1d(calls))
-    conv_mod._causal_conv1d_module.cache_clear()
+    causal_conv1d_module.cache_clear()
     m = make(C=8, W=4)
     x = torch.randn(2, 8, 8, dtype=F64)
     y_ref, s_ref = m(x)

@@ -6,7 +6,9 @@ import torch
 import torch.nn.functional as F
 
 from hybrid import retention as ret_mod
+from hybrid.norms import head_rms_norm
 from hybrid.retention import MultiScaleRetention, RetentionState, retention_log_decay
+from hybrid.rotary import RotaryConfig, apply_rotary
 
 F64 = torch.float64
 
@@ -55,13 +57,12 @@ def reference(m, x, offset=0):
     "d_model,n_heads,head_dim,layout", [(30, 3, None, "interleaved"), (20, 3, 6, "half"), (14, 1, None, "interleaved")]
 )
 def test_matches_sum_formula(d_model, n_heads, head_dim, layout):
-    m = make(d_model, n_heads, head_dim, rope_layout=layout, rope_base=500.0)
+    m = make(d_model, n_heads, head_dim, rotary=RotaryConfig(layout=layout, base=500.0))
     x = torch.randn(2, 13, d_model, dtype=F64)
     y, st = m(x)
     torch.testing.assert_close(y, reference(m, x), rtol=1e-5, atol=1e-5)  # float32 cos/sin
-    assert st.offset == 13
     x2 = torch.randn(2, 6, d_model, dtype=F64)  # continuing at offset 13 = the formula over x ++ x2
-    y2, _ = m(x2, st)
+    y2, _ = m(x2, st, offset=13)
     torch.testing.assert_close(y2, reference(m, torch.cat([x, x2], 1))[:, 13:], rtol=1e-5, atol=1e-5)
 
 
@@ -73,7 +74,7 @@ def test_decays():
 def _run_splits(m, x, splits, state=None):
     ys, t = [], 0
     for n in splits:
-        y, state = m(x[:, t:t + n], state)
+        y, state = m(x[:, t:t + n], state, offset=t)
         ys.append(y)
         t += n
     return torch.cat(ys, 1), state
@@ -87,24 +88,22 @@ def test_parallel_chunkwise_recurrent_agree(splits):
     y_chunk, s_chunk = _run_splits(m, x, splits, m.init_state(2))
     torch.testing.assert_close(y_chunk, y_par, rtol=1e-10, atol=1e-10)
     torch.testing.assert_close(s_chunk.S, s_par.S, rtol=1e-10, atol=1e-10)
-    assert s_chunk.offset == s_par.offset == 17
 
     state, ys = None, []
     for t in range(17):
-        y_t, state = m.step(x[:, t], state)
+        y_t, state = m.step(x[:, t], state, t)
         ys.append(y_t)
     torch.testing.assert_close(torch.stack(ys, 1), y_par, rtol=1e-10, atol=1e-10)
     torch.testing.assert_close(state.S, s_par.S, rtol=1e-10, atol=1e-10)
-    assert state.offset == 17
 
 
-@pytest.mark.parametrize("retention_chunk", [1, 4, 5, 17, 64])
-def test_retention_chunk_changes_nothing(retention_chunk):
+@pytest.mark.parametrize("tile_size", [1, 4, 5, 17, 64])
+def test_tile_size_changes_nothing(tile_size):
     m = make()
     x = torch.randn(2, 17, 30, dtype=F64)
     y_par, s_par = m(x)  # default tile 64 > T: one tile, the parallel form
     torch.testing.assert_close(y_par, reference(m, x), rtol=1e-5, atol=1e-5)  # float32 cos/sin
-    m.retention_chunk = retention_chunk
+    m.tile_size = tile_size
     y, s = m(x)
     torch.testing.assert_close(y, y_par, rtol=1e-10, atol=1e-10)
     torch.testing.assert_close(s.S, s_par.S, rtol=1e-10, atol=1e-10)
@@ -117,15 +116,29 @@ def test_handoffs_forward_step_forward():
     y_a, st = m(x[:, :7])
     ys = [y_a]
     for t in range(7, 11):
-        y_t, st = m.step(x[:, t], st)
+        y_t, st = m.step(x[:, t], st, t)
         ys.append(y_t[:, None])
-    y_b, st = m(x[:, 11:16], st)
-    y_c, st = m.step(x[:, 16], st)
-    y_d, st = m(x[:, 17:], st)
+    y_b, st = m(x[:, 11:16], st, offset=11)
+    y_c, st = m.step(x[:, 16], st, 16)
+    y_d, st = m(x[:, 17:], st, offset=17)
     y = torch.cat(ys + [y_b, y_c[:, None], y_d], 1)
     torch.testing.assert_close(y, y_par, rtol=1e-10, atol=1e-10)
     torch.testing.assert_close(st.S, s_par.S, rtol=1e-10, atol=1e-10)
-    assert st.offset == 20
+
+
+def test_the_position_is_the_callers():
+    """The state holds no position: the rotary positions are the offset given (relative, so a shift of the
+    whole sequence changes nothing but rounding), and a continuation at the wrong one differs."""
+    m = make()
+    x = torch.randn(2, 9, 30, dtype=F64)
+    y, st = m(x[:, :5])
+    y_shifted, st_shifted = m(x[:, :5], offset=40)
+    torch.testing.assert_close(y_shifted, y, rtol=1e-5, atol=1e-5)  # float32 cos/sin at other positions
+    y_rest, _ = m(x[:, 5:], st_shifted, offset=45)
+    torch.testing.assert_close(y_rest, m(x)[0][:, 5:], rtol=1e-5, atol=1e-5)
+    assert (m(x[:, 5:], st, offset=0)[0] - y_rest).abs().max() > 1e-3  # the offset forgotten
+    with pytest.raises(ValueError, match=r"^offset: expected an int >= 0, got -2$"):
+        m.step(x[:, 5], st, -2)
 
 
 def test_no_time_by_time_tensor_at_default_settings():
@@ -156,28 +169,28 @@ def test_state_not_modified():
     x = torch.randn(2, 5, 30, dtype=F64)
     _, st = m(x)
     S0 = st.S.clone()
-    m(x, st)
-    m.step(x[:, 0], st)
-    assert torch.equal(st.S, S0) and st.offset == 5
+    m(x, st, offset=5)
+    m.step(x[:, 0], st, 5)
+    assert torch.equal(st.S, S0)
 
 
 def test_state_size_fixed():
-    m = MultiScaleRetention(24, 2, retention_chunk=128)
+    m = MultiScaleRetention(24, 2, tile_size=128)
     st0 = m.init_state(2)
-    assert st0.S.shape == (2, 2, 12, 12) and st0.S.dtype == torch.float32 and st0.offset == 0
+    assert st0.S.shape == (2, 2, 12, 12) and st0.S.dtype == torch.float32
     with torch.no_grad():
         _, s64 = m(torch.randn(2, 64, 24))
         _, s1024 = m(torch.randn(2, 1024, 24))
     assert s64.nbytes == s1024.nbytes == st0.nbytes == 2 * 2 * 12 * 12 * 4
-    assert s1024.offset == 1024 and torch.isfinite(s1024.S).all()
+    assert torch.isfinite(s1024.S).all()
 
 
 def test_gradients_reach_every_parameter():
     m = make()
     x = torch.randn(2, 9, 30, dtype=F64)
     y, st = m(x[:, :5])
-    y2, st = m(x[:, 5:], st)
-    y3, st = m.step(x[:, 0], st)
+    y2, st = m(x[:, 5:], st, offset=5)
+    y3, st = m.step(x[:, 0], st, 9)
     (y.square().sum() + y2.square().sum() + y3.square().sum()).backward()
     for name, p in m.named_parameters():
         assert p.grad is not None and p.grad.abs().sum() > 0, name
@@ -189,8 +202,8 @@ def test_gradcheck_through_state():
     S = torch.randn(2, 2, 4, 4, dtype=F64, requires_grad=True)
 
     def f(x, S):
-        y, st = m(x, RetentionState(S=S, offset=3))
-        y2, st = m.step(x[:, 0], st)
+        y, st = m(x, RetentionState(S=S), offset=3)
+        y2, st = m.step(x[:, 0], st, 7)
         return y, y2, st.S
 
     assert torch.autograd.gradcheck(f, (x, S))
@@ -201,7 +214,7 @@ def test_bf16_keeps_dtype():
     x = torch.randn(2, 6, 32).bfloat16()
     y, st = m(x)
     assert y.dtype == torch.bfloat16 and st.S.dtype == torch.float32
-    y1, st = m.step(x[:, 0], st)
+    y1, st = m.step(x[:, 0], st, 6)
     assert y1.dtype == torch.bfloat16 and st.S.dtype == torch.float32
     assert torch.isfinite(y.float()).all() and torch.isfinite(y1.float()).all()
 
@@ -212,7 +225,7 @@ def test_autocast_keeps_state_float32():
     y_ref, st_ref = m(x)
     with torch.autocast("cpu", dtype=torch.bfloat16):
         y, st = m(x)
-        y1, st1 = m.step(x[:, 0], st)
+        y1, st1 = m.step(x[:, 0], st, 6)
     assert st.S.dtype == torch.float32 and st1.S.dtype == torch.float32
     torch.testing.assert_close(st.S, st_ref.S, rtol=5e-2, atol=5e-2)  # projections ran in bf16
     torch.testing.assert_close(y.float(), y_ref, rtol=5e-2, atol=5e-2)
@@ -225,13 +238,15 @@ def test_bad_args():
         (dict(d_model=30, n_heads=4), "n_heads"),
         (dict(d_model=30, n_heads=6), "head_dim"),  # head_dim 5: odd
         (dict(d_model=30, n_heads=3, head_dim=7), "head_dim"),
-        (dict(d_model=30, n_heads=3, rope_layout="rotate"), "rope_layout"),
-        (dict(d_model=30, n_heads=3, rope_base=1.0), "rope_base"),
-        (dict(d_model=30, n_heads=3, retention_chunk=0), "retention_chunk"),
+        (dict(d_model=30, n_heads=3, rotary=dict(layout="rotate")), "^layout"),
+        (dict(d_model=30, n_heads=3, rotary=dict(base=1.0)), "^base"),
+        (dict(d_model=30, n_heads=3, tile_size=0), "^tile_size"),
+        (dict(d_model=30, n_heads=3, norm_eps=-1e-6), "^norm_eps"),
+        (dict(d_model=30, n_heads=3, retention_chunk=4), "^retention_chunk: expected an option of RetentionConfig"),
     ]
     for kw, name in cases:
         with pytest.raises(ValueError, match=name):
-            MultiScaleRetention(**kw)
+            MultiScaleRetention(**{**kw, "rotary": RotaryConfig(**kw["rotary"])} if "rotary" in kw else kw)
     m = MultiScaleRetention(30, 3)
     with pytest.raises(ValueError, match="x"):
         m(torch.randn(2, 5, 29))
@@ -265,12 +280,26 @@ def test_group_norm_invariant_to_positive_rescaling(monkeypatch):
     torch.testing.assert_close(y_scaled, y, rtol=1e-12, atol=1e-12)
 
 
+def rotated_qkv(m, x):
+    """q̃, k̃ = k·D^−½ (rotated at positions 0 … T−1 by the layer's cos/sin tables) and v, each (B, T, H, D)."""
+    B, T, _ = x.shape
+    q, k, v = (proj(x).view(B, T, m.n_heads, m.head_dim) for proj in (m.q_proj, m.k_proj, m.v_proj))
+    cos, sin = m.rotary.cos_sin(T)  # (T, D/2) float32
+    rotate = lambda t: apply_rotary(t, cos, sin, layout=m.rope_layout)  # noqa: E731
+    return rotate(q), rotate(k * m.head_dim**-0.5), v
+
+
+def output(m, x, o):
+    """y = W_o(swish(W_g x) ⊙ groupnorm(o)) for o (B, T, H, D), the group norm per head with the layer's eps."""
+    return m.out_proj(F.silu(m.g_proj(x)) * head_rms_norm(o, m.norm_eps).flatten(2))
+
+
 def test_torchscale_normalisations_change_nothing_but_eps():
     """Row-normalised decay (÷√Σ_m Dec) and scores ÷ max(|Σ_m scores|, 1) give the unnormalised output:
     exactly with eps = 0, up to the group norm's eps otherwise."""
     m = make()
     x = torch.randn(2, 40, 30, dtype=F64)
-    q, k, v = m._qkv(x, 0, F64)  # (B, T, H, D)
+    q, k, v = rotated_qkv(m, x)  # (B, T, H, D)
     T = x.shape[1]
     n = torch.arange(T, dtype=F64)
     diff = n[:, None] - n[None, :]
@@ -281,7 +310,7 @@ def test_torchscale_normalisations_change_nothing_but_eps():
     scores = scores / scores.abs().sum(-1, keepdim=True).clamp(min=1.0)
     o_ts = torch.einsum("bhnm,bmhd->bnhd", scores, v)
     y, _ = m(x)
-    torch.testing.assert_close(m._output(x, o_ts), y, rtol=1e-3, atol=1e-3)  # eps = 1e-6
+    torch.testing.assert_close(output(m, x, o_ts), y, rtol=1e-3, atol=1e-3)  # eps = 1e-6
     m.norm_eps = 0.0
     y, _ = m(x)
-    torch.testing.assert_close(m._output(x, o_ts), y, rtol=1e-10, atol=1e-10)
+    torch.testing.assert_close(output(m, x, o_ts), y, rtol=1e-10, atol=1e-10)

@@ -1,7 +1,8 @@
 """complex_scan: the torch backend, the reference, the step and the argument checks.
 
 Ground truth is float64: the sequential reference, itself checked against the closed form
-``o_i = Σ_{j≤i} γ^{i−j} R_{j−i} v_j`` of seed 001. The Triton backend has its own file.
+``o_i = Σ_{j≤i} γ^{i−j} R_{j−i} v_j`` of VO-RoPE (Su Jianlin, "The Road to Transformer Upgrades: the
+second type of rotary position encoding", 2025). The Triton backend has its own file.
 """
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import math
 import pytest
 import torch
 
-from hybrid.kernels.complex_scan import chunked, cpu_scan
+from hybrid.kernels.complex_scan import blocked, cpu_scan
 from hybrid.kernels import complex_scan, complex_scan_reference, complex_scan_step
 from hybrid.kernels.complex_scan.interface import resolve_backend
 
@@ -94,10 +95,10 @@ def test_torch_backend_matches_reference_float64(shape, dependent, init):
     assert_close_scaled(fin, fin_ref, 1e-12, "final_state")
 
 
-@pytest.mark.parametrize("chunk_size", [1, 5, 16, 64, 500])
-def test_torch_backend_any_chunk_size(chunk_size):
+@pytest.mark.parametrize("block_size", [1, 5, 16, 64, 500])
+def test_torch_backend_any_block_size(block_size):
     x, ld, th, s0 = inputs(2, 97, 3, 8, dependent=True, init=True)
-    y, fin = complex_scan(x, ld, th, s0, output_final_state=True, backend="torch", chunk_size=chunk_size)
+    y, fin = complex_scan(x, ld, th, s0, output_final_state=True, backend="torch", block_size=block_size)
     y_ref, fin_ref = complex_scan_reference(x, ld, th, s0)
     assert_close_scaled(y, y_ref, 1e-12, "y")
     assert_close_scaled(fin, fin_ref, 1e-12, "final_state")
@@ -129,7 +130,7 @@ def test_half_inputs_within_their_tolerance(dtype):
 def test_extreme_decays(log_decay):
     x, _, th, s0 = inputs(2, 130, 3, 8, dependent=True, init=True)
     ld = torch.full_like(th, log_decay)
-    y, fin = complex_scan(x, ld, th, s0, output_final_state=True, backend="torch", chunk_size=32)
+    y, fin = complex_scan(x, ld, th, s0, output_final_state=True, backend="torch", block_size=32)
     y_ref, fin_ref = complex_scan_reference(x, ld, th, s0)
     assert_close_scaled(y, y_ref, 1e-12, "y")
     assert_close_scaled(fin, fin_ref, 1e-12, "final")
@@ -143,7 +144,7 @@ def test_broadcast_shapes(ld_shape, th_shape):
     x, _, _, s0 = inputs(2, 50, 3, 8, dependent=False, init=True)
     ld = -torch.rand(ld_shape, generator=gen(), dtype=torch.float64)
     th = torch.randn(th_shape, generator=gen(), dtype=torch.float64)
-    y, fin = complex_scan(x, ld, th, s0, output_final_state=True, backend="torch", chunk_size=8)
+    y, fin = complex_scan(x, ld, th, s0, output_final_state=True, backend="torch", block_size=8)
     y_ref, fin_ref = complex_scan_reference(x, ld, th, s0)
     assert_close_scaled(y, y_ref, 1e-12, "y")
     assert_close_scaled(fin, fin_ref, 1e-12, "final")
@@ -153,10 +154,10 @@ def test_poisoned_buffers_are_fully_written(monkeypatch):
     def poisoned(*shape, dtype, device):
         return torch.full(shape, float("nan"), dtype=dtype, device=device)
 
-    monkeypatch.setattr(chunked, "_empty", poisoned)
+    monkeypatch.setattr(blocked, "empty_buffer", poisoned)
     x, ld, th, s0 = inputs(2, 45, 3, 6, dependent=True, init=True)
     leaves = [t.clone().requires_grad_() for t in (x, ld, th, s0)]
-    y, fin = complex_scan(*leaves[:3], leaves[3], output_final_state=True, backend="torch", chunk_size=8)  # 5 chunks + a tail of 5
+    y, fin = complex_scan(*leaves[:3], leaves[3], output_final_state=True, backend="torch", block_size=8)  # 5 blocks + a tail of 5
     y_ref, fin_ref = complex_scan_reference(x, ld, th, s0)
     assert_close_scaled(y, y_ref, 1e-12, "y")
     assert_close_scaled(fin, fin_ref, 1e-12, "final")
@@ -203,17 +204,17 @@ def test_step_from_zero_state_and_dtypes():
 
 
 @pytest.mark.parametrize(
-    "dependent,init,T,chunk",
+    "dependent,init,T,block",
     [(False, False, 11, 4), (True, True, 13, 5), (True, False, 1, None), (False, True, 20, 64)],
 )
-def test_gradcheck_torch_backend(dependent, init, T, chunk):
+def test_gradcheck_torch_backend(dependent, init, T, block):
     x, ld, th, s0 = inputs(2, T, 3, 4, dependent=dependent, init=init, decay_range=(0.05, 0.6))
     args = [x.requires_grad_(), ld.requires_grad_(), th.requires_grad_()]
     if init:
         args.append(s0.requires_grad_())
 
     def fn(*a):
-        return complex_scan(a[0], a[1], a[2], a[3] if init else None, output_final_state=True, backend="torch", chunk_size=chunk)
+        return complex_scan(a[0], a[1], a[2], a[3] if init else None, output_final_state=True, backend="torch", block_size=block)
 
     assert torch.autograd.gradcheck(fn, tuple(args), eps=1e-6, atol=1e-8)
 
@@ -276,12 +277,12 @@ def test_value_errors(mutate, match):
 
 def test_value_errors_options(monkeypatch):
     x, ld, th = _ok()
-    with pytest.raises(ValueError, match=r"chunk_size: expected a positive int or None, got 0"):
-        complex_scan(x, ld, th, chunk_size=0)
+    with pytest.raises(ValueError, match=r"block_size: expected a positive int or None, got 0"):
+        complex_scan(x, ld, th, block_size=0)
     with pytest.raises(ValueError, match=r"backend: expected one of .*got 'cuda'"):
         complex_scan(x, ld, th, backend="cuda")
-    monkeypatch.setenv("HYBRID_BACKEND", "fast")
-    with pytest.raises(ValueError, match=r"HYBRID_BACKEND: expected one of .*got 'fast'"):
+    monkeypatch.setenv("HYBRID_SCAN_BACKEND", "fast")
+    with pytest.raises(ValueError, match=r"HYBRID_SCAN_BACKEND: expected one of .*got 'fast'"):
         complex_scan(x, ld, th)
     monkeypatch.setenv("TRITON_INTERPRET", "0")
     with pytest.raises(ValueError, match=r"backend: the 'triton' backend needs CUDA tensors.*TRITON_INTERPRET=1"):
@@ -299,9 +300,9 @@ def test_step_value_errors():
 
 
 def test_backend_resolution(monkeypatch):
-    monkeypatch.delenv("HYBRID_BACKEND", raising=False)
+    monkeypatch.delenv("HYBRID_SCAN_BACKEND", raising=False)
     assert resolve_backend(None, torch.device("cpu")) == ("cpu" if cpu_scan.available() else "torch")
-    monkeypatch.setenv("HYBRID_BACKEND", "reference")
+    monkeypatch.setenv("HYBRID_SCAN_BACKEND", "reference")
     assert resolve_backend(None, torch.device("cpu")) == "reference"
     assert resolve_backend("torch", torch.device("cpu")) == "torch"  # the argument wins over the variable
     x, ld, th, _ = inputs(1, 6, 2, 4, dependent=False)

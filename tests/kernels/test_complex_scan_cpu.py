@@ -146,7 +146,7 @@ def test_poisoned_buffers_are_fully_written(monkeypatch):
     def poisoned(*shape, dtype):
         return torch.full(shape, float("nan"), dtype=dtype)
 
-    monkeypatch.setattr(cpu_scan, "_empty", poisoned)
+    monkeypatch.setattr(cpu_scan, "empty_buffer", poisoned)
     leaves, ups = make(2, 23, 3, 70, "static", "dep", True)
     ours, ref = both(leaves, ups, torch.float64)
     for name, got, want in zip(NAMES, ours, ref):
@@ -154,7 +154,7 @@ def test_poisoned_buffers_are_fully_written(monkeypatch):
 
 
 def test_default_backend_on_cpu(monkeypatch):
-    monkeypatch.delenv("HYBRID_BACKEND", raising=False)
+    monkeypatch.delenv("HYBRID_SCAN_BACKEND", raising=False)
     assert resolve_backend(None, torch.device("cpu")) == "cpu"
 
 
@@ -195,7 +195,7 @@ def test_no_compiler_falls_back_to_torch(tmp_path, monkeypatch):
     with pytest.warns(RuntimeWarning, match="no C\\+\\+ compiler"):
         assert builder.load() is None
     monkeypatch.setattr(cpu_scan, "load", builder.load)  # the interface asks this module
-    monkeypatch.delenv("HYBRID_BACKEND", raising=False)
+    monkeypatch.delenv("HYBRID_SCAN_BACKEND", raising=False)
     assert resolve_backend(None, torch.device("cpu")) == "torch"
     with pytest.raises(ValueError, match=r"backend: 'cpu' was asked for but the compiled CPU scan could not"):
         complex_scan(torch.randn(1, 3, 1, 2), -torch.rand(1, 1), torch.rand(1, 1), backend="cpu")

@@ -58,10 +58,10 @@ def gradients(fn, leaves, ups):
 @pytest.mark.parametrize("dependent", [False, True], ids=["static", "dependent"])
 @pytest.mark.parametrize("log_decay", LOG_DECAYS, ids=lambda v: f"ld{v:.3g}")
 def test_float32_gradients_relative_to_float64(backend, dependent, log_decay):
-    shape = (2, 13, 2, 6) if backend == "triton" else (2, 97, 3, 10)  # odd T: partial chunks / tiles
+    shape = (2, 13, 2, 6) if backend == "triton" else (2, 97, 3, 10)  # odd T: partial blocks / tiles
     seed = 7919 * LOG_DECAYS.index(log_decay) + 2 * dependent + len(backend)
     leaves, ups = inputs(seed, *shape, log_decay, dependent)
-    ours = gradients(lambda *a: complex_scan(*a, output_final_state=True, backend=backend, chunk_size=8 if backend == "torch" else None),
+    ours = gradients(lambda *a: complex_scan(*a, output_final_state=True, backend=backend, block_size=8 if backend == "torch" else None),
                      leaves, ups)
     ref = gradients(complex_scan_reference, [t.double() for t in leaves], [u.double() for u in ups])
     for name, g, r in zip(("x", "log_decay", "theta", "initial_state"), ours, ref):

@@ -26,7 +26,7 @@ import triton
 import triton.language as tl
 
 from hybrid.kernels.complex_scan import triton_scan
-from hybrid.kernels.complex_scan.triton_scan import _decay, complex_scan_triton
+from hybrid.kernels.complex_scan.triton_scan import complex_decay, complex_scan_triton
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -356,12 +356,12 @@ def test_outputs_fully_written(monkeypatch):
         calls.append(tuple(shape))
         return torch.full(shape, float("nan"), dtype=dtype, device=device)
 
-    monkeypatch.setattr(triton_scan, "_empty", nan_empty)
+    monkeypatch.setattr(triton_scan, "empty_buffer", nan_empty)
     # T=13 (partial last tile), P=5 (partial last pair block), batch-shared time-varying decay (reduced
     # over B), per-batch static angle (reduced over T), an initial state.
     x, ld, th, s0 = make_inputs(90, 2, 13, 3, 10, (1, 13, 3, 5), (2, 1, 3, 5), True)
     (y, f), (yr, fr), got, want, ups = grads_both(x, ld, th, s0, seed=90)
-    assert len(calls) >= 7, calls  # y, final, checkpoints, dx, dld, dth, dh0 all came from _empty
+    assert len(calls) >= 7, calls  # y, final, checkpoints, dx, dld, dth, dh0 all came from empty_buffer
     assert_scaled(y, yr, what="y")
     assert_scaled(f, fr, what="final")
     check_grads(x, ld, th, s0, got, want, ups)
@@ -381,7 +381,7 @@ def test_outputs_fully_written(monkeypatch):
 def _decay_probe(ld_ptr, th_ptr, re_ptr, im_ptr, N, BLOCK: tl.constexpr):
     i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     m = i < N
-    ar, ai = _decay(tl.load(ld_ptr + i, mask=m, other=0.0), tl.load(th_ptr + i, mask=m, other=0.0))
+    ar, ai = complex_decay(tl.load(ld_ptr + i, mask=m, other=0.0), tl.load(th_ptr + i, mask=m, other=0.0))
     tl.store(re_ptr + i, ar, mask=m)
     tl.store(im_ptr + i, ai, mask=m)
 

@@ -2,8 +2,8 @@
 
 "Packed equals separate": a packed call's outputs, final states and gradients (w.r.t. x, log_decay, theta and
 the per-sequence initial states, through a loss on both y and the final states) equal each sequence run alone
-through the float64 sequential reference. Boundaries sit at, one before and one after the torch backend's chunk
-edges (chunk_size=8 here) and the Triton interpreter's fixed time tile (8 steps, ``triton_scan._default_blocks``),
+through the float64 sequential reference. Boundaries sit at, one before and one after the torch backend's block
+edges (block_size=8 here) and the Triton interpreter's fixed time tile (8 steps, ``triton_scan.default_blocks``),
 beside documents of length 1 and 2. The Triton backend runs under the interpreter (tests/conftest.py): tiny sizes.
 """
 from __future__ import annotations
@@ -19,7 +19,7 @@ from hybrid.kernels import complex_scan, complex_scan_reference
 from hybrid.kernels.complex_scan import cpu_scan
 from hybrid.kernels.complex_scan.interface import triton_available
 
-EDGE = 8  # the torch backend's chunk_size in these tests, and the interpreter's Triton time tile
+EDGE = 8  # the torch backend's block_size in these tests, and the interpreter's Triton time tile
 _seed = itertools.count(2718)
 
 
@@ -39,7 +39,7 @@ def backends():
 
 
 def options(backend: str) -> dict:
-    return {"backend": backend, "chunk_size": EDGE if backend == "torch" else None}
+    return {"backend": backend, "block_size": EDGE if backend == "torch" else None}
 
 
 def dtype_of(backend: str) -> torch.dtype:
@@ -52,7 +52,7 @@ def tolerance(dtype: torch.dtype) -> float:
 
 
 def offsets(T: int, *, edges: bool = True) -> torch.Tensor:
-    """cu_seqlens for T tokens: documents of length 1 and 2 first, cuts at / before / after chunk and tile
+    """cu_seqlens for T tokens: documents of length 1 and 2 first, cuts at / before / after block and tile
     edges, a few random cuts, and one longer document spanning several edges."""
     g = gen()
     cuts = {1, 3}
@@ -139,8 +139,8 @@ def packed(backend, cu, **kw):
 def test_packed_equals_separate(backend, decay, init, one_torch_thread):
     T, H, D = (45, 2, 6) if backend == "triton" else (61, 3, 10)
     if backend == "triton" and os.environ.get("TRITON_INTERPRET") == "1":  # the edges are the tile's
-        from hybrid.kernels.complex_scan.triton_scan import _default_blocks
-        assert _default_blocks(T, D // 2)[0] == EDGE
+        from hybrid.kernels.complex_scan.triton_scan import default_blocks
+        assert default_blocks(T, D // 2)[0] == EDGE
     cu = offsets(T)
     dtype = dtype_of(backend)
     leaves, ups = make(T, H, D, cu, decay=decay, init=init, dtype=dtype)
@@ -268,7 +268,7 @@ def test_padding_document_never_touches_real_ones(backend, one_torch_thread):
 @pytest.mark.parametrize("backend", ["torch", "reference", "cpu"])
 def test_single_sequence_split_anywhere(backend, one_torch_thread):
     """One sequence in two calls, the first's final state the second's initial state, equals one call, for
-    every split point in a range around a chunk edge."""
+    every split point in a range around a block edge."""
     if backend == "cpu" and not cpu_scan.available():
         pytest.skip("no C++ compiler")
     T, H, D = 29, 2, 6

@@ -37,7 +37,7 @@ def relative_error(got, want) -> float:
     return ((got - want).abs().max() / want.abs().max()).item()
 
 
-CASES = [  # (B, T, H, Dk, Dv, retention_chunk)
+CASES = [  # (B, T, H, Dk, Dv, tile_size)
     (2, 1, 3, 4, 6, 64),
     (2, 17, 3, 6, 4, 64),  # one tile
     (1, 64, 2, 4, 4, 64),  # exactly one tile
@@ -51,10 +51,10 @@ CASES = [  # (B, T, H, Dk, Dv, retention_chunk)
 @pytest.mark.parametrize("case", CASES, ids=lambda c: "B{}T{}H{}Dk{}Dv{}C{}".format(*c))
 @pytest.mark.parametrize("state", [False, True], ids=["zero0", "state"])
 def test_chunkwise_matches_parallel_form(case, state):
-    *shape, chunk = case
+    *shape, tile = case
     inputs = make(*shape, state)
     leaves = [t.requires_grad_() for t in inputs if t is not None and t.dim() > 1]
-    o, S = retention_chunkwise(*inputs, output_final_state=True, retention_chunk=chunk)
+    o, S = retention_chunkwise(*inputs, output_final_state=True, tile_size=tile)
     o_ref, S_ref = retention_reference(*inputs, output_final_state=True)
     assert o.shape == o_ref.shape and S.shape == S_ref.shape
     assert relative_error(o, o_ref) < 1e-12 and relative_error(S, S_ref) < 1e-12
@@ -69,7 +69,7 @@ def test_chunkwise_gradcheck():
     q, k, v, lg, S = make(1, 11, 2, 4, 2, True)
     leaves = (q.requires_grad_(), k.requires_grad_(), v.requires_grad_(), S.requires_grad_())
     assert torch.autograd.gradcheck(lambda q, k, v, S: retention_chunkwise(q, k, v, lg, S, output_final_state=True,
-                                                                                 retention_chunk=4),
+                                                                                 tile_size=4),
                                     leaves)
 
 
@@ -90,7 +90,7 @@ def test_continuing_in_pieces():
     S, outs = S0, []
     for a, b in ((0, 37), (37, 38), (38, 100)):
         o, S = retention_chunkwise(q[:, a:b], k[:, a:b], v[:, a:b], lg, S, output_final_state=True,
-                                   retention_chunk=16)
+                                   tile_size=16)
         outs.append(o)
     assert relative_error(torch.cat(outs, 1), o_ref) < 1e-12 and relative_error(S, S_ref) < 1e-12
 
@@ -104,9 +104,9 @@ def test_float32_close_to_float64():
 
 
 @pytest.mark.parametrize("bad", [0, -3, 2.0, True])
-def test_bad_retention_chunk(bad):
-    with pytest.raises(ValueError, match=r"retention_chunk: expected a positive int, got"):
-        retention_chunkwise(*make(1, 5, 1, 2, 2, False), retention_chunk=bad)
+def test_bad_tile_size(bad):
+    with pytest.raises(ValueError, match=r"tile_size: expected a positive int, got"):
+        retention_chunkwise(*make(1, 5, 1, 2, 2, False), tile_size=bad)
 
 
 def test_empty_sequence_passes_the_state():
@@ -130,5 +130,5 @@ def test_final_state_only_when_asked(form):
 def test_bfloat16_inputs_keep_their_dtype_and_a_float32_state():
     q, k, v, lg, S = make(1, 70, 2, 4, 4, True)
     o, final = retention_chunkwise(q.bfloat16(), k.bfloat16(), v.bfloat16(), lg.float(), S.float(),
-                                   output_final_state=True, retention_chunk=16)
+                                   output_final_state=True, tile_size=16)
     assert o.dtype == torch.bfloat16 and final.dtype == torch.float32

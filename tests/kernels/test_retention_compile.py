@@ -37,10 +37,10 @@ def relative_error(got, want) -> float:
     return ((got - want).abs().max() / want.abs().max()).item()
 
 
-def run(fn, q, k, v, lg, S, cu, chunk, final):
+def run(fn, q, k, v, lg, S, cu, tile, final):
     """Forward and the gradients of a loss on o (and the final states) w.r.t. q, k, v (and S)."""
     leaves = [t.detach().clone().requires_grad_() for t in (q, k, v) + ((S,) if S is not None else ())]
-    o, f = fn(*leaves[:3], lg, leaves[3] if S is not None else None, cu, chunk, final)
+    o, f = fn(*leaves[:3], lg, leaves[3] if S is not None else None, cu, tile, final)
     assert (f is None) == (not final)
     loss = (o * torch.linspace(-1, 1, o.numel(), dtype=o.dtype).view(o.shape)).sum()
     if final:
@@ -48,11 +48,11 @@ def run(fn, q, k, v, lg, S, cu, chunk, final):
     return [o] + ([f] if final else []) + list(torch.autograd.grad(loss, leaves))
 
 
-def call(q, k, v, lg, S, cu, chunk, final):
-    return retention_chunkwise(q, k, v, lg, S, output_final_state=final, cu_seqlens=cu, retention_chunk=chunk)
+def call(q, k, v, lg, S, cu, tile, final):
+    return retention_chunkwise(q, k, v, lg, S, output_final_state=final, cu_seqlens=cu, tile_size=tile)
 
 
-CASES = [  # (B, lens or T, init, retention_chunk, output_final_state)
+CASES = [  # (B, lens or T, init, tile_size, output_final_state)
     (1, [5, 1, 8, 2, 7], True, 4, True),
     (1, [5, 1, 8, 2, 7], False, 3, False),
     (2, 19, True, 8, True),  # plain rows, a short last tile
@@ -62,12 +62,12 @@ CASES = [  # (B, lens or T, init, retention_chunk, output_final_state)
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: f"B{c[0]}-{c[1]}-init{int(c[2])}-C{c[3]}-final{int(c[4])}")
 def test_fullgraph_aot_eager_equals_eager(case):
-    B, lens, init, chunk, final = case
+    B, lens, init, tile, final = case
     args = inputs(B, lens, init=init)
     torch._dynamo.reset()
     compiled = torch.compile(call, fullgraph=True, backend="aot_eager")
-    got = run(compiled, *args, chunk, final)
-    want = run(call, *args, chunk, final)
+    got = run(compiled, *args, tile, final)
+    want = run(call, *args, tile, final)
     for g, w in zip(got, want):
         assert g.shape == w.shape and relative_error(g, w) < 1e-12
 
@@ -101,12 +101,12 @@ def test_op_called_directly_equals_the_function():
     q, k, v, lg, S, cu = inputs(1, [4, 1, 11, 3])
     lg = lg.clone().requires_grad_()
 
-    def op(q, k, v, lg_, S, cu, chunk, final):
-        o, f = torch.ops.hybrid.retention_chunkwise(q, k, v, lg, S, cu, chunk, final)
+    def op(q, k, v, lg_, S, cu, tile, final):
+        o, f = torch.ops.hybrid.retention_chunkwise(q, k, v, lg, S, cu, tile, final)
         return o, (f if final else None)
 
-    def fn(q, k, v, lg_, S, cu, chunk, final):
-        return call(q, k, v, lg, S, cu, chunk, final)
+    def fn(q, k, v, lg_, S, cu, tile, final):
+        return call(q, k, v, lg, S, cu, tile, final)
 
     for final in (True, False):
         for g, w in zip(run(op, q, k, v, lg, S, cu, 4, final), run(fn, q, k, v, lg, S, cu, 4, final)):
@@ -118,7 +118,7 @@ def test_op_called_directly_equals_the_function():
     assert relative_error(dlg, dlg2) < 1e-12
 
 
-OPCHECK = [  # (B, lens or T, init, retention_chunk, output_final_state)
+OPCHECK = [  # (B, lens or T, init, tile_size, output_final_state)
     (1, [3, 1, 5], True, 4, True),
     (1, [3, 1, 5], False, 2, False),
     (2, 7, True, 3, True),
@@ -129,15 +129,15 @@ OPCHECK = [  # (B, lens or T, init, retention_chunk, output_final_state)
 
 @pytest.mark.parametrize("case", OPCHECK, ids=lambda c: f"B{c[0]}-{c[1]}-init{int(c[2])}-C{c[3]}-final{int(c[4])}")
 def test_opcheck(case):
-    B, lens, init, chunk, final = case
+    B, lens, init, tile, final = case
     q, k, v, lg, S, cu = inputs(B, lens, init=init)
     for t in (q, k, v) + ((S,) if S is not None else ()):
         t.requires_grad_()
-    torch.library.opcheck(torch.ops.hybrid.retention_chunkwise.default, (q, k, v, lg, S, cu, chunk, final))
+    torch.library.opcheck(torch.ops.hybrid.retention_chunkwise.default, (q, k, v, lg, S, cu, tile, final))
     o = torch.randn(q.shape[:3] + v.shape[-1:], generator=gen(), dtype=F64)
     gf = torch.randn(S.shape if S is not None else (B if cu is None else cu.numel() - 1, 2, 4, 6),
                      generator=gen(), dtype=F64) if final else None
     for needs in ([True] * 5, [False, True, True, False, True]):
         torch.library.opcheck(torch.ops.hybrid.retention_chunkwise_backward.default,
                               (o, gf, q.detach(), k.detach(), v.detach(), lg, None if S is None else S.detach(), cu,
-                               chunk, needs))
+                               tile, needs))

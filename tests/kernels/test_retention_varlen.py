@@ -93,7 +93,7 @@ def assert_packed_equals_separate(form, lens, init, tol=1e-12, **kw):
 def test_chunkwise_packed_equals_separate_at_tile_edges(C, init):
     lens = edge_lens(C)
     assert 1 in lens and sum(lens) % C
-    assert_packed_equals_separate(retention_chunkwise, lens, init, retention_chunk=C)
+    assert_packed_equals_separate(retention_chunkwise, lens, init, tile_size=C)
 
 
 LENS = [
@@ -112,7 +112,7 @@ LENS = [
 @pytest.mark.parametrize("lens", LENS, ids=lambda l: "-".join(map(str, l)))
 def test_chunkwise_packed_equals_separate(lens, C):
     for init in (False, True):
-        assert_packed_equals_separate(retention_chunkwise, lens, init, retention_chunk=C)
+        assert_packed_equals_separate(retention_chunkwise, lens, init, tile_size=C)
 
 
 @pytest.mark.parametrize("seed", range(6))
@@ -121,7 +121,7 @@ def test_chunkwise_packed_equals_separate_random(seed):
     lens = random_lens(rng, rng.randint(2, 9), 3 * 8 + 2)
     rng.shuffle(lens)
     assert_packed_equals_separate(retention_chunkwise, lens, rng.random() < 0.5,
-                                  retention_chunk=rng.choice([3, 4, 5, 8, 16]))
+                                  tile_size=rng.choice([3, 4, 5, 8, 16]))
 
 
 @pytest.mark.parametrize("init", [False, True], ids=["zero0", "init"])
@@ -141,8 +141,8 @@ def test_float32_packed_close_to_float64():
 
 def test_int32_offsets_accepted():
     q, k, v, lg, cu, S = packed([3, 7, 2])
-    o, f = retention_chunkwise(q, k, v, lg, S, output_final_state=True, cu_seqlens=cu, retention_chunk=4)
-    o32, f32 = retention_chunkwise(q, k, v, lg, S, output_final_state=True, cu_seqlens=cu.int(), retention_chunk=4)
+    o, f = retention_chunkwise(q, k, v, lg, S, output_final_state=True, cu_seqlens=cu, tile_size=4)
+    o32, f32 = retention_chunkwise(q, k, v, lg, S, output_final_state=True, cu_seqlens=cu.int(), tile_size=4)
     assert torch.equal(o, o32) and torch.equal(f, f32)
 
 
@@ -151,13 +151,13 @@ def test_gradcheck_packed():
     leaves = tuple(t.requires_grad_() for t in (q, k, v, S))
     assert torch.autograd.gradcheck(
         lambda q, k, v, S: retention_chunkwise(q, k, v, lg, S, output_final_state=True, cu_seqlens=cu,
-                                               retention_chunk=3), leaves)
+                                               tile_size=3), leaves)
 
 
 def test_gradient_wrt_log_gamma():
     q, k, v, lg, cu, S = packed([3, 9, 1, 6])
     lg = lg.clone().requires_grad_()
-    o, f = retention_chunkwise(q, k, v, lg, S, output_final_state=True, cu_seqlens=cu, retention_chunk=4)
+    o, f = retention_chunkwise(q, k, v, lg, S, output_final_state=True, cu_seqlens=cu, tile_size=4)
     o_ref, f_ref = separate(q, k, v, lg, cu, S)
     go, gf = torch.randn(o.shape, generator=gen(), dtype=F64), torch.randn(f.shape, generator=gen(), dtype=F64)
     (g,) = torch.autograd.grad((o * go).sum() + (f * gf).sum(), lg)
@@ -172,7 +172,7 @@ def test_gradient_wrt_log_gamma():
 def test_steps_reproduce_packed(init):
     lens = [1, 7, 2, 12, 4]
     q, k, v, lg, cu, S0 = packed(lens, init=init)
-    o, final = retention_chunkwise(q, k, v, lg, S0, output_final_state=True, cu_seqlens=cu, retention_chunk=4)
+    o, final = retention_chunkwise(q, k, v, lg, S0, output_final_state=True, cu_seqlens=cu, tile_size=4)
     bounds = cu.tolist()
     for n, (a, b) in enumerate(zip(bounds, bounds[1:])):
         S = None if S0 is None else S0[n:n + 1]
@@ -188,12 +188,12 @@ def test_chunked_prefill_equals_one_call(C):
     q, k, v, lg, cu, S0 = packed([2, 29])
     q, k, v, S0 = q[:, 2:].expand(2, -1, -1, -1), k[:, 2:].expand(2, -1, -1, -1), v[:, 2:].expand(2, -1, -1, -1), S0
     S0 = torch.stack([S0[0], S0[1]])  # two rows, two different initial states
-    o_ref, f_ref = retention_chunkwise(q, k, v, lg, S0, output_final_state=True, retention_chunk=C)
+    o_ref, f_ref = retention_chunkwise(q, k, v, lg, S0, output_final_state=True, tile_size=C)
     for cut in range(0, 12):
         o1, S = retention_chunkwise(q[:, :cut], k[:, :cut], v[:, :cut], lg, S0, output_final_state=True,
-                                    retention_chunk=C)
+                                    tile_size=C)
         o2, f = retention_chunkwise(q[:, cut:], k[:, cut:], v[:, cut:], lg, S, output_final_state=True,
-                                    retention_chunk=C)
+                                    tile_size=C)
         assert relative_error(torch.cat([o1, o2], 1), o_ref) < 1e-12, cut
         assert relative_error(f, f_ref) < 1e-12, cut
 
@@ -209,9 +209,9 @@ def test_packed_continues_in_pieces():
     cu1 = torch.tensor([0, *itertools.accumulate(lens1)])
     cu2 = torch.tensor([0, *itertools.accumulate(lens2)])
     o1, S = retention_chunkwise(q[:, first], k[:, first], v[:, first], lg, S0, output_final_state=True,
-                                cu_seqlens=cu1, retention_chunk=4)
+                                cu_seqlens=cu1, tile_size=4)
     o2, f = retention_chunkwise(q[:, second], k[:, second], v[:, second], lg, S, output_final_state=True,
-                                cu_seqlens=cu2, retention_chunk=4)
+                                cu_seqlens=cu2, tile_size=4)
     assert relative_error(o1, o_ref[:, first]) < 1e-12 and relative_error(o2, o_ref[:, second]) < 1e-12
     assert relative_error(f, f_ref) < 1e-12
 
@@ -241,8 +241,8 @@ def test_padding_document_changes_nothing(C):
     cup = torch.tensor([0, *itertools.accumulate(lens)])
     leaves = [t.requires_grad_() for t in (q, k, v, S)]
     leaves_p = [t.requires_grad_() for t in (qp, kp, vp, Sp)]
-    o, f = retention_chunkwise(q, k, v, lg, S, output_final_state=True, cu_seqlens=cu, retention_chunk=C)
-    op, fp = retention_chunkwise(qp, kp, vp, lg, Sp, output_final_state=True, cu_seqlens=cup, retention_chunk=C)
+    o, f = retention_chunkwise(q, k, v, lg, S, output_final_state=True, cu_seqlens=cu, tile_size=C)
+    op, fp = retention_chunkwise(qp, kp, vp, lg, Sp, output_final_state=True, cu_seqlens=cup, tile_size=C)
     keep = (idx >= 0).nonzero()[:, 0]
     assert relative_error(op[:, keep], o) < 1e-12 and relative_error(fp[torch.tensor(is_real)], f) < 1e-12
     go = torch.randn(o.shape, generator=gen(), dtype=F64)

@@ -165,8 +165,8 @@ def test_empty_queries():
 @pytest.mark.parametrize(
     "call,message",
     [
-        (lambda q, k, v: window_attention(q, k, v, 0), r"window: expected a positive int or None .*got 0"),
-        (lambda q, k, v: window_attention(q, k, v, True), r"window: expected a positive int or None .*got True"),
+        (lambda q, k, v: window_attention(q, k, v, 0), r"window: expected a positive int or None, got 0"),
+        (lambda q, k, v: window_attention(q, k, v, True), r"window: expected a positive int or None, got True"),
         (lambda q, k, v: window_attention(q[0], k, v, 3), r"q: expected shape \(B, T, H, D\)"),
         (lambda q, k, v: window_attention(q, k[:, :2], v, 3), r"k: expected shape"),
         (lambda q, k, v: window_attention(q, k, v[..., :3], 3), r"v: expected shape"),

@@ -1,9 +1,13 @@
 """HybridConfig: validation names the field, presets, sizes, round trips."""
 from __future__ import annotations
 
+import dataclasses
+import json
+
 import pytest
 import torch
 
+from hybrid import Attention, AttentionConfig, RecurrenceConfig, RetentionConfig, RotaryConfig, VORecurrence
 from hybrid.models import PRESETS, SIZES, HybridConfig, HybridLM
 
 
@@ -16,26 +20,35 @@ from hybrid.models import PRESETS, SIZES, HybridConfig, HybridLM
         (dict(d_model=12, n_heads=4), r"head_dim: expected an even int >= 2 \(rotary pairs\), got 3"),
         (dict(head_dim=7), r"head_dim: expected an even int >= 2 \(rotary pairs\), got 7"),
         (dict(n_kv_heads=3), r"n_kv_heads: expected a divisor of n_heads=4, got 3"),
-        (dict(window=0), r"window: expected a positive int, got 0"),
+        (dict(window=0), r"window: expected a positive int or None, got 0"),
+        ({"attention.window": 0}, r"attention.window: expected a positive int or None, got 0"),
+        ({"attention": {"window": 0}}, r"attention.window: expected a positive int or None, got 0"),
         (dict(retention_chunk=0), r"retention_chunk: expected a positive int, got 0"),
         (dict(rotary_dim=5), r"rotary_dim: expected an even int >= 2 \(rotary pairs\), at most head_dim=32, got 5"),
         (dict(rotary_dim=40), r"rotary_dim: expected an even int >= 2 \(rotary pairs\), at most head_dim=32, got 40"),
         (dict(rope_placement="kq"), r"rope_placement: expected one of"),
-        (dict(rope_layout="split"), r"rope_layout: expected 'interleaved' or 'half'"),
+        (dict(rope_layout="split"), r"rope_layout: expected one of \['interleaved', 'half'\], got 'split'"),
+        ({"rotary.layout": "split"}, r"rotary.layout: expected one of \['interleaved', 'half'\], got 'split'"),
         (dict(rope_scaling={"rope_type": "yarn", "factor": 4.0, "bogus": 1}), r"rope_scaling: .*bogus"),
         (dict(rope_scaling="yarn"), r"rope_scaling: expected a dict or None"),
-        (dict(shared_kv=True, rope_placement="qk"), r"shared_kv: one cached tensor cannot serve .*'qk'"),
+        (dict(shared_kv=True, rope_placement="qk"), r"shared_kv: expected rope_placement in .*got rope_placement='qk'"),
         (dict(shared_kv=True, rope_placement="vo"), r"shared_kv: .*'vo'"),
+        ({"attention.shared_kv": True, "attention.placement": "vo"},
+         r"attention.shared_kv: expected attention.placement in .*got attention.placement='vo'"),
         (dict(rnn_r_min=0.99, rnn_r_max=0.9), r"rnn_r_min, rnn_r_max: expected 0 < rnn_r_min <= rnn_r_max < 1"),
         (dict(rnn_r_max=1.0), r"rnn_r_min, rnn_r_max"),
-        (dict(rnn_phase="dynamic"), r"rnn_phase: expected one of \('static', 'learned', 'carope', 'data'\) or None, got 'dynamic'"),
+        (dict(rnn_phase="dynamic"), r"rnn_phase: expected one of \['static', 'learned', 'carope', 'data', None\], got 'dynamic'"),
         (dict(rnn_phase_map="sigmoid"),
-         r"rnn_phase_map: expected one of \('pi-sigmoid', '2pi-tanh', 'pi-hardsigmoid'\), got 'sigmoid'"),
-        (dict(rnn_selective=True, rnn_selective_gate="hard"), r"rnn_selective_gate: expected one of \('sigmoid', 'hardsigmoid'\), got 'hard'"),
+         r"rnn_phase_map: expected one of \['pi-sigmoid', '2pi-tanh', 'pi-hardsigmoid'\], got 'sigmoid'"),
+        (dict(rnn_selective=True, rnn_selective_gate="hard"), r"rnn_selective_gate: expected one of \['sigmoid', 'hardsigmoid'\], got 'hard'"),
         (dict(rnn_selective_gate="hardsigmoid"), r"rnn_selective_gate: has no effect without rnn_selective=True"),
+        ({"recurrence": {"selective_gate": "hardsigmoid"}},
+         r"recurrence.selective_gate: has no effect without recurrence.selective=True"),
         (dict(rnn_phase="carope", rope_scaling={"rope_type": "linear", "factor": 2.0}), r"rnn_phase: CARoPE has no"),
         (dict(carope=True, rope_scaling={"rope_type": "linear", "factor": 2.0}), r"carope: CARoPE has no context-extension"),
-        (dict(carope=True, rope_placement="none"), r"carope: rope_placement='none'"),
+        (dict(carope=True, rope_placement="none"),
+         r"carope: expected rope_placement to rotate something .*got rope_placement='none'"),
+        (dict(window=3, **{"attention.window": 4}), r"attention.window: also given as window"),
         (dict(dtype="float8"), r"dtype: expected one of"),
         (dict(vocab_size=0), r"vocab_size: expected a positive int, got 0"),
         (dict(n_layers=2.0), r"n_layers: expected a positive int, got 2.0"),
@@ -105,8 +118,53 @@ def test_rnn_phase_default_follows_carope():
     assert HybridConfig(rnn_phase="learned").resolved_rnn_phase == "learned"
 
 
+def flat_dict(config: HybridConfig) -> dict:
+    """The config as code before the sections wrote it: the stack's fields and the old flat names."""
+    return {name: getattr(config, name) for name in HybridConfig.field_names() if "." not in name}
+
+
+def test_sections_nest_and_old_flat_names_stay_readable():
+    c = HybridConfig.preset("hybrid", window=16, rnn_phase="data", retention_chunk=8)
+    assert isinstance(c.attention, AttentionConfig) and isinstance(c.recurrence, RecurrenceConfig)
+    assert isinstance(c.retention, RetentionConfig) and isinstance(c.rotary, RotaryConfig)
+    assert (c.attention.window, c.recurrence.phase, c.retention.tile_size) == (16, "data", 8)
+    assert (c.window, c.rnn_phase, c.retention_chunk, c.rope_base) == (16, "data", 8, 10000.0)  # the aliases
+    d = c.to_dict()
+    assert d["attention"]["window"] == 16 and d["rotary"]["base"] == 10000.0 and "window" not in d
+    assert HybridConfig.from_dict(d) == c
+    assert HybridConfig.from_dict(flat_dict(c)) == c  # a config saved before the sections
+    assert HybridConfig.from_dict(json.loads(json.dumps(d))) == c
+
+
+def test_every_spelling_sets_the_same_field():
+    want = HybridConfig.preset("hybrid", window=16)
+    assert HybridConfig.preset("hybrid", **{"attention.window": 16}) == want
+    assert HybridConfig.preset("hybrid", attention={"window": 16, "placement": "qkvo"}) == want
+    assert HybridConfig.preset("hybrid", attention=AttentionConfig(window=16)) == want
+    assert HybridConfig.preset("hybrid").replace(**{"attention.window": 16}) == want
+    assert HybridConfig.preset("hybrid", window=8).replace(attention=AttentionConfig(window=16)) == want
+    assert HybridConfig(rotary=RotaryConfig(base=500.0)).rope_base == 500.0
+    assert HybridConfig(**{"rotary.base": 500.0}) == HybridConfig(rope_base=500.0)
+    names = HybridConfig.field_names()
+    assert {"d_model", "attention.window", "rotary.base", "retention.tile_size", "window", "rope_base",
+            "retention_chunk", "rnn_phase"} <= set(names)
+    for name in names:  # each name sets a field that reads back
+        section, _, f = name.partition(".")
+        value = HybridConfig().section(section) if f else None
+        assert f == "" or hasattr(value, f), name
+
+
+def test_the_config_is_immutable():
+    c = HybridConfig()
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        c.d_model = 64
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        c.attention.window = 4
+    assert c.replace(d_model=64).d_model == 64 and c.d_model == 128
+
+
 def test_old_configs_with_rnn_learnable_theta_still_load():
-    old = HybridConfig.preset("vo-rnn").to_dict()
+    old = flat_dict(HybridConfig.preset("vo-rnn"))
     del old["rnn_phase"], old["rnn_phase_map"]  # a config saved before rnn_phase existed
     assert HybridConfig.from_dict({**old, "rnn_learnable_theta": True}).resolved_rnn_phase == "learned"
     assert HybridConfig.from_dict({**old, "rnn_learnable_theta": False}).resolved_rnn_phase == "static"
@@ -118,3 +176,19 @@ def test_old_configs_with_rnn_learnable_theta_still_load():
     torch.manual_seed(0)
     model = HybridLM(HybridConfig.from_dict({**old, "d_model": 16, "n_heads": 2, "n_layers": 1, "rnn_learnable_theta": True}))
     assert "blocks.0.mixer.theta" in model.state_dict()
+
+
+def test_options_are_checked_once_against_the_shape():
+    """A mixer and HybridConfig run the same check_with: the same condition, the same message."""
+    with pytest.raises(ValueError, match=r"rotary_dim: expected an even int >= 2 \(rotary pairs\), at most head_dim=8"):
+        Attention(16, 2, rotary_dim=10)
+    with pytest.raises(ValueError, match=r"attention.rotary_dim: expected an even int >= 2 \(rotary pairs\), at most"):
+        HybridConfig(d_model=16, n_heads=2, **{"attention.rotary_dim": 10})
+    with pytest.raises(ValueError, match=r"^phase: CARoPE has no context-extension scaling"):
+        VORecurrence(16, 2, phase="carope", rotary=RotaryConfig(scaling={"rope_type": "linear", "factor": 2.0}))
+
+
+def test_the_state_is_fixed_unless_a_mixer_declares_it_grows():
+    """``state_is_fixed`` reads the used mixers' ``state_grows``: only global attention grows."""
+    assert HybridConfig(pattern="RM").state_is_fixed and HybridConfig(pattern="RA", window=4).state_is_fixed
+    assert not HybridConfig(pattern="RA").state_is_fixed

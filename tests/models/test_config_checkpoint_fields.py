@@ -14,7 +14,8 @@ def test_defaults_leave_the_model_as_before():
     names = dict(model.named_parameters())
     assert not any(n.endswith("in_proj.bias") or n.endswith("out_proj.bias") for n in names)
     assert model.blocks[0].mlp.hidden == 96  # 8/3 · 32 rounded up to a multiple of 32
-    old = {k: v for k, v in config.to_dict().items() if k not in ("mlp_hidden", "attention_bias")}
+    flat = {name: getattr(config, name) for name in HybridConfig.field_names() if "." not in name}
+    old = {k: v for k, v in flat.items() if k not in ("mlp_hidden", "attention_bias")}
     assert HybridConfig.from_dict(old) == config  # configs saved before these fields load unchanged
 
 
@@ -42,8 +43,8 @@ def test_attention_bias_adds_projection_biases_and_keeps_the_modes_equal():
 
 
 @pytest.mark.parametrize("field, value, message", [
-    ("mlp_hidden", 0, "mlp_hidden: expected a positive int, got 0"),
-    ("mlp_hidden", 2.5, "mlp_hidden: expected a positive int, got 2.5"),
+    ("mlp_hidden", 0, "mlp_hidden: expected a positive int or None, got 0"),
+    ("mlp_hidden", 2.5, "mlp_hidden: expected a positive int or None, got 2.5"),
     ("attention_bias", "yes", "attention_bias: expected True or False, got 'yes'"),
 ])
 def test_bad_values_name_the_field(field, value, message):

@@ -9,7 +9,7 @@ import random
 import pytest
 import torch
 
-from hybrid.models import HybridConfig, HybridLM, HybridState
+from hybrid.models import HybridConfig
 
 VOCAB = 37
 
@@ -36,18 +36,6 @@ CONFIGS = [HybridConfig.preset(name, "tiny", d_model=16, n_heads=2, n_layers=3, 
            for name in ("transformer", "retnet", "vo-rnn", "hybrid")]
 CONFIGS += [random_config(random.Random(seed)) for seed in range(8)]
 IDS = [c.meta.get("preset", f"random{i}-{c.pattern}-w{c.window}") for i, c in enumerate(CONFIGS)]
-
-
-def model_of(config: HybridConfig, seed: int = 0) -> HybridLM:
-    torch.manual_seed(seed)
-    model = HybridLM(config).double().eval()
-    with torch.no_grad():  # non-trivial gains and biases, and sharper attention than the init's near-uniform one
-        for name, p in model.named_parameters():
-            if name.endswith("norm.weight") or name.endswith("bias"):
-                p.add_(0.2 * torch.randn_like(p))
-            if name.endswith("in_proj.weight"):
-                p.mul_(20.0)
-    return model
 
 
 def lengths_around(edges: list[int], rng: random.Random, n_docs: int) -> list[int]:
@@ -77,9 +65,9 @@ def separate(model, ids, cu, **kw):
 
 
 @pytest.mark.parametrize("config", CONFIGS, ids=IDS)
-def test_packed_equals_separate_in_every_mode(config, one_torch_thread):
+def test_packed_equals_separate_in_every_mode(config, one_torch_thread, float64_model_of):
     rng = random.Random(len(config.pattern))
-    model = model_of(config)
+    model = float64_model_of(config)
     lengths = lengths_around([4], rng, 2)  # with chunks of 3, 4 and 5: document edges at, before and after chunk edges
     cu = cu_of(lengths)
     ids = torch.randint(0, VOCAB, (1, int(cu[-1])), generator=torch.Generator().manual_seed(1))
@@ -106,10 +94,10 @@ def test_packed_equals_separate_in_every_mode(config, one_torch_thread):
 
 
 @pytest.mark.parametrize("config", CONFIGS, ids=IDS)
-def test_packed_continues_per_sequence_states(config, one_torch_thread):
+def test_packed_continues_per_sequence_states(config, one_torch_thread, float64_model_of):
     """Packed prefixes, then packed continuations from the per-sequence states (chunked prefill of a batch)."""
     rng = random.Random(7)
-    model = model_of(config, seed=1)
+    model = float64_model_of(config, seed=1)
     firsts = [rng.randint(1, 7) for _ in range(5)]
     seconds = [rng.randint(1, 7) for _ in range(5)]
     full = [a + b for a, b in zip(firsts, seconds)]
@@ -130,8 +118,8 @@ def test_packed_continues_per_sequence_states(config, one_torch_thread):
 
 
 @pytest.mark.parametrize("config", CONFIGS[:4] + CONFIGS[6:8], ids=IDS[:4] + IDS[6:8])
-def test_packed_gradients_equal_separate(config, one_torch_thread):
-    model = model_of(config, seed=2).train()
+def test_packed_gradients_equal_separate(config, one_torch_thread, float64_model_of):
+    model = float64_model_of(config, seed=2).train()
     lengths = [1, 5, 2, 4, 3]
     cu = cu_of(lengths)
     ids = torch.randint(0, VOCAB, (1, int(cu[-1])), generator=torch.Generator().manual_seed(3))
@@ -147,10 +135,10 @@ def test_packed_gradients_equal_separate(config, one_torch_thread):
         assert_close(g, h, f"grad of {name}", rel=1e-8)
 
 
-def test_padding_document_changes_nothing_else(one_torch_thread):
+def test_padding_document_changes_nothing_else(one_torch_thread, float64_model_of):
     """A document of padding (any tokens) between two others leaves their logits and gradients as they were."""
     config = CONFIGS[3]  # the hybrid: R, A with a window
-    model = model_of(config, seed=3).train()
+    model = float64_model_of(config, seed=3).train()
     a, b = torch.randint(0, VOCAB, (1, 6)), torch.randint(0, VOCAB, (1, 5))
     for pad in (torch.zeros(1, 4, dtype=torch.long), torch.randint(0, VOCAB, (1, 9))):
         ids = torch.cat([a, pad, b], dim=1)
@@ -173,37 +161,24 @@ def test_padding_document_changes_nothing_else(one_torch_thread):
     (torch.tensor([[0, 5, 10]]), "cu_seqlens: expected a 1-D tensor"),
     ([0, 5, 10], "cu_seqlens: expected a LongTensor"),
 ])
-def test_bad_cu_seqlens_is_one_line(bad, message):
-    model = model_of(CONFIGS[3])
+def test_bad_cu_seqlens_is_one_line(bad, message, float64_model_of):
+    model = float64_model_of(CONFIGS[3])
     with pytest.raises(ValueError) as info:
         model(torch.zeros(1, 10, dtype=torch.long), cu_seqlens=bad)
     assert str(info.value).startswith(message) and "\n" not in str(info.value)
 
 
-def test_packed_batch_must_be_one_row():
-    model = model_of(CONFIGS[3])
+def test_packed_batch_must_be_one_row(float64_model_of):
+    model = float64_model_of(CONFIGS[3])
     with pytest.raises(ValueError, match="^cu_seqlens: expected a packed batch of shape \\(1, total_T, …\\), got batch size 2$"):
         model(torch.zeros(2, 10, dtype=torch.long), cu_seqlens=torch.tensor([0, 5, 10]))
 
 
-def test_states_cat_into_one_batch():
-    """``HybridState.cat`` of per-sequence states of equal length continues like a batched run."""
-    model = model_of(CONFIGS[3])
-    ids = torch.randint(0, VOCAB, (3, 7), generator=torch.Generator().manual_seed(5))
-    more = torch.randint(0, VOCAB, (3, 4), generator=torch.Generator().manual_seed(6))
-    with torch.no_grad():
-        _, states = model(ids.reshape(1, -1), cu_seqlens=cu_of([7, 7, 7]))
-        batched = HybridState.cat(states)
-        got, _ = model(more, state=batched)
-        want, _ = model(torch.cat([ids, more], dim=1))
-    assert_close(got, want[:, 7:], "continuation from concatenated states")
-
-
 @pytest.mark.parametrize("config", [CONFIGS[1], CONFIGS[3], CONFIGS[4]], ids=[IDS[1], IDS[3], IDS[4]])
-def test_chunked_prefill_at_every_chunk_length(config, one_torch_thread):
+def test_chunked_prefill_at_every_chunk_length(config, one_torch_thread, float64_model_of):
     """fla #1140: chunked prefill equals one full pass at every chunk length, and so do the per-sequence
     final states (each continues its sequence as the full pass's state does)."""
-    model = model_of(config, seed=4)
+    model = float64_model_of(config, seed=4)
     lengths = [2, 1, 6, 3, 5]
     cu = cu_of(lengths)
     ids = torch.randint(0, VOCAB, (1, int(cu[-1])), generator=torch.Generator().manual_seed(8))
@@ -219,8 +194,8 @@ def test_chunked_prefill_at_every_chunk_length(config, one_torch_thread):
                 assert_close(model(more, state=s.clone())[0], want[n], f"chunk {chunk}: state of sequence {n}")
 
 
-def test_per_sequence_states_must_match_the_sequences():
-    model = model_of(CONFIGS[3])
+def test_per_sequence_states_must_match_the_sequences(float64_model_of):
+    model = float64_model_of(CONFIGS[3])
     ids = torch.zeros(1, 10, dtype=torch.long)
     with pytest.raises(ValueError, match="^state: expected None or a list of N=2 per-sequence HybridStates with "
                                          "cu_seqlens, got a list of 3$"):

@@ -1,4 +1,5 @@
-"""Fixtures for the training tests: a private cache directory and tiny corpora on disk."""
+"""Fixtures for the training tests: a private cache directory, tiny corpora on disk, a tiny trained run, the
+one-line CLI error check."""
 import random
 
 import pytest
@@ -44,3 +45,29 @@ def corpus(tmp_path):
         body = "".join(f"def f{i}_{j}(x):\n    return x + {j}\n\n" for j in range(3))
         (root / f"doc{i:02d}.py").write_text(f"# module {i}\nimport os\n\n{body}", encoding="utf-8")
     return root
+
+
+@pytest.fixture
+def one_line_error():
+    """``one_line_error(capsys, prog, *needles)``: asserts that stderr, read from ``capsys``, is the one line
+    ``{prog}: error: …`` without a traceback and holds every needle; returns it."""
+    def check(capsys, prog: str, *needles: str) -> str:
+        err = capsys.readouterr().err
+        assert err.startswith(f"{prog}: error: ") and err.count("\n") == 1 and "Traceback" not in err, err
+        for needle in needles:
+            assert needle in err, err
+        return err
+    return check
+
+
+@pytest.fixture
+def train_run(corpus, tmp_path_factory):
+    """``train_run(name, steps, flags)``: ``hybrid-train --quiet`` for ``steps`` steps on ``corpus`` into a new
+    ``runs*/name`` directory, which it returns."""
+    from hybrid.train.cli import train_main
+
+    def train(name: str, steps: int, flags: list[str]):
+        out = tmp_path_factory.mktemp("runs") / name
+        assert train_main(["--data", str(corpus), "--out", str(out), "--steps", str(steps), *flags, "--quiet"]) == 0
+        return out
+    return train

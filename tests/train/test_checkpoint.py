@@ -1,4 +1,5 @@
 """Checkpoints: exact round trips, atomic saves (torn writes, killed savers), refusal of bad checkpoints."""
+import hashlib
 import json
 import os
 import random
@@ -211,7 +212,8 @@ def test_truncated_file_is_refused_even_with_a_matching_manifest(tmp_path):
     with pytest.raises(CheckpointError, match="model.safetensors.*truncated"):
         load_checkpoint(tmp_path)
     manifest = json.loads((ckpt_dir / "checkpoint.json").read_text())  # forge the checksums
-    manifest["files"]["model.safetensors"] = {"sha256": ck._sha256(model), "bytes": model.stat().st_size}
+    manifest["files"]["model.safetensors"] = {"sha256": hashlib.sha256(model.read_bytes()).hexdigest(),
+                                              "bytes": model.stat().st_size}
     (ckpt_dir / "checkpoint.json").write_text(json.dumps(manifest))
     with pytest.raises(CheckpointError, match="model.safetensors.*unreadable"):
         load_checkpoint(tmp_path)

@@ -20,13 +20,6 @@ def config_of(*argv) -> TrainConfig:
     return TrainConfig(**train_config_from_args(train_parser().parse_args(list(argv))))
 
 
-def one_line_error(capsys, prog, *needles):
-    err = capsys.readouterr().err
-    assert err.startswith(f"{prog}: error: ") and err.count("\n") == 1 and "Traceback" not in err, err
-    for needle in needles:
-        assert needle in err, err
-
-
 def test_train_config_json_round_trips_through_config(corpus, tmp_path):
     out = tmp_path / "run"
     assert train_main(["--data", str(corpus), "--out", str(out), *TINY, "--steps", "2", "--set", "rope_base=5000",
@@ -85,14 +78,14 @@ def test_toml_spells_none_as_the_command_line_does(tmp_path):
     ('steps = "many"\n', ".toml", ["steps: expected an int >= 1, got 'many'"]),
     ("steps = 3\n", ".yaml", ["config: expected a .toml or .json file"]),
 ])
-def test_a_bad_config_file_is_one_line_naming_the_key(tmp_path, capsys, text, suffix, needles):
+def test_a_bad_config_file_is_one_line_naming_the_key(tmp_path, capsys, text, suffix, needles, one_line_error):
     path = tmp_path / f"run{suffix}"
     path.write_text(text)
     assert train_main(["--config", str(path)]) == 2
     one_line_error(capsys, "hybrid-train", *needles)
 
 
-def test_toml_without_tomllib_or_tomli_is_one_line(tmp_path, capsys, monkeypatch):
+def test_toml_without_tomllib_or_tomli_is_one_line(tmp_path, capsys, monkeypatch, one_line_error):
     monkeypatch.setitem(sys.modules, "tomllib", None)  # Python 3.10 without tomli
     monkeypatch.setitem(sys.modules, "tomli", None)
     path = tmp_path / "run.toml"

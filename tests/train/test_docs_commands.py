@@ -30,7 +30,10 @@ def test_the_documented_tokenizer_is_trained_offline_and_trains_a_model(tmp_path
     from hybrid.train.tokenizer import FileTokenizer
 
     tok = FileTokenizer(tmp_path / "tokenizer.json")
-    assert tok.vocab_size == 4096 and tok.eos_id == tok._tok.token_to_id("<|endoftext|>")
+    from tokenizers import Tokenizer as HFTokenizer
+
+    eos = HFTokenizer.from_file(str(tmp_path / "tokenizer.json")).token_to_id("<|endoftext|>")  # read from the file
+    assert tok.vocab_size == 4096 and tok.eos_id == eos
     text = "def f(x):\n    return x + 1\n"
     assert tok.decode(tok.encode(text)) == text and len(tok.encode(text)) < len(text.encode()) / 2
 

@@ -68,3 +68,25 @@ def test_resume_from_state_dict_continues_the_same_schedule():
         sched2.step()
     assert sum(got, []) == pytest.approx(sum(expected, []), rel=1e-12)
     assert sched2.lr_lambdas[0] == WarmupCosine(5, 40)
+
+
+def test_set_total_restretches_the_cosine_from_the_current_step():
+    """A total changed mid-run (a resume with a new --steps, Trainer.set_total_steps): the steps taken keep their
+    rates, the step about to run and every later one get the new schedule's."""
+    opt = _opt()
+    sched = warmup_cosine(opt, warmup=5, total=40)
+    for _ in range(12):
+        opt.step()
+        sched.step()
+    sched.set_total(100)
+    for step in range(12, 110):
+        for group, base in zip(opt.param_groups, (1e-2, 1e-3)):
+            assert group["lr"] == pytest.approx(lr_at(step, lr=base, warmup=5, total=100, min_lr=0.1 * base))
+        opt.step()
+        sched.step()
+    sched.set_total(120, warmup=10, lr=5e-4)  # a resume may also change the warmup and the peak rate
+    assert sched.base_lrs == [5e-4, 5e-4] and [g["initial_lr"] for g in opt.param_groups] == [5e-4, 5e-4]
+    assert opt.param_groups[0]["lr"] == pytest.approx(lr_at(110, lr=5e-4, warmup=10, total=120, min_lr=5e-5))
+    assert sched.state_dict()["lr_lambdas"][0] == {"warmup": 10, "total": 120, "min_lr_ratio": 0.1}
+    with pytest.raises(ValueError, match="warmup"):
+        sched.set_total(5)  # shorter than the warmup

@@ -1,6 +1,7 @@
 """Trainer: loss goes down, bit-exact resume, checkpoint round trips, torn saves, config rules, decay rule."""
 import json
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -100,19 +101,20 @@ def test_checkpoint_round_trip_through_the_trainer(corpus, tmp_path):
 def test_torn_checkpoint_write_keeps_the_previous_one(corpus, tmp_path, monkeypatch):
     config = dict(steps=8, save_every=2)
     full = run(tiny(corpus, tmp_path / "full", **config))
-    real_write, calls = ck._write_files, []
+    real_save, calls = torch.save, []
 
-    def torn(tmp, **kw):  # the second save dies after writing part of its files
-        calls.append(1)
-        if len(calls) == 2:
-            (tmp / ck.MODEL).write_bytes(b"half a file")
-            raise OSError("disk full (simulated)")
-        return real_write(tmp, **kw)
+    def torn(obj, path, *args, **kwargs):  # the second save dies after writing part of its files
+        if Path(path).name == ck.STATE:
+            calls.append(1)
+            if len(calls) == 2:
+                Path(path).write_bytes(b"half a file")
+                raise OSError("disk full (simulated)")
+        return real_save(obj, path, *args, **kwargs)
 
-    monkeypatch.setattr(ck, "_write_files", torn)
+    monkeypatch.setattr(torch, "save", torn)
     with pytest.raises(OSError, match="simulated"):
         run(tiny(corpus, tmp_path / "cut", **config))
-    monkeypatch.setattr(ck, "_write_files", real_write)
+    monkeypatch.setattr(torch, "save", real_save)
     assert load_checkpoint(tmp_path / "cut").step == 2
     (tmp_path / "cut" / "checkpoint-tmp-killed").mkdir()  # what a SIGKILLed save leaves behind
     resumed = Trainer.from_checkpoint(tmp_path / "cut", trainer_kwargs=dict(verbose=0)).fit()

@@ -10,8 +10,7 @@ import shlex
 import sys
 from pathlib import Path
 
-from ..cli import _guarded, _Parser, _positive_int, _set_pair
-from ..config import TRACKERS
+from ..cli_parts import Parser, add_device_flag, add_log_flag, add_set_flag, positive_int, run_command
 from ..outdir import prepare_suite_dir
 from ..suite import ResultsLog, parse_int_list, parse_name_list
 from .budgets import BUDGETS, bench_budget
@@ -33,33 +32,31 @@ hybrid.train.load_run opens), report.md and its PNG plots. Run the same command 
 
 
 def bench_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="hybrid-bench", epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
-                description="Train the hybrids and the Transformer / RetNet baselines on equal budgets; report "
-                            "quality at and beyond the training length, speed and memory.")
+    p = Parser(prog="hybrid-bench", epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
+               description="Train the hybrids and the Transformer / RetNet baselines on equal budgets; report "
+                           "quality at and beyond the training length, speed and memory.")
     p.add_argument("--suite", required=True, choices=[*SUITES, "all"], help="which suite (or all four)")
     p.add_argument("--budget", default="smoke", choices=list(BUDGETS),
                    help="smoke: minutes, for tests; cpu: ≤ 60 min per suite on 2 cores; gpu: ≈ 1 GPU-hour per suite "
                         "(default: smoke)")
     p.add_argument("--out", default="runs/bench", help="suite directories go here (default: runs/bench)")
-    p.add_argument("--steps", type=_positive_int, default=None, help="override the budget's training steps")
-    p.add_argument("--seq-len", type=_positive_int, default=None, help="override the budget's training length L")
+    p.add_argument("--steps", type=positive_int, default=None, help="override the budget's training steps")
+    p.add_argument("--seq-len", type=positive_int, default=None, help="override the budget's training length L")
     p.add_argument("--seeds", default=None, help="override the budget's seeds, e.g. 0,1,2")
     p.add_argument("--models", default=None, help="only these models of the suite, e.g. transformer,hybrid")
-    p.add_argument("--set", dest="sets", metavar="KEY=VALUE", type=_set_pair, action="append", default=[],
-                   help="a HybridConfig field for every model of the suite, VALUE parsed as JSON (e.g. --set "
-                        "rnn_r_max=0.9999); use a fresh --out, the records do not mix settings; repeatable")
+    add_set_flag(p, help="a HybridConfig field for every model of the suite, VALUE parsed as JSON (e.g. --set "
+                         "rnn_r_max=0.9999); use a fresh --out, the records do not mix settings; repeatable")
     p.add_argument("--data", default=None, metavar="PATH_OR_DATASET",
                    help="any --data that hybrid-train accepts (default: this Python's stdlib sources)")
     p.add_argument("--tokenizer", default=None, metavar="PATH", help="a tokenizer.json (default: bytes)")
-    p.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N (default: auto)")
-    p.add_argument("--threads", type=_positive_int, default=None,
+    add_device_flag(p)
+    p.add_argument("--threads", type=positive_int, default=None,
                    help="torch CPU threads (default: torch's choice; 1 is fastest on a machine shared with others)")
     p.add_argument("--report-only", action="store_true", help="write the reports from the records, train nothing")
     p.add_argument("--overwrite", action="store_true",
                    help="start each suite over in OUT/<suite> (its records and runs removed) instead of continuing it")
-    p.add_argument("--log", choices=list(TRACKERS), action="append", default=[],
-                   help="log each finished run (its metrics.jsonl, measurements and config) to TensorBoard "
-                        "(RUN/tensorboard/) or Weights & Biases; repeatable")
+    add_log_flag(p, help="log each finished run (its metrics.jsonl, measurements and config) to TensorBoard "
+                         "(RUN/tensorboard/) or Weights & Biases; repeatable")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     return p
 
@@ -122,8 +119,4 @@ def _log_runs(kinds, directory: Path, suite: str, records: list[dict]) -> None:
 def bench_main(argv: list[str] | None = None) -> int:
     """``hybrid-bench``: returns the exit status (the console script exits with it)."""
     argv = sys.argv[1:] if argv is None else list(argv)
-    try:
-        args = bench_parser().parse_args(argv)
-    except SystemExit as e:  # --help (0) or a bad option (2, message printed)
-        return e.code
-    return _guarded("hybrid-bench", lambda: _run(args, argv))
+    return run_command(bench_parser(), argv, lambda args: _run(args, argv))

@@ -38,7 +38,7 @@ from .quality import context_metrics, long_sequences
 from .speed import match_width, non_embedding_parameters
 from .suites import FINETUNES, SCALINGS, SUITES, Suite, scaling_for
 
-__all__ = ["suite_configs", "suite_specs", "run_bench", "PARAM_TOLERANCE"]
+__all__ = ["suite_configs", "suite_specs", "measure_run", "run_bench", "PARAM_TOLERANCE"]
 
 PARAM_TOLERANCE = 0.05
 FINETUNE_LR_RATIO = 0.1
@@ -133,7 +133,9 @@ class _FineTune(Trainer):
             self.model.load_state_dict(load_checkpoint(self.base_dir).model_state)
 
 
-def _measure(spec: RunSpec, trainer: Trainer, result, budget: Budget) -> dict:
+def measure_run(spec: RunSpec, trainer: Trainer, result, budget: Budget) -> dict:
+    """The metrics of one trained run's record: size, validation loss and bits per byte, speed, loss curve,
+    training memory, bits per byte at k × the training length, and (first seed) the decoding cost."""
     model, data = trainer.model, trainer.data
     L = trainer.config.seq_len
     train_records = [r for r in result.history if "tokens_per_s" in r]
@@ -193,7 +195,7 @@ def make_execute(budget: Budget, verbose: bool = False):
         else:
             trainer = Trainer(config, **kwargs)
         result = trainer.fit()
-        return _measure(spec, trainer, result, budget)
+        return measure_run(spec, trainer, result, budget)
 
     return execute
 

@@ -123,7 +123,7 @@ def bench_hf(args) -> list[str]:
 
         @torch.no_grad()
         def before():
-            hf._forward_streams(ids, mask.bool(), HybridCache())
+            hf.forward_streams(ids, mask.bool(), HybridCache())
 
         @torch.no_grad()
         def after():

@@ -2,8 +2,8 @@
 
 Every figure is the mean ± sample std over seeds (``hybrid.train.suite.fmt_mean_std``); the "vs best" column
 reads "tie" when the difference to the best model is smaller than the larger of the two spreads. Seed tables
-(placements: seed 001's losses; positions: seed 004's perplexities) go beside ours; for placements the
-Spearman rank correlation of the two orderings is given. Perplexities here are per byte (our tokens are bytes)
+(placements: the losses of Su's VO-RoPE post; positions: the perplexities of the CARoPE paper) go beside
+ours; for placements the Spearman rank correlation of the two orderings is given. Perplexities here are per byte (our tokens are bytes)
 and the seeds' per GPT-2 token, so only the orderings compare.
 """
 from __future__ import annotations
@@ -187,7 +187,7 @@ def placements_table(groups) -> str:
     rows = [[m, fmt_mean_std(_values(groups[m], "val_loss")), f"{r:g}", f"{s:.3f}", f"{sr:g}"]
             for m, r, s, sr in zip(names, ours_rank, seed, seed_rank)]
     rho = spearman(ours, seed)
-    return ("## Against seed 001 (rotary placements)\n\nOur validation loss is in nats per byte-level token, the seed's per "
+    return ("## Against VO-RoPE's table (rotary placements)\n\nOur validation loss is in nats per byte-level token, the seed's per "
             "GPT-2 token: compare the orderings.\n\n"
             + markdown_table(["placement", "our val loss", "our rank", "seed loss", "seed rank"], rows)
             + f"\n\nSpearman rank correlation of our ordering with the seed's: **ρ = {rho:.3f}** "
@@ -205,7 +205,7 @@ def positions_table(groups) -> str:
         at_l = [None if r["metrics"].get("val_loss") is None else math.exp(r["metrics"]["val_loss"]) for r in runs]
         rows.append([m, fmt_mean_std(at_l, 3), fmt_mean_std(_ppl(runs, "bpb_full_2x"), 3),
                      "–" if seed[0] is None else f"{seed[0]:.2f}", "–" if seed[1] is None else f"{seed[1]:.2f}"])
-    return ("## Against seed 004, Table 1 (GPT-Tiny)\n\nOur perplexity is per byte, the seed's per GPT-2 token: "
+    return ("## Against CARoPE's Table 1 (GPT-Tiny)\n\nOur perplexity is per byte, the seed's per GPT-2 token: "
             "compare the orderings, and each model's growth from L to 2L. A learned table has no positions past "
             "L (–).\n\n" + markdown_table(["position", "our ppl @L", "our ppl @2L", "seed ppl @512", "seed ppl @1024"], rows))
 

@@ -8,7 +8,7 @@ First checks the Triton backend against the float64 sequential reference on the 
 
 * Triton forward (inference path: no checkpoints) and forward+backward (autograd: checkpoints saved, then
   the backward kernel for all four gradients),
-* the torch backend (``hybrid.kernels.complex_scan.chunked.complex_scan_torch``) the same way,
+* the torch backend (``hybrid.kernels.complex_scan.blocked.complex_scan_torch``) the same way,
 * ``torch.empty_like(x).copy_(x)``: the device's copy bandwidth on the same bytes.
 
 Bytes counted per row are what the op must minimally move:
@@ -30,7 +30,7 @@ import time
 
 import torch
 
-from hybrid.kernels.complex_scan.chunked import complex_scan_torch
+from hybrid.kernels.complex_scan.blocked import complex_scan_torch
 from hybrid.kernels.complex_scan.reference import complex_scan_reference
 
 MAIN_SHAPE = (8, 8192, 16, 128)

@@ -6,12 +6,12 @@ budget's window; ``"seq_len"`` for its training length.
 
 - ``baselines``: the Transformer (global, QK-RoPE), a sliding-window one, RetNet, the VO-RNN (static and
   selective decay), the hybrid (RRA, window) and a RetNet-attention hybrid (MMA, same window).
-- ``placements`` (seed 001, "Experimental Results"): the global Transformer with each of the nine rotary
-  placements; the seed's validation losses go beside ours, with the Spearman rank correlation.
-- ``positions`` (seed 004, Table 1): RoPE, CARoPE, learned and sinusoidal absolute positions, at the training
-  length and at 2×; the seed's GPT-Tiny perplexities go beside ours.
-- ``extension`` (seed 002): the global QK-RoPE Transformer at 2×, 4×, 8× its training length under each
-  context-extension scaling, without fine-tuning, and after a short fine-tune at 2× (PI and YaRN, and without
+- ``placements`` (Su's VO-RoPE post, "Experimental Results"): the global Transformer with each of the nine
+  rotary placements; the seed's validation losses go beside ours, with the Spearman rank correlation.
+- ``positions`` (the CARoPE paper, Veisi et al., Table 1): RoPE, CARoPE, learned and sinusoidal absolute
+  positions, at the training length and at 2×; the seed's GPT-Tiny perplexities go beside ours.
+- ``extension`` (the RoPE context-extension note: PI, NTK, YaRN …): the global QK-RoPE Transformer at 2×, 4×,
+  8× its training length under each context-extension scaling, without fine-tuning, and after a short fine-tune at 2× (PI and YaRN, and without
   scaling as the control: the same extra training at 2L).
 """
 from __future__ import annotations
@@ -44,17 +44,17 @@ BASELINES = Suite(
     about="The hybrids against a Transformer and RetNet of the same non-embedding size, data and schedule.",
 )
 
-# seed 001's table, in its order (best first); the key is our rope_placement
+# the VO-RoPE post's table, in its order (best first); the key is our rope_placement
 PLACEMENT_SEED_LOSS = {"qk": 2.712, "qkvo": 2.719, "k": 2.769, "vo": 2.770, "qkv": 2.783, "none": 2.795,
                        "o": 2.841, "q": 2.851, "v": 2.856}
 PLACEMENTS = Suite(
     "placements",
     {("nope" if p == "none" else p): {"preset": "transformer", "rope_placement": p} for p in PLACEMENT_SEED_LOSS},
-    about="The global Transformer with rotary on each subset of q, k, v, o that seed 001 tabulates.",
+    about="The global Transformer with rotary on each subset of q, k, v, o that the VO-RoPE post tabulates.",
     seed_source="seed 001_de1664ba02918a59, 'Experimental Results' (validation loss)",
 )
 
-# seed 004, Table 1, GPT-Tiny: perplexity at the training length 512 and at 1024 (None: not reported)
+# the CARoPE paper, Table 1, GPT-Tiny: perplexity at the training length 512 and at 1024 (None: not reported)
 POSITIONS_SEED_PPL = {"rope": (29.33, 81.27), "carope": (28.99, 36.74), "learned": (30.48, None),
                       "sinusoidal": (30.62, 223.28)}
 POSITIONS = Suite(

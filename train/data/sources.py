@@ -32,6 +32,7 @@ __all__ = [
     "stdlib_files",
     "looks_like_hub_name",
     "hub_offline_reason",
+    "OFFLINE_FLAGS",
     "DEFAULT_HUB_DOCUMENTS",
 ]
 
@@ -245,9 +246,18 @@ def _truthy(v: str | None) -> bool:
     return (v or "").strip().lower() in ("1", "true", "yes", "on")
 
 
-def hub_offline_reason(timeout: float = 3.0) -> str | None:
-    """Why the hub cannot be reached (offline flag set, or no TCP connection within `timeout` s), else None."""
-    for var in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"):
+# The environment variables that switch the hub clients off, per kind of download (huggingface_hub also
+# honours TRANSFORMERS_OFFLINE; the datasets library, HF_DATASETS_OFFLINE).
+OFFLINE_FLAGS = {"dataset": ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"),
+                 "model": ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")}
+
+
+def hub_offline_reason(timeout: float = 3.0, *, what: str = "dataset") -> str | None:
+    """Why the hub cannot serve a `what` ("dataset" or "model"): an offline flag of `OFFLINE_FLAGS[what]`
+    set, or no TCP connection to the endpoint within `timeout` s. None when it can be reached."""
+    if what not in OFFLINE_FLAGS:
+        raise ValueError(f"what: expected one of {tuple(OFFLINE_FLAGS)}, got {what!r}")
+    for var in OFFLINE_FLAGS[what]:
         if _truthy(os.environ.get(var)):
             return f"{var}={os.environ[var]} is set"
     url = urlparse(os.environ.get("HF_ENDPOINT") or "https://huggingface.co")

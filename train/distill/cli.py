@@ -8,8 +8,8 @@ from __future__ import annotations
 import argparse
 import shlex
 
-from ..cli import _count, _finite_float, _guarded, _int_or, _Parser, _positive_int, _set_pair, config_from_args
-from ..config import TRACKERS
+from ..cli_parts import (Parser, add_device_flag, add_log_flag, add_set_flag, config_from_args, count,
+                         finite_float, int_or, positive_int, run_command)
 from .config import DECAY_INITS, TRAIN_PARTS, DistillConfig
 
 __all__ = ["main", "parser"]
@@ -31,10 +31,10 @@ layer_ranking.json (auto:K), distill_config.json
 
 
 def parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="hybrid-distill", epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
-                description="Distil a trained Transformer into a hybrid: replaced attention layers become VO-RoPE "
-                            "recurrence (R) layers initialised from their V and O, aligned layer by layer, then "
-                            "trained end to end on the teacher's logits.")
+    p = Parser(prog="hybrid-distill", epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
+               description="Distil a trained Transformer into a hybrid: replaced attention layers become VO-RoPE "
+                           "recurrence (R) layers initialised from their V and O, aligned layer by layer, then "
+                           "trained end to end on the teacher's logits.")
     S = argparse.SUPPRESS
     g = p.add_argument_group("teacher and student")
     g.add_argument("--teacher", default=S, metavar="RUN_DIR",
@@ -45,36 +45,36 @@ def parser() -> argparse.ArgumentParser:
     g.add_argument("--keep-attention", default=S, metavar="auto:K",
                    help="keep the K attention layers whose replacement costs the most KL after stage 1; replace the "
                         "others (the ranking goes to layer_ranking.json)")
-    g.add_argument("--window", type=_int_or("none"), default=S,
+    g.add_argument("--window", type=int_or("none"), default=S,
                    help="sliding window of the kept attention layers, or 'none' (default: the teacher's)")
     g.add_argument("--decay-init", choices=DECAY_INITS, default=S,
                    help="the new R layers' decay: attention = per head, the γ whose weights γ^k have the mean "
                         "distance of the replaced attention head on training text; ring = the LRU ring "
                         f"(rnn_r_min…rnn_r_max) (default: {D.decay_init})")
-    g.add_argument("--set", dest="sets", metavar="KEY=VALUE", type=_set_pair, action="append", default=S,
-                   help="an option of the new R layers, e.g. --set rnn_selective=true (rnn_* fields, recompute)")
+    add_set_flag(g, default=S,
+                 help="an option of the new R layers, e.g. --set rnn_selective=true (rnn_* fields, recompute)")
 
     g = p.add_argument_group("data (as hybrid-train; the tokenizer is the teacher's)")
     g.add_argument("--data", default=S, metavar="PATH_OR_DATASET", help="default: this Python's stdlib sources")
     g.add_argument("--text-column", default=S, metavar="NAME", help=f"(default: {D.text_column})")
     g.add_argument("--valid-fraction", type=float, default=S, help=f"(default: {D.valid_fraction})")
-    g.add_argument("--seq-len", type=_positive_int, default=S, help=f"tokens per sequence (default: {D.seq_len})")
+    g.add_argument("--seq-len", type=positive_int, default=S, help=f"tokens per sequence (default: {D.seq_len})")
     g.add_argument("--packing", choices=("documents", "stream"), default=S, help=f"(default: {D.packing})")
-    g.add_argument("--batch-size", type=_positive_int, default=S, help=f"sequences per step (default: {D.batch_size})")
+    g.add_argument("--batch-size", type=positive_int, default=S, help=f"sequences per step (default: {D.batch_size})")
 
     g = p.add_argument_group("stage 1: alignment (MSE of each R layer against its attention layer)")
-    g.add_argument("--align-steps", type=_count, default=S, help=f"(default: {D.align_steps})")
-    g.add_argument("--align-lr", type=_finite_float(0.0, low_open=True), default=S, help=f"(default: {D.align_lr:g})")
-    g.add_argument("--align-warmup", type=_count, default=S, help="(default: min(100, align steps / 10))")
+    g.add_argument("--align-steps", type=count, default=S, help=f"(default: {D.align_steps})")
+    g.add_argument("--align-lr", type=finite_float(0.0, low_open=True), default=S, help=f"(default: {D.align_lr:g})")
+    g.add_argument("--align-warmup", type=count, default=S, help="(default: min(100, align steps / 10))")
 
     g = p.add_argument_group("stage 2: end to end (KL(teacher || student) of the logits)")
-    g.add_argument("--steps", type=_count, default=S,
+    g.add_argument("--steps", type=count, default=S,
                    help=f"stage 2 steps; with --resume the new total (default: {D.steps})")
-    g.add_argument("--lr", type=_finite_float(0.0, low_open=True), default=S, help=f"(default: {D.lr:g})")
-    g.add_argument("--warmup", type=_count, default=S, help="(default: min(100, steps / 10))")
-    g.add_argument("--temperature", type=_finite_float(0.0, low_open=True), default=S,
+    g.add_argument("--lr", type=finite_float(0.0, low_open=True), default=S, help=f"(default: {D.lr:g})")
+    g.add_argument("--warmup", type=count, default=S, help="(default: min(100, steps / 10))")
+    g.add_argument("--temperature", type=finite_float(0.0, low_open=True), default=S,
                    help=f"softmax temperature τ of both; the KL is scaled by τ² (default: {D.temperature:g})")
-    g.add_argument("--ce-weight", type=_finite_float(0.0), default=S,
+    g.add_argument("--ce-weight", type=finite_float(0.0), default=S,
                    help=f"add this times the cross-entropy on the data (default: {D.ce_weight:g})")
     g.add_argument("--train", choices=TRAIN_PARTS, default=S,
                    help="all: every weight of the student; new: only the replaced layers' mixers (default: all)")
@@ -84,23 +84,22 @@ def parser() -> argparse.ArgumentParser:
     g.add_argument("--weight-decay", type=float, default=S, help=f"(default: {D.weight_decay})")
     g.add_argument("--betas", type=float, nargs=2, metavar=("B1", "B2"), default=S, help="(default: 0.9 0.95)")
     g.add_argument("--grad-clip", type=float, default=S, help=f"0 = off (default: {D.grad_clip})")
-    g.add_argument("--select-batches", type=_positive_int, default=S,
+    g.add_argument("--select-batches", type=positive_int, default=S,
                    help=f"validation batches that rank the layers for auto:K (default: {D.select_batches})")
-    g.add_argument("--seed", type=_count, default=S, help=f"(default: {D.seed})")
+    g.add_argument("--seed", type=count, default=S, help=f"(default: {D.seed})")
 
     g = p.add_argument_group("bookkeeping")
     g.add_argument("--out", default=S, metavar="DIR", help=f"run directory (default: {DistillConfig.out})")
     g.add_argument("--resume", metavar="DIR", help="continue the run in DIR (--steps, the intervals and --device "
                                                    "may change)")
     g.add_argument("--overwrite", action="store_true", help="replace a non-empty --out whole")
-    g.add_argument("--eval-every", type=_count, default=S, help=f"0 = end of each stage only (default: {D.eval_every})")
-    g.add_argument("--eval-batches", type=_int_or("all"), default=S, help=f"(default: {D.eval_batches})")
-    g.add_argument("--log-every", type=_positive_int, default=S, help=f"(default: {D.log_every})")
-    g.add_argument("--save-every", type=_count, default=S, help=f"0 = end of each stage only (default: {D.save_every})")
-    g.add_argument("--keep", type=_positive_int, default=S, help=f"checkpoints kept (default: {D.keep})")
-    g.add_argument("--log", choices=list(TRACKERS), action="append", default=S,
-                   help="also send every metrics record to TensorBoard or W&B; repeatable")
-    g.add_argument("--device", default=S, help="auto, cpu, cuda or cuda:N (default: auto)")
+    g.add_argument("--eval-every", type=count, default=S, help=f"0 = end of each stage only (default: {D.eval_every})")
+    g.add_argument("--eval-batches", type=int_or("all"), default=S, help=f"(default: {D.eval_batches})")
+    g.add_argument("--log-every", type=positive_int, default=S, help=f"(default: {D.log_every})")
+    g.add_argument("--save-every", type=count, default=S, help=f"0 = end of each stage only (default: {D.save_every})")
+    g.add_argument("--keep", type=positive_int, default=S, help=f"checkpoints kept (default: {D.keep})")
+    add_log_flag(g, default=S, help="also send every metrics record to TensorBoard or W&B; repeatable")
+    add_device_flag(g, default=S)
     g.add_argument("--quiet", action="store_true", help="print nothing but errors")
     return p
 
@@ -149,8 +148,4 @@ def _run(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """``hybrid-distill``: returns the exit status."""
-    try:
-        args = parser().parse_args(argv)
-    except SystemExit as e:
-        return e.code
-    return _guarded("hybrid-distill", lambda: _run(args))
+    return run_command(parser(), argv, _run)

@@ -2,11 +2,14 @@
 from __future__ import annotations
 
 import dataclasses
-import math
 from dataclasses import dataclass, field, fields
 
-from ..config import TRACKERS
+from hybrid.checks import check_int
+
+from ..config_checks import check_betas, check_fraction, check_optional_str, check_real, check_text_column, tracker_list
 from ..data.packing import PACKINGS
+from ..device import check_device
+from ..schedule import default_warmup
 from .mapping import RNN_FIELDS
 
 __all__ = ["DistillConfig", "TRAIN_PARTS", "DECAY_INITS", "RESUMABLE"]
@@ -62,40 +65,23 @@ class DistillConfig:
     device: str = "auto"
 
     def __post_init__(self):
-        if isinstance(self.betas, list):
-            self.betas = tuple(self.betas)
         if self.grad_clip == 0:
             self.grad_clip = None
-        if isinstance(self.log, (tuple, str)):
-            self.log = [self.log] if isinstance(self.log, str) else list(self.log)
         self._validate()
 
     @property
     def align_warmup_steps(self) -> int:
-        return min(100, self.align_steps // 10) if self.align_warmup is None else self.align_warmup
+        return default_warmup(self.align_steps) if self.align_warmup is None else self.align_warmup
 
     @property
     def warmup_steps(self) -> int:
-        return min(100, self.steps // 10) if self.warmup is None else self.warmup
+        return default_warmup(self.steps) if self.warmup is None else self.warmup
 
     @property
     def total_steps(self) -> int:
         return self.align_steps + self.steps
 
     def _validate(self) -> None:
-        def integer(name, low):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int) or v < low:
-                raise ValueError(f"{name}: expected an int >= {low}, got {v!r}")
-
-        def number(name, low, high=math.inf, low_open=False):
-            v = getattr(self, name)
-            ok = not isinstance(v, bool) and isinstance(v, (int, float)) and math.isfinite(v)
-            if not (ok and (v > low if low_open else v >= low) and v <= high):
-                what = (f"a finite number {'>' if low_open else '>='} {low:g}" if high == math.inf
-                        else f"a number in {'(' if low_open else '['}{low:g}, {high:g}]")
-                raise ValueError(f"{name}: expected {what}, got {v!r}")
-
         if not isinstance(self.teacher, str) or not self.teacher:
             raise ValueError(f"teacher: expected a run directory, got {self.teacher!r}")
         if not isinstance(self.out, str) or not self.out:
@@ -110,48 +96,37 @@ class DistillConfig:
             raise ValueError(f"--set: expected one of the R layers' fields {list(RNN_FIELDS)} (the student keeps the "
                              f"teacher's vocabulary, width, depth, heads and MLPs; --pattern / --window for the "
                              f"layers), got {', '.join(bad)}")
-        if self.data is not None and not isinstance(self.data, str):
-            raise ValueError(f"data: expected a string or None, got {self.data!r}")
-        if not isinstance(self.text_column, str) or not self.text_column:
-            raise ValueError(f"text_column: expected a column name, got {self.text_column!r}")
-        number("valid_fraction", 0.0, 1.0, low_open=True)
-        if self.valid_fraction >= 1.0:
-            raise ValueError(f"valid_fraction: expected a number in (0, 1), got {self.valid_fraction!r}")
+        check_optional_str("data", self.data)
+        check_text_column("text_column", self.text_column)
+        check_fraction("valid_fraction", self.valid_fraction)
         if self.packing not in PACKINGS:
             raise ValueError(f"packing: expected one of {list(PACKINGS)}, got {self.packing!r}")
-        for name in ("seq_len", "batch_size", "log_every", "keep", "select_batches"):
-            integer(name, 1)
-        for name in ("align_steps", "steps", "eval_every", "save_every", "seed"):
-            integer(name, 0)
+        for name, low in (("seq_len", 1), ("batch_size", 1), ("log_every", 1), ("keep", 1), ("select_batches", 1),
+                          ("align_steps", 0), ("steps", 0), ("eval_every", 0), ("save_every", 0), ("seed", 0)):
+            setattr(self, name, check_int(name, getattr(self, name), low=low))
         if self.total_steps < 1:
             raise ValueError("steps: expected at least one step in all (--align-steps + --steps), got 0")
         for name, total in (("align_warmup", self.align_steps), ("warmup", self.steps)):
             if getattr(self, name) is not None:
-                integer(name, 0)
+                setattr(self, name, check_int(name, getattr(self, name), low=0))
                 if getattr(self, name) > total:
                     raise ValueError(f"{name}: expected at most its stage's {total} steps, got {getattr(self, name)}")
         for name in ("align_lr", "lr", "temperature"):
-            number(name, 0.0, low_open=True)
-        number("ce_weight", 0.0)
-        number("min_lr_ratio", 0.0, 1.0)
-        number("weight_decay", 0.0)
+            check_real(name, getattr(self, name), low=0.0, low_open=True)
+        check_real("ce_weight", self.ce_weight, low=0.0)
+        check_real("min_lr_ratio", self.min_lr_ratio, low=0.0, high=1.0)
+        check_real("weight_decay", self.weight_decay, low=0.0)
         if self.decay_init not in DECAY_INITS:
             raise ValueError(f"decay_init: expected one of {list(DECAY_INITS)}, got {self.decay_init!r}")
         if self.train not in TRAIN_PARTS:
             raise ValueError(f"train: expected one of {list(TRAIN_PARTS)}, got {self.train!r}")
-        if (not isinstance(self.betas, tuple) or len(self.betas) != 2
-                or not all(isinstance(b, (int, float)) and not isinstance(b, bool) and 0 <= b < 1 for b in self.betas)):
-            raise ValueError(f"betas: expected two numbers in [0, 1), got {self.betas!r}")
+        self.betas = check_betas("betas", self.betas)
         if self.grad_clip is not None:
-            number("grad_clip", 0.0, low_open=True)
+            check_real("grad_clip", self.grad_clip, low=0.0, low_open=True)
         if self.eval_batches is not None:
-            integer("eval_batches", 1)
-        if (not isinstance(self.log, list) or any(k not in TRACKERS for k in self.log)
-                or len(set(self.log)) != len(self.log)):
-            raise ValueError(f"log: expected a list of distinct trackers from {list(TRACKERS)}, got {self.log!r}")
-        if not isinstance(self.device, str) or not (self.device in ("auto", "cpu", "cuda")
-                                                    or self.device.startswith("cuda:")):
-            raise ValueError(f"device: expected 'auto', 'cpu', 'cuda' or 'cuda:N', got {self.device!r}")
+            self.eval_batches = check_int("eval_batches", self.eval_batches, low=1)
+        self.log = tracker_list("log", self.log)
+        check_device("device", self.device)
 
     def to_dict(self) -> dict:
         d = dataclasses.asdict(self)

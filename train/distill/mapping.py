@@ -114,9 +114,9 @@ def attention_mean_distance(attn: Attention, x: torch.Tensor) -> torch.Tensor:
     long, so short prefixes do not pull the figure down): ``(H,)`` float64."""
     B, T, _ = x.shape
     H, G = attn.n_heads, attn.n_kv_heads
-    q, k, v = attn._project(x)
-    cs_q, cs_kv, _ = attn._cos_sin(x, attn.init_state(B, x.device))
-    q, k, _ = attn._rotate_qkv(q, k, v, cs_q, cs_kv)
+    q, k, v = attn.project(x)
+    cs_q, cs_kv, _ = attn.cos_sin(x, attn.init_state(B, x.device))
+    q, k, _ = attn.rotate_qkv(q, k, v, cs_q, cs_kv)
     k = k.repeat_interleave(H // G, dim=2)  # (B, T, H, D)
     scores = torch.einsum("bihd,bjhd->bhij", q.double(), k.double()) * attn.scale  # (B, H, T, T)
     dist = torch.arange(T, device=x.device)[:, None] - torch.arange(T, device=x.device)[None, :]  # i − j

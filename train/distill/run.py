@@ -26,7 +26,6 @@ import json
 import random
 import shutil
 import statistics
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -47,14 +46,16 @@ from ..checkpoint import (
     restore_rng_state,
     save_checkpoint,
 )
+from ..console import Console
 from ..data import prepare_data
 from ..data.packing import pack_documents
-from ..distributed import resolve_device
+from ..device import resolve_device
+from ..divergence import NonFiniteFlag, nonfinite_weights
 from ..init_from import copy_matching
 from ..metrics import METRICS_FILE, MetricsLogger, read_metrics
 from ..optim import build_optimizer
 from ..outdir import check_output_dir
-from ..progress import progress_bar
+from ..saved_model import checkpoint_config, checkpoint_model
 from ..schedule import warmup_cosine
 from ..sharding import GlobalBatches
 from ..tokenizer import tokenizer_from_dict
@@ -95,19 +96,13 @@ def load_teacher(run_dir, device) -> Teacher:
                          f"hybrid-import or hybrid-distill), got {ckpt.path}, which has none: the student's vocabulary "
                          f"could not be checked against the data")
     try:
-        config = HybridConfig.from_dict(ckpt.config)
-    except ValueError as e:
-        raise ValueError(f"--teacher: expected a valid model config, got {ckpt.path / 'config.json'} ({e})") from None
-    if config.dtype == "float16":
-        raise ValueError("--teacher: expected a float32 or bfloat16 model, got float16 (no loss scaling here); "
-                         "import it with hybrid-import --dtype float32")
-    model = HybridLM(config)
-    try:
-        model.load_state_dict(ckpt.model_state)
-    except RuntimeError as e:
-        raise ValueError(f"--teacher: the weights of {ckpt.path} do not fit its config "
-                         f"({' '.join(str(e).split())[:200]})") from None
-    model.to(device).eval().requires_grad_(False)
+        config = checkpoint_config(ckpt)
+        if config.dtype == "float16":
+            raise ValueError("expected a float32 or bfloat16 model, got float16 (no loss scaling here); import it "
+                             "with hybrid-import --dtype float32")
+        model = checkpoint_model(ckpt, device, config).requires_grad_(False)
+    except ValueError as e:  # CheckpointError included: a config or weights that do not fit
+        raise ValueError(f"--teacher: {' '.join(str(e).split())[:400]}") from None
     sha = ckpt.manifest.get("files", {}).get("model.safetensors", {}).get("sha256", "")
     root = ckpt.path.parent if ckpt.path.name.startswith("checkpoint") else ckpt.path
     return Teacher(model=model, config=config, tokenizer=extra["tokenizer"], path=root.resolve(), sha256=sha)
@@ -137,11 +132,10 @@ class Distiller:
                  _checkpoint: Checkpoint | None = None):
         if not isinstance(config, DistillConfig):
             raise ValueError(f"config: expected a DistillConfig, got {type(config).__name__}")
-        self.config, self.overwrite, self.verbose = config, overwrite, verbose
-        self.progress = sys.stderr.isatty() if progress is None else progress
+        self.config, self.overwrite = config, overwrite
+        self.console = Console(verbose, progress)
         self.on_log, self.checkpoint = on_log, _checkpoint
         self.out = Path(config.out)
-        self.bar = None
         self.last_saved: tuple[int, Path] | None = None
         self.step = 0
 
@@ -171,18 +165,6 @@ class Distiller:
         overrides.pop("teacher", None)  # unchanged: the recorded absolute path works from any directory
         config = saved.replace(**overrides, teacher=record["teacher"]["path"], out=str(ckpt.path.parent))
         return cls(config, _checkpoint=ckpt, **(distiller_kwargs or {}))
-
-    # ------------------------------------------------------------------------------------------ messages
-
-    def write(self, msg: str) -> None:
-        if self.bar is not None:
-            self.bar.write(msg)
-        else:
-            print(msg, flush=True)
-
-    def _say(self, msg: str, level: int = 1) -> None:
-        if self.verbose >= level:
-            self.write(msg)
 
     # ------------------------------------------------------------------------------------------ setup
 
@@ -245,7 +227,7 @@ class Distiller:
         if self.checkpoint is None and self.out.exists():  # --overwrite: the old directory goes, all being checked
             shutil.rmtree(self.out)
         self.ranking, self.replaced, self.align_init = None, None, None
-        self.nonfinite_at = torch.zeros((), dtype=torch.float64, device=self.device)
+        self.nonfinite = NonFiniteFlag(self.device)
         ckpt = self.checkpoint
         if ckpt is None or ckpt.extra["distill"]["stage"] == "align":
             self.stage, self.stage_step = "align", 0
@@ -258,7 +240,7 @@ class Distiller:
             record = ckpt.extra["distill"]
             self.stage = "distill"
             self.ranking, self.replaced = record.get("ranking"), record["replaced"]
-            self.model = HybridLM(HybridConfig.from_dict(ckpt.config)).to(self.device)
+            self.model = HybridLM(checkpoint_config(ckpt)).to(self.device)
             self._start_distill()
         if ckpt is not None:
             self._restore(ckpt)
@@ -312,10 +294,7 @@ class Distiller:
             problem = f"does not fit this run ({type(e).__name__}: {' '.join(str(e).split())[:200]})"
             raise CheckpointError(ckpt.path, problem) from None
         if self.stage == "distill":  # --steps on resume is the new total
-            schedule = self.scheduler.lr_lambdas[0]
-            schedule.total = max(self.config.steps, 1)
-            for group, base in zip(self.optimizer.param_groups, self.scheduler.base_lrs):
-                group["lr"] = base * schedule(self.scheduler.last_epoch)
+            self.scheduler.set_total(max(self.config.steps, 1))
         self.batches.load_state_dict(ckpt.data_state)
         restore_rng_state(ckpt.rng_state)
         self.step, self.stage_step = ckpt.step, record["stage_step"]
@@ -346,7 +325,7 @@ class Distiller:
         bad = ~torch.isfinite(loss.detach())
         if norm is not None:
             bad = bad | ~torch.isfinite(norm)
-        self.nonfinite_at = torch.where(bad & (self.nonfinite_at == 0), float(self.step + 1), self.nonfinite_at)
+        self.nonfinite.record(bad, self.step + 1)
         lr = self.optimizer.param_groups[0]["lr"]
         self.optimizer.step()
         self.scheduler.step()
@@ -428,10 +407,10 @@ class Distiller:
     # ------------------------------------------------------------------------------------------ health, saving
 
     def _check_health(self, *, weights: bool) -> None:
-        first_bad = int(self.nonfinite_at.item())
+        first_bad = int(self.nonfinite.first.item())
         if first_bad:
             raise FloatingPointError(self._diverged(f"the loss or gradient norm was not finite at step {first_bad}"))
-        if weights and not all(bool(torch.isfinite(p).all()) for p in self.trainable):
+        if weights and nonfinite_weights(self.trainable).item():
             raise FloatingPointError(self._diverged(f"the weights are not finite after step {self.step}"))
 
     def _diverged(self, what: str) -> str:
@@ -458,7 +437,7 @@ class Distiller:
                         rng_state=capture_rng_state(), data_state=self.batches.state_dict(), step=self.step,
                         extra=extra, keep=c.keep)
         self.last_saved = (self.step, self.out / "checkpoint")
-        self._say(f"step {self.step:>6}  checkpoint saved to {self.out / 'checkpoint'}", level=2)
+        self.console.say(f"step {self.step:>6}  checkpoint saved to {self.out / 'checkpoint'}", level=2)
 
     def _record(self, record: dict) -> None:
         self.metrics.log(**record)
@@ -470,12 +449,11 @@ class Distiller:
     # ------------------------------------------------------------------------------------------ run
 
     def fit(self) -> DistillResult:
-        self.bar, self.metrics, self.tracker = None, None, None
+        self.metrics, self.tracker = None, None
         try:
             return self._fit()
         finally:
-            if self.bar is not None:
-                self.bar.close()
+            self.console.close_bar()
             if self.metrics is not None:
                 self.metrics.close()
             if self.tracker is not None:
@@ -491,8 +469,8 @@ class Distiller:
         self.tracker = open_trackers(c.log, self.out, c.to_dict(), resume_step=self.step if resumed else None)
         (self.out / CONFIG_FILE).write_text(json.dumps(c.to_dict(), indent=2) + "\n")
         self._announce(resumed)
-        if self.progress and self.verbose:
-            self.bar = progress_bar(total=c.total_steps, initial=self.step, desc="hybrid-distill", unit="step")
+        if self.console.verbose:
+            self.console.open_bar(total=c.total_steps, initial=self.step, desc="hybrid-distill")
         if self.stage == "align":
             if not resumed and self.align_layers:
                 self.align_init = self.align_eval()
@@ -510,13 +488,11 @@ class Distiller:
             self._record({"step": self.step, "stage": "distill", **final})
         if self.last_saved is None or self.last_saved[0] != self.step or self.stage_step == 0:
             self._save()
-        if self.bar is not None:
-            self.bar.close()
-            self.bar = None
+        self.console.close_bar()
         self._plot()
         summary = self._summary(teacher, final)
         (self.out / SUMMARY_FILE).write_text(json.dumps(summary, indent=2) + "\n")
-        self._say(self._layout(summary))
+        self.console.say(self._layout(summary))
         return DistillResult(step=self.step, out=self.out, layer_types=self.model.config.layer_types,
                              replaced=list(self.replaced), val_loss=final["val_loss"], val_bpb=final["val_bpb"],
                              val_kl=final["val_kl"], teacher_val_bpb=teacher["teacher_val_bpb"], ranking=self.ranking,
@@ -528,7 +504,7 @@ class Distiller:
         part_sums: dict[str, torch.Tensor] = {}
         n, seconds = 0, 0.0
         while self.stage_step < total:
-            t0 = time.perf_counter()
+            t0, postfix = time.perf_counter(), {}
             loss, parts, norm, lr = step_fn()
             self.step += 1
             self.stage_step += 1
@@ -546,17 +522,16 @@ class Distiller:
                 if norm is not None:
                     record["grad_norm"] = float(norm)
                 self._record(record)
-                if self.bar is not None:
-                    self.bar.set_postfix(stage=stage, loss=f"{record['loss']:.4f}")
+                if self.console.bar is not None:
+                    postfix = dict(stage=stage, loss=f"{record['loss']:.4f}")
                 else:
-                    self._say(f"step {self.step:>6}  {stage:<7}  loss {record['loss']:.5f}  lr {lr:.2e}  "
-                              f"{record['tokens_per_s']:,.0f} tok/s", level=2)
+                    self.console.say(f"step {self.step:>6}  {stage:<7}  loss {record['loss']:.5f}  lr {lr:.2e}  "
+                                     f"{record['tokens_per_s']:,.0f} tok/s", level=2)
                 loss_sum.zero_()
                 part_sums, n, seconds = {}, 0, 0.0
             else:
                 seconds += time.perf_counter() - t0
-            if self.bar is not None:
-                self.bar.update(1)
+            self.console.advance(**postfix)
             if (c.eval_every and self.step % c.eval_every == 0) or last:
                 self._check_health(weights=True)
                 figures = self.align_eval() if stage == "align" else self.student_eval()
@@ -566,7 +541,7 @@ class Distiller:
                 self._plot()
                 shown = "  ".join(f"{k} {v:.4g}" for k, v in figures.items()
                                   if k.startswith(("val_rel", "val_bpb", "val_kl")))
-                self._say(f"step {self.step:>6}  {stage:<7}  {shown}")
+                self.console.say(f"step {self.step:>6}  {stage:<7}  {shown}")
             if (c.save_every and self.step % c.save_every == 0) or last:
                 self._save()
 
@@ -581,9 +556,10 @@ class Distiller:
             kept = [r["layer"] for r in self.ranking if r["kept"]]
             letters = self.teacher.config.layer_types
             types = "".join("A" if i in kept or x != "A" else "R" for i, x in enumerate(letters))
-            self._say("layer ranking (KL of the teacher with only that layer replaced, nats/token):\n"
-                      + "\n".join(f"  {r['rank']:>2}. layer {r['layer']:>3}  KL {r['kl']:.5f}  "
-                                  f"{'kept as attention' if r['kept'] else 'replaced by R'}" for r in self.ranking))
+            rows = (f"  {r['rank']:>2}. layer {r['layer']:>3}  KL {r['kl']:.5f}  "
+                    f"{'kept as attention' if r['kept'] else 'replaced by R'}" for r in self.ranking)
+            self.console.say("layer ranking (KL of the teacher with only that layer replaced, nats/token):\n"
+                             + "\n".join(rows))
             (self.out / RANKING_FILE).write_text(json.dumps(
                 {"teacher": str(self.teacher.path), "k": self.k, "layer_types": types,
                  "metric": "mean per-token KL(teacher || teacher with only this layer replaced by its stage-1 R "
@@ -608,20 +584,21 @@ class Distiller:
         c, s = self.config, self.data.stats
         mode = f"pattern {c.pattern}" if c.pattern is not None else f"keep-attention {c.keep_attention}"
         what = f"resuming at step {self.step} ({self.stage})" if resumed else "distilling"
-        self._say(f"{what}: teacher {self.teacher.path} (layers {self.teacher.config.layer_types}, "
-                  f"{self.teacher.model.num_parameters():,} parameters) -> {mode}, window "
-                  f"{self.align_config.window or 'global'}\n"
-                  f"data: {s['source']}: {s['train_tokens']:,} train / {s['valid_tokens']:,} valid tokens "
-                  f"({s['tokenizer']})\n"
-                  f"stage 1 (align {len(self.align_layers)} R layers): {c.align_steps} steps, lr {c.align_lr:g}; "
-                  f"stage 2 (KL, τ={c.temperature:g}, ce_weight {c.ce_weight:g}, train {c.train}): {c.steps} steps, "
-                  f"lr {c.lr:g}; {c.batch_size} × {c.seq_len} tokens per step (packing {c.packing})")
+        say = self.console.say
+        say(f"{what}: teacher {self.teacher.path} (layers {self.teacher.config.layer_types}, "
+            f"{self.teacher.model.num_parameters():,} parameters) -> {mode}, window "
+            f"{self.align_config.window or 'global'}\n"
+            f"data: {s['source']}: {s['train_tokens']:,} train / {s['valid_tokens']:,} valid tokens "
+            f"({s['tokenizer']})\n"
+            f"stage 1 (align {len(self.align_layers)} R layers): {c.align_steps} steps, lr {c.align_lr:g}; "
+            f"stage 2 (KL, τ={c.temperature:g}, ce_weight {c.ce_weight:g}, train {c.train}): {c.steps} steps, "
+            f"lr {c.lr:g}; {c.batch_size} × {c.seq_len} tokens per step (packing {c.packing})")
         for note in getattr(self, "notes", []):
-            self._say(f"note: copied {note['copied']} teacher tensors; R layers {note['mapped_layers']} from the "
-                      f"attention they replace (V, O)")
+            say(f"note: copied {note['copied']} teacher tensors; R layers {note['mapped_layers']} from the "
+                f"attention they replace (V, O)")
             if "decay" in note:
                 per_layer = (f"layer {i}: {', '.join(f'{g:.3f}' for g in gs)}" for i, gs in note["decay"].items())
-                self._say("note: decay γ per head from the attention's mean distance: " + "; ".join(per_layer))
+                say("note: decay γ per head from the attention's mean distance: " + "; ".join(per_layer))
 
     def _plot(self) -> None:
         """loss.png: stage 1's per-layer MSE, stage 2's loss and the validation loss against the teacher's."""
@@ -676,7 +653,7 @@ class Distiller:
         return {
             "teacher": str(self.teacher.path), "teacher_layer_types": self.teacher.config.layer_types,
             "layer_types": self.model.config.layer_types, "replaced": self.replaced,
-            "window": self.model.config.window, "ranking": self.ranking, **teacher, **final,
+            "window": self.model.config.attention.window, "ranking": self.ranking, **teacher, **final,
             "tokens": {"align": c.align_steps * tokens, "distill": c.steps * tokens, "total": c.total_steps * tokens},
             "tokens_per_s": {k: statistics.median(v) if v else None for k, v in speeds.items()},
             "align_mse_init": self.align_init,

@@ -72,7 +72,8 @@ def check_tasks(manager, tasks: list[str], include_path=None) -> None:
                      + (f"; did you mean {', '.join(near)}?" if near else "; `lm-eval ls tasks` lists them"))
 
 
-def _lm_eval():
+def import_lm_eval():
+    """``(lm_eval, HFLM, TaskManager)``, imported on first use; an ImportError that says how to install lm-eval."""
     try:
         import lm_eval
         from lm_eval.models.huggingface import HFLM
@@ -86,7 +87,7 @@ def _lm_eval():
 def task_manager(tasks: list[str], include_path=None):
     """lm-eval's TaskManager with ``include_path``, after checking the path and that it knows every task."""
     check_include_path(include_path)
-    _, _, TaskManager = _lm_eval()
+    _, _, TaskManager = import_lm_eval()
     manager = TaskManager(include_path=str(include_path) if include_path else None)
     check_tasks(manager, tasks, include_path)
     return manager
@@ -100,7 +101,7 @@ def evaluate(path, tasks: list[str], *, include_path=None, device: str = "cpu", 
 
     The include path and the task names are checked before the model is loaded (a ValueError names them)."""
     check_include_path(include_path)  # before lm-eval's slow import and task index
-    lm_eval, HFLM, _ = _lm_eval()
+    lm_eval, HFLM, _ = import_lm_eval()
     manager = task_manager(tasks, include_path)
     model, tokenizer = load_for_eval(path, device)
     hf_logger = logging.getLogger("lm_eval.models.huggingface")

@@ -13,6 +13,8 @@ import dataclasses
 import json
 from dataclasses import dataclass, field
 
+from hybrid.checks import check_positive_int
+
 
 @dataclass(frozen=True)
 class Budget:
@@ -40,9 +42,7 @@ class Budget:
         if not self.lrs or min(self.lrs) <= 0:
             raise ValueError(f"lrs: expected positive learning rates, got {self.lrs}")
         for name in ("steps", "seq_len", "batch_size", "d_model", "n_layers", "n_heads", "eval_size"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise ValueError(f"{name}: expected a positive int, got {v!r}")
+            check_positive_int(name, getattr(self, name))
 
     def override(self, *, steps=None, seq_len=None, seeds=None, models=None, known_models=None) -> "Budget":
         """This budget with the command line's overrides (None = keep). ``models`` must be among

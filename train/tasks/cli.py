@@ -1,19 +1,18 @@
 """``hybrid-synthetic`` (= ``python -m hybrid.train.tasks``): one model on one task, or a whole suite.
 
-User errors print one line, ``hybrid-synthetic: error: …``, and exit 2.
+User errors print one line, ``hybrid-synthetic: error: …``, and exit 2; an interrupted suite exits 130 and the
+same command continues it (``hybrid.train.cli_parts``).
 """
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from pathlib import Path
 
 from hybrid.models import PRESETS
 
-from ..cli import USER_ERRORS, _fail, _Parser, _positive_int, _set_pair
-from ..config import TRACKERS
+from ..cli_parts import Parser, add_device_flag, add_log_flag, add_set_flag, positive_int, run_command
 from ..outdir import check_output_dir, prepare_suite_dir, staged_output_dir
 from ..progress import progress_bar
 from ..suite import markdown_table, parse_int_list, parse_name_list
@@ -36,33 +35,31 @@ a suite adds results.jsonl (one record per finished run; a second invocation res
 
 
 def parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="hybrid-synthetic", epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
-                description="Synthetic capability tasks: parity and modular arithmetic (state tracking), MQAR "
-                            "(associative recall). Train one model on one task, or run a suite of models.")
+    p = Parser(prog="hybrid-synthetic", epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
+               description="Synthetic capability tasks: parity and modular arithmetic (state tracking), MQAR "
+                           "(associative recall). Train one model on one task, or run a suite of models.")
     what = p.add_mutually_exclusive_group(required=True)
     what.add_argument("--task", choices=TASK_NAMES, help="train one model on this task")
     what.add_argument("--suite", choices=sorted(SUITES), help="run every model of the budget on these tasks")
     p.add_argument("--budget", choices=list(BUDGETS), default="cpu",
                    help="sizes, steps, lengths, seeds and learning rates (default: cpu)")
     p.add_argument("--out", required=True, help="the run directory (--task) or the suite directory (--suite)")
-    p.add_argument("--steps", type=_positive_int, help="optimizer steps per run (overrides the budget)")
-    p.add_argument("--seq-len", type=_positive_int, help="longest training length (overrides the budget)")
+    p.add_argument("--steps", type=positive_int, help="optimizer steps per run (overrides the budget)")
+    p.add_argument("--seq-len", type=positive_int, help="longest training length (overrides the budget)")
     p.add_argument("--seeds", help="comma-separated seeds, e.g. 0,1,2 (overrides the budget)")
     p.add_argument("--models", help="comma-separated suite models (overrides the budget): " + ", ".join(MODELS))
-    p.add_argument("--device", default="auto", help="auto (cuda when available), cpu, cuda, cuda:N")
+    add_device_flag(p)
     p.add_argument("--overwrite", action="store_true",
                    help="--task: replace a non-empty --out; --suite: start the suite over instead of continuing it")
-    p.add_argument("--log", choices=list(TRACKERS), action="append", default=[],
-                   help="log each finished run (its metrics.jsonl, results and config) to TensorBoard "
-                        "(RUN/tensorboard/) or Weights & Biases; repeatable")
+    add_log_flag(p, help="log each finished run (its metrics.jsonl, results and config) to TensorBoard "
+                         "(RUN/tensorboard/) or Weights & Biases; repeatable")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     g = p.add_argument_group("one run (--task)")
     g.add_argument("--preset", choices=sorted(PRESETS), default="vo-rnn", help="architecture (default: vo-rnn)")
-    g.add_argument("--set", dest="sets", metavar="KEY=VALUE", type=_set_pair, action="append", default=[],
-                   help="any HybridConfig field, VALUE parsed as JSON (e.g. --set rnn_phase='\"data\"'); the "
-                        "budget sets d_model, n_layers and n_heads (--set overrides them too); repeatable")
+    add_set_flag(g, help="any HybridConfig field, VALUE parsed as JSON (e.g. --set rnn_phase='\"data\"'); the "
+                         "budget sets d_model, n_layers and n_heads (--set overrides them too); repeatable")
     g.add_argument("--lr", type=float, help="learning rate (default: the largest of the budget's grid)")
-    g.add_argument("--batch-size", type=_positive_int, help="sequences per step (default: the budget's)")
+    g.add_argument("--batch-size", type=positive_int, help="sequences per step (default: the budget's)")
     return p
 
 
@@ -115,43 +112,41 @@ def _log_suite(kinds, out: Path, suite: str) -> None:
             replay_run(kinds, run_dir, record["config"], summary=_summary(record["metrics"]), group=suite)
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = parser()
-    args = p.parse_args(argv)  # a bad option: SystemExit(2), its one line printed
-    try:
-        from ..tracking import check_trackers
+def _run(args: argparse.Namespace) -> int:
+    from ..tracking import check_trackers
 
-        check_trackers(args.log)
-        if args.task is not None:
-            check_output_dir(args.out, overwrite=args.overwrite, what="--out")
-        seeds = parse_int_list(args.seeds) if args.seeds is not None else None
-        models = parse_name_list(args.models) if args.models is not None else None
-        budget = budget_for(args.budget, steps=args.steps, seq_len=args.seq_len, seeds=seeds, models=models,
-                            suite=args.suite or args.task)
-        if args.suite is not None:
-            if args.sets or args.lr is not None or args.batch_size is not None:
-                raise ValueError("--set, --lr and --batch-size: apply to one run (--task); a suite takes its "
-                                 "models, rates and batch from the budget")
-            prepare_suite_dir(args.out, overwrite=args.overwrite)
-            print(budget.describe(), flush=True)
-            report = run_synthetic_suite(args.suite, budget, args.out, device=args.device, verbose=not args.quiet)
-            print(f"report: {report}")
-            if args.log:
-                _log_suite(args.log, Path(args.out), args.suite)
-            return 0
-        return _one_run(args, budget)
-    except USER_ERRORS as e:
-        if os.environ.get("HYBRID_TRACEBACK"):
-            raise
-        p.exit(_fail(p.prog, e))  # one line, exit 2
-    except KeyboardInterrupt:
-        if args.suite is not None:  # finished runs are in results.jsonl; the suite continues from them
-            print(f"{p.prog}: interrupted; the finished runs are kept in {args.out}; run the same command again to "
-                  f"continue the suite", file=sys.stderr)
-        else:  # a --task run is written whole or not at all
-            print(f"{p.prog}: interrupted; nothing was written to {args.out}; run the same command again to start "
-                  f"over", file=sys.stderr)
-        return 130
+    check_trackers(args.log)
+    if args.task is not None:
+        check_output_dir(args.out, overwrite=args.overwrite, what="--out")
+    seeds = parse_int_list(args.seeds) if args.seeds is not None else None
+    models = parse_name_list(args.models) if args.models is not None else None
+    budget = budget_for(args.budget, steps=args.steps, seq_len=args.seq_len, seeds=seeds, models=models,
+                        suite=args.suite or args.task)
+    if args.suite is None:
+        try:
+            return _one_run(args, budget)
+        except KeyboardInterrupt:  # a --task run is written whole or not at all
+            raise KeyboardInterrupt(f"; nothing was written to {args.out}; run the same command again to start "
+                                    f"over") from None
+    if args.sets or args.lr is not None or args.batch_size is not None:
+        raise ValueError("--set, --lr and --batch-size: apply to one run (--task); a suite takes its "
+                         "models, rates and batch from the budget")
+    prepare_suite_dir(args.out, overwrite=args.overwrite)
+    print(budget.describe(), flush=True)
+    try:
+        report = run_synthetic_suite(args.suite, budget, args.out, device=args.device, verbose=not args.quiet)
+    except KeyboardInterrupt:  # finished runs are in results.jsonl; the suite continues from them
+        raise KeyboardInterrupt(f"; the finished runs are kept in {args.out}; run the same command again to "
+                                f"continue the suite") from None
+    print(f"report: {report}")
+    if args.log:
+        _log_suite(args.log, Path(args.out), args.suite)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``hybrid-synthetic``: returns the exit status."""
+    return run_command(parser(), argv, _run)
 
 
 if __name__ == "__main__":

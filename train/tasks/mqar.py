@@ -25,6 +25,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from hybrid.checks import check_int
+
 from .base import IGNORE, Batch, Task
 
 ZOOLOGY_GRID = ((64, 4), (128, 8), (256, 16))
@@ -51,7 +53,7 @@ class MQAR(Task):
         self.grid = tuple((int(L), int(p)) for L, p in grid)
         if not self.grid:
             raise ValueError("grid: expected at least one (length, pairs) point, got none")
-        if isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or vocab_size < 8 or vocab_size % 2:
+        if check_int("vocab_size", vocab_size, low=8, what="an even int >= 8") % 2:
             raise ValueError(f"vocab_size: expected an even int >= 8, got {vocab_size!r}")
         for L, p in self.grid:
             if p < 1 or L % 2 or 4 * p > L:

@@ -185,7 +185,7 @@ class Passkey(Task):
 
     # ------------------------------------------------------------------------------------------ the filler
 
-    def _streams(self) -> tuple[np.ndarray, np.ndarray, str]:
+    def filler_streams(self) -> tuple[np.ndarray, np.ndarray, str]:
         """The corpus's training and validation byte streams (text filler), prepared once per process."""
         from ..data import default_cache_dir, prepare_data
         from ..tokenizer import ByteTokenizer
@@ -201,7 +201,7 @@ class Passkey(Task):
         F_ = self.filler_count(length)
         if self.filler == "random":
             return rng.choice(self.filler_ids, size=(n, F_))
-        train, valid, _ = self._streams()
+        train, valid, _ = self.filler_streams()
         stream = train if split == "train" else valid
         if len(stream) <= F_:
             raise ValueError(f"test_lengths: the corpus's {split} split has {len(stream)} tokens, too few for "
@@ -275,7 +275,7 @@ class Passkey(Task):
             "rows": "for each length, row d·samples + s is sample s at depths[d]",
         }
         if self.filler == "text":
-            spec["corpus_fingerprint"] = self._streams()[2]
+            spec["corpus_fingerprint"] = self.filler_streams()[2]
             spec["haystacks"] = {str(n): base64.b64encode(h.astype("<u2").tobytes()).decode("ascii")
                                  for n, (h, _) in test_set.items()}
             spec["haystack_encoding"] = "base64 of little-endian uint16 ids, shape (samples, length − 2k − 1)"
@@ -354,7 +354,7 @@ def yarn_scaling(length: int, train_length: int) -> dict | None:
 def _scaled_copy(model, scaling: dict | None):
     from hybrid.models import HybridLM
 
-    if scaling == model.config.rope_scaling:
+    if scaling == model.config.rotary.scaling:
         return model
     scaled = HybridLM(model.config.replace(rope_scaling=scaling)).to(next(model.parameters()).device)
     scaled.load_state_dict(model.state_dict())
@@ -381,7 +381,7 @@ def score_passkey(model, task: Passkey, device="cpu", *, test_set: dict | None =
     grids = {"exact": [], "digit": [], "loss": []}
     out = {"accuracy": {}, "digit_accuracy": {}, "scaled_accuracy": {}, "test_loss": {}}
     for length in task.test_lengths:
-        scaling = yarn_scaling(length, task.train_length) if rope_scaling == "yarn" else model.config.rope_scaling
+        scaling = yarn_scaling(length, task.train_length) if rope_scaling == "yarn" else model.config.rotary.scaling
         scorer = _scaled_copy(model, scaling)
         batch = task.cell_batch(test_set, length)
         per_batch = max(1, max_tokens // length)

@@ -19,10 +19,11 @@ from pathlib import Path
 
 from hybrid.models import PRESETS
 
+from ..device import resolve_device
 from ..suite import Budget, RunSpec, fmt_mean_std, markdown_table, mean_std, run_suite, write_report
 from .passkey import plot_heatmap, score_passkey
 from .selection import summarise
-from .train import RESULTS_FILE, TaskRunConfig, load_task_run, resolve_device, train_task
+from .train import RESULTS_FILE, TaskRunConfig, load_task_run, train_task
 
 SUITES = {"passkey": ("passkey",), "passkey-text": ("passkey-text",)}
 TASKS = ("passkey", "passkey-text")

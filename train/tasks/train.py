@@ -22,12 +22,14 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from hybrid.checks import check_int
+from hybrid.checks import check_int, check_number
 from hybrid.models import PRESETS, SIZES, HybridConfig, HybridLM
 
 from ..checkpoint import load_checkpoint, save_checkpoint
+from ..device import check_device, resolve_device
 from ..optim import build_optimizer
-from ..schedule import warmup_cosine
+from ..saved_model import checkpoint_model
+from ..schedule import default_warmup, warmup_cosine
 from . import make_task
 from .base import IGNORE, Batch, Task, rng_of, scaled_accuracy
 
@@ -49,7 +51,7 @@ class TaskRunConfig:
     batch_size: int = 64
     lr: float = 1e-3
     weight_decay: float = 0.1
-    warmup: int | None = None  # None = min(100, steps // 10)
+    warmup: int | None = None  # None = default_warmup(steps) = min(100, steps // 10)
     curriculum_steps: int = 0  # the first steps train on the task's easiest setting (Task.curriculum_batch)
     grad_clip: float | None = 1.0
     seed: int = 0
@@ -63,13 +65,13 @@ class TaskRunConfig:
         if self.size not in SIZES:
             raise ValueError(f"size: expected one of {list(SIZES)}, got {self.size!r}")
         for name in ("steps", "batch_size", "eval_size", "log_every"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise ValueError(f"{name}: expected a positive int, got {v!r}")
-        if not (isinstance(self.lr, (int, float)) and math.isfinite(self.lr) and self.lr > 0):
-            raise ValueError(f"lr: expected a positive number, got {self.lr!r}")
+            setattr(self, name, check_int(name, getattr(self, name), low=1, what="a positive int"))
+        check_number("lr", self.lr, low=0.0, low_open=True)
+        check_number("weight_decay", self.weight_decay, low=0.0)
+        check_number("grad_clip", self.grad_clip, low=0.0, allow_none=True)  # None or 0: no clipping
+        check_device("device", self.device)
         if self.warmup is None:
-            self.warmup = min(100, self.steps // 10)
+            self.warmup = default_warmup(self.steps)
         for name in ("warmup", "curriculum_steps"):
             value = check_int(name, getattr(self, name), low=0, high=self.steps, what=f"an int in [0, steps={self.steps}]")
             setattr(self, name, value)
@@ -81,12 +83,6 @@ class TaskRunConfig:
     def model_config(self, task: Task) -> HybridConfig:
         overrides = {"vocab_size": task.vocab_size, **self.model}
         return HybridConfig.preset(self.preset, self.size, **overrides)
-
-
-def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
 
 
 def masked_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
@@ -200,6 +196,4 @@ def load_task_run(run_dir, device: str | torch.device = "cpu") -> tuple[HybridLM
     ckpt = load_checkpoint(run_dir)
     spec = json.loads((Path(run_dir) / TASK_FILE).read_text())
     task = make_task(spec["task"], **spec["params"])
-    model = HybridLM(HybridConfig.from_dict(ckpt.config))
-    model.load_state_dict(ckpt.model_state)
-    return model.to(device).eval(), task
+    return checkpoint_model(ckpt, device), task

@@ -70,7 +70,7 @@ def test_copied_r_layer_scans_to_the_uniform_vo_attention(layout, shared_kv):
         # the layer's own scan inputs at γ = 1 (ν = −∞): the same values, times the floored write scale 1e-6
         with torch.no_grad():
             rec.decay_nu.fill_(-float("inf"))
-        v, log_decay, theta = rec._scan_inputs(x, u)
+        v, log_decay, theta = rec.scan_inputs(x, u)
         assert (log_decay == 0).all()
         own, _ = complex_scan(v, log_decay, theta, backend="reference")
         torch.testing.assert_close(own * 1e6, scan, rtol=1e-12, atol=0)

@@ -1,0 +1,112 @@
+"""`Mixer`: what every token mixer shares — its options dataclass, the shared checks, the init hook.
+
+A mixer is `Mixer(d_model, n_heads, head_dim=None, *, rotary=None, norm_eps=1e-6, config=None, **options)`:
+`head_dim` defaults to d_model / n_heads; `rotary` is the model's `RotaryConfig` (default: its defaults);
+`norm_eps` the eps of any norm inside the mixer; `config` an instance of the class's `Config` (its own options
+dataclass, validated on construction), or `**options` its fields (`Attention(64, 4, window=16)`), never both.
+The options are checked against the stack's shape once, by `Config.check_with(n_heads=, head_dim=, rotary=)`,
+the one function `HybridConfig` calls too.
+
+A mixer's `Config` declares what the model needs to know about it:
+
+    state_grows          the decode state grows with the tokens seen (global attention), else fixed size
+    cheap_to_recompute   O(T) in time, so recomputing it in backward is cheap (`HybridConfig.recompute`)
+
+Every mixer offers
+
+    forward(x (B, T, d_model), state=None, *, offset=0, cu_seqlens=None, output_final_state=True) -> (y, state)
+    step(x (B, d_model), state=None, offset=0) -> (y, state)
+    init_state(batch_size, device=None, dtype=None) -> state
+
+and its states follow `MixerState`. `offset` is the position of x's first token: the number of tokens the
+state has seen, 0 for a fresh sequence. States hold no position; the caller keeps it (`HybridState.offset`)
+and passes it in, as gpt-fast passes `input_pos`. With `cu_seqlens` (a packed batch of N sequences) it is 0
+(every sequence fresh) or a list of N ints, one per sequence (`check_offset`).
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import ClassVar, Protocol, runtime_checkable
+
+from torch import nn
+
+from .checks import check_heads, check_int, check_number
+from .rotary import RotaryConfig
+
+
+@runtime_checkable
+class MixerState(Protocol):
+    """A mixer's decode state: bytes held, an independent copy, and several sequences' states as one batch."""
+
+    @property
+    def nbytes(self) -> int: ...
+
+    def clone(self) -> "MixerState": ...
+
+    @classmethod
+    def cat(cls, states: list) -> "MixerState": ...
+
+
+class FixedStateOptions:
+    """Base of a mixer `Config` whose decode state has a fixed size and whose cost is O(T) (R, M): the two
+    declarations the model reads, as class attributes."""
+
+    state_grows: ClassVar[bool] = False
+    cheap_to_recompute: ClassVar[bool] = True
+
+
+def check_offset(offset, n_sequences: int | None = None):
+    """The position `offset` of a call's first token, an int >= 0; with a packed batch of `n_sequences`, a list
+    of that many such ints (0 stands for all zeros). Returns the int, or the list."""
+    if n_sequences is None:
+        return check_int("offset", offset, low=0)
+    if isinstance(offset, (list, tuple)):
+        if len(offset) != n_sequences:
+            raise ValueError(f"offset: expected 0 or a list of N={n_sequences} positions with cu_seqlens, "
+                             f"got a list of {len(offset)}")
+        return [check_int("offset", o, low=0) for o in offset]
+    if check_int("offset", offset, low=0) != 0:
+        raise ValueError(f"offset: expected 0 or a list of N={n_sequences} positions with cu_seqlens, got {offset!r}")
+    return [0] * n_sequences
+
+
+def resolve_config(config_cls: type, config, options: dict):
+    """The mixer's options: `config` (an instance of `config_cls`), or `config_cls(**options)`."""
+    if config is not None:
+        if options:
+            raise ValueError(f"config: expected either config or options {sorted(options)}, got both")
+        if not isinstance(config, config_cls):
+            raise ValueError(f"config: expected a {config_cls.__name__}, got {type(config).__name__}")
+        return config
+    known = {f.name for f in dataclasses.fields(config_cls)}
+    for name in options:
+        if name not in known:
+            raise ValueError(f"{name}: expected an option of {config_cls.__name__} (one of {sorted(known)}), "
+                             f"got an unknown name")
+    return config_cls(**options)
+
+
+class Mixer(nn.Module):
+    """Base of the token mixers: resolves and checks the options; holds `d_model`, `n_heads`, `head_dim`,
+    `norm_eps`, `config` (the options) and `rotary_config`. Registers no parameters."""
+
+    Config: ClassVar[type]
+
+    def __init__(self, d_model: int, n_heads: int, head_dim: int | None = None, *,
+                 rotary: RotaryConfig | None = None, norm_eps: float = 1e-6, config=None, **options):
+        super().__init__()
+        head_dim = check_heads(d_model, n_heads, head_dim)
+        if rotary is None:
+            rotary = RotaryConfig()
+        elif not isinstance(rotary, RotaryConfig):
+            raise ValueError(f"rotary: expected a RotaryConfig or None, got {type(rotary).__name__}")
+        config = resolve_config(self.Config, config, options)
+        config.check_with(n_heads=n_heads, head_dim=head_dim, rotary=rotary)
+        self.d_model, self.n_heads, self.head_dim = int(d_model), int(n_heads), head_dim
+        self.norm_eps = check_number("norm_eps", norm_eps, low=0)
+        self.config, self.rotary_config = config, rotary
+
+    def init_weights(self, std: float, depth_std: float) -> None:
+        """The model's init, after every Linear and Embedding weight was drawn from N(0, std): the residual
+        output projection `out_proj` from N(0, depth_std) (GPT-2's 1/√(2·n_layers) scaling)."""
+        nn.init.normal_(self.out_proj.weight, mean=0.0, std=depth_std)

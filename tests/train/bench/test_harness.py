@@ -1,0 +1,85 @@
+"""hybrid.train.bench.harness: resume after a run interrupted halfway, --set before sizing, equal parameter
+counts and training budgets across every suite, the budget window."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from hybrid.train.bench import harness
+from hybrid.train.bench.budgets import BUDGETS, bench_budget
+from hybrid.train.bench.cli import bench_main
+from hybrid.train.bench.harness import PARAM_TOLERANCE, suite_configs, suite_specs
+from hybrid.train.bench.speed import non_embedding_parameters
+from hybrid.models import HybridLM
+from hybrid.train.bench.suites import SUITES
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tiny tensors (tests/conftest.py)
+
+
+def test_resume_after_a_run_interrupted_halfway(tmp_path, corpus, monkeypatch, records_of, smoke_flags):
+    out = tmp_path / "bench"
+    argv = ["--suite", "baselines", "--models", "transformer-window,hybrid", "--out", str(out),
+            "--data", str(corpus), *smoke_flags]
+    measure = harness.measure_run
+
+    def interrupted(spec, trainer, result, budget):
+        if spec.model == "hybrid":  # trained and saved, killed before its record
+            raise KeyboardInterrupt
+        return measure(spec, trainer, result, budget)
+
+    monkeypatch.setattr(harness, "measure_run", interrupted)
+    assert bench_main(argv) == 130
+    suite = out / "baselines"
+    first = records_of(suite)
+    assert [r["run"] for r in first] == ["transformer-window/seed0"]
+    assert (suite / "hybrid" / "seed0" / "checkpoint").is_dir()  # the half-done run's directory
+
+    monkeypatch.setattr(harness, "measure_run", measure)
+    assert bench_main(argv) == 0
+    records = records_of(suite)
+    assert [r["run"] for r in records] == ["transformer-window/seed0", "hybrid/seed0"]
+    assert records[0] == first[0]  # the finished run was skipped, not redone
+    assert "Does the hybrid's recurrence carry information" in (suite / "report.md").read_text()
+
+    # the same directory with other settings is refused rather than mixed into the records
+    assert bench_main([*argv, "--set", "rnn_r_max=0.9999"]) == 2
+    assert bench_main([*argv[:-3], "--steps", "4", "--quiet"]) == 2
+    assert records_of(suite) == records
+
+
+def test_set_overrides_every_model_before_sizing():
+    b = bench_budget("smoke", "baselines")
+    configs = suite_configs(SUITES["baselines"], b, vocab_size=320, sets={"rnn_r_max": 0.9999, "window": 4})
+    assert all(c.rnn_r_max == 0.9999 and c.window == 4 for c in configs.values())
+
+
+@pytest.mark.parametrize("budget", ["smoke", "cpu"])
+@pytest.mark.parametrize("suite", list(SUITES))
+def test_equal_parameters_and_training_budgets_across_a_suite(suite, budget):
+    b = bench_budget(budget, suite)
+    configs = suite_configs(SUITES[suite], b, vocab_size=320)
+    assert list(configs) == list(SUITES[suite].models)
+    sizes = {name: non_embedding_parameters(c) for name, c in configs.items()}
+    target = sizes[next(iter(sizes))]
+    for name, n in sizes.items():
+        assert abs(n - target) <= PARAM_TOLERANCE * target, f"{name}: {n:,} vs {target:,}"
+    with torch.device("meta"):  # the count the records report, from the model itself
+        assert all(HybridLM(c).num_parameters(exclude_embeddings=True) == sizes[n] for n, c in configs.items())
+    specs = suite_specs(suite, b, vocab_size=320)
+    for seed in b.seeds:
+        trains = [{k: v for k, v in s.config["train"].items() if k != "model"} for s in specs
+                  if s.seed == seed and not s.model.startswith("finetune")]
+        assert len(trains) == len(configs)
+        assert all(t == trains[0] for t in trains)  # same data order (seed), optimiser, schedule, length
+        assert trains[0]["seed"] == seed
+
+
+def test_windowed_models_get_the_budget_window():
+    b = bench_budget("cpu", "baselines")
+    configs = suite_configs(SUITES["baselines"], b, vocab_size=320)
+    assert configs["transformer"].window is None
+    for name in ("transformer-window", "hybrid", "retnet-hybrid"):
+        assert configs[name].window == BUDGETS["cpu"].extra["window"]
+    assert configs["retnet-hybrid"].layer_types == "MMAM" and configs["hybrid"].layer_types == "RRAR"
+    learned = suite_configs(SUITES["positions"], bench_budget("cpu", "positions"), vocab_size=320)["learned"]
+    assert learned.abs_pos_max_len == BUDGETS["cpu"].seq_len

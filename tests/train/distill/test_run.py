@@ -1,0 +1,108 @@
+"""The Distiller's stages (hybrid.train.distill.run): stage 1 lowers every layer's MSE, auto:K keeps the layer that
+matters, a run resumes exactly, and a non-finite loss never replaces the last good checkpoint."""
+import json
+import math
+
+import pytest
+import torch
+
+from hybrid.models import HybridConfig, HybridLM
+from hybrid.train.checkpoint import capture_rng_state, load_checkpoint, save_checkpoint
+from hybrid.train.distill import DistillConfig, Distiller
+from hybrid.train.metrics import read_metrics
+from hybrid.train.tokenizer import ByteTokenizer
+
+
+def write_teacher(path, *, n_layers=3, scale=None, seed=0):
+    """A random tiny transformer run (byte tokenizer); ``scale``: {layer: factor} on its attention's out_proj."""
+    config = HybridConfig.preset("transformer", d_model=32, n_layers=n_layers, n_heads=2, vocab_size=320)
+    torch.manual_seed(seed)
+    model = HybridLM(config)
+    with torch.no_grad():
+        for i, factor in (scale or {}).items():
+            model.blocks[i].mixer.out_proj.weight.mul_(factor)
+    save_checkpoint(path, model_state=model.state_dict(), config=config.to_dict(), optimizer_state=None,
+                    scheduler_state=None, rng_state=capture_rng_state(), data_state=None, step=0,
+                    extra={"tokenizer": ByteTokenizer().to_dict()})
+    return path
+
+
+def tiny_run(teacher, corpus, out, **kw):
+    base = dict(teacher=str(teacher), data=str(corpus), out=str(out), seq_len=16, batch_size=4, eval_batches=4,
+                log_every=1, eval_every=0, save_every=0, device="cpu", select_batches=4)
+    return DistillConfig(**{**base, **kw})
+
+
+def test_stage1_lowers_each_layers_mse(tmp_path, corpus, one_torch_thread):
+    teacher = write_teacher(tmp_path / "teacher")
+    result = Distiller(tiny_run(teacher, corpus, tmp_path / "out", pattern="RRA", model={"window": 8},
+                                align_steps=25, align_lr=1e-2, steps=0, eval_every=25),
+                       verbose=0, progress=False).fit()
+    init, final = result.summary["align_mse_init"], result.summary["align_mse_final"]
+    for i in (0, 1):
+        assert final[f"val_mse_layer{i}"] < 0.8 * init[f"val_mse_layer{i}"], (i, init, final)
+    assert result.layer_types == "RRA" and result.replaced == [0, 1]
+
+
+def test_auto_keeps_the_layer_that_matters(tmp_path, corpus, one_torch_thread):
+    teacher = write_teacher(tmp_path / "teacher", scale={0: 1e-3, 1: 50.0, 2: 1e-3})
+    result = Distiller(tiny_run(teacher, corpus, tmp_path / "out", keep_attention="auto:1", align_steps=3, steps=1),
+                       verbose=0, progress=False).fit()
+    assert [r["layer"] for r in result.ranking][0] == 1 and result.ranking[0]["kept"]
+    assert result.ranking[0]["kl"] > 100 * max(r["kl"] for r in result.ranking[1:])
+    assert result.layer_types == "RAR" and result.replaced == [0, 2]
+    saved = json.loads((tmp_path / "out" / "layer_ranking.json").read_text())
+    assert saved["layer_types"] == "RAR"
+    assert [r["layer"] for r in saved["ranking"]] == [r["layer"] for r in result.ranking]
+    assert load_checkpoint(tmp_path / "out").config["pattern"] == "RAR"
+
+
+def _stop_at(step):
+    def on_log(record):
+        if record["step"] == step and "loss" in record:
+            raise KeyboardInterrupt
+    return on_log
+
+
+def test_resume_is_exact_across_both_stages(tmp_path, corpus, one_torch_thread):
+    teacher = write_teacher(tmp_path / "teacher")
+    kw = dict(keep_attention="auto:1", align_steps=4, steps=4, save_every=2, eval_every=3, ce_weight=0.5)
+    Distiller(tiny_run(teacher, corpus, tmp_path / "a", **kw), verbose=0, progress=False).fit()
+    with pytest.raises(KeyboardInterrupt):  # in stage 1 (the last checkpoint: step 2)
+        Distiller(tiny_run(teacher, corpus, tmp_path / "b", **kw), verbose=0, progress=False, on_log=_stop_at(3)).fit()
+    with pytest.raises(KeyboardInterrupt):  # in stage 2 (the last checkpoint: step 6)
+        Distiller.from_checkpoint(tmp_path / "b", distiller_kwargs=dict(verbose=0, progress=False,
+                                                                        on_log=_stop_at(7))).fit()
+    assert load_checkpoint(tmp_path / "b").extra["distill"]["stage"] == "distill"
+    Distiller.from_checkpoint(tmp_path / "b", distiller_kwargs=dict(verbose=0, progress=False)).fit()
+    a, b = load_checkpoint(tmp_path / "a"), load_checkpoint(tmp_path / "b")
+    assert a.step == b.step == 8 and a.config == b.config
+    for name, value in a.model_state.items():
+        torch.testing.assert_close(b.model_state[name], value, rtol=0, atol=0, msg=name)
+
+    def numbers(path):
+        return [{k: v for k, v in r.items() if k != "tokens_per_s"} for r in read_metrics(path / "metrics.jsonl")]
+
+    assert numbers(tmp_path / "a") == numbers(tmp_path / "b")
+    assert all(math.isfinite(r.get("loss", 0.0)) for r in numbers(tmp_path / "b"))
+
+
+def test_a_nonfinite_loss_never_replaces_the_last_good_checkpoint(tmp_path, corpus, one_torch_thread, monkeypatch):
+    import hybrid.train.distill.run as run_module
+
+    teacher = write_teacher(tmp_path / "teacher")
+    config = tiny_run(teacher, corpus, tmp_path / "out", pattern="RRA", align_steps=2, steps=4, save_every=2,
+                      log_every=2)
+    distiller = Distiller(config, verbose=0, progress=False)
+    real = run_module.distill_loss
+
+    def poisoned(*args, **kwargs):  # from step 3 on, the loss is NaN
+        loss, parts = real(*args, **kwargs)
+        return (loss * math.nan if distiller.step >= 2 else loss), parts
+
+    monkeypatch.setattr(run_module, "distill_loss", poisoned)
+    with pytest.raises(FloatingPointError, match="diverged: the loss or gradient norm was not finite at step 3; "
+                                                 "the last good checkpoint is .* \\(step 2\\)"):
+        distiller.fit()
+    good = load_checkpoint(tmp_path / "out")
+    assert good.step == 2 and good.extra["distill"]["stage"] == "align"
