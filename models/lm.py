@@ -38,7 +38,6 @@ from .modes import DEFAULT_CHUNK_SIZE, MODES
 from .state import HybridState
 
 
-
 class Block(nn.Module):
     """Pre-RMSNorm → mixer → residual → RMSNorm → SwiGLU → residual."""
 

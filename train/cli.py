@@ -16,6 +16,7 @@ from hybrid.models import PRESETS, SIZES
 from .cli_parts import (MODEL_FLAGS, Parser, UsageError, add_device_flag, add_log_flag, add_set_flag,
                         config_from_args, count, finite_float, int_or, positive_int, run_command)
 from .config import MAX_SKIPS_IN_A_ROW, NONFINITE_POLICIES, TrainConfig
+from .device import env_int
 
 __all__ = ["train_main", "generate_main", "train_parser", "generate_parser", "config_from_args",
            "train_config_from_args", "MODEL_FLAGS"]
@@ -171,7 +172,7 @@ def _interrupted(trainer) -> str:
     if saved is None:
         return (f"{at}, before the first checkpoint (--save-every {trainer.config.save_every}): nothing to resume; "
                 f"run the same command again to start over")
-    world, local = int(os.environ.get("WORLD_SIZE", "1")), os.environ.get("LOCAL_WORLD_SIZE")
+    world, local = env_int("WORLD_SIZE", 1), os.environ.get("LOCAL_WORLD_SIZE")
     if world > 1 and local == str(world):
         command = f"torchrun --nproc-per-node {world} -m hybrid.train"
     elif world > 1:

@@ -25,7 +25,6 @@ from __future__ import annotations
 import contextlib
 import json
 import math
-import os
 import random
 import shutil
 import time
@@ -54,7 +53,7 @@ from .checkpoint import (
 from .config import MAX_SKIPS_IN_A_ROW, TrainConfig
 from .console import Console, end_message, start_message, train_record_line
 from .data import PreparedData, prepare_data
-from .device import resolve_device
+from .device import env_int, resolve_device
 from .distributed import DistEnv, full_state, init_distributed, load_full_state, wrap_model
 from .divergence import DivergenceGuard
 from .evaluate import evaluate
@@ -146,7 +145,7 @@ class Trainer:
         # runs saved before `packing` existed trained on the plain stream: resume them that way
         saved = TrainConfig.from_dict({"packing": "stream", **extra["train_config"]})
         if world_size is None:
-            world_size = int(os.environ.get("WORLD_SIZE", "1"))
+            world_size = env_int("WORLD_SIZE", 1)
         overrides.pop("out", None)
         if overrides.get("steps") is not None and overrides["steps"] < ckpt.step:
             raise ValueError(f"steps: expected the new total, at least the checkpoint's step {ckpt.step}, got "

@@ -10,7 +10,6 @@ import itertools
 
 import pytest
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from hybrid.kernels import window_attention, window_attention_reference
 from hybrid.kernels.window_attention import resolve_window_backend, window_attention_blocked
@@ -122,26 +121,11 @@ def test_shared_key_and_value_tensor():
     assert rel_err(out, ref) < 1e-13 and rel_err(gk, rk) < 1e-12
 
 
-class _LargestTensor(TorchDispatchMode):
-    """Records the largest number of elements of any tensor an op produces."""
-
-    def __init__(self):
-        super().__init__()
-        self.largest = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        for t in out if isinstance(out, (tuple, list)) else (out,):
-            if isinstance(t, torch.Tensor):
-                self.largest = max(self.largest, t.numel())
-        return out
-
-
-def test_blocked_never_forms_a_T_by_S_tensor():
+def test_blocked_never_forms_a_T_by_S_tensor(largest_tensor):
     """Forward and backward at T = 2000, w = 24: every intermediate stays O(T·w), far below T·S."""
     T, P, w, H, G, D = 2000, 23, 24, 2, 1, 4
     q, k, v = inputs(1, T, P, H, G, D, dtype=torch.float32, grad=True)
-    with _LargestTensor() as probe:
+    with largest_tensor() as probe:
         window_attention_blocked(q, k, v, w, 0.5).sum().backward()
     # the largest legitimate tensors: scores of all blocks, H·n·b·2b = H·T·2w (+ padding), and q, k, v
     assert probe.largest <= H * (T + w) * 2 * w

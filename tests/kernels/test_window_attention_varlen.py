@@ -16,7 +16,6 @@ import types
 
 import pytest
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from hybrid.kernels import window_attention, window_attention_reference
 from hybrid.kernels.window_attention import window_attention_blocked
@@ -255,31 +254,18 @@ def test_flash_wiring_with_a_stand_in(monkeypatch, window):
 
 
 # --------------------------------------------------------------------------------------------- memory
-class _LargestTensor(TorchDispatchMode):
-    def __init__(self):
-        super().__init__()
-        self.largest = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        for t in out if isinstance(out, (tuple, list)) else (out,):
-            if isinstance(t, torch.Tensor):
-                self.largest = max(self.largest, t.numel())
-        return out
-
-
-def test_packed_blocked_memory_is_local():
+def test_packed_blocked_memory_is_local(largest_tensor):
     """2000 packed tokens, 40 documents: windowed O(total·w), global O(total·longest), never total × total."""
     rng = random.Random(0)
     len_q = random_lengths(rng, 38, 90)
     (q, k, v), cu_q, cu_k = packed(len_q, [rng.randint(0, 30) for _ in len_q], 2, 1, 4)
     q, k, v = (t.detach().float().requires_grad_() for t in (q, k, v))
     total, total_k, w, H = q.shape[1], k.shape[1], 24, 2
-    with _LargestTensor() as probe:
+    with largest_tensor() as probe:
         window_attention_blocked(q, k, v, w, 0.5, cu_seqlens=cu_q, cu_seqlens_k=cu_k).sum().backward()
     assert probe.largest <= H * (total + len(len_q) * w + w) * 2 * w
     longest = int(cu_k.diff().max())
-    with _LargestTensor() as probe:
+    with largest_tensor() as probe:
         window_attention_blocked(q, k, v, None, 0.5, cu_seqlens=cu_q, cu_seqlens_k=cu_k).sum().backward()
     assert probe.largest <= H * (total_k + longest) * 2 * longest
     assert probe.largest < total * total_k // 4

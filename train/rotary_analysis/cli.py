@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from ..cli_parts import Parser, UsageError, positive_int, run_command
+from ..cli_parts import Parser, UsageError, add_device_flag, positive_int, run_command
 from ..distributed import resolve_device
 from ..outdir import check_output_dir, staged_output_dir
 from .capture import capture_statistics
@@ -53,7 +53,7 @@ def analyze_parser() -> argparse.ArgumentParser:
                    help="analysed-layer index and head for figures 5 and 10 (default: the largest key radius)")
     p.add_argument("--include-retention", action="store_true", help="also analyse retention (M) layers")
     p.add_argument("--no-figures", action="store_true", help="skip the PNG figures")
-    p.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N (default: auto)")
+    add_device_flag(p)
     p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="float32",
                    help="weights' dtype for Hugging Face models (default: float32)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -71,8 +71,6 @@ def _parse_head(text: str | None):
 
 
 def _analyze(args: argparse.Namespace) -> int:
-    if args.device not in ("auto", "cpu", "cuda") and not args.device.startswith("cuda:"):
-        raise UsageError(f"--device: expected auto, cpu, cuda or cuda:N, got {args.device!r}")
     if any(not r > 0 for r in args.radii):
         raise UsageError(f"--radii: expected positive numbers, got {args.radii}")
     head = _parse_head(args.head)
