@@ -7,12 +7,14 @@ step sees ``batch_size × grad_accum × world_size`` sequences of ``seq_len`` to
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
+from typing import ClassVar
 
 from hybrid.checks import check_int
 from hybrid.models import PRESETS, SIZES
 
 from .config_checks import check_betas, check_fraction, check_optional_str, check_real, check_text_column, tracker_list
+from .config_record import ConfigRecord
 from .data.packing import PACKINGS
 from .device import check_device
 from .schedule import default_warmup
@@ -26,7 +28,8 @@ MAX_SKIPS_IN_A_ROW = 5  # on_nonfinite="skip": more consecutive non-finite steps
 
 
 @dataclass
-class TrainConfig:
+class TrainConfig(ConfigRecord):
+    KIND: ClassVar[str] = "train config"  # how errors name it
     # the model
     preset: str = "hybrid"
     size: str = "tiny"
@@ -123,18 +126,3 @@ class TrainConfig:
         d["betas"] = list(self.betas)
         return d
 
-    @classmethod
-    def from_dict(cls, d: dict) -> "TrainConfig":
-        if not isinstance(d, dict):
-            raise ValueError(f"train config: expected a dict, got {type(d).__name__}")
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(d) - known)
-        if unknown:
-            raise ValueError(f"train config: unknown field(s) {unknown}; known fields are {sorted(known)}")
-        return cls(**d)
-
-    def replace(self, **overrides) -> "TrainConfig":
-        unknown = sorted(set(overrides) - {f.name for f in fields(self)})
-        if unknown:
-            raise ValueError(f"train config: unknown field(s) {unknown}")
-        return dataclasses.replace(self, **overrides)

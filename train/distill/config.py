@@ -2,11 +2,13 @@
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
+from typing import ClassVar
 
 from hybrid.checks import check_int
 
 from ..config_checks import check_betas, check_fraction, check_optional_str, check_real, check_text_column, tracker_list
+from ..config_record import ConfigRecord
 from ..data.packing import PACKINGS
 from ..device import check_device
 from ..schedule import default_warmup
@@ -21,7 +23,8 @@ RESUMABLE = ("steps", "eval_every", "eval_batches", "log_every", "save_every", "
 
 
 @dataclass
-class DistillConfig:
+class DistillConfig(ConfigRecord):
+    KIND: ClassVar[str] = "distill config"  # how errors name it
     teacher: str = ""  # a run directory (hybrid-train, hybrid-import, hybrid-distill)
     out: str = "runs/distill"
     # the student: exactly one of pattern / keep_attention
@@ -133,14 +136,3 @@ class DistillConfig:
         d["betas"] = list(self.betas)
         return d
 
-    @classmethod
-    def from_dict(cls, d: dict) -> "DistillConfig":
-        if not isinstance(d, dict):
-            raise ValueError(f"distill config: expected a dict, got {type(d).__name__}")
-        unknown = sorted(set(d) - {f.name for f in fields(cls)})
-        if unknown:
-            raise ValueError(f"distill config: unknown field(s) {unknown}")
-        return cls(**d)
-
-    def replace(self, **overrides) -> "DistillConfig":
-        return dataclasses.replace(self, **overrides)
