@@ -66,7 +66,13 @@ class AbsolutePositions(nn.Module):
 
 def packed_positions(module: "AbsolutePositions", positions: torch.Tensor, bound: int, device=None, dtype=None):
     """The vectors ``(n, d_model)`` at integer ``positions`` ``(n,)`` (each < ``bound``): rows of the table for
-    positions 0 … bound − 1, so a packed batch gets each sequence's own positions."""
+    positions 0 … bound − 1, so a packed batch gets each sequence's own positions.
+
+    ``bound`` may be loose (a packed batch's total length bounds every position in it). A learned table ends at
+    ``max_len``: past it the bound is tightened to the largest position given, so documents that each fit are
+    served however long the batch, and a position that does not fit is the usual error."""
+    if module.kind == "learned" and bound > module.max_len:
+        bound = int(positions.max()) + 1  # a host sync, only when the loose bound overruns the table
     return module(0, bound, device=device, dtype=dtype)[positions.to(device) if device is not None else positions]
 
 

@@ -202,3 +202,20 @@ def test_per_sequence_states_must_match_the_sequences(float64_model_of):
         model(ids, cu_seqlens=torch.tensor([0, 5, 10]), state=[None, None, None])
     with pytest.raises(ValueError, match="^state: expected a HybridState or None, got int$"):
         model(ids, cu_seqlens=torch.tensor([0, 5, 10]), state=[None, 3])
+
+
+def test_learned_positions_serve_a_packed_batch_longer_than_their_table(one_torch_thread, float64_model_of):
+    """Every document fits the table (max_len 8) while the batch (22 tokens) does not: packed equals separate;
+    a document longer than the table is still refused, naming the position."""
+    config = HybridConfig.preset("hybrid", "tiny", d_model=16, n_heads=2, n_layers=3, vocab_size=VOCAB, window=4,
+                                 abs_pos="learned", abs_pos_max_len=8)
+    model = float64_model_of(config)
+    cu = cu_of([8, 5, 1, 8])
+    ids = torch.randint(0, VOCAB, (1, int(cu[-1])), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        expected, _ = separate(model, ids, cu)
+        assert_close(model(ids, cu_seqlens=cu)[0], expected, "parallel")
+        assert_close(model(ids, mode="chunked", chunk_size=5, cu_seqlens=cu)[0], expected, "chunked(5)")
+        with pytest.raises(ValueError, match=r"^positions: learned absolute positions cover 0 … 7 \(abs_pos_max_len\), "
+                                             r"got positions up to 8$"):
+            model(ids[:, :10], cu_seqlens=cu_of([9, 1]))
