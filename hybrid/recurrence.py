@@ -18,7 +18,11 @@ With static γ and θ the scan output is exactly VO-RoPE with exponential decay,
 - angles θ, by ``phase``: ``"static"``, the rotary schedule ``hybrid.rotary.inv_freq(head_dim, base, scaling)``
   per pair; ``"learned"``, the same as a parameter; ``"carope"``, CARoPE phase increments ``θ_t = f(x_t)^i``
   ∈ (0, 1]; ``"data"``, ``θ_t = π·σ(W x_t + b)`` per pair (``hybrid.rotary.DataPhase``), so that a token can
-  flip a pair's sign (state tracking: parity, modular counting).
+  flip a pair's sign (state tracking: parity, modular counting). ``phase_map="real-sign"`` makes each pair's
+  transition real instead, ``γ_t·(1 − 2σ(W x_t + b))`` (Grazzi et al.'s negative eigenvalues); ``phase_init``
+  and ``phase_round`` (straight-through rounding of the angles to multiples of 2π/n) are the data phase's;
+- ``readout_norm``: the scan output is RMS-normalised per head before the output gate,
+  ``y ← y / sqrt(mean_d y² + eps)``, so a state that fades keeps its direction (the scan stays linear).
 
 The input normalisation ``sqrt(1 − γ²)`` keeps the state's variance near the input's.
 """
@@ -40,7 +44,7 @@ from .checks import (check_bool, check_choice, check_even_dim, check_input_dtype
 from .conv import CausalConv1d
 from .mixer import FixedStateOptions, Mixer
 from .precision import at_least_float32
-from .rotary import PHASE_MAPS, CARoPE, DataPhase, RotaryConfig, inv_freq
+from .rotary import PHASE_INITS, PHASE_MAPS, CARoPE, DataPhase, RotaryConfig, check_phase_rounding, inv_freq
 
 SELECTIVE_GATES = {"sigmoid": torch.sigmoid, "hardsigmoid": F.hardsigmoid}  # the recurrence gate r_t
 SELECTIVE_C = 8.0
@@ -82,7 +86,11 @@ class RecurrenceConfig(FixedStateOptions):
     γ_t = 1). phase: the rotation angles, one of `PHASES` — "static" (the rotary schedule), "learned" (the
     schedule as a parameter), "carope" (CARoPE increments), "data" (θ_t from x_t) — or None: "carope" when the
     rotary options say carope, else "static". phase_map: the "data" angle map (`hybrid.rotary.DataPhase`).
-    conv_width: the causal depthwise conv's width.
+    phase_init: the "data" angles' start, "schedule" (the rotary schedule) or "steepest" (z = 0). phase_round:
+    0, or n ≥ 2 to round the "data" angles to multiples of 2π/n with a straight-through gradient, in training (the
+    trainer may switch it on late, `hybrid.rotary.set_phase_rounding`) and at inference only with
+    phase_round_at_inference. readout_norm: RMS-normalise the scan output per head. conv_width: the causal
+    depthwise conv's width.
     """
 
     r_min: float = 0.9
@@ -91,6 +99,10 @@ class RecurrenceConfig(FixedStateOptions):
     selective_gate: str = "sigmoid"
     phase: str | None = None
     phase_map: str = "pi-sigmoid"
+    phase_init: str = "schedule"
+    phase_round: int = 0
+    phase_round_at_inference: bool = False
+    readout_norm: bool = False
     conv_width: int = 4
 
     def __post_init__(self):
@@ -104,6 +116,16 @@ class RecurrenceConfig(FixedStateOptions):
             raise ValueError(f"selective_gate: has no effect without selective=True, got {self.selective_gate!r}")
         check_choice("phase", self.phase, (*PHASES, None))
         check_choice("phase_map", self.phase_map, PHASE_MAPS)
+        check_choice("phase_init", self.phase_init, PHASE_INITS)
+        check_phase_rounding(self.phase_map, self.phase_round, self.phase_round_at_inference)
+        data_only = {"phase_init": ("schedule", self.phase_init), "phase_round": (0, self.phase_round)}
+        for name, (default, value) in data_only.items():
+            if value != default and self.phase != "data":
+                raise ValueError(f"{name}: applies to phase='data' only, got {value!r} with phase={self.phase!r}")
+        if self.phase_init == "steepest" and self.phase_map == "real-sign":
+            raise ValueError("phase_init: expected 'schedule' with phase_map='real-sign' (its steepest point is the "
+                             "zero transition), got 'steepest'")
+        check_bool("readout_norm", self.readout_norm)
         check_positive_int("conv_width", self.conv_width)
 
     def resolved_phase(self, rotary: RotaryConfig) -> str:
@@ -158,7 +180,11 @@ class VORecurrence(Mixer):
         else:
             self.register_buffer("theta", theta, persistent=False)
         self.carope = CARoPE(d_model, H, hd, base=rot.base) if self.phase == "carope" else None
-        self.data_phase = DataPhase(d_model, theta, c.phase_map) if self.phase == "data" else None
+        self.data_phase = None
+        if self.phase == "data":
+            self.data_phase = DataPhase(d_model, theta, c.phase_map, init=c.phase_init, round_to=c.phase_round,
+                                        round_at_inference=c.phase_round_at_inference)
+        self.readout_norm = c.readout_norm
         self.reset_parameters()
 
     @torch.no_grad()
@@ -209,16 +235,25 @@ class VORecurrence(Mixer):
             i = torch.sigmoid(torch.einsum("bthi,hij->bthj", uh, w_i) + b_i)  # input gate (B, T, H, hd)
             log_decay = SELECTIVE_C * r * log_decay  # (B, T, H, P)
             uh = uh * i
-        norm = torch.sqrt((-torch.expm1(2.0 * log_decay)).clamp_min(MIN_WRITE_SQ))  # sqrt(1 − γ²), (…, H, P)
-        pairs = rearrange(uh, "b t h (p two) -> b t h p two", two=2)
-        v = rearrange(pairs * norm.unsqueeze(-1), "b t h p two -> b t h (p two)")  # both parts of each pair
         if self.carope is not None:
             theta = self.carope.increments(x)  # (B, T, H, P)
         elif self.data_phase is not None:
-            theta = self.data_phase.increments(x)  # (B, T, H, P)
+            theta, log_factor = self.data_phase.transition(x)  # (B, T, H, P) each; a factor for "real-sign"
+            if log_factor is not None:
+                log_decay = log_decay + log_factor.to(log_decay.dtype)  # |γ_t (1 − 2σ(z_t))|, (B, T, H, P)
         else:
             theta = at_least_float32(self.theta)  # (H, P)
+        norm = torch.sqrt((-torch.expm1(2.0 * log_decay)).clamp_min(MIN_WRITE_SQ))  # sqrt(1 − γ²), (…, H, P)
+        pairs = rearrange(uh, "b t h (p two) -> b t h p two", two=2)
+        v = rearrange(pairs * norm.unsqueeze(-1), "b t h p two -> b t h (p two)")  # both parts of each pair
         return v.to(u.dtype), log_decay, theta
+
+    def readout(self, y: torch.Tensor) -> torch.Tensor:
+        """The scan output ``(…, H, hd)`` as the gate sees it: RMS-normalised per head with ``readout_norm``."""
+        if not self.readout_norm:
+            return y
+        y32 = at_least_float32(y)
+        return (y32 * torch.rsqrt(y32.square().mean(-1, keepdim=True) + self.norm_eps)).to(y.dtype)
 
     def _check_state(self, state: RecurrenceState, batch: int) -> None:
         if not isinstance(state, RecurrenceState):
@@ -255,7 +290,7 @@ class VORecurrence(Mixer):
         y, scan_state = complex_scan(
             v, log_decay, theta, scan0, output_final_state=output_final_state, check_values=False,
         )
-        y = rearrange(y, "b t h d -> b t (h d)").to(gate.dtype)
+        y = rearrange(self.readout(y), "b t h d -> b t (h d)").to(gate.dtype)
         out = self.out_proj(gate * y)
         if not output_final_state:
             return out, None
@@ -274,7 +309,7 @@ class VORecurrence(Mixer):
             v, log_decay, theta, scan0, output_final_state=output_final_state, cu_seqlens=cu_seqlens,
             check_values=False,
         )
-        out = self.out_proj(gate * rearrange(y, "b t h d -> b t (h d)").to(gate.dtype))
+        out = self.out_proj(gate * rearrange(self.readout(y), "b t h d -> b t (h d)").to(gate.dtype))
         if not output_final_state:
             return out, None
         return out, [RecurrenceState(conv=conv_state[n:n + 1], scan=scan_state[n:n + 1]) for n in range(N)]
@@ -309,5 +344,5 @@ class VORecurrence(Mixer):
         if theta.dim() == 4:
             theta = theta[:, 0]
         y, scan_state = complex_scan_step(v[:, 0], log_decay, theta, state.scan, check_values=False)
-        out = self.out_proj(gate * y.reshape(B, self.d_rnn).to(gate.dtype))
+        out = self.out_proj(gate * self.readout(y).reshape(B, self.d_rnn).to(gate.dtype))
         return out, RecurrenceState(conv=conv_state, scan=scan_state)

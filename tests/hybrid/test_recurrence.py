@@ -63,21 +63,29 @@ def reference(m: VORecurrence, x: torch.Tensor) -> torch.Tensor:
         i_g = torch.sigmoid(torch.einsum("bthi,hij->bthj", uh, m.input_gate_weight.double()) + m.input_gate_bias.double())
         log_g = 8.0 * r * log_g
         uh = uh * i_g
-    v = uh.reshape(B, T, H, P, 2) * torch.sqrt(1 - torch.exp(2 * log_g)).unsqueeze(-1)
     if m.carope is not None:
         z = x @ m.carope.weight.double().T + m.carope.bias.double()
         f = 1.0 / (F.softplus(z) + 1.0)  # (B, T, H)
         theta = f.unsqueeze(-1) ** torch.arange(P, dtype=torch.float64)
     elif m.data_phase is not None:
-        z = (x @ m.data_phase.weight.double().T).view(B, T, H, P) + m.data_phase.bias.double()
-        if m.data_phase.phase_map == "pi-sigmoid":
+        dp = m.data_phase
+        z = (x @ dp.weight.double().T).view(B, T, H, P) + dp.bias.double()
+        if dp.phase_map == "pi-sigmoid":
             theta = math.pi / (1.0 + torch.exp(-z))  # π·σ(z)
-        elif m.data_phase.phase_map == "pi-hardsigmoid":
+        elif dp.phase_map == "pi-hardsigmoid":
             theta = math.pi * (z / 6 + 0.5).clamp(0, 1)
+        elif dp.phase_map == "real-sign":  # the real transition 1 − 2σ(z): its sign as an angle, |·| as a decay
+            real = 1.0 - 2.0 / (1.0 + torch.exp(-z))
+            theta = math.pi * (real < 0).double()
+            log_g = log_g + torch.log(real.abs())
         else:
             theta = 2.0 * math.pi * torch.tanh(z)
+        if dp.round_to and (dp.round_at_inference or m.training):  # to the nearest multiple of 2π/n
+            q = 2 * math.pi / dp.round_to
+            theta = torch.round(theta / q) * q
     else:
         theta = m.theta.double().expand(B, T, H, P)
+    v = uh.reshape(B, T, H, P, 2) * torch.sqrt(1 - torch.exp(2 * log_g)).unsqueeze(-1)
     o = torch.zeros(B, T, H, P, 2, dtype=torch.float64)
     for i in range(T):
         for j in range(i + 1):
@@ -86,6 +94,9 @@ def reference(m: VORecurrence, x: torch.Tensor) -> torch.Tensor:
             c, s = torch.cos(ang), torch.sin(ang)
             o[:, i, ..., 0] += g * (c * v[:, j, ..., 0] - s * v[:, j, ..., 1])
             o[:, i, ..., 1] += g * (s * v[:, j, ..., 0] + c * v[:, j, ..., 1])
+    o = o.reshape(B, T, H, hd)
+    if m.readout_norm:  # RMS over each head's channels
+        o = o / torch.sqrt(o.square().mean(-1, keepdim=True) + m.norm_eps)
     y = gate * o.reshape(B, T, H * hd)
     return y @ m.out_proj.weight.double().T
 
@@ -102,6 +113,12 @@ VARIANTS = {
     "selective-data-2pi-tanh": dict(selective=True, phase="data", phase_map="2pi-tanh"),
     "hard-gate-data-pi-hardsigmoid": dict(selective=True, selective_gate="hardsigmoid", phase="data",
                                           phase_map="pi-hardsigmoid"),
+    "selective-data-real-sign": dict(selective=True, selective_gate="hardsigmoid", phase="data",
+                                     phase_map="real-sign"),
+    "data-real-sign-readout-norm": dict(phase="data", phase_map="real-sign", readout_norm=True),
+    "data-steepest-init": dict(phase="data", phase_init="steepest"),
+    "data-rounded-to-pi": dict(selective=True, phase="data", phase_round=2, phase_round_at_inference=True),
+    "data-rounded-fifths-2pi-tanh": dict(phase="data", phase_map="2pi-tanh", phase_round=5, readout_norm=True),
     "scaled-theta": dict(rotary=RotaryConfig(scaling={"rope_type": "linear", "factor": 4.0}), r_min=0.5, r_max=0.9),
 }
 
@@ -175,9 +192,13 @@ def test_gradcheck_through_the_scan():
     assert torch.autograd.gradcheck(lambda t: m(t)[0], (x,), eps=1e-6, atol=1e-7)
 
 
-@pytest.mark.parametrize("phase_map", ["pi-sigmoid", "2pi-tanh", "pi-hardsigmoid"])
-def test_gradcheck_through_the_data_phase(phase_map):
-    m = make(selective=True, phase="data", phase_map=phase_map, d_model=6, n_heads=1, head_dim=4)
+@pytest.mark.parametrize("phase_map", ["pi-sigmoid", "2pi-tanh", "pi-hardsigmoid", "real-sign"])
+@pytest.mark.parametrize("readout_norm", [False, True])
+def test_gradcheck_through_the_data_phase(phase_map, readout_norm):
+    """The real-sign map's gradient goes through |1 − 2σ(z)| only (its angle is a step), which is the whole
+    derivative of the real transition: gradcheck's finite differences agree."""
+    m = make(selective=True, phase="data", phase_map=phase_map, d_model=6, n_heads=1, head_dim=4,
+             readout_norm=readout_norm)
     x = x_of(1, 5, 6).requires_grad_()
     params = (m.data_phase.weight, m.data_phase.bias)
     assert torch.autograd.gradcheck(lambda t, w, b: _with_phase(m, w, b)(t), (x, *params), eps=1e-6, atol=1e-7)
@@ -209,6 +230,46 @@ def test_data_phase_starts_as_the_static_schedule_and_reaches_a_flip(phase_map):
     with torch.no_grad():
         data.data_phase.bias.fill_({"pi-sigmoid": 30.0, "2pi-tanh": math.atanh(0.5), "pi-hardsigmoid": 3.0}[phase_map])
     torch.testing.assert_close(data.data_phase.increments(x), torch.full((2, 9, 3, 2), math.pi, dtype=torch.float64))
+
+
+def test_rounding_acts_in_training_while_active_and_at_inference_only_when_configured():
+    """phase_round=2 sends every angle to 0 or π in value with the unrounded map's gradient (straight-through);
+    eval mode rounds only with phase_round_at_inference; set_phase_rounding switches training's rounding."""
+    from hybrid.rotary import set_phase_rounding
+
+    def angles(m, x):
+        theta = m.data_phase.increments(x)
+        (g,) = torch.autograd.grad(theta.sum(), m.data_phase.bias)
+        return theta.detach(), g
+
+    x = x_of(2, 7, 12)
+    plain = make(phase="data", d_model=12, n_heads=3)
+    rounded = make(phase="data", d_model=12, n_heads=3, phase_round=2)
+    rounded.load_state_dict(plain.state_dict())
+    theta, grad = angles(plain, x)
+    on, grad_on = angles(rounded, x)
+    torch.testing.assert_close(on, math.pi * (theta > math.pi / 2).double(), rtol=0, atol=0)
+    torch.testing.assert_close(grad_on, grad, rtol=1e-12, atol=0)  # straight-through
+    assert set_phase_rounding(rounded, False) == 1
+    torch.testing.assert_close(angles(rounded, x)[0], theta, rtol=0, atol=0)
+    set_phase_rounding(rounded, True)
+    rounded.eval()
+    torch.testing.assert_close(angles(rounded, x)[0], theta, rtol=0, atol=0)  # off at inference by default
+    at_inference = make(phase="data", d_model=12, n_heads=3, phase_round=2, phase_round_at_inference=True).eval()
+    at_inference.load_state_dict(plain.state_dict())
+    torch.testing.assert_close(angles(at_inference, x)[0], on, rtol=0, atol=0)
+
+
+def test_steepest_init_and_real_sign_init():
+    """phase_init="steepest" starts every angle at π/2 (π·σ(0)); "real-sign" starts at angle 0 with the factor
+    |tanh(−3/2)| on the decay."""
+    x = x_of(2, 5, 12)
+    steep = VORecurrence(12, 3, phase="data", phase_init="steepest").double()
+    torch.testing.assert_close(steep.data_phase.increments(x), torch.full((2, 5, 3, 2), math.pi / 2, dtype=torch.float64))
+    real = VORecurrence(12, 3, phase="data", phase_map="real-sign").double()
+    theta, log_factor = real.data_phase.transition(x)
+    assert bool((theta == 0).all())
+    torch.testing.assert_close(log_factor, torch.full_like(log_factor, math.log(math.tanh(1.5))))
 
 
 def test_hard_gate_holds_the_state_and_keeps_gradients_finite():
@@ -277,6 +338,17 @@ def test_low_precision_keeps_dtype():
          r"phase: CARoPE has no context-extension scaling"),
         (dict(d_model=12, n_heads=2, learnable_theta=True), r"learnable_theta: expected an option of RecurrenceConfig"),
         (dict(d_model=12, n_heads=2, norm_eps=-1.0), r"norm_eps: expected a number >= 0, got -1.0"),
+        (dict(d_model=12, n_heads=2, phase_round=2), r"phase_round: applies to phase='data' only, got 2"),
+        (dict(d_model=12, n_heads=2, phase="data", phase_round=1), r"phase_round: expected 0 \(off\) or an int >= 2"),
+        (dict(d_model=12, n_heads=2, phase="data", phase_map="real-sign", phase_round=2),
+         r"phase_round: has no effect with phase_map='real-sign'"),
+        (dict(d_model=12, n_heads=2, phase="data", phase_round_at_inference=True),
+         r"phase_round_at_inference: has no effect with phase_round=0"),
+        (dict(d_model=12, n_heads=2, phase="data", phase_init="middle"), r"phase_init: expected one of"),
+        (dict(d_model=12, n_heads=2, phase="static", phase_init="steepest"), r"phase_init: applies to phase='data'"),
+        (dict(d_model=12, n_heads=2, phase="data", phase_map="real-sign", phase_init="steepest"),
+         r"phase_init: expected 'schedule' with phase_map='real-sign'"),
+        (dict(d_model=12, n_heads=2, readout_norm=1), r"readout_norm: expected True or False, got 1"),
     ],
 )
 def test_value_errors(kwargs, match):

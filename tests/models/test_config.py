@@ -39,7 +39,7 @@ from hybrid.models import PRESETS, SIZES, HybridConfig, HybridLM
         (dict(rnn_r_max=1.0), r"rnn_r_min, rnn_r_max"),
         (dict(rnn_phase="dynamic"), r"rnn_phase: expected one of \['static', 'learned', 'carope', 'data', None\], got 'dynamic'"),
         (dict(rnn_phase_map="sigmoid"),
-         r"rnn_phase_map: expected one of \['pi-sigmoid', '2pi-tanh', 'pi-hardsigmoid'\], got 'sigmoid'"),
+         r"rnn_phase_map: expected one of \['pi-sigmoid', '2pi-tanh', 'pi-hardsigmoid', 'real-sign'\], got 'sigmoid'"),
         (dict(rnn_selective=True, rnn_selective_gate="hard"), r"rnn_selective_gate: expected one of \['sigmoid', 'hardsigmoid'\], got 'hard'"),
         (dict(rnn_selective_gate="hardsigmoid"), r"rnn_selective_gate: has no effect without rnn_selective=True"),
         ({"recurrence": {"selective_gate": "hardsigmoid"}},

@@ -73,6 +73,13 @@ class Task:
     def test_batch(self, point: str, batch_size: int, rng: np.random.Generator) -> Batch:
         raise NotImplementedError
 
+    @property
+    def longest_train_length(self) -> int | None:
+        """The longest training length of a task that is tested on longer sequences (state tracking), whose
+        ``train_batch`` then takes ``longest=`` (a length curriculum) and whose ``test_batch`` takes any length as
+        its point; None for the others."""
+        return None
+
     def params(self) -> dict:
         """The generator's constructor arguments: ``make_task(name, **params())`` rebuilds it (task.json)."""
         raise NotImplementedError

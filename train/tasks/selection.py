@@ -1,25 +1,37 @@
-"""Which learning rate of a suite's grid a report keeps, per task and model: the best on validation."""
+"""Which learning rate of a suite's grid a report keeps, per task and model: the best on validation (past the
+training lengths first, where a task has it)."""
 from __future__ import annotations
 
 import math
 
 from ..suite import mean_std
 
-__all__ = ["summarise"]
+__all__ = ["selection_key", "summarise"]
+
+
+def selection_key(metrics: list[dict]) -> tuple[float, ...]:
+    """How one rate's seeds rank (smaller is better): the mean long-validation accuracy (``valid_long_accuracy``,
+    sequences twice the longest training length; tasks that have it), then the mean validation accuracy at the
+    training lengths, then the long and the short validation losses. A NaN ranks last."""
+    def mean(name: str, sign: float) -> float:
+        value, _ = mean_std(m[name] for m in metrics)
+        return sign * value if math.isfinite(value) else math.inf
+
+    names = ["valid_long_accuracy", "valid_accuracy", "valid_long_loss", "valid_loss"]
+    present = [n for n in names if all(n in m for m in metrics)]
+    return tuple(mean(n, -1.0 if n.endswith("accuracy") else 1.0) for n in present)
 
 
 def _best_lrs(records: list[dict]) -> list[float]:
-    """The learning rates whose seeds have the best mean validation accuracy (then the lower validation loss).
-    An exact tie (say, accuracy 1.0 and loss 0.0 in float32 for two rates) keeps every tied rate: validation
-    cannot choose between them, so the report shows each rather than one picked by the order of the grid."""
+    """The learning rates whose seeds rank best by `selection_key`. An exact tie on every term (say, accuracy 1.0
+    and loss 0.0 in float32 for two rates) keeps every tied rate: validation cannot choose between them, so the
+    report shows each rather than one picked by the order of the grid."""
     by_lr: dict[float, list[dict]] = {}
     for r in records:
         by_lr.setdefault(r["config"]["lr"], []).append(r["metrics"])
 
     def key(lr):
-        acc, _ = mean_std(m["valid_accuracy"] for m in by_lr[lr])
-        loss, _ = mean_std(m["valid_loss"] for m in by_lr[lr])
-        return (-(acc if math.isfinite(acc) else -1.0), loss if math.isfinite(loss) else math.inf)
+        return selection_key(by_lr[lr])
 
     keys = {lr: key(lr) for lr in by_lr}
     best = min(keys.values())

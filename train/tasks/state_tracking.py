@@ -35,7 +35,34 @@ def _check_lengths(train_lengths, test_lengths, shortest: int) -> tuple[tuple[in
     return (lo, hi), tests
 
 
-class Parity(Task):
+class LengthTask(Task):
+    """A task trained on lengths ``train_lengths`` (inclusive range) and tested at ``test_lengths``; subclasses
+    give ``sample(length, rng) -> (ids, labels)``. Any length is a test point (``test_batch("80", …)``)."""
+
+    train_lengths: tuple[int, int]
+    test_lengths: tuple[int, ...]
+
+    def sample(self, length: int, rng: np.random.Generator) -> tuple[list[int], list[int]]:
+        raise NotImplementedError
+
+    def test_points(self) -> list[str]:
+        return [str(n) for n in self.test_lengths]
+
+    @property
+    def longest_train_length(self) -> int:
+        return self.train_lengths[1]
+
+    def train_batch(self, batch_size: int, rng: np.random.Generator, longest: int | None = None) -> Batch:
+        """Lengths uniform in ``train_lengths``, or up to ``longest`` instead (a length curriculum)."""
+        hi = self.train_lengths[1] if longest is None else max(int(longest), self.train_lengths[0])
+        lengths = rng.integers(self.train_lengths[0], hi + 1, size=batch_size)
+        return pad_batch([self.sample(int(n), rng) for n in lengths], self.pad_id)
+
+    def test_batch(self, point: str, batch_size: int, rng: np.random.Generator) -> Batch:
+        return pad_batch([self.sample(int(point), rng) for _ in range(batch_size)], self.pad_id)
+
+
+class Parity(LengthTask):
     name = "parity"
     chance = 0.5
     score = "last"
@@ -51,9 +78,6 @@ class Parity(Task):
         return {"sequence": "<bos> bits", "label_at": "every bit: the parity of the bits so far",
                 "length": "bits after <bos>"}
 
-    def test_points(self) -> list[str]:
-        return [str(n) for n in self.test_lengths]
-
     def example(self, bits) -> tuple[list[int], list[int]]:
         """``(ids, labels)`` of one bit sequence: ``[<bos>, b_1 … b_n]`` and ``[IGNORE, b_1, b_1⊕b_2, …]``."""
         bits = [int(b) for b in bits]
@@ -63,12 +87,6 @@ class Parity(Task):
     def sample(self, length: int, rng: np.random.Generator) -> tuple[list[int], list[int]]:
         return self.example(rng.integers(0, 2, size=length))
 
-    def train_batch(self, batch_size: int, rng: np.random.Generator) -> Batch:
-        lengths = rng.integers(self.train_lengths[0], self.train_lengths[1] + 1, size=batch_size)
-        return pad_batch([self.sample(int(n), rng) for n in lengths], self.pad_id)
-
-    def test_batch(self, point: str, batch_size: int, rng: np.random.Generator) -> Batch:
-        return pad_batch([self.sample(int(point), rng) for _ in range(batch_size)], self.pad_id)
 
 
 def evaluate_expression(tokens: list[str], modulus: int = MODULUS) -> int:
@@ -113,7 +131,7 @@ def evaluate_expression(tokens: list[str], modulus: int = MODULUS) -> int:
     return value
 
 
-class ModularArithmetic(Task):
+class ModularArithmetic(LengthTask):
     """``mod5`` (``brackets=False``) or ``mod5-brackets``."""
 
     chance = 1.0 / MODULUS
@@ -139,9 +157,6 @@ class ModularArithmetic(Task):
         return {"sequence": "<bos> expression =", "modulus": MODULUS, "brackets": self.brackets,
                 "evaluation": "left to right inside each bracket pair", "label_at": "=",
                 "length": "tokens after <bos>; even (an odd request gives one fewer)"}
-
-    def test_points(self) -> list[str]:
-        return [str(n) for n in self.test_lengths]
 
     def example(self, expression: list[str]) -> tuple[list[int], list[int]]:
         """``(ids, labels)`` of ``[<bos>] + expression + [=]``, labelled with the value at ``=`` only."""
@@ -182,9 +197,3 @@ class ModularArithmetic(Task):
         """A sequence of ``length`` task tokens (expression and ``=``; an odd length gives one fewer)."""
         return self.example(self.expression(length - 1, rng))
 
-    def train_batch(self, batch_size: int, rng: np.random.Generator) -> Batch:
-        lengths = rng.integers(self.train_lengths[0], self.train_lengths[1] + 1, size=batch_size)
-        return pad_batch([self.sample(int(n), rng) for n in lengths], self.pad_id)
-
-    def test_batch(self, point: str, batch_size: int, rng: np.random.Generator) -> Batch:
-        return pad_batch([self.sample(int(point), rng) for _ in range(batch_size)], self.pad_id)

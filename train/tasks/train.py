@@ -6,6 +6,16 @@ The loss is the cross-entropy at the labelled positions only (the model predicts
 output). Training data depends on the seed only, so every model of a suite sees the same sequences in the same
 order; test data is the same for every model and seed (``TEST_SEED``).
 
+Validation is fresh sequences of the training distribution (``valid_accuracy``, every labelled position) and,
+for a task tested past its training lengths (state tracking), fresh sequences at twice the longest training
+length (``valid_long_accuracy`` at the scored position, ``valid_length``): a model that fits the training
+lengths but drifts beyond them is seen there, and a suite picks its learning rate on it. Neither is a test
+length's sequences (``VALID_SEED``).
+
+Options for state tracking: ``grow_lengths_to`` (a length curriculum: the longest training length grows linearly
+to it over the first half of the run) and ``phase_round_from`` (the fraction of the steps after which a model
+with ``recurrence.phase_round`` starts rounding its angles in training; before, it trains unrounded).
+
 The run directory holds ``checkpoint/`` (``hybrid.train.checkpoint.load_checkpoint`` opens it; the task and this
 config ride in its ``extra``), ``task.json`` (the token map), ``results.json`` (accuracy per test point) and
 ``metrics.jsonl`` (the loss curve).
@@ -24,6 +34,7 @@ import torch.nn.functional as F
 
 from hybrid.checks import check_int, check_number
 from hybrid.models import PRESETS, SIZES, HybridConfig, HybridLM
+from hybrid.rotary import set_phase_rounding
 
 from ..checkpoint import load_checkpoint, save_checkpoint
 from ..device import check_device, resolve_device
@@ -35,6 +46,8 @@ from .base import IGNORE, Batch, Task, rng_of, scaled_accuracy
 
 TEST_SEED = 1_000_003
 VALID_SEED = 2_000_003
+VALID_LENGTH_FACTOR = 2  # the long validation length: this many times the longest training length
+GROW_SPAN = 0.5  # grow_lengths_to: the fraction of the run over which the longest training length grows
 TASK_FILE, RESULTS_FILE, METRICS_FILE = "task.json", "results.json", "metrics.jsonl"
 
 
@@ -53,6 +66,8 @@ class TaskRunConfig:
     weight_decay: float = 0.1
     warmup: int | None = None  # None = default_warmup(steps) = min(100, steps // 10)
     curriculum_steps: int = 0  # the first steps train on the task's easiest setting (Task.curriculum_batch)
+    grow_lengths_to: int = 0  # 0: off; else the longest training length grows to this (state tracking)
+    phase_round_from: float = 0.0  # training rounds the angles (recurrence.phase_round) after this fraction of steps
     grad_clip: float | None = 1.0
     seed: int = 0
     eval_size: int = 512  # test sequences per test point
@@ -75,10 +90,36 @@ class TaskRunConfig:
         for name in ("warmup", "curriculum_steps"):
             value = check_int(name, getattr(self, name), low=0, high=self.steps, what=f"an int in [0, steps={self.steps}]")
             setattr(self, name, value)
-        make_task(self.task, **self.task_params)  # validates the task and its parameters
+        task = make_task(self.task, **self.task_params)  # validates the task and its parameters
+        check_number("phase_round_from", self.phase_round_from, low=0.0, high=1.0, high_open=True)
+        self.grow_lengths_to = check_int("grow_lengths_to", self.grow_lengths_to, low=0)
+        if self.grow_lengths_to:
+            longest = task.longest_train_length
+            if longest is None:
+                raise ValueError(f"grow_lengths_to: expected 0 for {self.task} (no training lengths to grow), got "
+                                 f"{self.grow_lengths_to}")
+            if self.grow_lengths_to <= longest:
+                raise ValueError(f"grow_lengths_to: expected 0 or a length > the longest training length {longest}, "
+                                 f"got {self.grow_lengths_to}")
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
+
+    def valid_length(self, task: Task) -> int | None:
+        """The long validation length: twice the longest length trained on (after any growth); None for a task
+        that is not tested past its training lengths."""
+        longest = task.longest_train_length
+        if longest is None:
+            return None
+        return VALID_LENGTH_FACTOR * max(longest, self.grow_lengths_to)
+
+    def longest_at(self, step: int, task: Task) -> int | None:
+        """The longest training length at ``step`` (1-based) under ``grow_lengths_to``; None: the task's own."""
+        if not self.grow_lengths_to:
+            return None
+        longest = task.longest_train_length
+        done = min(1.0, step / max(1.0, GROW_SPAN * self.steps))
+        return int(round(longest + (self.grow_lengths_to - longest) * done))
 
     def model_config(self, task: Task) -> HybridConfig:
         overrides = {"vocab_size": task.vocab_size, **self.model}
@@ -150,12 +191,21 @@ def train_task(config: TaskRunConfig, out, *, on_step=None) -> dict:
     optimizer = build_optimizer(model, lr=config.lr, weight_decay=config.weight_decay)
     scheduler = warmup_cosine(optimizer, warmup=config.warmup, total=config.steps)
     rng = rng_of(config.seed)
+    round_from = int(config.phase_round_from * config.steps)  # steps 1 … round_from train unrounded
+    set_phase_rounding(model, round_from == 0)
     start, status, loss_value = time.perf_counter(), "finished", float("nan")
     with open(out / METRICS_FILE, "w") as metrics:
         for step in range(1, config.steps + 1):
             model.train()
-            draw = task.curriculum_batch if step <= config.curriculum_steps else task.train_batch
-            batch = draw(config.batch_size, rng)
+            if step == round_from + 1 and round_from:
+                set_phase_rounding(model, True)
+            longest = config.longest_at(step, task)
+            if step <= config.curriculum_steps:
+                batch = task.curriculum_batch(config.batch_size, rng)
+            elif longest is not None:
+                batch = task.train_batch(config.batch_size, rng, longest=longest)
+            else:
+                batch = task.train_batch(config.batch_size, rng)
             logits, _ = model(batch.ids.to(device))
             loss = masked_loss(logits, batch.labels.to(device))
             optimizer.zero_grad(set_to_none=True)
@@ -175,9 +225,16 @@ def train_task(config: TaskRunConfig, out, *, on_step=None) -> dict:
     train_seconds = time.perf_counter() - start
     model.eval()
     valid_acc, valid_loss = accuracy(model, task.train_batch(config.eval_size, rng_of(VALID_SEED)), "all", device)
+    valid_long = {}
+    valid_length = config.valid_length(task)
+    if valid_length is not None:  # past the training lengths, scored where the tests are
+        batch = task.test_batch(str(valid_length), config.eval_size, rng_of(VALID_SEED + 1))
+        long_acc, long_loss = accuracy(model, batch, task.score, device)
+        valid_long = {"valid_length": valid_length, "valid_long_accuracy": long_acc, "valid_long_loss": long_loss}
     results = {
         "task": task.name, "status": status, "steps": step, "final_loss": loss_value,
-        "valid_accuracy": valid_acc, "valid_loss": valid_loss, "chance": task.chance, "score": task.score,
+        "valid_accuracy": valid_acc, "valid_loss": valid_loss, **valid_long, "chance": task.chance,
+        "score": task.score,
         **evaluate_task(model, task, config.eval_size, device),
         "train_seconds": train_seconds, "parameters": model.num_parameters(exclude_embeddings=True),
         "device": str(device),
