@@ -17,18 +17,22 @@ from ..outdir import check_output_dir, prepare_suite_dir, staged_output_dir
 from ..progress import progress_bar
 from ..suite import markdown_table, parse_int_list, parse_name_list
 from . import TASK_NAMES, make_task
-from .suite import (BUDGETS, MODELS, SUITES, budget_for, curriculum_steps, model_shape, run_synthetic_suite,
-                    task_lrs, task_params, task_steps)
+from . import passkey_suite
+from .suite import (BUDGETS, KNOWN_MODELS, MODELS, SUITES, budget_for, curriculum_steps, default_lr, model_entry,
+                    model_shape, run_synthetic_suite, task_params, task_steps)
 from .train import TaskRunConfig, train_task
 
 EPILOG = """\
 examples:
+  hybrid-synthetic --task parity --model vo-rnn-data-selective --out runs/parity      # the recipe, its best rate
   hybrid-synthetic --task parity --preset vo-rnn --set rnn_phase='"data"' --out runs/parity-data
   hybrid-synthetic --suite state-tracking --budget cpu --out runs/synth
   hybrid-synthetic --suite all --budget smoke --out runs/synth-smoke      # every task and model in seconds
   hybrid-synthetic --suite mqar --budget cpu --models transformer,vo-rnn-data --seeds 0,1 --out runs/mqar
 
 models of a suite: """ + ", ".join(MODELS) + """
+parity-recipe candidates (the recipe vo-rnn-data-selective with one change each): """ + ", ".join(
+    m for m in KNOWN_MODELS if m not in MODELS) + """
 outputs: a run directory per task/model/lr/seed (checkpoint/, task.json, results.json, metrics.jsonl);
 a suite adds results.jsonl (one record per finished run; a second invocation resumes) and report.md + PNGs
 """
@@ -47,7 +51,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--steps", type=positive_int, help="optimizer steps per run (overrides the budget)")
     p.add_argument("--seq-len", type=positive_int, help="longest training length (overrides the budget)")
     p.add_argument("--seeds", help="comma-separated seeds, e.g. 0,1,2 (overrides the budget)")
-    p.add_argument("--models", help="comma-separated suite models (overrides the budget): " + ", ".join(MODELS))
+    p.add_argument("--models", help="comma-separated suite models (overrides the budget): " + ", ".join(KNOWN_MODELS))
     add_device_flag(p)
     p.add_argument("--overwrite", action="store_true",
                    help="--task: replace a non-empty --out; --suite: start the suite over instead of continuing it")
@@ -55,10 +59,14 @@ def parser() -> argparse.ArgumentParser:
                          "(RUN/tensorboard/) or Weights & Biases; repeatable")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     g = p.add_argument_group("one run (--task)")
-    g.add_argument("--preset", choices=sorted(PRESETS), default="vo-rnn", help="architecture (default: vo-rnn)")
+    g.add_argument("--preset", choices=sorted(PRESETS), help="architecture (default: vo-rnn)")
+    g.add_argument("--model", choices=list(KNOWN_MODELS),
+                   help="a suite model or parity candidate by name: its preset, options and run options (e.g. "
+                        "vo-rnn-data-selective, the state-tracking recipe); instead of --preset")
     add_set_flag(g, help="any HybridConfig field, VALUE parsed as JSON (e.g. --set rnn_phase='\"data\"'); the "
                          "budget sets d_model, n_layers and n_heads (--set overrides them too); repeatable")
-    g.add_argument("--lr", type=float, help="learning rate (default: the largest of the budget's grid)")
+    g.add_argument("--lr", type=float, help="learning rate (default: the measured best rate of the suite model "
+                                             "this run is, else the largest of the budget's grid; printed)")
     g.add_argument("--batch-size", type=positive_int, help="sequences per step (default: the budget's)")
     return p
 
@@ -66,14 +74,28 @@ def parser() -> argparse.ArgumentParser:
 def _one_run(args, budget) -> int:
     seed = budget.seeds[0]
     steps = task_steps(budget, args.task)
-    model = {**model_shape(budget, args.task, args.preset), **dict(args.sets)}
-    config = TaskRunConfig(task=args.task, task_params=task_params(budget, args.task), preset=args.preset,
+    if args.model is not None:
+        if args.preset is not None:
+            raise ValueError(f"--model: names a preset and its options; expected no --preset with it, got "
+                             f"--preset {args.preset}")
+        if args.task in passkey_suite.TASKS:
+            raise ValueError(f"--model: expected a state-tracking or MQAR task, got --task {args.task}")
+        preset, base, options = model_entry(args.model)
+    else:
+        preset, base, options = args.preset or "vo-rnn", {}, {}
+    overrides = {**base, **dict(args.sets)}
+    model = {**model_shape(budget, args.task, preset), **overrides}
+    if args.lr is not None:
+        lr, why = args.lr, "--lr"
+    else:
+        lr, why = default_lr(budget, args.task, preset, overrides, options)
+    config = TaskRunConfig(task=args.task, task_params=task_params(budget, args.task), preset=preset,
                            model=model, steps=steps, batch_size=args.batch_size or budget.batch_size,
-                           curriculum_steps=curriculum_steps(budget, args.task, steps),
-                           lr=args.lr if args.lr is not None else max(task_lrs(budget, args.task)), seed=seed,
-                           eval_size=budget.eval_size, device=args.device)
+                           curriculum_steps=curriculum_steps(budget, args.task, steps), lr=lr, seed=seed,
+                           eval_size=budget.eval_size, device=args.device, **options)
     config.model_config(make_task(config.task, **config.task_params))  # a bad --set fails here, before training
     print(budget.describe())
+    print(f"learning rate {lr:g}: {why}")
     print(f"run: {json.dumps(config.to_dict())}")
     bar = None
     if not args.quiet:  # a tqdm bar on a terminal, plain lines in a log file
@@ -128,9 +150,9 @@ def _run(args: argparse.Namespace) -> int:
         except KeyboardInterrupt:  # a --task run is written whole or not at all
             raise KeyboardInterrupt(f"; nothing was written to {args.out}; run the same command again to start "
                                     f"over") from None
-    if args.sets or args.lr is not None or args.batch_size is not None:
-        raise ValueError("--set, --lr and --batch-size: apply to one run (--task); a suite takes its "
-                         "models, rates and batch from the budget")
+    if args.sets or args.lr is not None or args.batch_size is not None or args.model or args.preset:
+        raise ValueError("--set, --lr, --batch-size, --model and --preset: apply to one run (--task); a suite "
+                         "takes its models, rates and batch from the budget (--models picks among them)")
     prepare_suite_dir(args.out, overwrite=args.overwrite)
     print(budget.describe(), flush=True)
     try:

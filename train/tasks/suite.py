@@ -109,6 +109,34 @@ def budget_for(name: str, *, steps=None, seq_len=None, seeds=None, models=None, 
     return budget
 
 
+# (budget, task) -> {model: the learning rate its study picked by validation}: a single ``--task`` run of that
+# exact model uses it by default (docs/benchmarks.md, "Parity, reliably")
+BEST_LRS = {("cpu", "parity"): {"vo-rnn-data-selective": 3e-3}}
+
+
+def default_lr(budget: Budget, task: str, preset: str, overrides: dict, options: dict) -> tuple[float, str]:
+    """(learning rate, why) for a single run: the measured best rate of the suite model whose configuration and
+    run options this run has exactly, else the largest rate of the budget's grid."""
+    known = BEST_LRS.get((budget.name, task), {})
+    if known:
+        from hybrid.models import HybridConfig
+
+        from . import make_task
+
+        vocab = make_task(task, **task_params(budget, task)).vocab_size
+
+        def config(p, o):
+            return HybridConfig.preset(p, "tiny", vocab_size=vocab, **o).to_dict()
+
+        shape = model_shape(budget, task, preset)
+        want = config(preset, {**shape, **overrides})
+        for model, lr in known.items():
+            p, o, opts = model_entry(model)
+            if p == preset and opts == options and config(p, {**model_shape(budget, task, p), **o}) == want:
+                return lr, f"{model}'s best rate on {task} at the {budget.name} budget, chosen by validation"
+    return max(task_lrs(budget, task)), f"the largest of the {budget.name} budget's grid"
+
+
 def task_params(budget: Budget, task: str) -> dict:
     """The generator parameters a budget sets for ``task``; ``seq_len`` is the longest training length."""
     if task in passkey_suite.TASKS:

@@ -19,12 +19,40 @@ def test_one_task_run_from_the_command_line(tmp_path, capsys):
     assert set(json.loads((out / "results.json").read_text())["accuracy"]) == {"10", "20"}
 
 
+def test_a_single_run_of_a_studied_model_uses_its_best_rate_and_says_so(tmp_path, capsys, monkeypatch):
+    """The rate comes from BEST_LRS when the run is exactly the studied model (named by --model, or spelled with
+    --preset and --set); any other configuration gets the largest rate of the grid; --lr wins. Each says which."""
+    from hybrid.train.tasks import suite
+
+    monkeypatch.setitem(suite.BEST_LRS, ("smoke", "parity"), {"vo-rnn-data-selective": 1e-3})
+    spelled = ["--preset", "vo-rnn", "--set", 'rnn_phase="data"', "--set", "recurrence.selective=true",
+               "--set", 'rnn_selective_gate="hardsigmoid"']
+    cases = [(["--model", "vo-rnn-data-selective"], 1e-3, "vo-rnn-data-selective's best rate on parity at the smoke"),
+             (spelled, 1e-3, "vo-rnn-data-selective's best rate"),
+             (spelled + ["--set", "rnn_r_max=0.99"], 3e-3, "the largest of the smoke budget's grid"),
+             (["--model", "recipe+round-late"], 3e-3, "the largest of the smoke budget's grid"),
+             (["--model", "vo-rnn-data-selective", "--lr", "0.02"], 0.02, "--lr")]
+    for i, (argv, lr, why) in enumerate(cases):
+        out = tmp_path / f"run{i}"
+        assert cli.main(["--task", "parity", "--budget", "smoke", *argv, "--out", str(out), "--quiet"]) == 0
+        assert f"learning rate {lr:g}: {why}" in capsys.readouterr().out
+        run = load_checkpoint(out).extra["task_run"]
+        assert run["lr"] == lr
+    assert run["model"]["rnn_selective_gate"] == "hardsigmoid"
+    assert load_checkpoint(tmp_path / "run3").extra["task_run"]["phase_round_from"] == 0.5  # the candidate's option
+
+
 @pytest.mark.parametrize(
     "argv,message",
     [
         (["--suite", "all", "--models", "gpt"], "models: expected names from"),
         (["--suite", "all", "--seeds", "x"], "--seeds: expected comma-separated integers"),
-        (["--suite", "all", "--set", "rnn_phase=\"data\""], "--set, --lr and --batch-size: apply to one run"),
+        (["--suite", "all", "--set", "rnn_phase=\"data\""], "--set, --lr, --batch-size, --model and --preset: apply"),
+        (["--suite", "parity-recipe", "--model", "recipe+round"], "--model and --preset: apply to one run (--task)"),
+        (["--task", "parity", "--model", "recipe+round", "--preset", "vo-rnn"],
+         "--model: names a preset and its options; expected no --preset with it, got --preset vo-rnn"),
+        (["--task", "passkey", "--model", "vo-rnn"], "--model: expected a state-tracking or MQAR task, got --task passkey"),
+        (["--task", "parity", "--model", "gpt"], "argument --model: invalid choice: 'gpt'"),
         (["--task", "sorting"], "argument --task: invalid choice"),
         (["--task", "parity", "--set", "rnn_phase=\"spin\""], "rnn_phase: expected one of"),
         (["--task", "parity", "--steps", "0"], "argument --steps: expected a positive integer"),

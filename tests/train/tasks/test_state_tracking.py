@@ -88,3 +88,14 @@ def test_train_lengths_and_padding():
     lengths = (batch.ids != task.pad_id).sum(1) - 1
     assert lengths.min() == 3 and lengths.max() == 6
     assert ((batch.ids == task.pad_id) == (batch.labels == IGNORE))[:, 1:].all()  # pads unlabelled, bits labelled
+
+
+@pytest.mark.parametrize("name", ["parity", "mod5"])
+def test_a_length_curriculum_draws_up_to_its_longest_and_any_length_is_a_test_point(name):
+    task = make_task(name, train_lengths=(4, 8))
+    assert task.longest_train_length == 8
+    lengths = (task.train_batch(300, rng_of(1), longest=20).ids != task.pad_id).sum(1) - 1
+    assert lengths.min() == 4 and lengths.max() == 20
+    same = task.train_batch(50, rng_of(2)).ids, task.train_batch(50, rng_of(2), longest=None).ids
+    assert torch.equal(*same)
+    assert (task.test_batch("33", 5, rng_of(3)).ids != task.pad_id).sum(1).tolist() == [33 - (name == "mod5") + 1] * 5  # mod5 rounds an odd length down

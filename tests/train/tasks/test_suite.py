@@ -106,3 +106,48 @@ def test_report_shows_every_rate_that_ties_on_validation(tmp_path):
     assert ("Target: vo-rnn-data-selective ≥ 0.99 accuracy at length 256 at lr 0.001 (tied on validation with "
             "another rate): 0.684, missed by 0.306.") in text
     assert "at lr 0.003 (tied on validation with another rate): 1.000, met." in text
+
+
+def _parity_record(model, lr, seed, long_acc, acc256, *, valid=1.0, loss=0.0, long_loss=0.1):
+    return {"run": f"parity/{model}/{lr}/seed{seed}", "model": model, "seed": seed, "seconds": 1.0,
+            "config": {"task_label": "parity", "lr": lr},
+            "metrics": {"status": "finished", "final_loss": 0.0, "valid_accuracy": valid, "valid_loss": loss,
+                        "valid_length": 80, "valid_long_accuracy": long_acc, "valid_long_loss": long_loss,
+                        "chance": 0.5, "score": "last", "accuracy": {"40": 1.0, "256": acc256},
+                        "scaled_accuracy": {"40": 1.0, "256": 2 * acc256 - 1}}}
+
+
+def test_the_long_validation_picks_the_rate_where_the_training_lengths_tie(tmp_path):
+    """Both rates fit the training lengths exactly (accuracy 1.0, loss 0.0): the mean accuracy at twice the
+    longest training length decides, in either order of the grid; the per-seed table marks the kept rate."""
+    from hybrid.train.tasks.selection import summarise
+    from hybrid.train.tasks.suite import write_suite_report
+
+    m = "vo-rnn-data-selective"
+    records = [_parity_record(m, 1e-3, s, long, acc) for s, long, acc in [(0, 1.0, 0.68), (1, 0.6, 0.09)]]
+    records += [_parity_record(m, 3e-3, s, long, acc) for s, long, acc in [(0, 1.0, 1.0), (1, 0.9, 0.99)]]
+    for order in (records, records[::-1]):
+        (choice,) = summarise(order)["parity"][m]
+        assert (choice["lr"], choice["tied"]) == (3e-3, False)
+    # the long-validation loss breaks a tie in accuracy; the training lengths come before it
+    closer = [_parity_record(m, 1e-3, 0, 1.0, 0.5, long_loss=0.2), _parity_record(m, 3e-3, 0, 1.0, 0.5, long_loss=0.3)]
+    assert [c["lr"] for c in summarise(closer)["parity"][m]] == [1e-3]
+    worse_fit = [_parity_record(m, 1e-3, 0, 1.0, 0.5, valid=0.99), _parity_record(m, 3e-3, 0, 1.0, 0.5, long_loss=0.9)]
+    assert [c["lr"] for c in summarise(worse_fit)["parity"][m]] == [3e-3]
+    text = write_suite_report(tmp_path, "parity-recipe", BUDGETS["cpu"], records).read_text()
+    assert f"| {m} | 0.003 | 1.000 ± 0.000 | 0.950 ± 0.071 | 1.000 ± 0.000 | 0.995 ± 0.007 |" in text
+    assert f"| {m} | 0.001 | 0.680 | 0.090 | 0 / 2 |" in text
+    assert f"| {m} | 0.003 (kept) | 1.000 | 0.990 | 2 / 2 |" in text
+
+
+def test_the_parity_recipe_suite_runs_every_candidate_with_its_options_over_five_seeds():
+    from hybrid.train.tasks.suite import CANDIDATES
+
+    specs = build_specs("parity-recipe", budget_for("cpu", suite="parity-recipe"))
+    assert len(specs) == (1 + len(CANDIDATES)) * 2 * 5
+    by_model = {s.model: s.config for s in specs}
+    assert by_model["recipe+round-late"]["phase_round_from"] == 0.5
+    assert by_model["recipe+round-late"]["model"]["recurrence.phase_round"] == 2
+    assert by_model["recipe+grow-80"]["grow_lengths_to"] == 80
+    assert by_model["vo-rnn-data-selective"]["grow_lengths_to"] == 0
+    assert {s.config["task"] for s in specs} == {"parity"}

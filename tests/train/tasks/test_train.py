@@ -66,3 +66,65 @@ def test_a_run_directory_reopens(tmp_path):
     again = evaluate_task(model, task, 8, torch.device("cpu"))
     assert again["accuracy"] == results["accuracy"]
     assert json.loads((tmp_path / "results.json").read_text())["accuracy"] == results["accuracy"]
+
+
+def _parity_run(**kw) -> TaskRunConfig:
+    model = {"d_model": 16, "n_layers": 1, "n_heads": 2, "rnn_phase": "data", **kw.pop("model", {})}
+    kw = {"steps": 4, "batch_size": 4, "eval_size": 16, **kw}
+    return TaskRunConfig(task="parity", task_params={"train_lengths": [3, 6], "test_lengths": [6, 24]},
+                         preset="vo-rnn", model=model, **kw)
+
+
+@pytest.mark.parametrize("grow", [0, 9])
+def test_the_long_validation_is_twice_the_longest_training_length_on_fresh_sequences(tmp_path, grow):
+    """valid_length = 2 × the longest length trained on (after growth); its score is the model's accuracy at the
+    last position of VALID_SEED + 1 sequences of that length, which no test point uses."""
+    from hybrid.train.tasks.base import rng_of
+    from hybrid.train.tasks.train import TEST_SEED, VALID_SEED, accuracy
+
+    results = train_task(_parity_run(grow_lengths_to=grow), tmp_path)
+    length = 2 * (grow or 6)
+    assert results["valid_length"] == length
+    model, task = load_task_run(tmp_path)
+    batch = task.test_batch(str(length), 16, rng_of(VALID_SEED + 1))
+    assert (batch.ids != task.pad_id).sum(1).eq(length + 1).all()
+    assert (results["valid_long_accuracy"], results["valid_long_loss"]) == accuracy(model, batch, "last", torch.device("cpu"))
+    tests = [task.test_batch(p, 16, rng_of(TEST_SEED + i)).ids for i, p in enumerate(task.test_points())]
+    assert not any(t.shape == batch.ids.shape and torch.equal(t, batch.ids) for t in tests)
+
+
+def test_a_length_curriculum_grows_over_the_first_half(tmp_path, monkeypatch):
+    from hybrid.train.tasks import Parity
+
+    drawn = []
+    original = Parity.train_batch
+    monkeypatch.setattr(Parity, "train_batch", lambda self, n, rng, longest=None: drawn.append(longest) or original(self, n, rng, longest))
+    config = _parity_run(grow_lengths_to=14, steps=8)
+    train_task(config, tmp_path)
+    assert drawn == [8, 10, 12, 14, 14, 14, 14, 14, None]  # 6 → 14 over steps 1–4, then the validation draw
+
+
+def test_rounding_starts_at_its_fraction_of_the_steps_and_is_saved_in_the_config(tmp_path, monkeypatch):
+    import hybrid.train.tasks.train as train_module
+
+    events = []
+    real = train_module.set_phase_rounding
+    monkeypatch.setattr(train_module, "set_phase_rounding", lambda m, on: events.append(("round", on)) or real(m, on))
+    config = _parity_run(model={"recurrence.phase_round": 2}, phase_round_from=0.5)
+    train_task(config, tmp_path, on_step=lambda step, loss: events.append(("step", step)))
+    assert events == [("round", False), ("step", 1), ("step", 2), ("round", True), ("step", 3), ("step", 4)]
+    model, _ = load_task_run(tmp_path)
+    phase = model.blocks[0].mixer.data_phase
+    assert (phase.round_to, phase.round_at_inference, phase.rounds()) == (2, False, False)  # eval: not rounded
+    assert load_checkpoint(tmp_path).config["recurrence"]["phase_round"] == 2
+
+
+@pytest.mark.parametrize("kw, expected", [
+    (dict(task="mqar", grow_lengths_to=80), "grow_lengths_to: expected 0 for mqar (no training lengths to grow), got 80"),
+    (dict(task="parity", grow_lengths_to=40), "grow_lengths_to: expected 0 or a length > the longest training length 40, got 40"),
+    (dict(task="parity", phase_round_from=1.0), "phase_round_from: expected a number in [0, 1), got 1.0"),
+])
+def test_state_tracking_options_refuse_bad_values_in_one_line(kw, expected):
+    with pytest.raises(ValueError) as e:
+        TaskRunConfig(**kw)
+    assert str(e.value) == expected
