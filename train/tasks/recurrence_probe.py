@@ -1,0 +1,190 @@
+"""What a trained VO-RoPE recurrence does along a sequence: each pair's rotation θ_t and decay γ_t per token, and,
+for parity, how far they sit from the exact automaton and what that adds up to at a length.
+
+Parity's automaton in one complex pair: a ``1`` turns the pair by π and a ``0`` holds it, both with γ_t = 1. A
+trained model is close, not exact; over a sequence of n₁ ones and n₀ zeros, a pair that flips (its mean angle on
+``1`` above π/2) carries
+
+    drift = wrap(Σ_t θ_t − π·n₁) ∈ (−π, π]          the angle error the readout sees (|drift| > π/2 inverts it)
+    kept  = exp(Σ_t log γ_t)                        the magnitude left of what was written at the start
+
+counted from the first token after ``<bos>``. ``parity_probe`` reports them for the flip pair with the smallest
+mean |drift|: the two failure modes of the parity study (docs/benchmarks.md), angle drift and a state that leaks.
+"""
+from __future__ import annotations
+
+import math
+from contextlib import contextmanager
+
+import torch
+
+from hybrid.recurrence import VORecurrence
+from hybrid.rotary import DataPhase
+
+from .base import rng_of
+from .train import TEST_SEED
+
+__all__ = ["parity_probe", "record_transitions", "rounded_angles"]
+
+
+@contextmanager
+def _spy_scan_inputs(model: torch.nn.Module, seen: list):
+    """Record ``(θ, log γ)`` of every VORecurrence's ``scan_inputs`` while the block runs, in layer order."""
+    mixers = [m for m in model.modules() if isinstance(m, VORecurrence)]
+    originals = [m.scan_inputs for m in mixers]
+
+    def spy(original):
+        def scan_inputs(x, u):
+            v, log_decay, theta = original(x, u)
+            seen.append((theta, log_decay))
+            return v, log_decay, theta
+        return scan_inputs
+
+    try:
+        for m, original in zip(mixers, originals):
+            m.scan_inputs = spy(original)  # an instance attribute shadows the method
+        yield mixers
+    finally:
+        for m in mixers:
+            del m.scan_inputs
+
+
+@torch.no_grad()
+def record_transitions(model: torch.nn.Module, ids: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Per recurrence layer, (θ, log γ) along ``ids`` ``(B, T)`` in parallel mode, each ``(B, T, H, P)`` float64
+    (a static θ or γ is broadcast over B and T)."""
+    seen: list = []
+    with _spy_scan_inputs(model, seen) as mixers:
+        if not mixers:
+            raise ValueError("model: expected a model with a VO-RoPE recurrence layer, got none")
+        model.eval()
+        model(ids)
+    B, T = ids.shape
+    out = []
+    for theta, log_decay in seen:
+        shape = (B, T, *theta.shape[-2:])
+        out.append((theta.double().expand(shape), log_decay.double().expand(shape)))
+    return out
+
+
+def _wrap(angle: torch.Tensor) -> torch.Tensor:
+    """Angles wrapped to (−π, π]."""
+    return math.pi - torch.remainder(math.pi - angle, 2 * math.pi)
+
+
+def _parity_transitions(model, task, length: int, n: int, layer: int):
+    """θ and log γ of layer ``layer`` after ``<bos>`` on the ``TEST_SEED`` parity sequences of ``length`` bits, each
+    ``(n, length, H, P)``, and the bits ``(n, length, 1, 1)``."""
+    ids = task.test_batch(str(length), n, rng_of(TEST_SEED)).ids  # (n, length + 1), <bos> first
+    device = next(model.parameters()).device
+    theta, log_decay = record_transitions(model, ids.to(device))[layer]
+    return theta[:, 1:].cpu(), log_decay[:, 1:].cpu(), ids[:, 1:, None, None]
+
+
+def _drift(theta: torch.Tensor, bits: torch.Tensor, one: int) -> torch.Tensor:
+    """|wrap(Σ_t θ_t − π·n₁)| per sequence and pair, ``(n, H, P)``."""
+    return _wrap(theta.sum(1) - math.pi * (bits == one).double().sum(1)).abs()
+
+
+@torch.no_grad()
+def parity_probe(model: torch.nn.Module, task, length: int, n: int = 64, *, layer: int = 0) -> dict:
+    """The transitions of recurrence layer ``layer`` on ``n`` parity test sequences of ``length`` bits (the test
+    sequences of ``TEST_SEED``), against parity's automaton.
+
+    The carrier is the flip pair (mean θ on ``1`` above π/2) with the smallest mean |drift| at the longest
+    training length, where the model is exact. Returns ``flip_pairs`` (how many pairs flip), ``pair`` (the
+    carrier's head and pair), and for the carrier at ``length``: ``theta_one`` / ``theta_zero`` (mean θ on ``1`` /
+    ``0``, units of π), ``step_error`` (the mean of θ_t − π·bit_t per bit, units of π: its drift per token),
+    ``drift`` (mean |drift|, units of π), ``inverted`` (the share of sequences with |drift| > π/2),
+    ``log_gamma_one`` / ``log_gamma_zero`` (mean log γ_t on each bit) and ``kept`` (the median of exp Σ log γ_t).
+    """
+    one, zero = task.tokens["1"], task.tokens["0"]
+    theta, log_decay, bits = _parity_transitions(model, task, task.longest_train_length, n, layer)
+    is_one = (bits == one).double()
+    flips = (theta * is_one).sum((0, 1)) / is_one.sum((0, 1)).clamp_min(1) > math.pi / 2  # (H, P)
+    result = {"length": length, "sequences": n, "flip_pairs": int(flips.sum())}
+    if not bool(flips.any()):
+        return result
+    h, p = divmod(int(_drift(theta, bits, one).mean(0).masked_fill(~flips, math.inf).argmin()), flips.shape[1])
+    theta, log_decay, bits = _parity_transitions(model, task, length, n, layer)
+    theta, log_decay = theta[..., h, p], log_decay[..., h, p]  # (n, length)
+    bits = bits[..., 0, 0]
+    on_one, on_zero = bits == one, bits == zero
+    drift = _wrap(theta.sum(1) - math.pi * on_one.double().sum(1)).abs()  # (n,)
+    result.update({
+        "pair": [h, p],
+        "theta_one": float(theta[on_one].mean()) / math.pi,
+        "theta_zero": float(theta[on_zero].mean()) / math.pi,
+        "step_error": float((theta - math.pi * on_one.double()).mean()) / math.pi,
+        "drift": float(drift.mean()) / math.pi,
+        "inverted": float((drift > math.pi / 2).double().mean()),
+        "log_gamma_one": float(log_decay[on_one].mean()),
+        "log_gamma_zero": float(log_decay[on_zero].mean()),
+        "kept": float(log_decay.sum(1).exp().median()),
+    })
+    return result
+
+
+@contextmanager
+def rounded_angles(model: torch.nn.Module, round_to: int = 2):
+    """Every data-dependent phase of ``model`` rounds its angles to multiples of 2π/round_to at inference inside
+    the block (the test of whether a model fails by its angles' precision); restored after."""
+    phases = [m for m in model.modules() if isinstance(m, DataPhase)]
+    saved = [(m.round_to, m.round_at_inference) for m in phases]
+    try:
+        for m in phases:
+            m.round_to, m.round_at_inference = round_to, True
+        yield len(phases)
+    finally:
+        for m, (r, a) in zip(phases, saved):
+            m.round_to, m.round_at_inference = r, a
+
+
+# ------------------------------------------------------------------------------------------ the command
+
+PROBE_COLUMNS = ["run", "acc", "acc rounded", "flip pairs", "θ on 1 (π)", "θ on 0 (π)", "step error (π)",
+                 "drift (π)", "inverted", "log γ on 1", "log γ on 0", "kept"]
+
+
+def probe_run(run_dir, length: int, n: int = 256) -> list:
+    """One row of ``PROBE_COLUMNS`` for a parity run directory of ``train_task``: the accuracy at ``length`` on
+    its test sequences, the same with the angles rounded to {0, π} at inference, and `parity_probe`'s carrier."""
+    from .train import accuracy, load_task_run
+
+    model, task = load_task_run(run_dir)
+    if task.name != "parity":
+        raise ValueError(f"run: expected a parity run directory, got a {task.name} run at {run_dir}")
+    batch = task.test_batch(str(length), n, rng_of(TEST_SEED))
+    cpu = torch.device("cpu")
+    acc = accuracy(model, batch, "last", cpu)[0]
+    with rounded_angles(model):
+        rounded = accuracy(model, batch, "last", cpu)[0]
+    p = parity_probe(model, task, length, min(n, 64))
+    if "pair" not in p:
+        return [str(run_dir), f"{acc:.3f}", f"{rounded:.3f}", "0"] + ["–"] * (len(PROBE_COLUMNS) - 4)
+    return [str(run_dir), f"{acc:.3f}", f"{rounded:.3f}", str(p["flip_pairs"]), f"{p['theta_one']:.4f}",
+            f"{p['theta_zero']:.4f}", f"{p['step_error']:+.4f}", f"{p['drift']:.3f}", f"{p['inverted']:.2f}",
+            f"{p['log_gamma_one']:.4f}", f"{p['log_gamma_zero']:.4f}", f"{p['kept']:.3f}"]
+
+
+def main(argv=None) -> int:
+    """``python -m hybrid.train.tasks.recurrence_probe RUN [RUN …] [--length 256]``: a markdown table, one row per
+    parity run directory."""
+    from ..cli_parts import Parser, positive_int, run_command
+    from ..suite import markdown_table
+
+    p = Parser(prog="python -m hybrid.train.tasks.recurrence_probe",
+               description="What a parity run's recurrence does along its test sequences: its carrier pair's "
+                           "angles and decays against parity's automaton, and its accuracy with the angles rounded")
+    p.add_argument("runs", nargs="+", help="parity run directories (hybrid-synthetic --task parity --out RUN)")
+    p.add_argument("--length", type=positive_int, default=256, help="test length (default 256)")
+
+    def probe(args) -> int:
+        print(markdown_table(PROBE_COLUMNS, [probe_run(run, args.length) for run in args.runs]))
+        return 0
+
+    return run_command(p, argv, probe)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
