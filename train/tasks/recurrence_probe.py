@@ -26,6 +26,8 @@ from .train import TEST_SEED
 
 __all__ = ["parity_probe", "record_transitions", "rounded_angles"]
 
+CARRIER_DRIFT_TIE = 0.01  # flip pairs whose mean |drift| is this close (units of π) to the least tie
+
 
 @contextmanager
 def _spy_scan_inputs(model: torch.nn.Module, seen: list):
@@ -92,7 +94,8 @@ def parity_probe(model: torch.nn.Module, task, length: int, n: int = 64, *, laye
     sequences of ``TEST_SEED``), against parity's automaton.
 
     The carrier is the flip pair (mean θ on ``1`` above π/2) with the smallest mean |drift| at the longest
-    training length, where the model is exact. Returns ``flip_pairs`` (how many pairs flip), ``pair`` (the
+    training length, where the model is exact; of pairs within ``CARRIER_DRIFT_TIE``·π of it (rounded angles all
+    drift 0), the one that keeps the most magnitude there. Returns ``flip_pairs`` (how many pairs flip), ``pair`` (the
     carrier's head and pair), and for the carrier at ``length``: ``theta_one`` / ``theta_zero`` (mean θ on ``1`` /
     ``0``, units of π), ``step_error`` (the mean of θ_t − π·bit_t per bit, units of π: its drift per token),
     ``drift`` (mean |drift|, units of π), ``inverted`` (the share of sequences with |drift| > π/2),
@@ -105,7 +108,10 @@ def parity_probe(model: torch.nn.Module, task, length: int, n: int = 64, *, laye
     result = {"length": length, "sequences": n, "flip_pairs": int(flips.sum())}
     if not bool(flips.any()):
         return result
-    h, p = divmod(int(_drift(theta, bits, one).mean(0).masked_fill(~flips, math.inf).argmin()), flips.shape[1])
+    drift = _drift(theta, bits, one).mean(0).masked_fill(~flips, math.inf)  # (H, P)
+    kept = log_decay.sum(1).exp().median(0).values  # (H, P)
+    near_best = drift <= drift.min() + CARRIER_DRIFT_TIE * math.pi  # exact angles tie: the most kept decides
+    h, p = divmod(int(kept.masked_fill(~near_best, -1.0).argmax()), flips.shape[1])
     theta, log_decay, bits = _parity_transitions(model, task, length, n, layer)
     theta, log_decay = theta[..., h, p], log_decay[..., h, p]  # (n, length)
     bits = bits[..., 0, 0]

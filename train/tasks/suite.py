@@ -43,6 +43,16 @@ CANDIDATES = {
     "recipe+steepest-init": ("vo-rnn", {**RECIPE, "recurrence.phase_init": "steepest"}),  # θ = π/2 at init
     "recipe+readout-norm": ("vo-rnn", {**RECIPE, "recurrence.readout_norm": True}),
     "recipe+real-sign": ("vo-rnn", {**RECIPE, "rnn_phase_map": "real-sign"}),  # real transitions γ_t(1 − 2σ)
+    # the second round: rounding to quarter turns keeps a mod-4 counter (π/2 per 1) exact as well, and rounding
+    # with the length curriculum
+    "recipe+round4-late": ("vo-rnn", {**RECIPE, "recurrence.phase_round": 4,
+                                      "recurrence.phase_round_at_inference": True}, {"phase_round_from": 0.5}),
+    "recipe+round-late+grow-80": ("vo-rnn", {**RECIPE, "recurrence.phase_round": 2,
+                                             "recurrence.phase_round_at_inference": True},
+                                  {"phase_round_from": 0.5, "grow_lengths_to": 80}),
+    "recipe+round4-late+grow-80": ("vo-rnn", {**RECIPE, "recurrence.phase_round": 4,
+                                              "recurrence.phase_round_at_inference": True},
+                                   {"phase_round_from": 0.5, "grow_lengths_to": 80}),
 }
 KNOWN_MODELS = {**MODELS, **CANDIDATES}
 

@@ -54,12 +54,14 @@ def test_the_probe_measures_the_drift_an_angle_error_adds_up_to(eps):
     r = parity_probe(model, task, length, n)
     ones = (task.test_batch(str(length), n, rng_of(TEST_SEED)).ids[:, 1:] == task.tokens["1"]).double().sum(1)
     drift = (math.pi - torch.remainder(math.pi + math.pi * eps * ones, 2 * math.pi)).abs() / math.pi
-    assert r["flip_pairs"] == 8 and r["pair"] == [0, 0]
+    static = model.blocks[0].mixer.log_decay().detach()  # (H, P): every pair drifts alike, the slowest decay is kept
+    h, pair = divmod(int(static.argmax()), static.shape[1])
+    assert r["flip_pairs"] == 8 and r["pair"] == [h, pair]
     assert r["theta_one"] == pytest.approx(1 - eps, rel=1e-7) and r["theta_zero"] == pytest.approx(0.0, abs=1e-12)
     assert r["step_error"] == pytest.approx(-eps * float(ones.sum()) / (n * length), rel=1e-5, abs=1e-7)
     assert r["drift"] == pytest.approx(float(drift.mean()), rel=1e-5, abs=1e-6)
     assert r["inverted"] == pytest.approx(float((drift > 0.5).double().mean()))
-    log_gamma = float(model.blocks[0].mixer.log_decay()[0, 0].detach())
+    log_gamma = float(static[h, pair])
     assert r["log_gamma_one"] == r["log_gamma_zero"] == pytest.approx(log_gamma, rel=1e-12)
     assert r["kept"] == pytest.approx(math.exp(length * log_gamma), rel=1e-9)
     if eps == 0.0047:
