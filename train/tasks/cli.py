@@ -24,14 +24,14 @@ from .train import TaskRunConfig, train_task
 
 EPILOG = """\
 examples:
-  hybrid-synthetic --task parity --model vo-rnn-data-selective --out runs/parity      # the recipe, its best rate
+  hybrid-synthetic --task parity --model vo-rnn-recipe --out runs/parity      # the state-tracking recipe, its best rate
   hybrid-synthetic --task parity --preset vo-rnn --set rnn_phase='"data"' --out runs/parity-data
   hybrid-synthetic --suite state-tracking --budget cpu --out runs/synth
   hybrid-synthetic --suite all --budget smoke --out runs/synth-smoke      # every task and model in seconds
   hybrid-synthetic --suite mqar --budget cpu --models transformer,vo-rnn-data --seeds 0,1 --out runs/mqar
 
 models of a suite: """ + ", ".join(MODELS) + """
-parity-recipe candidates (the recipe vo-rnn-data-selective with one change each): """ + ", ".join(
+parity-recipe candidates (vo-rnn-data-selective with one change each): """ + ", ".join(
     m for m in KNOWN_MODELS if m not in MODELS) + """
 outputs: a run directory per task/model/lr/seed (checkpoint/, task.json, results.json, metrics.jsonl);
 a suite adds results.jsonl (one record per finished run; a second invocation resumes) and report.md + PNGs
@@ -62,7 +62,7 @@ def parser() -> argparse.ArgumentParser:
     g.add_argument("--preset", choices=sorted(PRESETS), help="architecture (default: vo-rnn)")
     g.add_argument("--model", choices=list(KNOWN_MODELS),
                    help="a suite model or parity candidate by name: its preset, options and run options (e.g. "
-                        "vo-rnn-data-selective, the state-tracking recipe); instead of --preset")
+                        "vo-rnn-recipe, the state-tracking recipe); instead of --preset")
     add_set_flag(g, help="any HybridConfig field, VALUE parsed as JSON (e.g. --set rnn_phase='\"data\"'); the "
                          "budget sets d_model, n_layers and n_heads (--set overrides them too); repeatable")
     g.add_argument("--lr", type=float, help="learning rate (default: the measured best rate of the suite model "

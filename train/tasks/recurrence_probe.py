@@ -24,8 +24,9 @@ from hybrid.rotary import DataPhase
 from .base import rng_of
 from .train import TEST_SEED
 
-__all__ = ["parity_probe", "record_transitions", "rounded_angles"]
+__all__ = ["parity_probe", "record_transitions", "rounded_angles", "state_magnitudes"]
 
+HELD_SHARE = 0.1  # a pair "holds something" when its magnitude is at least this share of the largest pair's
 CARRIER_DRIFT_TIE = 0.01  # flip pairs whose mean |drift| is this close (units of π) to the least tie
 
 
@@ -99,7 +100,11 @@ def parity_probe(model: torch.nn.Module, task, length: int, n: int = 64, *, laye
     carrier's head and pair), and for the carrier at ``length``: ``theta_one`` / ``theta_zero`` (mean θ on ``1`` /
     ``0``, units of π), ``step_error`` (the mean of θ_t − π·bit_t per bit, units of π: its drift per token),
     ``drift`` (mean |drift|, units of π), ``inverted`` (the share of sequences with |drift| > π/2),
-    ``log_gamma_one`` / ``log_gamma_zero`` (mean log γ_t on each bit) and ``kept`` (the median of exp Σ log γ_t).
+    ``log_gamma_one`` / ``log_gamma_zero`` (mean log γ_t on each bit) and ``kept`` (the median of exp Σ log γ_t);
+    then ``carrier_growth`` (its final state magnitude at ``length`` over that at the training length,
+    `state_magnitudes`) and, of the pairs holding at least ``HELD_SHARE`` of the largest magnitude there,
+    ``most_changed_pair`` and its ``most_changed_growth``: a pair that integrates over the length (γ near 1,
+    not exactly 1) is a feature the readout has never seen at this size.
     """
     one, zero = task.tokens["1"], task.tokens["0"]
     theta, log_decay, bits = _parity_transitions(model, task, task.longest_train_length, n, layer)
@@ -128,7 +133,26 @@ def parity_probe(model: torch.nn.Module, task, length: int, n: int = 64, *, laye
         "log_gamma_zero": float(log_decay[on_zero].mean()),
         "kept": float(log_decay.sum(1).exp().median()),
     })
+    short, long = (state_magnitudes(model, task, n_bits, n, layer) for n_bits in (task.longest_train_length, length))
+    ratio = long / short.clamp_min(1e-30)  # (H, P)
+    held = short >= HELD_SHARE * short.max()  # the pairs that hold something at the training length
+    change = ratio.log().abs().masked_fill(~held, -1.0)
+    hc, pc = divmod(int(change.argmax()), change.shape[1])
+    result.update({"carrier_growth": float(ratio[h, p]), "most_changed_pair": [hc, pc],
+                   "most_changed_growth": float(ratio[hc, pc])})
     return result
+
+
+@torch.no_grad()
+def state_magnitudes(model: torch.nn.Module, task, length: int, n: int = 64, layer: int = 0) -> torch.Tensor:
+    """The median over ``n`` test sequences of ``length`` bits of each pair's final state magnitude ``|s_T|``,
+    ``(H, P)`` float64: a pair whose magnitude depends on the length is a feature the readout never saw at the
+    training lengths."""
+    ids = task.test_batch(str(length), n, rng_of(TEST_SEED)).ids
+    model.eval()
+    _, state = model(ids.to(next(model.parameters()).device))
+    scan = state.layers[layer].scan.double().cpu()  # (n, H, hd), pairs interleaved
+    return scan.unflatten(-1, (-1, 2)).norm(dim=-1).median(0).values  # (H, P)
 
 
 @contextmanager
@@ -149,7 +173,8 @@ def rounded_angles(model: torch.nn.Module, round_to: int = 2):
 # ------------------------------------------------------------------------------------------ the command
 
 PROBE_COLUMNS = ["run", "acc", "acc rounded", "flip pairs", "θ on 1 (π)", "θ on 0 (π)", "step error (π)",
-                 "drift (π)", "inverted", "log γ on 1", "log γ on 0", "kept"]
+                 "drift (π)", "inverted", "log γ on 1", "log γ on 0", "kept", "carrier growth",
+                 "most changed growth"]
 
 
 def probe_run(run_dir, length: int, n: int = 256) -> list:
@@ -170,7 +195,8 @@ def probe_run(run_dir, length: int, n: int = 256) -> list:
         return [str(run_dir), f"{acc:.3f}", f"{rounded:.3f}", "0"] + ["–"] * (len(PROBE_COLUMNS) - 4)
     return [str(run_dir), f"{acc:.3f}", f"{rounded:.3f}", str(p["flip_pairs"]), f"{p['theta_one']:.4f}",
             f"{p['theta_zero']:.4f}", f"{p['step_error']:+.4f}", f"{p['drift']:.3f}", f"{p['inverted']:.2f}",
-            f"{p['log_gamma_one']:.4f}", f"{p['log_gamma_zero']:.4f}", f"{p['kept']:.3f}"]
+            f"{p['log_gamma_one']:.4f}", f"{p['log_gamma_zero']:.4f}", f"{p['kept']:.3f}",
+            f"{p['carrier_growth']:.2f}", f"{p['most_changed_growth']:.2f}"]
 
 
 def main(argv=None) -> int:

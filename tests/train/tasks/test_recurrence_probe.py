@@ -108,3 +108,26 @@ def test_the_command_prints_one_row_per_run_and_refuses_another_task_in_one_line
     assert main([mod5]) == 2
     err = capsys.readouterr().err.strip()
     assert err == f"python -m hybrid.train.tasks.recurrence_probe: error: run: expected a parity run directory, got a mod5 run at {mod5}"
+
+
+def test_state_magnitudes_are_the_final_state_pairs_and_the_growth_their_ratio():
+    """The median |s_T| per pair from the recurrent route (one token at a time) matches the probe's parallel
+    one, and the probe's growths are the ratios of those at the test and training lengths."""
+    from hybrid.train.tasks.recurrence_probe import state_magnitudes
+
+    model, task = crafted_parity_model(0.003)
+    expected = {}
+    for length in (task.longest_train_length, 50):
+        ids = task.test_batch(str(length), 16, rng_of(TEST_SEED)).ids
+        with torch.no_grad():
+            _, state = model(ids, mode="recurrent")
+        scan = state.layers[0].scan.double()  # (16, H, hd)
+        expected[length] = torch.sqrt(scan[..., 0::2] ** 2 + scan[..., 1::2] ** 2).median(0).values
+        torch.testing.assert_close(state_magnitudes(model, task, length, 16), expected[length], rtol=1e-9, atol=0)
+    r = parity_probe(model, task, 50, 16)
+    ratio = expected[50] / expected[task.longest_train_length]
+    h, p = r["pair"]
+    assert r["carrier_growth"] == pytest.approx(float(ratio[h, p]), rel=1e-9)
+    hc, pc = r["most_changed_pair"]
+    assert r["most_changed_growth"] == pytest.approx(float(ratio[hc, pc]), rel=1e-9)
+    assert abs(math.log(r["most_changed_growth"])) >= abs(math.log(r["carrier_growth"])) - 1e-12
