@@ -3,7 +3,7 @@ for parity, how far they sit from the exact automaton and what that adds up to a
 
 Parity's automaton in one complex pair: a ``1`` turns the pair by π and a ``0`` holds it, both with γ_t = 1. A
 trained model is close, not exact; over a sequence of n₁ ones and n₀ zeros, a pair that flips (its mean angle on
-``1`` above π/2) carries
+``1`` above 3π/4; a pair that turns by π/2 per ``1`` counts mod 4 instead, and is not one) carries
 
     drift = wrap(Σ_t θ_t − π·n₁) ∈ (−π, π]          the angle error the readout sees (|drift| > π/2 inverts it)
     kept  = exp(Σ_t log γ_t)                        the magnitude left of what was written at the start
@@ -26,6 +26,7 @@ from .train import TEST_SEED
 
 __all__ = ["parity_probe", "record_transitions", "rounded_angles", "state_magnitudes"]
 
+FLIP_ABOVE = 0.75  # a pair flips when its mean angle on ``1`` is above this many π (a quarter-turn pair is not)
 HELD_SHARE = 0.1  # a pair "holds something" when its magnitude is at least this share of the largest pair's
 CARRIER_DRIFT_TIE = 0.01  # flip pairs whose mean |drift| is this close (units of π) to the least tie
 
@@ -94,7 +95,7 @@ def parity_probe(model: torch.nn.Module, task, length: int, n: int = 64, *, laye
     """The transitions of recurrence layer ``layer`` on ``n`` parity test sequences of ``length`` bits (the test
     sequences of ``TEST_SEED``), against parity's automaton.
 
-    The carrier is the flip pair (mean θ on ``1`` above π/2) with the smallest mean |drift| at the longest
+    The carrier is the flip pair (mean θ on ``1`` above ``FLIP_ABOVE``·π) with the smallest mean |drift| at the longest
     training length, where the model is exact; of pairs within ``CARRIER_DRIFT_TIE``·π of it (rounded angles all
     drift 0), the one that keeps the most magnitude there. Returns ``flip_pairs`` (how many pairs flip), ``pair`` (the
     carrier's head and pair), and for the carrier at ``length``: ``theta_one`` / ``theta_zero`` (mean θ on ``1`` /
@@ -109,7 +110,7 @@ def parity_probe(model: torch.nn.Module, task, length: int, n: int = 64, *, laye
     one, zero = task.tokens["1"], task.tokens["0"]
     theta, log_decay, bits = _parity_transitions(model, task, task.longest_train_length, n, layer)
     is_one = (bits == one).double()
-    flips = (theta * is_one).sum((0, 1)) / is_one.sum((0, 1)).clamp_min(1) > math.pi / 2  # (H, P)
+    flips = (theta * is_one).sum((0, 1)) / is_one.sum((0, 1)).clamp_min(1) > FLIP_ABOVE * math.pi  # (H, P)
     result = {"length": length, "sequences": n, "flip_pairs": int(flips.sum())}
     if not bool(flips.any()):
         return result

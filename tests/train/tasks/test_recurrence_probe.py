@@ -131,3 +131,8 @@ def test_state_magnitudes_are_the_final_state_pairs_and_the_growth_their_ratio()
     hc, pc = r["most_changed_pair"]
     assert r["most_changed_growth"] == pytest.approx(float(ratio[hc, pc]), rel=1e-9)
     assert abs(math.log(r["most_changed_growth"])) >= abs(math.log(r["carrier_growth"])) - 1e-12
+
+
+def test_a_quarter_turn_pair_counts_mod_4_and_is_no_flip_pair():
+    model, task = crafted_parity_model(0.5)  # z = 3 − 3 on 1: θ = π/2 exactly; 0 on 0
+    assert parity_probe(model, task, 40, 8) == {"length": 40, "sequences": 8, "flip_pairs": 0}
