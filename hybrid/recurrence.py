@@ -83,7 +83,8 @@ class RecurrenceConfig(FixedStateOptions):
 
     r_min, r_max: the LRU ring of the initial decays, 0 < r_min ≤ r_max < 1. selective: data-dependent decay
     (RG-LRU-like gates); selective_gate: its recurrence gate, "sigmoid" (RG-LRU) or "hardsigmoid" (can hold
-    γ_t = 1). phase: the rotation angles, one of `PHASES` — "static" (the rotary schedule), "learned" (the
+    γ_t = 1). hold_below: 0 (off), or a gate value in (0, 1) below which r_t is 0 (straight-through: the token
+    holds the state exactly, and the gradient is the gate's own), in training and at inference. phase: the rotation angles, one of `PHASES` — "static" (the rotary schedule), "learned" (the
     schedule as a parameter), "carope" (CARoPE increments), "data" (θ_t from x_t) — or None: "carope" when the
     rotary options say carope, else "static". phase_map: the "data" angle map (`hybrid.rotary.DataPhase`).
     phase_init: the "data" angles' start, "schedule" (the rotary schedule) or "steepest" (z = 0). phase_round:
@@ -97,6 +98,7 @@ class RecurrenceConfig(FixedStateOptions):
     r_max: float = 0.999
     selective: bool = False
     selective_gate: str = "sigmoid"
+    hold_below: float = 0.0
     phase: str | None = None
     phase_map: str = "pi-sigmoid"
     phase_init: str = "schedule"
@@ -114,6 +116,9 @@ class RecurrenceConfig(FixedStateOptions):
         check_choice("selective_gate", self.selective_gate, tuple(SELECTIVE_GATES))
         if self.selective_gate != "sigmoid" and not self.selective:
             raise ValueError(f"selective_gate: has no effect without selective=True, got {self.selective_gate!r}")
+        check_number("hold_below", self.hold_below, low=0.0, high=1.0, high_open=True)
+        if self.hold_below and not self.selective:
+            raise ValueError(f"hold_below: has no effect without selective=True, got {self.hold_below}")
         check_choice("phase", self.phase, (*PHASES, None))
         check_choice("phase_map", self.phase_map, PHASE_MAPS)
         check_choice("phase_init", self.phase_init, PHASE_INITS)
@@ -161,6 +166,7 @@ class VORecurrence(Mixer):
         self.d_rnn = self.n_heads * self.head_dim
         self.r_min, self.r_max = c.r_min, c.r_max
         self.selective, self.selective_gate, self.phase = c.selective, c.selective_gate, c.resolved_phase(rot)
+        self.hold_below = c.hold_below
         H, P, hd = self.n_heads, self.n_pairs, self.head_dim
 
         self.gate_proj = nn.Linear(d_model, self.d_rnn, bias=False)
@@ -232,6 +238,8 @@ class VORecurrence(Mixer):
                 for p in (self.recur_gate_weight, self.recur_gate_bias, self.input_gate_weight, self.input_gate_bias)
             )
             r = SELECTIVE_GATES[self.selective_gate](torch.einsum("bthi,hip->bthp", uh, w_r) + b_r)  # (B, T, H, P)
+            if self.hold_below:  # small gates shut: the value 0, the gradient r's (straight-through)
+                r = r + (r.masked_fill(r < self.hold_below, 0.0) - r).detach()
             i = torch.sigmoid(torch.einsum("bthi,hij->bthj", uh, w_i) + b_i)  # input gate (B, T, H, hd)
             log_decay = SELECTIVE_C * r * log_decay  # (B, T, H, P)
             uh = uh * i

@@ -60,6 +60,7 @@ def reference(m: VORecurrence, x: torch.Tensor) -> torch.Tensor:
     if m.selective:
         z_r = torch.einsum("bthi,hip->bthp", uh, m.recur_gate_weight.double()) + m.recur_gate_bias.double()
         r = torch.sigmoid(z_r) if m.selective_gate == "sigmoid" else (z_r / 6 + 0.5).clamp(0, 1)
+        r = torch.where(r < m.hold_below, 0.0, r)  # small gates shut (hold_below; 0 = off)
         i_g = torch.sigmoid(torch.einsum("bthi,hij->bthj", uh, m.input_gate_weight.double()) + m.input_gate_bias.double())
         log_g = 8.0 * r * log_g
         uh = uh * i_g
@@ -85,7 +86,8 @@ def reference(m: VORecurrence, x: torch.Tensor) -> torch.Tensor:
             theta = torch.round(theta / q) * q
     else:
         theta = m.theta.double().expand(B, T, H, P)
-    v = uh.reshape(B, T, H, P, 2) * torch.sqrt(1 - torch.exp(2 * log_g)).unsqueeze(-1)
+    write = torch.sqrt((1 - torch.exp(2 * log_g)).clamp_min(recurrence_module.MIN_WRITE_SQ))  # floored at γ = 1
+    v = uh.reshape(B, T, H, P, 2) * write.unsqueeze(-1)
     o = torch.zeros(B, T, H, P, 2, dtype=torch.float64)
     for i in range(T):
         for j in range(i + 1):
@@ -116,6 +118,7 @@ VARIANTS = {
     "selective-data-real-sign": dict(selective=True, selective_gate="hardsigmoid", phase="data",
                                      phase_map="real-sign"),
     "data-real-sign-readout-norm": dict(phase="data", phase_map="real-sign", readout_norm=True),
+    "hard-gate-hold-below": dict(selective=True, selective_gate="hardsigmoid", hold_below=0.45, phase="data"),
     "data-steepest-init": dict(phase="data", phase_init="steepest"),
     "data-rounded-to-pi": dict(selective=True, phase="data", phase_round=2, phase_round_at_inference=True),
     "data-rounded-fifths-2pi-tanh": dict(phase="data", phase_map="2pi-tanh", phase_round=5, readout_norm=True),
@@ -293,6 +296,30 @@ def test_hard_gate_holds_the_state_and_keeps_gradients_finite():
     assert all(g is None or bool(torch.isfinite(g).all()) for g in grads)
 
 
+def test_hold_below_shuts_small_gates_exactly_and_passes_the_gates_gradient():
+    """hold_below = τ: log γ_t is exactly 0 where the gate r_t < τ and untouched elsewhere; the gradient is the
+    plain gate's (straight-through), so d Σ log γ / d bias is the same with and without it."""
+    kw = dict(selective=True, selective_gate="hardsigmoid", phase="data", d_model=8, n_heads=2)
+    held = make(hold_below=0.45, **kw)
+    plain = VORecurrence(**kw).double()
+    plain.load_state_dict(held.state_dict())
+    x = x_of(3, 10, 8)
+    u = torch.randn(3, 10, held.d_rnn, generator=gen(), dtype=torch.float64)
+    static = plain.log_decay().detach()  # (H, P)
+    outs = []
+    for m in (plain, held):
+        m.zero_grad()
+        _, log_decay, _ = m.scan_inputs(x, u)
+        log_decay.sum().backward()
+        outs.append((log_decay.detach(), m.recur_gate_bias.grad.clone()))
+    (plain_ld, plain_grad), (held_ld, held_grad) = outs
+    r = plain_ld / (recurrence_module.SELECTIVE_C * static)  # the gate, (B, T, H, P)
+    shut = r < 0.45
+    assert 0 < int(shut.sum()) < shut.numel()
+    assert bool((held_ld[shut] == 0).all()) and torch.equal(held_ld[~shut], plain_ld[~shut])
+    torch.testing.assert_close(held_grad, plain_grad, rtol=1e-12, atol=0)
+
+
 def test_data_phase_through_the_triton_backend(monkeypatch):
     """The Triton scan (the interpreter on CPU) takes the per-token angles and gives the torch backend's
     numbers and gradients (float32, so the tolerance is the kernels' float32 one)."""
@@ -349,6 +376,8 @@ def test_low_precision_keeps_dtype():
         (dict(d_model=12, n_heads=2, phase="data", phase_map="real-sign", phase_init="steepest"),
          r"phase_init: expected 'schedule' with phase_map='real-sign'"),
         (dict(d_model=12, n_heads=2, readout_norm=1), r"readout_norm: expected True or False, got 1"),
+        (dict(d_model=12, n_heads=2, hold_below=0.1), r"hold_below: has no effect without selective=True, got 0.1"),
+        (dict(d_model=12, n_heads=2, selective=True, hold_below=1.0), r"hold_below: expected a number in \[0, 1\)"),
     ],
 )
 def test_value_errors(kwargs, match):

@@ -101,7 +101,8 @@ def parity_probe(model: torch.nn.Module, task, length: int, n: int = 64, *, laye
     carrier's head and pair), and for the carrier at ``length``: ``theta_one`` / ``theta_zero`` (mean θ on ``1`` /
     ``0``, units of π), ``step_error`` (the mean of θ_t − π·bit_t per bit, units of π: its drift per token),
     ``drift`` (mean |drift|, units of π), ``inverted`` (the share of sequences with |drift| > π/2),
-    ``log_gamma_one`` / ``log_gamma_zero`` (mean log γ_t on each bit) and ``kept`` (the median of exp Σ log γ_t);
+    ``log_gamma_one`` / ``log_gamma_zero`` (mean log γ_t on each bit), ``kept`` (the median of exp Σ log γ_t) and
+    ``held`` (the share of bits that hold it exactly, γ_t = 1: the hard gate closed);
     then ``carrier_growth`` (its final state magnitude at ``length`` over that at the training length,
     `state_magnitudes`) and, of the pairs holding at least ``HELD_SHARE`` of the largest magnitude there,
     ``most_changed_pair`` and its ``most_changed_growth``: a pair that integrates over the length (γ near 1,
@@ -133,6 +134,7 @@ def parity_probe(model: torch.nn.Module, task, length: int, n: int = 64, *, laye
         "log_gamma_one": float(log_decay[on_one].mean()),
         "log_gamma_zero": float(log_decay[on_zero].mean()),
         "kept": float(log_decay.sum(1).exp().median()),
+        "held": float((log_decay == 0).double().mean()),
     })
     short, long = (state_magnitudes(model, task, n_bits, n, layer) for n_bits in (task.longest_train_length, length))
     ratio = long / short.clamp_min(1e-30)  # (H, P)
@@ -174,7 +176,7 @@ def rounded_angles(model: torch.nn.Module, round_to: int = 2):
 # ------------------------------------------------------------------------------------------ the command
 
 PROBE_COLUMNS = ["run", "acc", "acc rounded", "flip pairs", "θ on 1 (π)", "θ on 0 (π)", "step error (π)",
-                 "drift (π)", "inverted", "log γ on 1", "log γ on 0", "kept", "carrier growth",
+                 "drift (π)", "inverted", "log γ on 1", "log γ on 0", "kept", "held", "carrier growth",
                  "most changed growth"]
 
 
@@ -196,7 +198,7 @@ def probe_run(run_dir, length: int, n: int = 256) -> list:
         return [str(run_dir), f"{acc:.3f}", f"{rounded:.3f}", "0"] + ["–"] * (len(PROBE_COLUMNS) - 4)
     return [str(run_dir), f"{acc:.3f}", f"{rounded:.3f}", str(p["flip_pairs"]), f"{p['theta_one']:.4f}",
             f"{p['theta_zero']:.4f}", f"{p['step_error']:+.4f}", f"{p['drift']:.3f}", f"{p['inverted']:.2f}",
-            f"{p['log_gamma_one']:.4f}", f"{p['log_gamma_zero']:.4f}", f"{p['kept']:.3f}",
+            f"{p['log_gamma_one']:.4f}", f"{p['log_gamma_zero']:.4f}", f"{p['kept']:.3f}", f"{p['held']:.3f}",
             f"{p['carrier_growth']:.2f}", f"{p['most_changed_growth']:.2f}"]
 
 

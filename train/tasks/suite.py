@@ -58,6 +58,10 @@ CANDIDATES = {
     "recipe+round4-late+grow-80": ("vo-rnn", {**RECIPE, "recurrence.phase_round": 4,
                                               "recurrence.phase_round_at_inference": True},
                                    {"phase_round_from": 0.5, "grow_lengths_to": 80}),
+    # the third round, on what the probe found the recipe still misses (holds that are not exact): recurrence
+    # gates below a quarter shut, straight-through
+    "recipe+round4-late+hold-0.25": (STATE_RECIPE[0], {**STATE_RECIPE[1], "recurrence.hold_below": 0.25},
+                                     STATE_RECIPE[2]),
 }
 KNOWN_MODELS = {**MODELS, **CANDIDATES}
 

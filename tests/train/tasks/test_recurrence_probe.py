@@ -10,14 +10,15 @@ from hybrid.train.tasks.recurrence_probe import parity_probe, record_transitions
 from hybrid.train.tasks.train import TEST_SEED
 
 
-def crafted_parity_model(eps: float, selective: bool = False) -> tuple[HybridLM, object]:
+def crafted_parity_model(eps: float, selective: bool = False, held: bool = False) -> tuple[HybridLM, object]:
     """A one-layer data-phase vo-rnn whose every pair turns by exactly π(1 − eps) on ``1`` and exactly 0 on ``0``:
     the embeddings of the bits are ±c·e₀, so the normalised mixer input is ±√d·e₀, and the hard phase map
     θ = π·clamp(z/6 + ½, 0, 1) of z = ±3 − 6·eps gives π(1 − eps) and 0."""
     task = make_task("parity", train_lengths=(3, 12), test_lengths=(12, 30))
     d = 16
     config = HybridConfig.preset("vo-rnn", "tiny", vocab_size=task.vocab_size, d_model=d, n_layers=1, n_heads=2,
-                                 rnn_phase="data", rnn_phase_map="pi-hardsigmoid", rnn_selective=selective)
+                                 rnn_phase="data", rnn_phase_map="pi-hardsigmoid", rnn_selective=selective or held,
+                                 **({"rnn_selective_gate": "hardsigmoid"} if held else {}))
     model = HybridLM(config).double().eval()
     with torch.no_grad():
         model.embed.weight.zero_()
@@ -28,6 +29,10 @@ def crafted_parity_model(eps: float, selective: bool = False) -> tuple[HybridLM,
         phase.weight.zero_()
         phase.weight[:, 0] = 3.0 / math.sqrt(d)
         phase.bias.fill_(-6.0 * eps)
+        if held:  # the hard recurrence gate shut on every token: γ_t = 1 exactly
+            mixer = model.blocks[0].mixer
+            mixer.recur_gate_weight.zero_()
+            mixer.recur_gate_bias.fill_(-100.0)
     return model, task
 
 
@@ -63,7 +68,7 @@ def test_the_probe_measures_the_drift_an_angle_error_adds_up_to(eps):
     assert r["inverted"] == pytest.approx(float((drift > 0.5).double().mean()))
     log_gamma = float(static[h, pair])
     assert r["log_gamma_one"] == r["log_gamma_zero"] == pytest.approx(log_gamma, rel=1e-12)
-    assert r["kept"] == pytest.approx(math.exp(length * log_gamma), rel=1e-9)
+    assert r["kept"] == pytest.approx(math.exp(length * log_gamma), rel=1e-9) and r["held"] == 0.0
     if eps == 0.0047:
         assert 0 < r["inverted"] < 1  # ~100 ones × 0.0047π: some sequences have drifted past a quarter turn
 
@@ -136,3 +141,9 @@ def test_state_magnitudes_are_the_final_state_pairs_and_the_growth_their_ratio()
 def test_a_quarter_turn_pair_counts_mod_4_and_is_no_flip_pair():
     model, task = crafted_parity_model(0.5)  # z = 3 − 3 on 1: θ = π/2 exactly; 0 on 0
     assert parity_probe(model, task, 40, 8) == {"length": 40, "sequences": 8, "flip_pairs": 0}
+
+
+def test_a_shut_hard_gate_holds_every_bit_exactly():
+    model, task = crafted_parity_model(0.0, held=True)
+    r = parity_probe(model, task, 60, 8)
+    assert (r["held"], r["kept"], r["log_gamma_one"], r["log_gamma_zero"]) == (1.0, 1.0, 0.0, 0.0)
