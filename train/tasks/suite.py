@@ -22,11 +22,14 @@ from .train import TaskRunConfig, train_task
 # vo-rnn-data-selective, the recipe before the parity study and the base of its candidates: the data-dependent
 # rotation, selective decay with the hard recurrence gate (a token can hold the state exactly: γ_t = 1, no write)
 RECIPE = {"rnn_phase": "data", "rnn_selective": True, "rnn_selective_gate": "hardsigmoid"}
-# the state-tracking recipe (vo-rnn-recipe, the parity study's "recipe+round4-late", docs/benchmarks.md "Parity,
-# reliably"): the angles are rounded to quarter turns with a straight-through gradient from the middle of training
-# on, and at inference, so a learnt flip (π) or quarter turn (π/2) is exact at any length
-STATE_RECIPE = ("vo-rnn", {**RECIPE, "recurrence.phase_round": 4, "recurrence.phase_round_at_inference": True},
-                {"phase_round_from": 0.5})
+# the parity study's second-round winner: the angles rounded to quarter turns with a straight-through gradient
+# from the middle of training on, and at inference, so a learnt flip (π) or quarter turn (π/2) is exact at any length
+ROUND4_LATE = ("vo-rnn", {**RECIPE, "recurrence.phase_round": 4, "recurrence.phase_round_at_inference": True},
+               {"phase_round_from": 0.5})
+# the state-tracking recipe (vo-rnn-recipe, the parity study's "recipe+round4-late+hold-0.25", docs/benchmarks.md
+# "Parity, reliably"): that, with recurrence gates below a quarter shut exactly (straight-through), so a token that
+# nearly holds the state holds it exactly
+STATE_RECIPE = (ROUND4_LATE[0], {**ROUND4_LATE[1], "recurrence.hold_below": 0.25}, ROUND4_LATE[2])
 # model name -> (preset, HybridConfig overrides[, TaskRunConfig options])
 MODELS = {
     "transformer": ("transformer", {}),
@@ -51,7 +54,7 @@ CANDIDATES = {
     "recipe+real-sign": ("vo-rnn", {**RECIPE, "rnn_phase_map": "real-sign"}),  # real transitions γ_t(1 − 2σ)
     # the second round: rounding to quarter turns keeps a mod-4 counter (π/2 per 1) exact as well, and rounding
     # with the length curriculum
-    "recipe+round4-late": STATE_RECIPE,  # kept as the recipe, vo-rnn-recipe
+    "recipe+round4-late": ROUND4_LATE,
     "recipe+round-late+grow-80": ("vo-rnn", {**RECIPE, "recurrence.phase_round": 2,
                                              "recurrence.phase_round_at_inference": True},
                                   {"phase_round_from": 0.5, "grow_lengths_to": 80}),
@@ -60,8 +63,7 @@ CANDIDATES = {
                                    {"phase_round_from": 0.5, "grow_lengths_to": 80}),
     # the third round, on what the probe found the recipe still misses (holds that are not exact): recurrence
     # gates below a quarter shut, straight-through
-    "recipe+round4-late+hold-0.25": (STATE_RECIPE[0], {**STATE_RECIPE[1], "recurrence.hold_below": 0.25},
-                                     STATE_RECIPE[2]),
+    "recipe+round4-late+hold-0.25": STATE_RECIPE,  # kept as the recipe, vo-rnn-recipe
 }
 KNOWN_MODELS = {**MODELS, **CANDIDATES}
 

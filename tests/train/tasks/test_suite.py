@@ -151,3 +151,19 @@ def test_the_parity_recipe_suite_runs_every_candidate_with_its_options_over_five
     assert by_model["recipe+grow-80"]["grow_lengths_to"] == 80
     assert by_model["vo-rnn-data-selective"]["grow_lengths_to"] == 0
     assert {s.config["task"] for s in specs} == {"parity"}
+
+
+def test_the_recipe_is_a_suite_model_with_its_rounding_and_its_studied_rate():
+    from hybrid.train.tasks.suite import default_lr, model_entry
+
+    preset, overrides, options = model_entry("vo-rnn-recipe")
+    specs = [s for s in build_specs("state-tracking", BUDGETS["cpu"]) if s.model == "vo-rnn-recipe"]
+    assert len(specs) == 3 * len(BUDGETS["cpu"].lrs)
+    for s in specs:
+        model = s.config["model"]
+        assert (model["recurrence.phase_round"], model["recurrence.phase_round_at_inference"]) == (4, True)
+        assert (model["rnn_selective_gate"], s.config["phase_round_from"]) == ("hardsigmoid", 0.5)
+        assert model["recurrence.hold_below"] == 0.25
+    assert default_lr(BUDGETS["cpu"], "parity", preset, overrides, options) == (
+        3e-3, "vo-rnn-recipe's best rate on parity at the cpu budget, chosen by validation")
+    assert default_lr(BUDGETS["cpu"], "mod5", preset, overrides, options) == (3e-3, "the largest of the cpu budget's grid")
