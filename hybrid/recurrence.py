@@ -84,9 +84,10 @@ class RecurrenceConfig(FixedStateOptions):
     r_min, r_max: the LRU ring of the initial decays, 0 < r_min ≤ r_max < 1. selective: data-dependent decay
     (RG-LRU-like gates); selective_gate: its recurrence gate, "sigmoid" (RG-LRU) or "hardsigmoid" (can hold
     γ_t = 1). hold_below: 0 (off), or a gate value in (0, 1) below which r_t is 0 (straight-through: the token
-    holds the state exactly, and the gradient is the gate's own), in training and at inference. phase: the rotation angles, one of `PHASES` — "static" (the rotary schedule), "learned" (the
-    schedule as a parameter), "carope" (CARoPE increments), "data" (θ_t from x_t) — or None: "carope" when the
-    rotary options say carope, else "static". phase_map: the "data" angle map (`hybrid.rotary.DataPhase`).
+    holds the state exactly, and the gradient is the gate's own), in training and at inference. phase: the
+    rotation angles, one of `PHASES` — "static" (the rotary schedule), "learned" (the schedule as a parameter),
+    "carope" (CARoPE increments), "data" (θ_t from x_t) — or None: "carope" when the rotary options say carope,
+    else "static". phase_map: the "data" angle map (`hybrid.rotary.DataPhase`).
     phase_init: the "data" angles' start, "schedule" (the rotary schedule) or "steepest" (z = 0). phase_round:
     0, or n ≥ 2 to round the "data" angles to multiples of 2π/n with a straight-through gradient, in training (the
     trainer may switch it on late, `hybrid.rotary.set_phase_rounding`) and at inference only with

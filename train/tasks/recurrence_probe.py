@@ -3,13 +3,15 @@ for parity, how far they sit from the exact automaton and what that adds up to a
 
 Parity's automaton in one complex pair: a ``1`` turns the pair by π and a ``0`` holds it, both with γ_t = 1. A
 trained model is close, not exact; over a sequence of n₁ ones and n₀ zeros, a pair that flips (its mean angle on
-``1`` above 3π/4; a pair that turns by π/2 per ``1`` counts mod 4 instead, and is not one) carries
+``1`` above 3π/4; a pair that turns by π/2 per ``1`` counts mod 4 instead, and is not one)
+carries
 
     drift = wrap(Σ_t θ_t − π·n₁) ∈ (−π, π]          the angle error the readout sees (|drift| > π/2 inverts it)
     kept  = exp(Σ_t log γ_t)                        the magnitude left of what was written at the start
 
-counted from the first token after ``<bos>``. ``parity_probe`` reports them for the flip pair with the smallest
-mean |drift|: the two failure modes of the parity study (docs/benchmarks.md), angle drift and a state that leaks.
+counted from the first token after ``<bos>``. ``parity_probe`` reports them for its carrier pair, with the share
+of bits on which the carrier holds exactly: the failure modes of the parity study (docs/benchmarks.md, "Parity,
+reliably"), angle drift and a state that leaks through gates that never quite shut.
 """
 from __future__ import annotations
 
@@ -95,9 +97,9 @@ def parity_probe(model: torch.nn.Module, task, length: int, n: int = 64, *, laye
     """The transitions of recurrence layer ``layer`` on ``n`` parity test sequences of ``length`` bits (the test
     sequences of ``TEST_SEED``), against parity's automaton.
 
-    The carrier is the flip pair (mean θ on ``1`` above ``FLIP_ABOVE``·π) with the smallest mean |drift| at the longest
-    training length, where the model is exact; of pairs within ``CARRIER_DRIFT_TIE``·π of it (rounded angles all
-    drift 0), the one that keeps the most magnitude there. Returns ``flip_pairs`` (how many pairs flip), ``pair`` (the
+    The carrier is the flip pair (mean θ on ``1`` above ``FLIP_ABOVE``·π) with the smallest mean |drift| at the
+    longest training length, where the model is exact; of pairs within ``CARRIER_DRIFT_TIE``·π of it (rounded
+    angles all drift 0), the one that keeps the most magnitude there. Returns ``flip_pairs`` (how many pairs flip), ``pair`` (the
     carrier's head and pair), and for the carrier at ``length``: ``theta_one`` / ``theta_zero`` (mean θ on ``1`` /
     ``0``, units of π), ``step_error`` (the mean of θ_t − π·bit_t per bit, units of π: its drift per token),
     ``drift`` (mean |drift|, units of π), ``inverted`` (the share of sequences with |drift| > π/2),

@@ -112,7 +112,8 @@ def test_the_command_prints_one_row_per_run_and_refuses_another_task_in_one_line
     mod5 = run("mod5", tmp_path / "mod5", train_lengths=[3, 6], test_lengths=[6, 12])
     assert main([mod5]) == 2
     err = capsys.readouterr().err.strip()
-    assert err == f"python -m hybrid.train.tasks.recurrence_probe: error: run: expected a parity run directory, got a mod5 run at {mod5}"
+    assert err == ("python -m hybrid.train.tasks.recurrence_probe: error: run: expected a parity run directory, "
+                   f"got a mod5 run at {mod5}")
 
 
 def test_state_magnitudes_are_the_final_state_pairs_and_the_growth_their_ratio():
