@@ -31,7 +31,7 @@ examples:
   hybrid-synthetic --suite mqar --budget cpu --models transformer,vo-rnn-data --seeds 0,1 --out runs/mqar
 
 models of a suite: """ + ", ".join(MODELS) + """
-parity-recipe candidates (vo-rnn-data-selective with one change each): """ + ", ".join(
+parity-recipe candidates (vo-rnn-data-selective with one change, or two): """ + ", ".join(
     m for m in KNOWN_MODELS if m not in MODELS) + """
 outputs: a run directory per task/model/lr/seed (checkpoint/, task.json, results.json, metrics.jsonl);
 a suite adds results.jsonl (one record per finished run; a second invocation resumes) and report.md + PNGs
