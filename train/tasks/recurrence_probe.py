@@ -20,7 +20,7 @@ from contextlib import contextmanager
 
 import torch
 
-from hybrid.recurrence import VORecurrence
+from hybrid.recurrence import RecurrenceState, VORecurrence
 from hybrid.rotary import DataPhase
 
 from .base import rng_of
@@ -56,21 +56,27 @@ def _spy_scan_inputs(model: torch.nn.Module, seen: list):
 
 
 @torch.no_grad()
-def record_transitions(model: torch.nn.Module, ids: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """Per recurrence layer, (θ, log γ) along ``ids`` ``(B, T)`` in parallel mode, each ``(B, T, H, P)`` float64
-    (a static θ or γ is broadcast over B and T)."""
+def _run(model: torch.nn.Module, ids: torch.Tensor) -> tuple[list[tuple[torch.Tensor, torch.Tensor]], list]:
+    """One parallel-mode forward over ``ids`` ``(B, T)``: per recurrence layer, (θ, log γ) each ``(B, T, H, P)``
+    float64 (a static θ or γ broadcast over B and T), and the layers' final `RecurrenceState`s."""
     seen: list = []
     with _spy_scan_inputs(model, seen) as mixers:
         if not mixers:
             raise ValueError("model: expected a model with a VO-RoPE recurrence layer, got none")
         model.eval()
-        model(ids)
+        _, state = model(ids)
     B, T = ids.shape
-    out = []
+    transitions = []
     for theta, log_decay in seen:
         shape = (B, T, *theta.shape[-2:])
-        out.append((theta.double().expand(shape), log_decay.double().expand(shape)))
-    return out
+        transitions.append((theta.double().expand(shape), log_decay.double().expand(shape)))
+    return transitions, [s for s in state.layers if isinstance(s, RecurrenceState)]
+
+
+def record_transitions(model: torch.nn.Module, ids: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Per recurrence layer, (θ, log γ) along ``ids`` ``(B, T)`` in parallel mode, each ``(B, T, H, P)`` float64
+    (a static θ or γ is broadcast over B and T)."""
+    return _run(model, ids)[0]
 
 
 def _wrap(angle: torch.Tensor) -> torch.Tensor:
@@ -79,16 +85,23 @@ def _wrap(angle: torch.Tensor) -> torch.Tensor:
 
 
 def _parity_transitions(model, task, length: int, n: int, layer: int):
-    """θ and log γ of layer ``layer`` after ``<bos>`` on the ``TEST_SEED`` parity sequences of ``length`` bits, each
-    ``(n, length, H, P)``, and the bits ``(n, length, 1, 1)``."""
+    """Recurrence layer ``layer`` on the ``TEST_SEED`` parity sequences of ``length`` bits: θ and log γ after
+    ``<bos>``, each ``(n, length, H, P)``, the bits ``(n, length, 1, 1)`` and the final state's pair magnitudes
+    ``(n, H, P)``."""
     ids = task.test_batch(str(length), n, rng_of(TEST_SEED)).ids  # (n, length + 1), <bos> first
-    device = next(model.parameters()).device
-    theta, log_decay = record_transitions(model, ids.to(device))[layer]
-    return theta[:, 1:].cpu(), log_decay[:, 1:].cpu(), ids[:, 1:, None, None]
+    transitions, states = _run(model, ids.to(next(model.parameters()).device))
+    theta, log_decay = transitions[layer]
+    return theta[:, 1:].cpu(), log_decay[:, 1:].cpu(), ids[:, 1:, None, None], _pair_magnitudes(states[layer])
+
+
+def _pair_magnitudes(state: RecurrenceState) -> torch.Tensor:
+    """|s_T| per sequence and pair, ``(n, H, P)`` float64, of a recurrence layer's final state."""
+    return state.scan.double().cpu().unflatten(-1, (-1, 2)).norm(dim=-1)  # (n, H, hd) with pairs interleaved
 
 
 def _drift(theta: torch.Tensor, bits: torch.Tensor, one: int) -> torch.Tensor:
-    """|wrap(Σ_t θ_t − π·n₁)| per sequence and pair, ``(n, H, P)``."""
+    """|wrap(Σ_t θ_t − π·n₁)|, summed over the tokens (dim 1): ``(n, H, P)`` per sequence and pair, or ``(n,)``
+    for one pair's ``(n, length)``."""
     return _wrap(theta.sum(1) - math.pi * (bits == one).double().sum(1)).abs()
 
 
@@ -111,7 +124,7 @@ def parity_probe(model: torch.nn.Module, task, length: int, n: int = 64, *, laye
     not exactly 1) is a feature the readout has never seen at this size.
     """
     one, zero = task.tokens["1"], task.tokens["0"]
-    theta, log_decay, bits = _parity_transitions(model, task, task.longest_train_length, n, layer)
+    theta, log_decay, bits, short = _parity_transitions(model, task, task.longest_train_length, n, layer)
     is_one = (bits == one).double()
     flips = (theta * is_one).sum((0, 1)) / is_one.sum((0, 1)).clamp_min(1) > FLIP_ABOVE * math.pi  # (H, P)
     result = {"length": length, "sequences": n, "flip_pairs": int(flips.sum())}
@@ -121,11 +134,11 @@ def parity_probe(model: torch.nn.Module, task, length: int, n: int = 64, *, laye
     kept = log_decay.sum(1).exp().median(0).values  # (H, P)
     near_best = drift <= drift.min() + CARRIER_DRIFT_TIE * math.pi  # exact angles tie: the most kept decides
     h, p = divmod(int(kept.masked_fill(~near_best, -1.0).argmax()), flips.shape[1])
-    theta, log_decay, bits = _parity_transitions(model, task, length, n, layer)
+    theta, log_decay, bits, long = _parity_transitions(model, task, length, n, layer)
     theta, log_decay = theta[..., h, p], log_decay[..., h, p]  # (n, length)
     bits = bits[..., 0, 0]
     on_one, on_zero = bits == one, bits == zero
-    drift = _wrap(theta.sum(1) - math.pi * on_one.double().sum(1)).abs()  # (n,)
+    drift = _drift(theta, bits, one)  # (n,)
     result.update({
         "pair": [h, p],
         "theta_one": float(theta[on_one].mean()) / math.pi,
@@ -138,7 +151,7 @@ def parity_probe(model: torch.nn.Module, task, length: int, n: int = 64, *, laye
         "kept": float(log_decay.sum(1).exp().median()),
         "held": float((log_decay == 0).double().mean()),
     })
-    short, long = (state_magnitudes(model, task, n_bits, n, layer) for n_bits in (task.longest_train_length, length))
+    short, long = short.median(0).values, long.median(0).values  # (H, P), as state_magnitudes gives them
     ratio = long / short.clamp_min(1e-30)  # (H, P)
     held = short >= HELD_SHARE * short.max()  # the pairs that hold something at the training length
     change = ratio.log().abs().masked_fill(~held, -1.0)
@@ -148,16 +161,11 @@ def parity_probe(model: torch.nn.Module, task, length: int, n: int = 64, *, laye
     return result
 
 
-@torch.no_grad()
 def state_magnitudes(model: torch.nn.Module, task, length: int, n: int = 64, layer: int = 0) -> torch.Tensor:
-    """The median over ``n`` test sequences of ``length`` bits of each pair's final state magnitude ``|s_T|``,
-    ``(H, P)`` float64: a pair whose magnitude depends on the length is a feature the readout never saw at the
-    training lengths."""
-    ids = task.test_batch(str(length), n, rng_of(TEST_SEED)).ids
-    model.eval()
-    _, state = model(ids.to(next(model.parameters()).device))
-    scan = state.layers[layer].scan.double().cpu()  # (n, H, hd), pairs interleaved
-    return scan.unflatten(-1, (-1, 2)).norm(dim=-1).median(0).values  # (H, P)
+    """The median over ``n`` test sequences of ``length`` bits of each pair's final state magnitude ``|s_T|`` in
+    recurrence layer ``layer``, ``(H, P)`` float64: a pair whose magnitude depends on the length is a feature the
+    readout never saw at the training lengths."""
+    return _parity_transitions(model, task, length, n, layer)[3].median(0).values
 
 
 @contextmanager

@@ -22,21 +22,30 @@ from .train import TaskRunConfig, train_task
 # vo-rnn-data-selective, the recipe before the parity study and the base of its candidates: the data-dependent
 # rotation, selective decay with the hard recurrence gate (a token can hold the state exactly: γ_t = 1, no write)
 RECIPE = {"rnn_phase": "data", "rnn_selective": True, "rnn_selective_gate": "hardsigmoid"}
-# the parity study's second-round winner: the angles rounded to quarter turns with a straight-through gradient
-# from the middle of training on, and at inference, so a learnt flip (π) or quarter turn (π/2) is exact at any length
-ROUND4_LATE = ("vo-rnn", {**RECIPE, "recurrence.phase_round": 4, "recurrence.phase_round_at_inference": True},
-               {"phase_round_from": 0.5})
+
+
+def _plus(entry: tuple, overrides: dict | None = None, options: dict | None = None) -> tuple[str, dict, dict]:
+    """A model entry ``(preset, HybridConfig overrides[, TaskRunConfig options])`` with more of each."""
+    preset, base, *base_options = entry
+    return preset, {**base, **(overrides or {})}, {**(base_options[0] if base_options else {}), **(options or {})}
+
+
+SELECTIVE = ("vo-rnn", RECIPE)
+# straight-through rounding of the angles to multiples of 2π/n from the middle of training on, and at inference
+ROUND_LATE = {n: _plus(SELECTIVE, {"recurrence.phase_round": n, "recurrence.phase_round_at_inference": True},
+                       {"phase_round_from": 0.5}) for n in (2, 4)}
 # the state-tracking recipe (vo-rnn-recipe, the parity study's "recipe+round4-late+hold-0.25", docs/benchmarks.md
-# "Parity, reliably"): that, with recurrence gates below a quarter shut exactly (straight-through), so a token that
+# "Parity, reliably"): the angles rounded to quarter turns late, so a learnt flip (π) or quarter turn (π/2) is
+# exact at any length, and recurrence gates below a quarter shut exactly (straight-through), so a token that
 # nearly holds the state holds it exactly
-STATE_RECIPE = (ROUND4_LATE[0], {**ROUND4_LATE[1], "recurrence.hold_below": 0.25}, ROUND4_LATE[2])
+STATE_RECIPE = _plus(ROUND_LATE[4], {"recurrence.hold_below": 0.25})
 # model name -> (preset, HybridConfig overrides[, TaskRunConfig options])
 MODELS = {
     "transformer": ("transformer", {}),
     "retnet": ("retnet", {}),
     "vo-rnn": ("vo-rnn", {"rnn_phase": "static"}),
     "vo-rnn-data": ("vo-rnn", {"rnn_phase": "data"}),
-    "vo-rnn-data-selective": ("vo-rnn", RECIPE),
+    "vo-rnn-data-selective": SELECTIVE,
     "vo-rnn-recipe": STATE_RECIPE,
     "hybrid": ("hybrid", {}),
     "hybrid-data": ("hybrid", {"rnn_phase": "data"}),
@@ -45,22 +54,17 @@ MODELS = {
 CANDIDATES = {
     # straight-through rounding of the angles to {0, π}: from the middle of training, or from the start; both
     # round at inference too (the model trained on rounded angles)
-    "recipe+round-late": ("vo-rnn", {**RECIPE, "recurrence.phase_round": 2,
-                                     "recurrence.phase_round_at_inference": True}, {"phase_round_from": 0.5}),
-    "recipe+round": ("vo-rnn", {**RECIPE, "recurrence.phase_round": 2, "recurrence.phase_round_at_inference": True}),
-    "recipe+grow-80": ("vo-rnn", RECIPE, {"grow_lengths_to": 80}),  # lengths 3–40 growing to 3–80
-    "recipe+steepest-init": ("vo-rnn", {**RECIPE, "recurrence.phase_init": "steepest"}),  # θ = π/2 at init
-    "recipe+readout-norm": ("vo-rnn", {**RECIPE, "recurrence.readout_norm": True}),
-    "recipe+real-sign": ("vo-rnn", {**RECIPE, "rnn_phase_map": "real-sign"}),  # real transitions γ_t(1 − 2σ)
+    "recipe+round-late": ROUND_LATE[2],
+    "recipe+round": _plus(SELECTIVE, {"recurrence.phase_round": 2, "recurrence.phase_round_at_inference": True}),
+    "recipe+grow-80": _plus(SELECTIVE, options={"grow_lengths_to": 80}),  # lengths 3–40 growing to 3–80
+    "recipe+steepest-init": _plus(SELECTIVE, {"recurrence.phase_init": "steepest"}),  # θ = π/2 at init
+    "recipe+readout-norm": _plus(SELECTIVE, {"recurrence.readout_norm": True}),
+    "recipe+real-sign": _plus(SELECTIVE, {"rnn_phase_map": "real-sign"}),  # real transitions γ_t(1 − 2σ)
     # the second round: rounding to quarter turns keeps a mod-4 counter (π/2 per 1) exact as well, and rounding
     # with the length curriculum
-    "recipe+round4-late": ROUND4_LATE,
-    "recipe+round-late+grow-80": ("vo-rnn", {**RECIPE, "recurrence.phase_round": 2,
-                                             "recurrence.phase_round_at_inference": True},
-                                  {"phase_round_from": 0.5, "grow_lengths_to": 80}),
-    "recipe+round4-late+grow-80": ("vo-rnn", {**RECIPE, "recurrence.phase_round": 4,
-                                              "recurrence.phase_round_at_inference": True},
-                                   {"phase_round_from": 0.5, "grow_lengths_to": 80}),
+    "recipe+round4-late": ROUND_LATE[4],
+    "recipe+round-late+grow-80": _plus(ROUND_LATE[2], options={"grow_lengths_to": 80}),
+    "recipe+round4-late+grow-80": _plus(ROUND_LATE[4], options={"grow_lengths_to": 80}),
     # the third round, on what the probe found the recipe still misses (holds that are not exact): recurrence
     # gates below a quarter shut, straight-through
     "recipe+round4-late+hold-0.25": STATE_RECIPE,  # kept as the recipe, vo-rnn-recipe
