@@ -1,7 +1,8 @@
 """``hybrid-distill``: turn a trained Transformer run (ours, or one written by hybrid-import) into a hybrid.
 
 User errors print one line and exit 2 (``hybrid.train.cli``'s conventions); a diverged run exits 1, an
-interrupted one 130 with the command that continues it.
+interrupted one 130 with the command that continues it. ``python -m hybrid.train.distill`` is the same command, and
+``torchrun --nproc-per-node N -m hybrid.train.distill …`` runs it on N ranks (``hybrid.train.distill.run``).
 """
 from __future__ import annotations
 
@@ -21,12 +22,14 @@ examples:
   hybrid-distill --teacher runs/tf --pattern RRA --window 64 --out runs/tf-rra
   hybrid-distill --teacher runs/llama --keep-attention auto:2 --out runs/llama-hybrid
   hybrid-distill --resume runs/tf-rra --steps 400          # continue; --steps is stage 2's new total
+  torchrun --nproc-per-node 4 -m hybrid.train.distill --teacher runs/tf --pattern RRA --batch-size 4 \\
+      --out runs/tf-rra-4                                  # 4 ranks × 4: a global batch of 16 sequences per step
   hybrid-generate --run runs/tf-rra --prompt "def "        # the result is a run directory like hybrid-train's
 
 stage 1 aligns each new R layer with the attention layer it replaces (MSE on the teacher's inputs); stage 2
 trains the student on KL(teacher || student) of the logits. docs/distill.md has the weight mapping.
 outputs in --out: checkpoint/ (the student, resumable), metrics.jsonl, loss.png, distill.json (summary),
-layer_ranking.json (auto:K), distill_config.json
+layer_ranking.json (auto:K), distill_config.json (rank 0 writes them under torchrun)
 """
 
 
@@ -60,7 +63,9 @@ def parser() -> argparse.ArgumentParser:
     g.add_argument("--valid-fraction", type=float, default=S, help=f"(default: {D.valid_fraction})")
     g.add_argument("--seq-len", type=positive_int, default=S, help=f"tokens per sequence (default: {D.seq_len})")
     g.add_argument("--packing", choices=("documents", "stream"), default=S, help=f"(default: {D.packing})")
-    g.add_argument("--batch-size", type=positive_int, default=S, help=f"sequences per step (default: {D.batch_size})")
+    g.add_argument("--batch-size", type=positive_int, default=S,
+                   help=f"sequences per step per rank; under torchrun the global batch is batch_size × ranks, as "
+                        f"in hybrid-train (default: {D.batch_size})")
 
     g = p.add_argument_group("stage 1: alignment (MSE of each R layer against its attention layer)")
     g.add_argument("--align-steps", type=count, default=S, help=f"(default: {D.align_steps})")
@@ -91,7 +96,8 @@ def parser() -> argparse.ArgumentParser:
     g = p.add_argument_group("bookkeeping")
     g.add_argument("--out", default=S, metavar="DIR", help=f"run directory (default: {DistillConfig.out})")
     g.add_argument("--resume", metavar="DIR", help="continue the run in DIR (--steps, the intervals and --device "
-                                                   "may change)")
+                                                   "may change; on any number of ranks that divides its global "
+                                                   "batch, which is kept)")
     g.add_argument("--overwrite", action="store_true", help="replace a non-empty --out whole")
     g.add_argument("--eval-every", type=count, default=S, help=f"0 = end of each stage only (default: {D.eval_every})")
     g.add_argument("--eval-batches", type=int_or("all"), default=S, help=f"(default: {D.eval_batches})")
@@ -102,6 +108,20 @@ def parser() -> argparse.ArgumentParser:
     add_device_flag(g, default=S)
     g.add_argument("--quiet", action="store_true", help="print nothing but errors")
     return p
+
+
+def _resume_command() -> str:
+    """The command that continues an interrupted run: hybrid-distill, or its torchrun form."""
+    import os
+
+    from ..device import env_int
+
+    world, local = env_int("WORLD_SIZE", 1), os.environ.get("LOCAL_WORLD_SIZE")
+    if world > 1 and local == str(world):
+        return f"torchrun --nproc-per-node {world} -m hybrid.train.distill"
+    if world > 1:
+        return "torchrun (the same options) -m hybrid.train.distill"
+    return "hybrid-distill"
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -142,7 +162,7 @@ def _run(args: argparse.Namespace) -> int:
         if saved is None:
             raise KeyboardInterrupt(f"{at}, before the first checkpoint: nothing to resume") from None
         raise KeyboardInterrupt(f"{at}; the checkpoint of step {saved[0]} survived in {saved[1]}; resume with: "
-                                f"hybrid-distill --resume {shlex.quote(str(distiller.out))}") from None
+                                f"{_resume_command()} --resume {shlex.quote(str(distiller.out))}") from None
     return 0
 
 

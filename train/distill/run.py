@@ -3,9 +3,21 @@
     result = Distiller(DistillConfig(teacher="runs/tf", pattern="RRA", model={"window": 64}, out="runs/rra")).fit()
     result = Distiller.from_checkpoint("runs/rra", steps=400).fit()          # continue; --steps is the new total
 
-One process, one device. Global step ``k`` counts the stage-1 steps, then the stage-2 steps; every step reads one
-batch of ``batch_size × seq_len`` training tokens (the data order continues across the stages), so the run's
-distillation tokens are ``(align_steps + steps) × batch_size × seq_len``.
+One process, or ``torchrun`` (``torchrun --nproc-per-node N -m hybrid.train.distill …``): ``batch_size`` is per
+rank, as in hybrid-train, so one step reads the global batch ``G = batch_size × world_size``
+(``hybrid.train.sharding``: rank ``r`` trains on rows ``[r·batch_size, (r+1)·batch_size)`` of it). Global step
+``k`` counts the stage-1 steps, then the stage-2 steps; every step reads one global batch of ``G × seq_len``
+training tokens (the data order continues across the stages), so the run's distillation tokens are
+``(align_steps + steps) × G × seq_len``.
+
+Under torchrun nothing is wrapped: after each backward pass the trainable gradients are averaged across the ranks
+(one all-reduce per bucket), which is DDP's update; both stages' losses are means over equal per-rank token
+counts, so N ranks × ``batch_size`` make the update of one process with ``G`` sequences (to float rounding). The
+frozen teacher is loaded by every rank; rank 0's model is broadcast at the start of each stage.
+Evaluation and the auto:K ranking read global validation batches of ``G`` sequences, each rank its rows, and sum
+across the ranks, so every rank gets the same figures and the same ranking (rank 0's ranking is broadcast too):
+every rank builds the same student. Rank 0 alone writes ``OUT/`` and prints; logged losses are means over the
+ranks. A resumed run keeps its global batch: ``batch_size = G / world_size`` on the ranks it resumes on.
 
 - Stage 1 trains the R mixers only (every other weight frozen) on ``alignment_losses``; in ``auto:K`` mode every
   attention layer of the teacher gets an R layer here (the stage-1 model is the teacher with all of them
@@ -16,8 +28,9 @@ Checkpoints (``hybrid.train.checkpoint``) hold the current model (in stage 1 the
 student: a ``HybridLM`` with its own ``HybridConfig``), the optimizer and schedule of the current stage, the data
 position, the RNG and the stage; ``extra["tokenizer"]`` is the teacher's, so ``load_run``, ``hybrid-generate``,
 ``hybrid-export`` and the benchmark's evaluation open the run directory like any other. A non-finite loss or
-gradient norm is caught at the next log or save (a flag on the device, no sync per step) and ends the run before
-anything is written; the last good checkpoint stays.
+gradient norm is caught at the next log or save (a flag on the device, no sync per step; under torchrun the
+ranks' flags are combined there) and ends the run, on every rank, before anything is written; the last good
+checkpoint stays.
 """
 from __future__ import annotations
 
@@ -33,6 +46,7 @@ from typing import Callable
 
 import numpy as np
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
@@ -49,7 +63,8 @@ from ..checkpoint import (
 from ..console import Console
 from ..data import prepare_data
 from ..data.packing import pack_documents
-from ..device import resolve_device
+from ..device import env_int, resolve_device
+from ..distributed import DistEnv, init_distributed
 from ..divergence import NonFiniteFlag, nonfinite_weights
 from ..init_from import copy_matching
 from ..metrics import METRICS_FILE, MetricsLogger, read_metrics
@@ -69,6 +84,7 @@ __all__ = ["Distiller", "DistillResult", "load_teacher", "PLOT_FILE", "RANKING_F
 
 PLOT_FILE, RANKING_FILE, SUMMARY_FILE = "loss.png", "layer_ranking.json", "distill.json"
 CONFIG_FILE = "distill_config.json"
+_BUCKET = 1 << 24  # elements per gradient all-reduce under torchrun (64 MB of float32)
 
 
 @dataclass
@@ -138,11 +154,14 @@ class Distiller:
         self.out = Path(config.out)
         self.last_saved: tuple[int, Path] | None = None
         self.step = 0
+        self.env = DistEnv()  # this process's place in a torchrun job, joined by fit()
 
     @classmethod
-    def from_checkpoint(cls, run_dir, *, distiller_kwargs: dict | None = None, **overrides) -> "Distiller":
+    def from_checkpoint(cls, run_dir, *, world_size: int | None = None, distiller_kwargs: dict | None = None,
+                        **overrides) -> "Distiller":
         """Continue the run in ``run_dir``; ``overrides`` may change only ``RESUMABLE`` fields (``steps``: the new
-        total of stage 2)."""
+        total of stage 2). The global batch is kept: on ``world_size`` ranks (default: torchrun's ``WORLD_SIZE``,
+        1 without it) ``batch_size`` becomes ``G / world_size``."""
         ckpt = load_checkpoint(run_dir)
         extra = ckpt.extra if isinstance(ckpt.extra, dict) else {}
         record = extra.get("distill")
@@ -150,6 +169,17 @@ class Distiller:
             raise CheckpointError(ckpt.path, "has no distillation record: it was not written by hybrid-distill, so "
                                              "hybrid-distill cannot resume it")
         saved = DistillConfig.from_dict(record["config"])
+        world = env_int("WORLD_SIZE", 1) if world_size is None else world_size
+        data_state = ckpt.data_state if isinstance(ckpt.data_state, dict) else {}
+        global_batch = int(data_state.get("global_batch", saved.batch_size * record.get("world_size", 1)))
+        if world < 1 or global_batch % world:
+            raise ValueError(f"--resume: expected a number of ranks that divides the run's global batch of "
+                             f"{global_batch} sequences (batch_size × ranks, kept on resume), got {world} ranks")
+        per_rank = global_batch // world
+        if overrides.get("batch_size", per_rank) != per_rank:
+            raise ValueError(f"--batch-size: expected {per_rank} per rank on {world} rank(s) (the run's global batch "
+                             f"of {global_batch} sequences is kept on resume), got {overrides['batch_size']}")
+        overrides.pop("batch_size", None)
         overrides.pop("out", None)
         if "teacher" in overrides and Path(overrides["teacher"]).resolve() == Path(record["teacher"]["path"]):
             overrides.pop("teacher")  # the same run, named another way
@@ -163,7 +193,8 @@ class Distiller:
             raise ValueError(f"steps: expected the new total of stage 2, at least the {done} steps done, got "
                              f"{overrides['steps']}")
         overrides.pop("teacher", None)  # unchanged: the recorded absolute path works from any directory
-        config = saved.replace(**overrides, teacher=record["teacher"]["path"], out=str(ckpt.path.parent))
+        config = saved.replace(**overrides, batch_size=per_rank, teacher=record["teacher"]["path"],
+                               out=str(ckpt.path.parent))
         return cls(config, _checkpoint=ckpt, **(distiller_kwargs or {}))
 
     # ------------------------------------------------------------------------------------------ setup
@@ -203,6 +234,10 @@ class Distiller:
     def _setup(self) -> None:
         c = self.config
         self.device = resolve_device(c.device)
+        self.env = init_distributed(self.device)
+        self.console.is_main = self.env.is_main
+        if self.env.distributed and self.device.type == "cuda":
+            torch.cuda.set_device(self.device)
         if self.checkpoint is None:  # refuse a used --out before anything slow (and before clearing it)
             inputs = [Path(c.teacher)] + ([Path(c.data)] if c.data and Path(c.data).exists() else [])
             check_output_dir(self.out, overwrite=self.overwrite, what="--out", inputs=inputs)
@@ -220,12 +255,18 @@ class Distiller:
         self.autocast = contextlib.nullcontext
         if self.device.type == "cuda" and torch.cuda.is_bf16_supported():
             self.autocast = lambda: torch.autocast("cuda", dtype=torch.bfloat16)
-        self.data = prepare_data(c.data, tokenizer=self.tokenizer, valid_fraction=c.valid_fraction,
-                                 text_column=c.text_column)
+        kwargs = dict(tokenizer=self.tokenizer, valid_fraction=c.valid_fraction, text_column=c.text_column)
+        if self.env.is_main:  # rank 0 tokenises into the cache, the others read it
+            self.data = prepare_data(c.data, **kwargs)
+        self.env.barrier()  # also: every rank has checked --out before rank 0 clears it
+        if not self.env.is_main:
+            self.data = prepare_data(c.data, **kwargs)
         self.batches = GlobalBatches(self.data, seq_len=c.seq_len, batch_size=c.batch_size, grad_accum=1,
-                                     seed=c.seed, packing=c.packing)
-        if self.checkpoint is None and self.out.exists():  # --overwrite: the old directory goes, all being checked
-            shutil.rmtree(self.out)
+                                     seed=c.seed, rank=self.env.rank, world_size=self.env.world_size,
+                                     packing=c.packing)
+        self.global_batch = self.batches.global_batch
+        if self.checkpoint is None and self.out.exists() and self.env.is_main:  # --overwrite: the old directory
+            shutil.rmtree(self.out)  # goes, all being checked
         self.ranking, self.replaced, self.align_init = None, None, None
         self.nonfinite = NonFiniteFlag(self.device)
         ckpt = self.checkpoint
@@ -244,13 +285,14 @@ class Distiller:
             self._start_distill()
         if ckpt is not None:
             self._restore(ckpt)
+        self._broadcast_model()
 
     def _fit_decays(self) -> dict:
         """Each new R layer's decay from the mean attention distance of the layer it replaces
-        (``decay_from_attention``), on the first ``batch_size`` windows of the training stream (read directly: the
-        data order is untouched)."""
+        (``decay_from_attention``), on the first global batch's worth (``batch_size × world_size``) of windows of
+        the training stream, every rank all of them (read directly: the data order is untouched)."""
         c = self.config
-        rows = min(c.batch_size, max(1, len(self.data.train) // c.seq_len))
+        rows = min(self.global_batch, max(1, len(self.data.train) // c.seq_len))
         stream = np.asarray(self.data.train[:rows * c.seq_len]).astype(np.int64)
         ids = torch.from_numpy(stream).reshape(rows, c.seq_len).to(self.device)
         captured = capture_mixer_io(self.teacher.model, self.align_layers, ids, None)
@@ -308,19 +350,63 @@ class Distiller:
         return x, y, None if cu is None else cu.to(self.device, non_blocking=True)
 
     def _valid(self, max_batches: int | None):
-        """Validation batches ``(x, y, cu_seqlens)`` on the device, packed as training packs them."""
+        """Validation batches ``(x, y, cu_seqlens)`` on the device, packed as training packs them: global batches of
+        ``batch_size × world_size`` sequences (``max_batches`` of them), this rank's rows of each (as training
+        splits them). Under torchrun a rank whose share of a (short, last) batch is empty gets None for it."""
         c = self.config
-        for x, y in self.data.valid_batches(c.seq_len, c.batch_size, max_batches=max_batches):
+        lo, hi = self.env.rank * c.batch_size, (self.env.rank + 1) * c.batch_size
+        for x, y in self.data.valid_batches(c.seq_len, self.global_batch, max_batches=max_batches):
+            if self.env.distributed:
+                x, y = x[lo:hi], y[lo:hi]
+                if not len(x):
+                    yield None
+                    continue
             cu = None
             if c.packing == "documents":
                 x, y, cu = pack_documents(x, y, self.tokenizer.eos_id)
             yield self._to_device(x, y, cu)
+
+    def _sum_over_ranks(self, *values: float) -> list[float]:
+        """``values`` summed over the ranks (float64; as they are on one process)."""
+        if not self.env.distributed:
+            return list(values)
+        return self.env.all_reduce(torch.tensor(values, dtype=torch.float64, device=self.device)).tolist()
+
+    def _broadcast_model(self) -> None:
+        """Under torchrun: rank 0's weights (and buffers) to every rank, as DDP does when it wraps a model."""
+        if self.env.distributed:
+            with torch.no_grad():
+                for tensor in self.model.state_dict().values():
+                    dist.broadcast(tensor, src=0)
+
+    def _average_gradients(self) -> None:
+        """Under torchrun: the trainable gradients averaged across the ranks (DDP's update), in flat buckets of
+        at most ``_BUCKET`` elements."""
+        if not self.env.distributed:
+            return
+        grads = [p.grad for p in self.trainable if p.grad is not None]
+        buckets: dict = {}
+        for g in grads:
+            buckets.setdefault((g.dtype, g.device), [[]])
+            bucket = buckets[(g.dtype, g.device)]
+            if bucket[-1] and sum(t.numel() for t in bucket[-1]) + g.numel() > _BUCKET:
+                bucket.append([])
+            bucket[-1].append(g)
+        for bucket in (b for group in buckets.values() for b in group):
+            flat = torch.cat([g.reshape(-1) for g in bucket])
+            dist.all_reduce(flat)
+            flat /= self.env.world_size
+            offset = 0
+            for g in bucket:
+                g.copy_(flat[offset:offset + g.numel()].view_as(g))
+                offset += g.numel()
 
     # ------------------------------------------------------------------------------------------ steps
 
     def _clip_and_step(self, loss: torch.Tensor):
         c = self.config
         loss.backward()
+        self._average_gradients()
         norm = torch.nn.utils.clip_grad_norm_(self.trainable, c.grad_clip) if c.grad_clip is not None else None
         bad = ~torch.isfinite(loss.detach())
         if norm is not None:
@@ -357,7 +443,10 @@ class Distiller:
 
     @torch.no_grad()
     def align_eval(self) -> dict:
-        """Per-layer validation MSE (and MSE over the teacher output's mean square) of the R layers."""
+        """Per-layer validation MSE (and MSE over the teacher output's mean square) of the R layers: the mean over
+        the validation batches of each batch's MSE (under torchrun, each global batch's, from its ranks' shares)."""
+        if self.env.distributed:
+            return self._align_eval_ranks()
         sums = {i: [0.0, 0.0] for i in self.align_layers}
         n = 0
         for x, _, cu in self._valid(self.config.eval_batches):
@@ -368,6 +457,33 @@ class Distiller:
                 sums[i][0] += v.item()
                 sums[i][1] += captured[i][1].float().pow(2).mean().item()
             n += 1
+        return self._align_figures(sums, n)
+
+    def _align_eval_ranks(self) -> dict:
+        """``align_eval`` under torchrun: per global batch and layer, the ranks' squared-error and squared-output
+        sums and element counts, summed over the ranks in one all-reduce, then as on one process."""
+        rows = []  # per global batch: [sse_l, power_l, elements_l for each layer]
+        for batch in self._valid(self.config.eval_batches):
+            row = [0.0] * (3 * len(self.align_layers))
+            if batch is not None:
+                x, _, cu = batch
+                with self.autocast():
+                    captured = capture_mixer_io(self.teacher.model, self.align_layers, x, cu)
+                    losses = alignment_losses(self.mixers, captured, cu)
+                for j, i in enumerate(self.align_layers):
+                    y = captured[i][1]
+                    row[3 * j:3 * j + 3] = [losses[i].item() * y.numel(), y.float().pow(2).sum().item(), y.numel()]
+            rows.append(row)
+        shape = (len(rows), len(self.align_layers), 3)
+        table = self.env.all_reduce(torch.tensor(rows, dtype=torch.float64, device=self.device).reshape(shape))
+        sums = {i: [0.0, 0.0] for i in self.align_layers}
+        for per_layer in table.tolist():
+            for i, (sse, power, count) in zip(self.align_layers, per_layer):
+                sums[i][0] += sse / max(count, 1)
+                sums[i][1] += power / max(count, 1)
+        return self._align_figures(sums, len(rows))
+
+    def _align_figures(self, sums: dict, n: int) -> dict:
         out = {}
         for i, (mse, power) in sums.items():
             out[f"val_mse_layer{i}"] = mse / max(n, 1)
@@ -377,11 +493,15 @@ class Distiller:
     @torch.no_grad()
     def _teacher_eval(self) -> dict:
         total, count = 0.0, 0
-        for x, y, cu in self._valid(self.config.eval_batches):
+        for batch in self._valid(self.config.eval_batches):
+            if batch is None:
+                continue
+            x, y, cu = batch
             with self.autocast():
                 logits, _ = self.teacher.model(x, cu_seqlens=cu, output_final_state=False)
             total += F.cross_entropy(logits.double().flatten(0, 1), y.flatten(), reduction="sum").item()
             count += y.numel()
+        total, count = self._sum_over_ranks(total, count)
         mean = total / max(count, 1)
         return {"teacher_val_loss": mean, "teacher_val_bpb": self.data.bpb(mean)}
 
@@ -392,7 +512,10 @@ class Distiller:
         self.model.eval()
         ce, kl, count = 0.0, 0.0, 0
         try:
-            for x, y, cu in self._valid(self.config.eval_batches):
+            for batch in self._valid(self.config.eval_batches):
+                if batch is None:
+                    continue
+                x, y, cu = batch
                 with self.autocast():
                     teacher_logits, _ = self.teacher.model(x, cu_seqlens=cu, output_final_state=False)
                     logits, _ = self.model(x, cu_seqlens=cu, output_final_state=False)
@@ -401,16 +524,22 @@ class Distiller:
                 count += y.numel()
         finally:
             self.model.train(was)
+        ce, kl, count = self._sum_over_ranks(ce, kl, count)
         mean = ce / max(count, 1)
-        return {"val_loss": mean, "val_bpb": self.data.bpb(mean), "val_kl": kl / max(count, 1), "val_tokens": count}
+        return {"val_loss": mean, "val_bpb": self.data.bpb(mean), "val_kl": kl / max(count, 1),
+                "val_tokens": int(count)}
 
     # ------------------------------------------------------------------------------------------ health, saving
 
     def _check_health(self, *, weights: bool) -> None:
-        first_bad = int(self.nonfinite.first.item())
+        """FloatingPointError (on every rank alike: the ranks' flags are combined) if a step so far had a
+        non-finite loss or gradient norm, or (``weights``) a trainable weight is not finite."""
+        flags = [self.nonfinite.first] + ([nonfinite_weights(self.trainable)] if weights else [])
+        first_bad, bad_weights = (self.env.all_reduce(torch.stack(flags), op=dist.ReduceOp.MAX).tolist() + [0.0])[:2]
         if first_bad:
-            raise FloatingPointError(self._diverged(f"the loss or gradient norm was not finite at step {first_bad}"))
-        if weights and nonfinite_weights(self.trainable).item():
+            raise FloatingPointError(self._diverged(f"the loss or gradient norm was not finite at step "
+                                                    f"{int(first_bad)}"))
+        if bad_weights:
             raise FloatingPointError(self._diverged(f"the weights are not finite after step {self.step}"))
 
     def _diverged(self, what: str) -> str:
@@ -429,45 +558,56 @@ class Distiller:
         record = {"config": c.to_dict(), "stage": self.stage, "stage_step": self.stage_step,
                   "teacher": {"path": str(self.teacher.path), "sha256": self.teacher.sha256},
                   "layer_types": self.model.config.layer_types, "align_layers": self.align_layers,
-                  "replaced": self.replaced, "ranking": self.ranking, "align_mse_init": self.align_init}
+                  "replaced": self.replaced, "ranking": self.ranking, "align_mse_init": self.align_init,
+                  "world_size": self.env.world_size}
         extra = {"tokenizer": self.tokenizer.to_dict(), "distill": record,
                  "data_stats": {k: v for k, v in self.data.stats.items() if isinstance(v, (int, str, bool))}}
-        save_checkpoint(self.out, model_state=self.model.state_dict(), config=self.model.config.to_dict(),
-                        optimizer_state=self.optimizer.state_dict(), scheduler_state=self.scheduler.state_dict(),
-                        rng_state=capture_rng_state(), data_state=self.batches.state_dict(), step=self.step,
-                        extra=extra, keep=c.keep)
+        if self.env.is_main:  # every rank holds the same weights and state: rank 0 writes them
+            save_checkpoint(self.out, model_state=self.model.state_dict(), config=self.model.config.to_dict(),
+                            optimizer_state=self.optimizer.state_dict(), scheduler_state=self.scheduler.state_dict(),
+                            rng_state=capture_rng_state(), data_state=self.batches.state_dict(), step=self.step,
+                            extra=extra, keep=c.keep)
+        self.env.barrier()
         self.last_saved = (self.step, self.out / "checkpoint")
         self.console.say(f"step {self.step:>6}  checkpoint saved to {self.out / 'checkpoint'}", level=2)
 
     def _record(self, record: dict) -> None:
-        self.metrics.log(**record)
+        """Every rank keeps ``record`` (its figures are the ranks' combined ones); rank 0 writes it and calls
+        ``on_log``."""
         self.history.append(record)
-        self.tracker.log(record)
-        if self.on_log:
-            self.on_log(record)
+        if self.env.is_main:
+            self.metrics.log(**record)
+            self.tracker.log(record)
+            if self.on_log:
+                self.on_log(record)
 
     # ------------------------------------------------------------------------------------------ run
 
     def fit(self) -> DistillResult:
         self.metrics, self.tracker = None, None
+        finished = False
         try:
-            return self._fit()
+            result = self._fit()
+            finished = True
+            return result
         finally:
             self.console.close_bar()
             if self.metrics is not None:
                 self.metrics.close()
             if self.tracker is not None:
                 self.tracker.close()
+            self.env.close(finished=finished)
 
     def _fit(self) -> DistillResult:
         self._setup()
         c = self.config
         resumed = self.checkpoint is not None
         self.history = []
-        self.out.mkdir(parents=True, exist_ok=True)
-        self.metrics = MetricsLogger(self.out, resume_step=self.step if resumed else None)
-        self.tracker = open_trackers(c.log, self.out, c.to_dict(), resume_step=self.step if resumed else None)
-        (self.out / CONFIG_FILE).write_text(json.dumps(c.to_dict(), indent=2) + "\n")
+        if self.env.is_main:
+            self.out.mkdir(parents=True, exist_ok=True)
+            self.metrics = MetricsLogger(self.out, resume_step=self.step if resumed else None)
+            self.tracker = open_trackers(c.log, self.out, c.to_dict(), resume_step=self.step if resumed else None)
+            (self.out / CONFIG_FILE).write_text(json.dumps(c.to_dict(), indent=2) + "\n")
         self._announce(resumed)
         if self.console.verbose:
             self.console.open_bar(total=c.total_steps, initial=self.step, desc="hybrid-distill")
@@ -489,10 +629,12 @@ class Distiller:
         if self.last_saved is None or self.last_saved[0] != self.step or self.stage_step == 0:
             self._save()
         self.console.close_bar()
-        self._plot()
-        summary = self._summary(teacher, final)
-        (self.out / SUMMARY_FILE).write_text(json.dumps(summary, indent=2) + "\n")
-        self.console.say(self._layout(summary))
+        summary = {}
+        if self.env.is_main:  # the summary reads the metrics file, which rank 0 alone writes
+            self._plot()
+            summary = self._summary(teacher, final)
+            (self.out / SUMMARY_FILE).write_text(json.dumps(summary, indent=2) + "\n")
+            self.console.say(self._layout(summary))
         return DistillResult(step=self.step, out=self.out, layer_types=self.model.config.layer_types,
                              replaced=list(self.replaced), val_loss=final["val_loss"], val_bpb=final["val_bpb"],
                              val_kl=final["val_kl"], teacher_val_bpb=teacher["teacher_val_bpb"], ranking=self.ranking,
@@ -515,10 +657,14 @@ class Distiller:
             last = self.stage_step == total
             if self.step % c.log_every == 0 or last:
                 self._check_health(weights=False)
+                sums = {"loss": loss_sum, **part_sums}
+                if self.env.distributed:  # the mean over the ranks
+                    reduced = self.env.all_reduce(torch.stack(list(sums.values()))) / self.env.world_size
+                    sums = dict(zip(sums, reduced))
                 seconds += time.perf_counter() - t0
-                record = {"step": self.step, "stage": stage, "loss": (loss_sum / n).item(), "lr": lr,
-                          "tokens_per_s": n * c.batch_size * c.seq_len / max(seconds, 1e-9),
-                          **{k: (v / n).item() for k, v in part_sums.items()}}
+                record = {"step": self.step, "stage": stage, "loss": (sums.pop("loss") / n).item(), "lr": lr,
+                          "tokens_per_s": n * self.global_batch * c.seq_len / max(seconds, 1e-9),
+                          **{k: (v / n).item() for k, v in sums.items()}}
                 if norm is not None:
                     record["grad_norm"] = float(norm)
                 self._record(record)
@@ -538,7 +684,8 @@ class Distiller:
                 if stage == "distill":
                     self.last_eval = figures
                 self._record({"step": self.step, "stage": stage, **figures})
-                self._plot()
+                if self.env.is_main:
+                    self._plot()
                 shown = "  ".join(f"{k} {v:.4g}" for k, v in figures.items()
                                   if k.startswith(("val_rel", "val_bpb", "val_kl")))
                 self.console.say(f"step {self.step:>6}  {stage:<7}  {shown}")
@@ -550,8 +697,14 @@ class Distiller:
         c = self.config
         kept = []
         if self.k is not None:
-            batches = [(x, cu) for x, _, cu in self._valid(c.select_batches)]
-            costs = replacement_costs(self.teacher.model, self.mixers, batches)
+            shares = list(self._valid(c.select_batches))
+            batches = [(b[0], b[2]) for b in shares if b is not None]
+            costs = replacement_costs(self.teacher.model, self.mixers, batches,
+                                      reduce=self.env.all_reduce if self.env.distributed else None)
+            if self.env.distributed:  # every rank has the same sums; rank 0's costs make certain of one student
+                shared = torch.tensor([costs[i] for i in self.align_layers], dtype=torch.float64, device=self.device)
+                dist.broadcast(shared, src=0)
+                costs = dict(zip(self.align_layers, shared.tolist()))
             self.ranking = keep_most_costly(costs, self.k)
             kept = [r["layer"] for r in self.ranking if r["kept"]]
             letters = self.teacher.config.layer_types
@@ -560,11 +713,12 @@ class Distiller:
                     f"{'kept as attention' if r['kept'] else 'replaced by R'}" for r in self.ranking)
             self.console.say("layer ranking (KL of the teacher with only that layer replaced, nats/token):\n"
                              + "\n".join(rows))
-            (self.out / RANKING_FILE).write_text(json.dumps(
-                {"teacher": str(self.teacher.path), "k": self.k, "layer_types": types,
-                 "metric": "mean per-token KL(teacher || teacher with only this layer replaced by its stage-1 R "
-                           f"layer), nats, over {len(batches)} validation batches",
-                 "ranking": self.ranking}, indent=2) + "\n")
+            if self.env.is_main:
+                (self.out / RANKING_FILE).write_text(json.dumps(
+                    {"teacher": str(self.teacher.path), "k": self.k, "layer_types": types,
+                     "metric": "mean per-token KL(teacher || teacher with only this layer replaced by its stage-1 R "
+                               f"layer), nats, over {len(shares)} validation batches",
+                     "ranking": self.ranking}, indent=2) + "\n")
             config = student_config(self.teacher.config, types, c.model, str(self.teacher.path))
             student = HybridLM(config).to(self.device)
             self.replaced = [i for i in self.align_layers if i not in kept]
@@ -577,6 +731,7 @@ class Distiller:
             self.replaced = list(self.align_layers)
         self.stage, self.stage_step = "distill", 0
         self._start_distill()
+        self._broadcast_model()
 
     # ------------------------------------------------------------------------------------------ reporting
 
@@ -592,13 +747,23 @@ class Distiller:
             f"({s['tokenizer']})\n"
             f"stage 1 (align {len(self.align_layers)} R layers): {c.align_steps} steps, lr {c.align_lr:g}; "
             f"stage 2 (KL, τ={c.temperature:g}, ce_weight {c.ce_weight:g}, train {c.train}): {c.steps} steps, "
-            f"lr {c.lr:g}; {c.batch_size} × {c.seq_len} tokens per step (packing {c.packing})")
+            f"lr {c.lr:g}; {self._per_step()} (packing {c.packing})")
+        if resumed and self.checkpoint.extra["distill"]["config"]["batch_size"] != c.batch_size:
+            say(f"note: batch layout: batch_size {c.batch_size} × {self.env.world_size} rank(s) keeps the run's "
+                f"global batch of {self.global_batch}")
         for note in getattr(self, "notes", []):
             say(f"note: copied {note['copied']} teacher tensors; R layers {note['mapped_layers']} from the "
                 f"attention they replace (V, O)")
             if "decay" in note:
                 per_layer = (f"layer {i}: {', '.join(f'{g:.3f}' for g in gs)}" for i, gs in note["decay"].items())
                 say("note: decay γ per head from the attention's mean distance: " + "; ".join(per_layer))
+
+    def _per_step(self) -> str:
+        c, ws = self.config, self.env.world_size
+        if not self.env.distributed:
+            return f"{c.batch_size} × {c.seq_len} tokens per step"
+        return (f"{self.global_batch} × {c.seq_len} tokens per step (batch_size {c.batch_size} × {ws} ranks, "
+                f"gradients averaged across the ranks)")
 
     def _plot(self) -> None:
         """loss.png: stage 1's per-layer MSE, stage 2's loss and the validation loss against the teacher's."""
@@ -649,7 +814,7 @@ class Distiller:
                   for stage in ("align", "distill")}
         align_final = next((r for r in reversed(records) if r.get("stage") == "align"
                             and any(k.startswith("val_mse") for k in r)), None)
-        tokens = c.batch_size * c.seq_len
+        tokens = self.global_batch * c.seq_len
         return {
             "teacher": str(self.teacher.path), "teacher_layer_types": self.teacher.config.layer_types,
             "layer_types": self.model.config.layer_types, "replaced": self.replaced,

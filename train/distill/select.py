@@ -7,6 +7,8 @@ attention; the others become R. Ties go to the lower layer index.
 """
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 from torch import nn
 
@@ -32,9 +34,12 @@ def parse_keep_attention(text: str, n_layers: int, n_attention: int) -> int:
 
 
 @torch.no_grad()
-def replacement_costs(teacher: nn.Module, mixers: dict[int, nn.Module], batches) -> dict[int, float]:
+def replacement_costs(teacher: nn.Module, mixers: dict[int, nn.Module], batches,
+                      reduce: Callable[[torch.Tensor], torch.Tensor] | None = None) -> dict[int, float]:
     """``{l: mean per-token KL(teacher ‖ teacher with block l's mixer replaced by mixers[l])}`` over ``batches``, a
-    list of ``(ids (1 or B, T), cu_seqlens or None)``. The teacher is restored afterwards."""
+    list of ``(ids (1 or B, T), cu_seqlens or None)``. The teacher is restored afterwards. ``reduce`` (under
+    torchrun: an in-place all-reduce sum) combines the per-layer KL sums and the token count of every rank's
+    ``batches`` before the division, so each rank gets the costs of all the ranks' batches together."""
     was_training = teacher.training
     teacher.eval()
     totals = {i: 0.0 for i in mixers}
@@ -54,6 +59,10 @@ def replacement_costs(teacher: nn.Module, mixers: dict[int, nn.Module], batches)
                 totals[i] += token_kl(logits, ref).double().sum().item()
     finally:
         teacher.train(was_training)
+    if reduce is not None:
+        device = next(teacher.parameters()).device
+        summed = reduce(torch.tensor([*totals.values(), tokens], dtype=torch.float64, device=device)).tolist()
+        totals, tokens = dict(zip(totals, summed[:-1])), summed[-1]
     return {i: total / max(tokens, 1) for i, total in totals.items()}
 
 
