@@ -13,7 +13,7 @@ function of the seed) with the same AdamW and warmup-cosine schedule.
 Each run's metrics: ``params``; ``val_loss`` / ``val_bpb`` at the training length (``eval_size`` validation
 batches); the long-context figures of ``hybrid.train.bench.quality``; ``tokens_per_s`` (the median of the
 trainer's records, the first one left out as warm-up); ``train_memory_bytes`` (``cost.training_memory``);
-``loss_curve``; for the first seed of each model (fine-tunes aside), ``decode`` at each of the budget's contexts.
+``loss_curve``; ``window_bpb`` by context length inside documents (``window_gain``); for the first seed of each model (fine-tunes aside), ``decode`` at each of the budget's contexts.
 The extension suite adds, on the Transformer's runs, ``extension``: the figures under each scaling at each
 factor; and fine-tune runs (``finetune-none``, ``finetune-pi``, ``finetune-yarn``) that continue a trained
 Transformer at 2 × the length with that scaling (none: the control) for ``finetune_steps`` steps at a tenth of the
@@ -37,6 +37,7 @@ from .cost import decode_cost, training_memory
 from .quality import context_metrics, long_sequences
 from .speed import match_width, non_embedding_parameters
 from .suites import FINETUNES, SCALINGS, SUITES, Suite, scaling_for
+from .window_gain import window_metrics
 
 __all__ = ["suite_configs", "suite_specs", "measure_run", "run_bench", "PARAM_TOLERANCE"]
 
@@ -151,6 +152,8 @@ def measure_run(spec: RunSpec, trainer: Trainer, result, budget: Budget) -> dict
     base_len = budget.seq_len  # the long-context figures count in the pre-training length
     seqs = long_sequences(data.valid, length=max(factors) * base_len, count=budget.extra["long_seqs"])
     metrics.update(context_metrics(model, data, seqs, seq_len=base_len, factors=factors))
+    metrics.update(window_metrics(model, data, window=budget.extra["window"], seq_len=base_len,
+                                  count=budget.extra.get("window_blocks", 32)))
     if spec.config["suite"] == "extension" and spec.model == "transformer":
         metrics["extension"] = extension_metrics(model, data, seqs, seq_len=base_len,
                                                  factors=[k for k in factors if k > 1])

@@ -12,6 +12,7 @@ import math
 from pathlib import Path
 
 from ..suite import fmt_mean_std, is_tie, markdown_table, mean_std, plot_lines, write_report
+from .window_gain import gain_section
 from .suites import FINETUNES, PLACEMENT_SEED_LOSS, POSITIONS_SEED_PPL, SCALINGS, SUITES
 
 __all__ = ["write_bench_report", "spearman", "ranks"]
@@ -349,6 +350,7 @@ def write_bench_report(directory, suite_name: str, records: list[dict], *, budge
     if suite_name == "baselines":
         sections.append(recurrence_question(groups))
     sections.append(position_table(groups))
+    sections += gain_section(groups, directory)
     sections.append(cost_table(groups, contexts))
     sections += write_plots(directory, groups, factors)
     return write_report(directory / "report.md", f"# hybrid-bench: {suite_name}", [s for s in sections if s])

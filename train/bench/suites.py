@@ -5,7 +5,8 @@ Every model of a suite is then sized to the suite's reference (the first model a
 budget's window; ``"seq_len"`` for its training length.
 
 - ``baselines``: the Transformer (global, QK-RoPE), a sliding-window one, RetNet, the VO-RNN (static and
-  selective decay), the hybrid (RRA, window) and a RetNet-attention hybrid (MMA, same window).
+  selective decay), the hybrid (RRA, window; static and selective decay) and a RetNet-attention hybrid (MMA,
+  same window). At the ``long`` budget: ``--models transformer,transformer-window,hybrid,hybrid-selective``.
 - ``placements`` (Su's VO-RoPE post, "Experimental Results"): the global Transformer with each of the nine
   rotary placements; the seed's validation losses go beside ours, with the Spearman rank correlation.
 - ``positions`` (the CARoPE paper, Veisi et al., Table 1): RoPE, CARoPE, learned and sinusoidal absolute
@@ -39,6 +40,7 @@ BASELINES = Suite(
         "vo-rnn": {"preset": "vo-rnn"},
         "vo-rnn-selective": {"preset": "vo-rnn", "rnn_selective": True},
         "hybrid": {"preset": "hybrid", "pattern": "RRA", "window": "window"},
+        "hybrid-selective": {"preset": "hybrid", "pattern": "RRA", "window": "window", "rnn_selective": True},
         "retnet-hybrid": {"preset": "hybrid", "pattern": "MMA", "window": "window"},
     },
     about="The hybrids against a Transformer and RetNet of the same non-embedding size, data and schedule.",

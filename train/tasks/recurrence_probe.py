@@ -34,15 +34,16 @@ CARRIER_DRIFT_TIE = 0.01  # flip pairs whose mean |drift| is this close (units o
 
 
 @contextmanager
-def _spy_scan_inputs(model: torch.nn.Module, seen: list):
-    """Record ``(θ, log γ)`` of every VORecurrence's ``scan_inputs`` while the block runs, in layer order."""
+def _spy_scan_inputs(model: torch.nn.Module, seen: list, with_writes: bool = False):
+    """Record ``(θ, log γ)`` of every VORecurrence's ``scan_inputs`` while the block runs, in layer order
+    (``with_writes``: ``(v, log γ, θ)``, the writes too)."""
     mixers = [m for m in model.modules() if isinstance(m, VORecurrence)]
     originals = [m.scan_inputs for m in mixers]
 
     def spy(original):
         def scan_inputs(x, u):
             v, log_decay, theta = original(x, u)
-            seen.append((theta, log_decay))
+            seen.append((v, log_decay, theta) if with_writes else (theta, log_decay))
             return v, log_decay, theta
         return scan_inputs
 

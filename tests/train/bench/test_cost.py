@@ -41,3 +41,24 @@ def test_decode_state_bytes_are_the_cache_and_the_recurrent_state():
     windowed = HybridLM(config.replace(pattern="RA", window=4)).eval()
     assert decode_cost(windowed, context=7, new_tokens=1)["state_bytes"] == \
         decode_cost(windowed, context=13, new_tokens=1)["state_bytes"]
+
+
+def test_decode_compare_measures_every_run_in_turn(train_run, capsys, one_line_error):
+    from hybrid.train.bench.decode_compare import compare_decoding, main, table_rows
+
+    tiny = ["--d-model", "16", "--n-layers", "2", "--n-heads", "2", "--seq-len", "16", "--batch-size", "2"]
+    window = train_run("window", 1, ["--preset", "transformer", "--window", "8", *tiny])
+    hybrid = train_run("hybrid", 1, ["--preset", "hybrid", "--pattern", "RA", "--window", "8", *tiny])
+    assert main([str(window), str(hybrid), "--context", "40", "--tokens", "2", "--repeats", "2", "--device", "cpu"]) == 0
+    out = capsys.readouterr().out
+    assert "decoding after 40 tokens, 2 tokens per measurement, 2 repeats in turn" in out
+    rows = [line for line in out.splitlines() if line.startswith(f"| {window}") or line.startswith(f"| {hybrid}")]
+    assert len(rows) == 2 and rows[0].split("|")[4].strip() == "1.00"  # the first run is the ratio's base
+    models = {"a": model_of(), "b": model_of(pattern="AA")}
+    results = compare_decoding(models, context=12, tokens=1, repeats=3)
+    assert [len(r["ms_per_token"]) for r in results.values()] == [3, 3]
+    assert results["a"]["state_bytes"] == decode_cost(models["a"], context=12, new_tokens=1)["state_bytes"]
+    results["a"]["ms_per_token"], results["b"]["ms_per_token"] = [2.0, 1.0, 4.0], [3.0, 6.0, 9.0]
+    assert table_rows(results)[1][1:4] == ["6.00", "3.00–9.00", "3.00"]
+    assert main([str(window), str(window)]) == 2
+    one_line_error(capsys, "python -m hybrid.train.bench.decode_compare", "runs: expected distinct run directories")

@@ -53,7 +53,7 @@ def test_set_overrides_every_model_before_sizing():
     assert all(c.rnn_r_max == 0.9999 and c.window == 4 for c in configs.values())
 
 
-@pytest.mark.parametrize("budget", ["smoke", "cpu"])
+@pytest.mark.parametrize("budget", ["smoke", "cpu", "long"])
 @pytest.mark.parametrize("suite", list(SUITES))
 def test_equal_parameters_and_training_budgets_across_a_suite(suite, budget):
     b = bench_budget(budget, suite)
@@ -78,8 +78,11 @@ def test_windowed_models_get_the_budget_window():
     b = bench_budget("cpu", "baselines")
     configs = suite_configs(SUITES["baselines"], b, vocab_size=320)
     assert configs["transformer"].window is None
-    for name in ("transformer-window", "hybrid", "retnet-hybrid"):
+    for name in ("transformer-window", "hybrid", "hybrid-selective", "retnet-hybrid"):
         assert configs[name].window == BUDGETS["cpu"].extra["window"]
     assert configs["retnet-hybrid"].layer_types == "MMAM" and configs["hybrid"].layer_types == "RRAR"
+    assert configs["hybrid-selective"].rnn_selective and not configs["hybrid"].rnn_selective
+    long = suite_configs(SUITES["baselines"], bench_budget("long", "baselines"), vocab_size=320)
+    assert long["transformer"].window is None and long["hybrid-selective"].window == 64
     learned = suite_configs(SUITES["positions"], bench_budget("cpu", "positions"), vocab_size=320)["learned"]
     assert learned.abs_pos_max_len == BUDGETS["cpu"].seq_len

@@ -1,0 +1,156 @@
+"""Past the window: loss by context length inside documents, and the share of global attention's gain a model recovers.
+
+    seqs = document_blocks(data.valid, eos=data.tokenizer.eos_id, length=L, count=64)   # (64, L + 1)
+    edges = window_edges(window=64, seq_len=L)            # [0, 16, 32, 64, 128, 256, 512, 1024]
+    bpb = bucket_bpb(model, data, seqs, edges)            # one figure per bucket [edges[i], edges[i+1])
+
+The blocks are cut from the validation stream where no document starts inside them (their first token may be
+the ``eos`` that opens a document), so the target at position ``p`` is predicted from exactly ``p + 1`` tokens
+of its own document, in either packing. Buckets double from the window on: inside the window every model sees
+the whole context; past it the windowed model sees ``window`` tokens at every position, the global model all of
+them, and a hybrid what its recurrence carries.
+
+``gain_share(model, windowed, global_)`` per bucket is ``(windowed − model) / (windowed − global)``: 0 where the
+model does no better than the windowed Transformer, 1 where it matches the global one (Samba's and Griffin's
+question, asked of our hybrids). Where the global model's gain is within the seeds' spread the share is
+undefined (None): there is nothing to recover.
+"""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from ..data import PreparedData
+from ..suite import fmt_mean_std, markdown_table, mean_std, plot_lines
+from .quality import token_losses
+
+__all__ = ["document_blocks", "window_edges", "bucket_bpb", "window_metrics", "gain_share", "gain_section",
+           "GLOBAL", "WINDOWED"]
+
+GLOBAL, WINDOWED = "transformer", "transformer-window"  # the baselines suite's two reference models
+
+
+def document_blocks(stream: np.ndarray, *, eos: int, length: int, count: int) -> torch.Tensor:
+    """Up to ``count`` blocks of ``length + 1`` tokens at stride ``length`` with no ``eos`` after their first token,
+    spread evenly over those the stream holds: ``(n, length + 1)`` int64, ``n = min(count, available)``."""
+    stream = np.asarray(stream)
+    n_blocks = (len(stream) - 1) // length
+    if n_blocks < 1:
+        raise ValueError(f"length: expected at most {len(stream) - 1} tokens per block, got {length}")
+    rows = np.arange(n_blocks)[:, None] * length + np.arange(length + 1)  # (n_blocks, length + 1)
+    inside = ~(stream[rows[:, 1:]] == eos).any(axis=1)  # no document starts after the first token
+    usable = np.flatnonzero(inside)
+    if len(usable) == 0:
+        raise ValueError(f"length: no stretch of {length} tokens in the validation stream lies inside one document")
+    pick = usable[np.unique(np.linspace(0, len(usable) - 1, min(count, len(usable))).round().astype(int))]
+    return torch.from_numpy(stream[rows[pick]].astype(np.int64))
+
+
+def window_edges(window: int, seq_len: int) -> list[int]:
+    """Bucket edges over ``[0, seq_len)``: the window's quarters, then doubling from the window to ``seq_len``."""
+    edges = sorted({0, *(window * q // 4 for q in (1, 2) if window * q // 4 > 0)})
+    edge = window
+    while edge < seq_len:
+        edges.append(edge)
+        edge *= 2
+    return edges + [seq_len]
+
+
+def bucket_bpb(model: torch.nn.Module, data: PreparedData, seqs: torch.Tensor, edges: list[int],
+               batch_size: int = 8) -> list[float]:
+    """Bits per byte of the full-context (parallel) losses of ``seqs`` ``(N, T + 1)`` in each bucket of ``edges``."""
+    was_training = model.training
+    model.eval()
+    try:
+        losses = token_losses(model, seqs, batch_size=batch_size)  # (N, T)
+    finally:
+        model.train(was_training)
+    return [data.bpb(losses[:, a:b].mean().item()) for a, b in zip(edges[:-1], edges[1:])]
+
+
+def window_metrics(model, data: PreparedData, *, window: int, seq_len: int, count: int) -> dict:
+    """``window_edges``, ``window_bpb`` (bucket_bpb over ``count`` document blocks of ``seq_len``) and
+    ``window_blocks`` (how many blocks were read)."""
+    seqs = document_blocks(data.valid, eos=data.tokenizer.eos_id, length=seq_len, count=count)
+    edges = window_edges(window, seq_len)
+    return {"window_edges": edges, "window_bpb": bucket_bpb(model, data, seqs, edges),
+            "window_blocks": int(seqs.shape[0])}
+
+
+def gain_share(model: float, windowed: float, global_: float, *, spread: float = 0.0) -> float | None:
+    """``(windowed − model) / (windowed − global_)``; None where the global gain is not above ``spread`` (or
+    ``spread`` is NaN: unknown)."""
+    gain = windowed - global_
+    if not gain > spread:
+        return None
+    return (windowed - model) / gain
+
+
+# ---------------------------------------------------------------------------------------------- report
+
+def _per_bucket(runs: list[dict]) -> list[list[float]]:
+    """Each run's ``window_bpb`` list (runs without it left out)."""
+    return [r["metrics"]["window_bpb"] for r in runs if r["metrics"].get("window_bpb")]
+
+
+def gain_section(groups: dict[str, list[dict]], directory: Path | None = None) -> list[str]:
+    """The "past the window" section of a bench report: bpb by context length inside documents for every model,
+    the global model's gain over the windowed one (and whether it is above twice the seeds' spread), each other
+    model's share of it, and a plot. Empty when the records have no ``window_bpb``."""
+    first = next((r for runs in groups.values() for r in runs if r["metrics"].get("window_edges")), None)
+    if first is None:
+        return []
+    edges = first["metrics"]["window_edges"]
+    window = first["config"]["budget"]["extra"]["window"]
+    buckets = list(zip(edges[:-1], edges[1:]))
+    head = [f"[{a}, {b})" for a, b in buckets]
+    per = {m: _per_bucket(runs) for m, runs in groups.items() if _per_bucket(runs)}
+    stats = {m: [mean_std([v[i] for v in vals]) for i in range(len(buckets))] for m, vals in per.items()}
+    rows = [[m] + [fmt_mean_std([v[i] for v in vals]) for i in range(len(buckets))] for m, vals in per.items()]
+    lines = ["## Past the window: bpb by context length inside documents\n",
+             f"{first['metrics']['window_blocks']} validation blocks of {first['config']['train']['seq_len']} tokens, "
+             f"each inside one document, so position p is predicted from p + 1 tokens of its own document. Buckets "
+             f"of positions; the windowed models see {window} tokens past the first {window} positions. Mean ± "
+             "std over seeds.\n", markdown_table(["model"] + head, rows)]
+    out = ["\n".join(lines)]
+    if GLOBAL in stats and WINDOWED in stats:
+        gains, spreads, shown = [], [], []
+        for i in range(len(buckets)):
+            (g, gs), (w, ws) = stats[GLOBAL][i], stats[WINDOWED][i]
+            one_seed = min(len(per[GLOBAL]), len(per[WINDOWED])) < 2
+            spread = float("nan") if one_seed else 2 * max(gs, ws)  # one seed: no spread, so no share
+            gains.append(w - g)
+            spreads.append(spread)
+            shown.append(f"{w - g:+.3f} (" + ("one seed: no spread" if not math.isfinite(spread) else
+                                              f"{'above' if w - g > spread else 'not above'} {spread:.3f}") + ")")
+        share_rows = []
+        for m in stats:
+            if m in (GLOBAL, WINDOWED):
+                continue
+            cells = []
+            for i in range(len(buckets)):
+                shares = [gain_share(v[i], stats[WINDOWED][i][0], stats[GLOBAL][i][0], spread=spreads[i])
+                          for v in per[m]]
+                cells.append("–" if any(s is None for s in shares) else fmt_mean_std(shares, 2))
+            share_rows.append([m] + cells)
+        past = [i for i, (a, _) in enumerate(buckets) if a >= window]
+        verdict = sum(gains[i] > spreads[i] for i in past)
+        text = ["### The global model's gain, and each model's share of it\n",
+                f"Gain = windowed − global bpb per bucket, beside twice the larger of their seed spreads (std). "
+                f"Past the window the gain is above that in {verdict} of {len(past)} buckets. Share = (windowed − "
+                "model) / (windowed − global): 0 is no better than the windowed Transformer, 1 is as good as the "
+                "global one; – where the gain is not above twice the spread. A share per seed of the model, "
+                "against the reference models' means.\n",
+                markdown_table(["", *head], [["gain", *shown]] + share_rows)]
+        out.append("\n".join(text))
+    if directory is not None:
+        mids = [math.sqrt(max(a, 1) * b) for a, b in buckets]
+        series = {m: (mids, [s[0] for s in stats[m]], [s[1] if math.isfinite(s[1]) else 0.0 for s in stats[m]])
+                  for m in stats}
+        plot_lines(Path(directory) / "bpb_by_context.png", series, xlabel="position in the document (tokens)",
+                   ylabel="bits per byte", title=f"bpb by context length (window {window})", logx=True)
+        out.append("![bpb by context length](bpb_by_context.png)")
+    return out
