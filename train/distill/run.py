@@ -65,6 +65,7 @@ from ..data import prepare_data
 from ..data.packing import pack_documents
 from ..device import env_int, resolve_device
 from ..distributed import DistEnv, init_distributed
+from .ranks import average_gradients, broadcast_weights, sum_over_ranks
 from ..divergence import NonFiniteFlag, nonfinite_weights
 from ..init_from import copy_matching
 from ..metrics import METRICS_FILE, MetricsLogger, read_metrics
@@ -84,7 +85,6 @@ __all__ = ["Distiller", "DistillResult", "load_teacher", "PLOT_FILE", "RANKING_F
 
 PLOT_FILE, RANKING_FILE, SUMMARY_FILE = "loss.png", "layer_ranking.json", "distill.json"
 CONFIG_FILE = "distill_config.json"
-_BUCKET = 1 << 24  # elements per gradient all-reduce under torchrun (64 MB of float32)
 
 
 @dataclass
@@ -368,45 +368,17 @@ class Distiller:
 
     def _sum_over_ranks(self, *values: float) -> list[float]:
         """``values`` summed over the ranks (float64; as they are on one process)."""
-        if not self.env.distributed:
-            return list(values)
-        return self.env.all_reduce(torch.tensor(values, dtype=torch.float64, device=self.device)).tolist()
+        return sum_over_ranks(self.env, values, self.device)
 
     def _broadcast_model(self) -> None:
-        """Under torchrun: rank 0's weights (and buffers) to every rank, as DDP does when it wraps a model."""
-        if self.env.distributed:
-            with torch.no_grad():
-                for tensor in self.model.state_dict().values():
-                    dist.broadcast(tensor, src=0)
-
-    def _average_gradients(self) -> None:
-        """Under torchrun: the trainable gradients averaged across the ranks (DDP's update), in flat buckets of
-        at most ``_BUCKET`` elements."""
-        if not self.env.distributed:
-            return
-        grads = [p.grad for p in self.trainable if p.grad is not None]
-        buckets: dict = {}
-        for g in grads:
-            buckets.setdefault((g.dtype, g.device), [[]])
-            bucket = buckets[(g.dtype, g.device)]
-            if bucket[-1] and sum(t.numel() for t in bucket[-1]) + g.numel() > _BUCKET:
-                bucket.append([])
-            bucket[-1].append(g)
-        for bucket in (b for group in buckets.values() for b in group):
-            flat = torch.cat([g.reshape(-1) for g in bucket])
-            dist.all_reduce(flat)
-            flat /= self.env.world_size
-            offset = 0
-            for g in bucket:
-                g.copy_(flat[offset:offset + g.numel()].view_as(g))
-                offset += g.numel()
+        broadcast_weights(self.env, self.model)
 
     # ------------------------------------------------------------------------------------------ steps
 
     def _clip_and_step(self, loss: torch.Tensor):
         c = self.config
         loss.backward()
-        self._average_gradients()
+        average_gradients(self.env, self.trainable)
         norm = torch.nn.utils.clip_grad_norm_(self.trainable, c.grad_clip) if c.grad_clip is not None else None
         bad = ~torch.isfinite(loss.detach())
         if norm is not None:
