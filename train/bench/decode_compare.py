@@ -64,7 +64,7 @@ def main(argv=None) -> int:
         models = {run: load_run(run, device).model for run in args.runs}
         results = compare_decoding(models, context=args.context, tokens=args.tokens, repeats=args.repeats)
         print(f"decoding after {args.context:,} tokens, {args.tokens} tokens per measurement, {args.repeats} "
-              f"repeats in turn, {torch.get_num_threads()} threads, {device}")
+              f"repeats in turn, {torch.get_num_threads()} threads, {device}:\n")
         print(markdown_table(["run", "ms/token (median)", "min–max", "× first", "state bytes"], table_rows(results)))
         return 0
 
