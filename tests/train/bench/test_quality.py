@@ -35,17 +35,6 @@ def model_of(**overrides) -> HybridLM:
     return HybridLM(config).eval()
 
 
-def direct_losses(model, seqs: torch.Tensor) -> torch.Tensor:
-    """Cross-entropy of every target, one sequence at a time, from log-softmax in float64."""
-    rows = []
-    with torch.no_grad():
-        for seq in seqs:
-            logits, _ = model(seq[None, :-1])
-            logp = torch.log_softmax(logits[0].double(), dim=-1)  # (T, V)
-            rows.append(-logp.gather(1, seq[1:, None]).squeeze(1))
-    return torch.stack(rows)
-
-
 def test_long_sequences_are_consecutive_blocks_of_the_stream():
     data = prepared()
     seqs = long_sequences(data.valid, length=8 * L, count=3)
@@ -61,7 +50,7 @@ def test_position_edges():
     assert position_edges(2, 2) == [0, 1, 2, 4]  # quarters collapse at tiny lengths
 
 
-def test_bpb_is_mean_loss_over_ln2_per_byte_and_streaming_equals_full_context():
+def test_bpb_is_mean_loss_over_ln2_per_byte_and_streaming_equals_full_context(direct_losses):
     data = prepared()
     model = model_of()
     seqs = long_sequences(data.valid, length=8 * L, count=3)
@@ -95,7 +84,7 @@ def test_streaming_differs_where_the_frequencies_follow_the_length():
     assert m["bpb_stream_4x"] == pytest.approx(data.bpb(stream.mean().item()), rel=1e-9)
 
 
-def test_learned_positions_have_no_figures_past_their_table():
+def test_learned_positions_have_no_figures_past_their_table(direct_losses):
     data = prepared()
     model = model_of(abs_pos="learned", abs_pos_max_len=2 * L)
     seqs = long_sequences(data.valid, length=4 * L, count=2)

@@ -58,7 +58,7 @@ def test_window_edges_double_from_the_window():
     assert window_edges(2, 4) == [0, 1, 2, 4]
 
 
-def test_bucket_bpb_against_float64_losses_one_sequence_at_a_time():
+def test_bucket_bpb_against_float64_losses_one_sequence_at_a_time(direct_losses):
     stream = stream_with_documents([70, 90, 55], seed=1)
     data = PreparedData(train=stream, valid=stream, tokenizer=ByteTokenizer(), stats={"valid_bytes": 170})
     torch.manual_seed(0)
@@ -67,13 +67,7 @@ def test_bucket_bpb_against_float64_losses_one_sequence_at_a_time():
     out = window_metrics(model, data, window=4, seq_len=16, count=7)
     seqs = document_blocks(stream, eos=EOS, length=16, count=7)
     assert out["window_edges"] == [0, 1, 2, 4, 8, 16] and out["window_blocks"] == seqs.shape[0] == 7
-    rows = []
-    with torch.no_grad():
-        for seq in seqs:
-            logits, _ = model(seq[None, :-1])
-            logp = torch.log_softmax(logits[0].double(), dim=-1)  # (T, V)
-            rows.append(-logp.gather(1, seq[1:, None]).squeeze(1))
-    losses = torch.stack(rows)  # (7, 16)
+    losses = direct_losses(model, seqs)  # (7, 16), float64
     per_token = 170 / (len(stream) - 1)  # bytes per target
     for (a, b), got in zip(zip(out["window_edges"][:-1], out["window_edges"][1:]), out["window_bpb"]):
         assert got == pytest.approx(losses[:, a:b].mean().item() / math.log(2) / per_token, rel=1e-6)

@@ -63,26 +63,27 @@ def test_static_decay_keeps_gamma_to_the_distance():
         assert row["held"] == 0.0  # static γ < 1 never holds
 
 
-def test_gates_shut_everywhere_hold_everything():
-    task = _task()
+def _gated_model(task, bias: float) -> HybridLM:
+    """The selective hard-gate hybrid with every recurrence gate at ``hardsigmoid(bias / 6 + ½)`` on every token."""
     model = _model(task, rnn_selective=True, rnn_selective_gate="hardsigmoid")
     with torch.no_grad():
         for layer in model.modules():
             if isinstance(layer, VORecurrence):
                 layer.recur_gate_weight.zero_()
-                layer.recur_gate_bias.fill_(-10.0)  # hardsigmoid(−10/6 + ½) = 0: r_t = 0, γ_t = 1, no write
+                layer.recur_gate_bias.fill_(bias)
+    return model
+
+
+def test_gates_shut_everywhere_hold_everything():
+    task = _task()
+    model = _gated_model(task, -10.0)  # hardsigmoid(−10/6 + ½) = 0: r_t = 0, γ_t = 1, no write
     for row in passkey_probe(model, task, length=48, n=3):
         assert row["held"] == 1.0 and row["kept"] == 1.0  # (the writes are the floor sqrt(MIN_WRITE_SQ)·u)
 
 
 def test_gates_open_everywhere_decay_at_c_times_the_base():
     task = _task()
-    model = _model(task, rnn_selective=True, rnn_selective_gate="hardsigmoid")
-    with torch.no_grad():
-        for layer in model.modules():
-            if isinstance(layer, VORecurrence):
-                layer.recur_gate_weight.zero_()
-                layer.recur_gate_bias.fill_(10.0)  # r_t = 1: log γ_t = c · log γ
+    model = _gated_model(task, 10.0)  # r_t = 1: log γ_t = c · log γ
     layers = [m for m in model.modules() if isinstance(m, VORecurrence)]
     for row, layer in zip(passkey_probe(model, task, length=48, n=3, depth=0.9), layers):
         h, p = row["best_pair"]
