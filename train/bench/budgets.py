@@ -21,7 +21,7 @@ import dataclasses
 from ..suite import Budget
 from .suites import SUITES
 
-__all__ = ["BUDGETS", "bench_budget"]
+__all__ = ["BUDGETS", "bench_budget", "with_window"]
 
 BUDGETS = {
     "smoke": Budget(name="smoke", models=("-",), steps=12, seq_len=32, seeds=(0,), batch_size=4, d_model=64,
@@ -50,3 +50,12 @@ def bench_budget(name: str, suite: str) -> Budget:
     if suite not in SUITES:
         raise ValueError(f"suite: expected one of {list(SUITES)}, got {suite!r}")
     return dataclasses.replace(BUDGETS[name], models=tuple(SUITES[suite].models))
+
+
+def with_window(budget: Budget, window: int) -> Budget:
+    """``budget`` with attention window ``window`` (``--window``): the windowed models' window and the edges of
+    the past-the-window buckets; it must be shorter than the training length."""
+    if not 0 < window < budget.seq_len:
+        raise ValueError(f"--window: expected 1 … {budget.seq_len - 1} tokens (fewer than the training length "
+                         f"{budget.seq_len}), got {window}")
+    return dataclasses.replace(budget, extra={**budget.extra, "window": window})

@@ -13,7 +13,7 @@ from pathlib import Path
 from ..cli_parts import Parser, add_device_flag, add_log_flag, add_set_flag, positive_int, run_command
 from ..outdir import prepare_suite_dir
 from ..suite import ResultsLog, parse_int_list, parse_name_list
-from .budgets import BUDGETS, bench_budget
+from .budgets import BUDGETS, bench_budget, with_window
 from .suites import SUITES
 
 __all__ = ["bench_main", "bench_parser"]
@@ -25,6 +25,7 @@ examples:
   hybrid-bench --suite placements --budget cpu --seeds 0 --models qk,nope,v
   hybrid-bench --suite baselines --out runs/bench --report-only      # rewrite report.md from the records
   hybrid-bench --suite baselines --models hybrid,transformer-window --set rnn_r_max=0.9999 --out runs/decay
+  hybrid-bench --suite baselines --budget long --window 16 --models transformer,transformer-window --out runs/w16
 
 outputs in OUT/<suite>/: results.jsonl (one record per finished run), <model>/seed<k>/ (run directories that
 hybrid.train.load_run opens), report.md and its PNG plots. Run the same command again to continue.
@@ -42,6 +43,9 @@ def bench_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default="runs/bench", help="suite directories go here (default: runs/bench)")
     p.add_argument("--steps", type=positive_int, default=None, help="override the budget's training steps")
     p.add_argument("--seq-len", type=positive_int, default=None, help="override the budget's training length L")
+    p.add_argument("--window", type=positive_int, default=None,
+                   help="override the budget's attention window: the windowed models' and the past-the-window "
+                        "buckets' (fewer tokens than L; use a fresh --out)")
     p.add_argument("--seeds", default=None, help="override the budget's seeds, e.g. 0,1,2")
     p.add_argument("--models", default=None, help="only these models of the suite, e.g. transformer,hybrid")
     add_set_flag(p, help="a HybridConfig field for every model of the suite, VALUE parsed as JSON (e.g. --set "
@@ -85,6 +89,8 @@ def _run(args: argparse.Namespace, argv: list[str]) -> int:
     for name in suites:
         budget = bench_budget(args.budget, name).override(steps=args.steps, seq_len=args.seq_len, seeds=seeds,
                                                           models=models, known_models=list(SUITES[name].models))
+        if args.window is not None:
+            budget = with_window(budget, args.window)
         directory = Path(args.out) / name
         print(f"suite {name!r} → {directory}/\n{budget.describe()}", flush=True)
         if args.report_only:

@@ -51,6 +51,8 @@ def test_smoke_end_to_end_on_a_fresh_directory(tmp_path, corpus, capsys, records
     (["--suite", "all", "--models", "hybrid"], "--models: expected a single --suite"),
     (["--suite", "baselines", "--seeds", "a"], "--seeds: expected comma-separated integers"),
     (["--suite", "baselines", "--report-only"], "--report-only: expected records in"),
+    (["--suite", "baselines", "--window", "32"], "--window: expected 1 … 31 tokens"),
+    (["--suite", "baselines", "--window", "0"], "--window"),
 ])
 def test_user_errors_are_one_line(argv, message, tmp_path, capsys):
     assert bench_main([*argv, "--out", str(tmp_path)]) == 2

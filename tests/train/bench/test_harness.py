@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from hybrid.train.bench import harness
-from hybrid.train.bench.budgets import BUDGETS, bench_budget
+from hybrid.train.bench.budgets import BUDGETS, bench_budget, with_window
 from hybrid.train.bench.cli import bench_main
 from hybrid.train.bench.harness import PARAM_TOLERANCE, suite_configs, suite_specs
 from hybrid.train.bench.speed import non_embedding_parameters
@@ -86,3 +86,18 @@ def test_windowed_models_get_the_budget_window():
     assert long["transformer"].window is None and long["hybrid-selective"].window == 64
     learned = suite_configs(SUITES["positions"], bench_budget("cpu", "positions"), vocab_size=320)["learned"]
     assert learned.abs_pos_max_len == BUDGETS["cpu"].seq_len
+
+
+def test_window_override_reaches_the_windowed_models_only():
+    """--window 16 on the long budget: every windowed model gets 16, the global Transformer stays global, the
+    budget record (which the report reads) says 16, and the budget table is not changed."""
+    b = with_window(bench_budget("long", "baselines"), 16)
+    assert b.extra["window"] == 16 and BUDGETS["long"].extra["window"] == 64
+    assert {k: v for k, v in b.extra.items() if k != "window"} == \
+        {k: v for k, v in BUDGETS["long"].extra.items() if k != "window"}
+    configs = suite_configs(SUITES["baselines"], b, vocab_size=320)
+    assert configs["transformer"].window is None
+    assert all(configs[m].window == 16 for m in ("transformer-window", "hybrid", "hybrid-selective"))
+    assert suite_specs("baselines", b, vocab_size=320)[0].config["budget"]["extra"]["window"] == 16
+    with pytest.raises(ValueError, match="--window: expected 1 … 1023 tokens .* got 1024"):
+        with_window(b, 1024)
