@@ -213,7 +213,17 @@ def check_records_match(directory: Path, specs: list[RunSpec]) -> None:
         asked = {k: spec.config[k] for k in ("model", "train")}
         if {k: record["config"].get(k) for k in asked} != json.loads(json.dumps(asked)):
             raise ValueError(f"out: {directory / spec.run} was trained with another model or training config than "
-                             f"this command asks for (budget, --steps, --seq-len, --set, --data); use another --out")
+                             f"this command asks for (budget, --steps, --seq-len, --window, --set, --data); use "
+                             f"another --out")
+        # the global model's config has no window, but its past-the-window buckets do
+        window, was = spec.config["budget"]["extra"].get("window"), _record_window(record)
+        if window != was:
+            raise ValueError(f"out: {directory / spec.run} was measured at window {was}, this command asks for "
+                             f"{window} (--window); use another --out")
+
+
+def _record_window(record: dict):
+    return (record["config"].get("budget") or {}).get("extra", {}).get("window")
 
 
 def run_bench(suite_name: str, budget: Budget, *, out, data=None, tokenizer=None, device: str = "auto",
