@@ -220,6 +220,7 @@ def train_task(config: TaskRunConfig, out, *, on_step=None) -> dict:
                 break
             if step % config.log_every == 0 or step == config.steps:
                 metrics.write(json.dumps({"step": step, "loss": loss_value, "lr": scheduler.get_last_lr()[0]}) + "\n")
+                metrics.flush()  # readable while the run trains, as hybrid-train's metrics.jsonl is
             if on_step is not None:
                 on_step(step, loss_value)
     train_seconds = time.perf_counter() - start

@@ -128,3 +128,12 @@ def test_state_tracking_options_refuse_bad_values_in_one_line(kw, expected):
     with pytest.raises(ValueError) as e:
         TaskRunConfig(**kw)
     assert str(e.value) == expected
+
+
+def test_metrics_are_readable_while_the_run_trains(tmp_path):
+    """Each logged step is in metrics.jsonl when the next step starts (it was buffered until the run's end)."""
+    seen = []
+    config = _parity_run(log_every=2, steps=5)
+    train_task(config, tmp_path, on_step=lambda step, loss: seen.append(
+        [json.loads(line)["step"] for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]))
+    assert seen == [[], [2], [2], [2, 4], [2, 4, 5]]
