@@ -30,11 +30,12 @@ def parse_groups(items: list[str]) -> dict[str, list[str]]:
 
 def group_rows(figures: dict[str, list[list[float]]]) -> tuple[list[list[str]], list[list[str]]]:
     """From ``{group: [per-run list of per-bucket bpb]}``: the mean ± std rows and the minus-the-first rows."""
-    from ..suite import fmt_mean_std, mean_std
+    from ..suite import mean_std
+    from .window_gain import bucket_rows
 
     n = len(next(iter(figures.values()))[0])
     means = {g: [mean_std([run[i] for run in runs])[0] for i in range(n)] for g, runs in figures.items()}
-    rows = [[g] + [fmt_mean_std([run[i] for run in runs]) for i in range(n)] for g, runs in figures.items()]
+    rows = bucket_rows(figures)
     first, base = next(iter(means.items()))
     diffs = [[f"{g} − {first}"] + [f"{m[i] - base[i]:+.3f}" for i in range(n)] for g, m in list(means.items())[1:]]
     return rows, diffs
@@ -64,7 +65,7 @@ def main(argv=None) -> int:
         import torch
 
         from ..data import prepare_data
-        from .window_gain import window_edges, window_metrics
+        from .window_gain import bucket_head, window_edges, window_metrics
 
         if args.threads is not None:
             torch.set_num_threads(args.threads)
@@ -81,8 +82,7 @@ def main(argv=None) -> int:
                                    count=args.blocks)
                 figures[name].append(m["window_bpb"])
                 blocks = m["window_blocks"]
-        edges = window_edges(args.window, args.seq_len)
-        head = [f"[{a}, {b})" for a, b in zip(edges[:-1], edges[1:])]
+        head = bucket_head(window_edges(args.window, args.seq_len))
         rows, diffs = group_rows(figures)
         print(f"bpb by context length inside documents: {blocks} validation blocks of {args.seq_len} tokens, "
               f"window {args.window}, mean ± std over each group's runs\n")

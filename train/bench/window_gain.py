@@ -28,7 +28,7 @@ from ..suite import fmt_mean_std, markdown_table, mean_std, plot_lines
 from .quality import token_losses
 
 __all__ = ["document_blocks", "window_edges", "bucket_bpb", "window_metrics", "gain_share", "gain_section",
-           "GLOBAL", "WINDOWED"]
+           "bucket_head", "bucket_rows", "GLOBAL", "WINDOWED"]
 
 GLOBAL, WINDOWED = "transformer", "transformer-window"  # the baselines suite's two reference models
 
@@ -91,6 +91,16 @@ def gain_share(model: float, windowed: float, global_: float, *, spread: float =
 
 # ---------------------------------------------------------------------------------------------- report
 
+def bucket_head(edges: list[int]) -> list[str]:
+    """Column titles ``"[a, b)"`` of the buckets of ``edges``."""
+    return [f"[{a}, {b})" for a, b in zip(edges[:-1], edges[1:])]
+
+
+def bucket_rows(per: dict[str, list[list[float]]]) -> list[list[str]]:
+    """One markdown row per name of ``{name: [per-run list of per-bucket bpb]}``: mean ± std over its runs per bucket."""
+    return [[name] + [fmt_mean_std(list(bucket)) for bucket in zip(*runs)] for name, runs in per.items()]
+
+
 def _per_bucket(runs: list[dict]) -> list[list[float]]:
     """Each run's ``window_bpb`` list (runs without it left out)."""
     return [r["metrics"]["window_bpb"] for r in runs if r["metrics"].get("window_bpb")]
@@ -106,10 +116,10 @@ def gain_section(groups: dict[str, list[dict]], directory: Path | None = None) -
     edges = first["metrics"]["window_edges"]
     window = first["config"]["budget"]["extra"]["window"]
     buckets = list(zip(edges[:-1], edges[1:]))
-    head = [f"[{a}, {b})" for a, b in buckets]
+    head = bucket_head(edges)
     per = {m: vals for m, vals in ((m, _per_bucket(runs)) for m, runs in groups.items()) if vals}
     stats = {m: [mean_std([v[i] for v in vals]) for i in range(len(buckets))] for m, vals in per.items()}
-    rows = [[m] + [fmt_mean_std([v[i] for v in vals]) for i in range(len(buckets))] for m, vals in per.items()]
+    rows = bucket_rows(per)
     lines = ["## Past the window: bpb by context length inside documents\n",
              f"{first['metrics']['window_blocks']} validation blocks of {first['config']['train']['seq_len']} tokens, "
              f"each inside one document, so position p is predicted from p + 1 tokens of its own document. Buckets "
