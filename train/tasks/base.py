@@ -65,9 +65,10 @@ class Task:
     def train_batch(self, batch_size: int, rng: np.random.Generator) -> Batch:
         raise NotImplementedError
 
-    def curriculum_batch(self, batch_size: int, rng: np.random.Generator) -> Batch:
+    def curriculum_batch(self, batch_size: int, rng: np.random.Generator, step: int = 0, steps: int = 1) -> Batch:
         """A training batch of the task's easiest setting, drawn for a run's first ``curriculum_steps`` steps
-        (``TaskRunConfig``). By default the ordinary training batch: no curriculum."""
+        (``TaskRunConfig``); this is curriculum step ``step`` (0-based) of ``steps``, for a task whose curriculum has
+        stages (passkey). By default the ordinary training batch: no curriculum."""
         return self.train_batch(batch_size, rng)
 
     def test_batch(self, point: str, batch_size: int, rng: np.random.Generator) -> Batch:

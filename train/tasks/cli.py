@@ -12,7 +12,7 @@ from pathlib import Path
 
 from hybrid.models import PRESETS
 
-from ..cli_parts import Parser, add_device_flag, add_log_flag, add_set_flag, positive_int, run_command
+from ..cli_parts import Parser, add_device_flag, add_log_flag, add_set_flag, count, positive_int, run_command
 from ..outdir import check_output_dir, prepare_suite_dir, staged_output_dir
 from ..progress import progress_bar
 from ..suite import markdown_table, parse_int_list, parse_name_list
@@ -29,6 +29,8 @@ examples:
   hybrid-synthetic --suite state-tracking --budget cpu --out runs/synth
   hybrid-synthetic --suite all --budget smoke --out runs/synth-smoke      # every task and model in seconds
   hybrid-synthetic --suite mqar --budget cpu --models transformer,vo-rnn-data --seeds 0,1 --out runs/mqar
+  hybrid-synthetic --task passkey --preset hybrid --seq-len 1024 --curriculum 64,256 --curriculum-steps 2400 \
+      --steps 3000 --out runs/pk-1024      # 1200 steps at 64, 1200 at 256, then 600 at 1024
 
 models of a suite: """ + ", ".join(MODELS) + """
 parity-recipe candidates (vo-rnn-data-selective with one change, or two): """ + ", ".join(
@@ -68,7 +70,38 @@ def parser() -> argparse.ArgumentParser:
     g.add_argument("--lr", type=float, help="learning rate (default: the measured best rate of the suite model "
                                              "this run is, else the largest of the budget's grid; printed)")
     g.add_argument("--batch-size", type=positive_int, help="sequences per step (default: the budget's)")
+    g.add_argument("--curriculum", type=_lengths, metavar="LENGTHS",
+                   help="passkey tasks: the curriculum's lengths, comma-separated and increasing, each a stage of "
+                        "equal steps before the training length (e.g. 64,256 before --seq-len 1024; default: a "
+                        "quarter of the training length)")
+    g.add_argument("--curriculum-steps", type=count, metavar="N",
+                   help="the first N steps train on the curriculum (default: the budget's share of the steps)")
     return p
+
+
+def _lengths(text: str) -> list[int]:
+    """``"64,256"`` → [64, 256] (the --curriculum flag; ranges are the task's to check)."""
+    try:
+        values = [int(v) for v in text.split(",")]
+    except ValueError:
+        values = []
+    if not values:
+        raise argparse.ArgumentTypeError(f"expected comma-separated lengths such as 64,256, got {text!r}")
+    return values
+
+
+def _curriculum_params(args, params: dict) -> dict:
+    """The task parameters with --curriculum's lengths, checked by the task (its error names the flag)."""
+    if args.curriculum is None:
+        return params
+    if args.task not in passkey_suite.TASKS:
+        raise ValueError(f"--curriculum: expected a passkey task (a length curriculum), got --task {args.task}")
+    params = {**params, "curriculum_length": args.curriculum}
+    try:
+        make_task(args.task, **params)
+    except ValueError as e:
+        raise ValueError(str(e).replace("curriculum_length:", "--curriculum:", 1)) from None
+    return params
 
 
 def _one_run(args, budget) -> int:
@@ -89,9 +122,12 @@ def _one_run(args, budget) -> int:
         lr, why = args.lr, "--lr"
     else:
         lr, why = default_lr(budget, args.task, preset, overrides, options)
-    config = TaskRunConfig(task=args.task, task_params=task_params(budget, args.task), preset=preset,
-                           model=model, steps=steps, batch_size=args.batch_size or budget.batch_size,
-                           curriculum_steps=curriculum_steps(budget, args.task, steps), lr=lr, seed=seed,
+    cur_steps = curriculum_steps(budget, args.task, steps) if args.curriculum_steps is None else args.curriculum_steps
+    if cur_steps > steps:
+        raise ValueError(f"--curriculum-steps: expected at most the run's {steps} steps, got {cur_steps}")
+    config = TaskRunConfig(task=args.task, task_params=_curriculum_params(args, task_params(budget, args.task)),
+                           preset=preset, model=model, steps=steps, batch_size=args.batch_size or budget.batch_size,
+                           curriculum_steps=cur_steps, lr=lr, seed=seed,
                            eval_size=budget.eval_size, device=args.device, **options)
     config.model_config(make_task(config.task, **config.task_params))  # a bad --set fails here, before training
     print(budget.describe())
@@ -150,9 +186,11 @@ def _run(args: argparse.Namespace) -> int:
         except KeyboardInterrupt:  # a --task run is written whole or not at all
             raise KeyboardInterrupt(f"; nothing was written to {args.out}; run the same command again to start "
                                     f"over") from None
-    if args.sets or args.lr is not None or args.batch_size is not None or args.model or args.preset:
-        raise ValueError("--set, --lr, --batch-size, --model and --preset: apply to one run (--task); a suite "
-                         "takes its models, rates and batch from the budget (--models picks among them)")
+    if (args.sets or args.lr is not None or args.batch_size is not None or args.model or args.preset
+            or args.curriculum is not None or args.curriculum_steps is not None):
+        raise ValueError("--set, --lr, --batch-size, --model, --preset, --curriculum and --curriculum-steps: apply "
+                         "to one run (--task); a suite takes its models, rates, batch and curriculum from the budget "
+                         "(--models picks among them)")
     prepare_suite_dir(args.out, overwrite=args.overwrite)
     print(budget.describe(), flush=True)
     try:

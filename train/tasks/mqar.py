@@ -112,7 +112,7 @@ class MQAR(Task):
         L, p = self.grid[int(rng.integers(0, len(self.grid)))]
         return self.sample(L, p, batch_size, rng)
 
-    def curriculum_batch(self, batch_size: int, rng: np.random.Generator) -> Batch:
+    def curriculum_batch(self, batch_size: int, rng: np.random.Generator, step: int = 0, steps: int = 1) -> Batch:
         pairs, length = min((p, L) for L, p in self.grid)
         return self.sample(length, pairs, batch_size, rng)
 

@@ -19,7 +19,9 @@ A sequence of length L (k = ``key_digits``, F = L − 2k − 1 filler tokens):
 
 Training draws sequences of ``train_length`` with the key marker uniform over 0 … F; a run's first
 ``curriculum_steps`` (``TaskRunConfig``) draw them at ``curriculum_length`` (default a quarter of ``train_length``),
-where the retrieval is found several times faster, as MQAR's curriculum (docs/benchmarks.md). Testing covers every
+where the retrieval is found several times faster, as MQAR's curriculum (docs/benchmarks.md). A list of increasing
+lengths (e.g. ``[64, 256]`` before 1024) is a curriculum in stages: the curriculum steps are split into equal runs
+of consecutive steps, one per length, in order. Testing covers every
 ``test_lengths`` × ``depths`` cell with ``samples`` sequences; sample s of a length is one haystack and one key
 (drawn from ``numpy.random.default_rng([test_seed, length])``) with the key moved to each depth, so the depths of
 a length differ only in where the key is.
@@ -79,7 +81,7 @@ class Passkey(Task):
 
     def __init__(self, filler: str = "random", key_digits: int = KEY_DIGITS, train_length: int = TRAIN_LENGTH,
                  test_lengths=TEST_LENGTHS, depths=DEPTHS, samples: int = SAMPLES, filler_vocab: int | None = None,
-                 corpus: str | None = None, test_seed: int = TEST_SEED, curriculum_length: int | None = None):
+                 corpus: str | None = None, test_seed: int = TEST_SEED, curriculum_length=None):
         if filler not in FILLERS:
             raise ValueError(f"filler: expected one of {FILLERS}, got {filler!r}")
         self.filler = filler
@@ -93,10 +95,7 @@ class Passkey(Task):
         self.test_lengths = tuple(check_int("test_lengths", n, low=shortest, what=at_least) for n in test_lengths)
         if len(set(self.test_lengths)) != len(self.test_lengths):
             raise ValueError(f"test_lengths: expected distinct lengths, got {list(test_lengths)}")
-        if curriculum_length is None:
-            curriculum_length = max(shortest, self.train_length // 4)
-        self.curriculum_length = check_int("curriculum_length", curriculum_length, low=shortest, high=self.train_length,
-                                           what=f"an int in [{shortest}, train_length={self.train_length}]")
+        self.curriculum_lengths = self._curriculum(curriculum_length, shortest)
         self.depths = depth_list(depths)
         self.samples = check_int("samples", samples, low=1, what="a positive int")
         self.test_seed = check_int("test_seed", test_seed, low=0, what="an int >= 0")
@@ -129,10 +128,33 @@ class Passkey(Task):
         self.key_id, self.query_id = self.tokens["<key>"], self.tokens["<query>"]
         self.chance = 0.1 ** self.k  # a uniform guess of all k digits
 
+    def _curriculum(self, lengths, shortest: int) -> tuple[int, ...]:
+        """``curriculum_length``: None (a quarter of ``train_length``), one length, or a list of increasing lengths
+        (the stages), each in [shortest, train_length]."""
+        if lengths is None:
+            return (max(shortest, self.train_length // 4),)
+        what = f"an int in [{shortest}, train_length={self.train_length}] or a list of increasing ones"
+        if isinstance(lengths, (list, tuple)):
+            if not lengths:
+                raise ValueError(f"curriculum_length: expected {what}, got {lengths!r}")
+            stages = tuple(check_int("curriculum_length", n, low=shortest, high=self.train_length, what=what)
+                           for n in lengths)
+            if any(a >= b for a, b in zip(stages, stages[1:])):
+                raise ValueError(f"curriculum_length: expected {what}, got {list(lengths)}")
+            return stages
+        return (check_int("curriculum_length", lengths, low=shortest, high=self.train_length, what=what),)
+
+    @property
+    def curriculum_length(self) -> int:
+        """The first (shortest) curriculum length."""
+        return self.curriculum_lengths[0]
+
     # ------------------------------------------------------------------------------------------ description
 
     def params(self) -> dict:
-        out = {"key_digits": self.k, "train_length": self.train_length, "curriculum_length": self.curriculum_length,
+        stages = self.curriculum_lengths
+        out = {"key_digits": self.k, "train_length": self.train_length,
+               "curriculum_length": stages[0] if len(stages) == 1 else list(stages),
                "test_lengths": list(self.test_lengths),
                "depths": list(self.depths), "samples": self.samples, "test_seed": self.test_seed}
         if self.filler == "random":
@@ -154,7 +176,9 @@ class Passkey(Task):
                        "marker)" if self.filler == "random" else
                        "a contiguous stretch of the corpus's byte stream (training split for training, validation "
                        "split for the test set; documents joined by <eos>)"),
-            "train": f"length {self.train_length} (a run's first curriculum steps: {self.curriculum_length}), "
+            "train": f"length {self.train_length} (a run's first curriculum steps: "
+                     f"{', then '.join(map(str, self.curriculum_lengths))}"
+                     f"{' in equal shares' if len(self.curriculum_lengths) > 1 else ''}), "
                      "p uniform over 0 … F, digits uniform",
             "test": "every (length, depth) cell: sample s of a length is one haystack and one key, the key moved "
                     "to each depth; haystacks and keys from numpy.random.default_rng([test_seed, length]): "
@@ -239,9 +263,17 @@ class Passkey(Task):
     def train_batch(self, batch_size: int, rng: np.random.Generator) -> Batch:
         return self.sample(self.train_length, batch_size, rng, "train")
 
-    def curriculum_batch(self, batch_size: int, rng: np.random.Generator) -> Batch:
-        """The easier setting a run starts with: sequences of ``curriculum_length`` (the key nearer the query)."""
-        return self.sample(self.curriculum_length, batch_size, rng, "train")
+    def curriculum_stage(self, step: int, steps: int) -> int:
+        """The curriculum length of curriculum step ``step`` (0-based) of ``steps``: stage ``step · n // steps`` of
+        the n lengths, so each length gets an equal run of consecutive steps (the first ones one fewer when n does not
+        divide ``steps``)."""
+        return self.curriculum_lengths[min(step * len(self.curriculum_lengths) // max(steps, 1),
+                                           len(self.curriculum_lengths) - 1)]
+
+    def curriculum_batch(self, batch_size: int, rng: np.random.Generator, step: int = 0, steps: int = 1) -> Batch:
+        """The easier setting a run starts with: sequences of the curriculum length of this stage (the key nearer
+        the query)."""
+        return self.sample(self.curriculum_stage(step, steps), batch_size, rng, "train")
 
     def test_batch(self, point: str, batch_size: int, rng: np.random.Generator) -> Batch:
         """Sequences of length ``point`` at random depths, from the test split (the test set proper is ``test_set``)."""

@@ -209,7 +209,7 @@ def write_passkey_report(out, suite: str, budget: Budget, records: list[dict]) -
         task = make_task(task_label, **params)
         cur = first["config"].get("curriculum_steps", 0)
         where = (f"Trained at length {task.train_length}"
-                 + (f" (its first {cur} steps at {task.curriculum_length})" if cur else "")
+                 + (f" (its first {cur} steps at {', then '.join(map(str, task.curriculum_lengths))})" if cur else "")
                  + (f" with an attention window of {window} tokens (the key beyond it in "
                     f"{task.beyond_window_share(window):.0%} of the training-length sequences)" if window else "")
                  + f"; tested at {len(depths)} depths × {task.samples} sequences per length, in "

@@ -201,7 +201,7 @@ def train_task(config: TaskRunConfig, out, *, on_step=None) -> dict:
                 set_phase_rounding(model, True)
             longest = config.longest_at(step, task)
             if step <= config.curriculum_steps:
-                batch = task.curriculum_batch(config.batch_size, rng)
+                batch = task.curriculum_batch(config.batch_size, rng, step=step - 1, steps=config.curriculum_steps)
             elif longest is not None:
                 batch = task.train_batch(config.batch_size, rng, longest=longest)
             else:

@@ -19,6 +19,15 @@ def test_one_task_run_from_the_command_line(tmp_path, capsys):
     assert set(json.loads((out / "results.json").read_text())["accuracy"]) == {"10", "20"}
 
 
+def test_a_passkey_run_takes_a_staged_curriculum_from_the_command_line(tmp_path):
+    out = tmp_path / "pk"
+    assert cli.main(["--task", "passkey", "--budget", "smoke", "--preset", "hybrid", "--curriculum", "16,24",
+                     "--curriculum-steps", "4", "--steps", "5", "--out", str(out), "--quiet"]) == 0
+    run = load_checkpoint(out).extra["task_run"]
+    assert run["curriculum_steps"] == 4 and run["task_params"]["curriculum_length"] == [16, 24]
+    assert json.loads((out / "task.json").read_text())["params"]["curriculum_length"] == [16, 24]
+
+
 def test_a_single_run_of_a_studied_model_uses_its_best_rate_and_says_so(tmp_path, capsys, monkeypatch):
     """The rate comes from BEST_LRS when the run is exactly the studied model (named by --model, or spelled with
     --preset and --set); any other configuration gets the largest rate of the grid; --lr wins. Each says which."""
@@ -47,8 +56,16 @@ def test_a_single_run_of_a_studied_model_uses_its_best_rate_and_says_so(tmp_path
     [
         (["--suite", "all", "--models", "gpt"], "models: expected names from"),
         (["--suite", "all", "--seeds", "x"], "--seeds: expected comma-separated integers"),
-        (["--suite", "all", "--set", "rnn_phase=\"data\""], "--set, --lr, --batch-size, --model and --preset: apply"),
-        (["--suite", "parity-recipe", "--model", "recipe+round"], "--model and --preset: apply to one run (--task)"),
+        (["--suite", "all", "--set", "rnn_phase=\"data\""], "--set, --lr, --batch-size, --model, --preset,"),
+        (["--suite", "parity-recipe", "--model", "recipe+round"], "--curriculum-steps: apply to one run (--task)"),
+        (["--suite", "passkey", "--curriculum", "8"], "--curriculum-steps: apply to one run (--task)"),
+        (["--task", "parity", "--curriculum", "8"], "--curriculum: expected a passkey task (a length curriculum), "
+                                                    "got --task parity"),
+        (["--task", "passkey", "--curriculum", "16,33"],
+         "--curriculum: expected an int in [12, train_length=32] or a list of increasing ones, got 33"),
+        (["--task", "passkey", "--curriculum", "16,x"], "argument --curriculum: expected comma-separated lengths"),
+        (["--task", "passkey", "--curriculum-steps", "4"], "--curriculum-steps: expected at most the run's 3 steps, "
+                                                          "got 4"),
         (["--task", "parity", "--model", "recipe+round", "--preset", "vo-rnn"],
          "--model: names a preset and its options; expected no --preset with it, got --preset vo-rnn"),
         (["--task", "passkey", "--model", "vo-rnn"], "--model: expected a state-tracking or MQAR task, got --task passkey"),

@@ -161,6 +161,23 @@ def test_yarn_reads_longer_sequences_with_a_scaled_copy():
     assert model.config.rope_scaling is None  # the model itself is untouched
 
 
+def test_a_staged_curriculum_gives_each_length_an_equal_run_of_steps():
+    task = make_task("passkey", **{**SMALL, "train_length": 97, "curriculum_length": [16, 40, 64]})
+    assert [task.curriculum_stage(i, 9) for i in range(9)] == [16] * 3 + [40] * 3 + [64] * 3
+    # 10 steps over 3 stages: stage ⌊i·3/10⌋, so 4, 3, 3 (never a stage of length 0 or a step past the last)
+    assert [task.curriculum_stage(i, 10) for i in range(10)] == [16] * 4 + [40] * 3 + [64] * 3
+    assert [task.curriculum_stage(i, 2) for i in range(2)] == [16, 40]  # fewer steps than stages: the first ones
+    for i, length in ((0, 16), (5, 40), (8, 64)):
+        batch = task.curriculum_batch(3, rng_of(i), step=i, steps=9)
+        assert batch.ids.shape == (3, length)
+        assert torch.equal(batch.ids, task.sample(length, 3, rng_of(i)).ids)  # the ordinary sample at that length
+    assert task.curriculum_length == 16 and task.params()["curriculum_length"] == [16, 40, 64]
+    assert make_task("passkey", **task.params()).curriculum_lengths == (16, 40, 64)  # task.json rebuilds it
+    one = make_task("passkey", **SMALL)
+    assert one.curriculum_lengths == (12,) and one.params()["curriculum_length"] == 12  # a quarter of 40, at least 12
+    assert one.curriculum_batch(2, rng_of(0), step=5, steps=6).ids.shape == (2, 12)
+
+
 @pytest.mark.parametrize(
     "name,params,match",
     [
@@ -174,6 +191,11 @@ def test_yarn_reads_longer_sequences_with_a_scaled_copy():
         ("passkey", dict(samples=0), r"samples: expected a positive int, got 0"),
         ("passkey", dict(train_length=40, curriculum_length=41),
          r"curriculum_length: expected an int in \[12, train_length=40\]"),
+        ("passkey", dict(train_length=40, curriculum_length=[12, 41]),
+         r"curriculum_length: expected an int in \[12, train_length=40\] or a list of increasing ones, got 41"),
+        ("passkey", dict(train_length=40, curriculum_length=[24, 24]),
+         r"curriculum_length: expected .* a list of increasing ones, got \[24, 24\]"),
+        ("passkey", dict(train_length=40, curriculum_length=[]), r"curriculum_length: expected .*, got \[\]"),
         ("passkey", dict(corpus="x"), r"corpus: only the text filler"),
         ("passkey-text", dict(filler_vocab=8), r"filler_vocab: the text filler takes its tokens from the corpus"),
     ],

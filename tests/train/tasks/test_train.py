@@ -17,7 +17,8 @@ def test_a_run_trains_its_curriculum_steps_first(tmp_path, monkeypatch):
     drawn = []
     for name in ("curriculum_batch", "train_batch"):
         original = getattr(MQAR, name)
-        monkeypatch.setattr(MQAR, name, lambda self, n, rng, _f=original, _name=name: drawn.append(_name) or _f(self, n, rng))
+        monkeypatch.setattr(MQAR, name, lambda self, n, rng, _f=original, _name=name, **kw: drawn.append(_name)
+                            or _f(self, n, rng, **kw))
     config = TaskRunConfig(task="mqar", task_params={"grid": [[16, 2], [32, 4]], "vocab_size": 16}, preset="transformer",
                            model={"d_model": 16, "n_layers": 1, "n_heads": 2}, steps=5, curriculum_steps=2,
                            batch_size=4, eval_size=4)
@@ -26,6 +27,24 @@ def test_a_run_trains_its_curriculum_steps_first(tmp_path, monkeypatch):
     assert drawn == ["curriculum_batch"] * 2 + ["train_batch"] * 4
     with pytest.raises(ValueError, match=r"curriculum_steps: expected an int in \[0, steps=5\], got 6"):
         TaskRunConfig(task="mqar", steps=5, curriculum_steps=6)
+
+
+def test_a_staged_passkey_curriculum_trains_its_lengths_in_order(tmp_path, monkeypatch):
+    from hybrid.train.tasks.passkey import Passkey
+
+    lengths = []
+    original = Passkey.sample
+    monkeypatch.setattr(Passkey, "sample", lambda self, length, n, rng, split="train":
+                        lengths.append((length, split)) or original(self, length, n, rng, split))
+    config = TaskRunConfig(task="passkey", task_params={"train_length": 48, "curriculum_length": [16, 32],
+                                                        "test_lengths": [48], "depths": 2, "samples": 1,
+                                                        "filler_vocab": 8},
+                           preset="hybrid", model={"d_model": 16, "n_layers": 3, "n_heads": 2, "window": 8},
+                           steps=7, curriculum_steps=5, batch_size=2, eval_size=2)
+    train_task(config, tmp_path)
+    # 5 curriculum steps over 2 stages (⌊i·2/5⌋: 3 at 16, 2 at 32), then 2 at the training length
+    assert lengths[:7] == [(16, "train")] * 3 + [(32, "train")] * 2 + [(48, "train")] * 2
+    assert load_task_run(tmp_path)[1].curriculum_lengths == (16, 32)
 
 
 @pytest.mark.parametrize("field, value, expected", [
