@@ -1,4 +1,5 @@
-"""The distillation run: teacher, student, the two stages, selection, the run directory, exact resume.
+"""The distillation run: student, the two stages, selection, the run directory, exact resume (the teacher:
+``teacher.load_teacher``; the run's loss.png: ``plot.plot_stages``).
 
     result = Distiller(DistillConfig(teacher="runs/tf", pattern="RRA", model={"window": 64}, out="runs/rra")).fit()
     result = Distiller.from_checkpoint("runs/rra", steps=400).fit()          # continue; --steps is the new total
@@ -50,7 +51,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from hybrid.models import HybridConfig, HybridLM
+from hybrid.models import HybridLM
 
 from ..checkpoint import (
     Checkpoint,
@@ -71,7 +72,7 @@ from ..init_from import copy_matching
 from ..metrics import METRICS_FILE, MetricsLogger, read_metrics
 from ..optim import build_optimizer
 from ..outdir import check_output_dir
-from ..saved_model import checkpoint_config, checkpoint_model
+from ..saved_model import checkpoint_config
 from ..schedule import warmup_cosine
 from ..sharding import GlobalBatches
 from ..tokenizer import tokenizer_from_dict
@@ -79,49 +80,14 @@ from ..tracking import open_trackers
 from .config import RESUMABLE, DistillConfig
 from .losses import alignment_losses, capture_mixer_io, distill_loss, token_kl
 from .mapping import decay_from_attention, init_student, layer_types_for_pattern, student_config
+from .plot import plot_stages
 from .select import keep_most_costly, parse_keep_attention, replacement_costs
+from .teacher import load_teacher
 
-__all__ = ["Distiller", "DistillResult", "load_teacher", "PLOT_FILE", "RANKING_FILE", "SUMMARY_FILE", "CONFIG_FILE"]
+__all__ = ["Distiller", "DistillResult", "PLOT_FILE", "RANKING_FILE", "SUMMARY_FILE", "CONFIG_FILE"]
 
 PLOT_FILE, RANKING_FILE, SUMMARY_FILE = "loss.png", "layer_ranking.json", "distill.json"
 CONFIG_FILE = "distill_config.json"
-
-
-@dataclass
-class Teacher:
-    model: HybridLM
-    config: HybridConfig
-    tokenizer: dict  # the checkpoint's tokenizer record
-    path: Path  # the run directory
-    sha256: str  # of its model.safetensors: a resumed run checks that the teacher did not change
-
-
-def load_teacher(run_dir, device) -> Teacher:
-    """The teacher's model (frozen, eval mode), config and tokenizer record; a ValueError naming --teacher when
-    ``run_dir`` is not a run directory, or its checkpoint has no tokenizer record."""
-    path = Path(run_dir)
-    try:
-        ckpt = load_checkpoint(path)
-    except FileNotFoundError as e:
-        raise ValueError(f"--teacher: expected a run directory (with checkpoint/), got {run_dir} ({e})") from None
-    except CheckpointError as e:
-        raise ValueError(f"--teacher: expected a readable run directory, got {run_dir} ({e})") from None
-    extra = ckpt.extra if isinstance(ckpt.extra, dict) else {}
-    if not isinstance(extra.get("tokenizer"), dict):
-        raise ValueError(f"--teacher: expected a checkpoint with a tokenizer record (written by hybrid-train, "
-                         f"hybrid-import or hybrid-distill), got {ckpt.path}, which has none: the student's vocabulary "
-                         f"could not be checked against the data")
-    try:
-        config = checkpoint_config(ckpt)
-        if config.dtype == "float16":
-            raise ValueError("expected a float32 or bfloat16 model, got float16 (no loss scaling here); import it "
-                             "with hybrid-import --dtype float32")
-        model = checkpoint_model(ckpt, device, config).requires_grad_(False)
-    except ValueError as e:  # CheckpointError included: a config or weights that do not fit
-        raise ValueError(f"--teacher: {' '.join(str(e).split())[:400]}") from None
-    sha = ckpt.manifest.get("files", {}).get("model.safetensors", {}).get("sha256", "")
-    root = ckpt.path.parent if ckpt.path.name.startswith("checkpoint") else ckpt.path
-    return Teacher(model=model, config=config, tokenizer=extra["tokenizer"], path=root.resolve(), sha256=sha)
 
 
 @dataclass
@@ -738,46 +704,9 @@ class Distiller:
                 f"gradients averaged across the ranks)")
 
     def _plot(self) -> None:
-        """loss.png: stage 1's per-layer MSE, stage 2's loss and the validation loss against the teacher's."""
-        from matplotlib.backends.backend_agg import FigureCanvasAgg
-        from matplotlib.figure import Figure
-
-        records = read_metrics(self.out / METRICS_FILE)
-        fig = Figure(figsize=(11, 4.5), dpi=100)
-        FigureCanvasAgg(fig)
-        ax1, ax2 = fig.add_subplot(1, 2, 1), fig.add_subplot(1, 2, 2)
-        align = [r for r in records if r.get("stage") == "align"]
-        for key in sorted({k for r in align for k in r if k.startswith(("mse_layer", "val_mse_layer"))}):
-            pts = [(r["step"], r[key]) for r in align if key in r]
-            ax1.plot(*zip(*pts), "o-" if key.startswith("val") else "-", label=key, markersize=3, linewidth=1)
-        ax1.set_yscale("log")
-        ax1.set_title("stage 1: alignment MSE per layer")
-        ax1.set_xlabel("step")
-        distill = [r for r in records if r.get("stage") == "distill"]
-        ax3 = ax2.twinx()  # the validation loss in nats per token, beside the teacher's, on its own scale
-        for ax, key, style in ((ax2, "loss", "-"), (ax2, "val_kl", "o-"), (ax3, "val_loss", "s--")):
-            pts = [(r["step"], r[key]) for r in distill if key in r and r[key] > 0]
-            if pts:
-                ax.plot(*zip(*pts), style, label=key, markersize=4, linewidth=1, color={"loss": "C0", "val_kl": "C1",
-                                                                                         "val_loss": "C2"}[key])
         teacher = getattr(self, "_teacher_figures", None)
-        if teacher and any("val_loss" in r for r in distill):
-            ax3.axhline(teacher["teacher_val_loss"], linestyle=":", color="gray", label="teacher val_loss")
-        ax2.set_yscale("log")
-        ax2.set_ylabel("KL(teacher || student), nats/token")
-        ax3.set_ylabel("validation loss, nats/token")
-        ax2.set_title("stage 2: training loss and validation KL, validation loss")
-        ax2.set_xlabel("step")
-        if ax3.lines:
-            ax3.legend(fontsize=7, loc="upper right")
-        ax1.grid(True, alpha=0.3)
-        ax2.grid(True, alpha=0.3)
-        if ax1.lines:
-            ax1.legend(fontsize=7)
-        if ax2.lines:
-            ax2.legend(fontsize=7, loc="upper left")
-        fig.tight_layout()
-        fig.savefig(self.out / PLOT_FILE, format="png")
+        plot_stages(self.out / METRICS_FILE, self.out / PLOT_FILE,
+                    teacher_val_loss=teacher["teacher_val_loss"] if teacher else None)
 
     def _summary(self, teacher: dict, final: dict) -> dict:
         c = self.config
