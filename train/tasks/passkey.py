@@ -198,6 +198,10 @@ class Passkey(Task):
         """Where the key marker of a sequence of ``length`` at ``depth`` sits (its digits follow)."""
         return int(math.floor(depth * self.filler_count(length) + 0.5))
 
+    def key_distance(self, length: int, depth: float) -> int:
+        """Tokens from the key's last digit to the query marker (1: the key right before the query)."""
+        return self.query_position(length) - (self.key_position(length, depth) + self.k)
+
     def query_position(self, length: int) -> int:
         return length - self.k
 

@@ -85,7 +85,7 @@ def passkey_probe(model: torch.nn.Module, task, length: int, n: int = 32, depth:
         held = (log_decay[filler] == 0).double().mean().item()
         out.append({"key_share_best": median[h, p].item(), "key_share_mean": median.mean().item(),
                     "best_pair": (h, p), "kept": kept, "write_ratio": write_ratio, "held": held,
-                    "distance": query - last_digit})
+                    "distance": task.key_distance(length, depth)})
     return out
 
 

@@ -61,6 +61,9 @@ def test_keys_and_depths_are_where_they_are_said_to_be(name, corpus):
             np.testing.assert_array_equal(labels[length - k :], digits[keys[s]])  # labelled at the last k
             assert (labels[: length - k] == IGNORE).all()
             assert (ids == task.key_id).sum() == 1 and (ids == task.query_id).sum() == 1
+            # the key's distance: from its last digit to the query marker, as the sequence has them
+            last_digit = int(np.flatnonzero(ids == task.key_id)[0]) + k
+            assert task.key_distance(length, task.depths[d]) == int(np.flatnonzero(ids == task.query_id)[0]) - last_digit
     # the depth is the share of the filler before the key
     assert task.key_position(97, 0.25) == int(np.floor(0.25 * (97 - 11) + 0.5))
     assert make_task("passkey", depths=[0.0, 0.3]).depths == (0.0, 0.3)

@@ -1,0 +1,61 @@
+"""hybrid.train.tasks.passkey_reach: test cells grouped by the key's distance to the query, on a crafted grid whose
+distances are worked out by hand, and on a run directory from the command line."""
+from __future__ import annotations
+
+import pytest
+
+from hybrid.train.tasks import cli, make_task
+from hybrid.train.tasks.passkey_reach import main, reach_buckets, run_reach
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+
+def test_cells_are_grouped_by_the_keys_distance():
+    task = make_task("passkey", train_length=40, test_lengths=[40, 64], depths=3, samples=2, filler_vocab=8)
+    # k = 5, F = L − 11, query at L − 5, the key's last digit at p + 5 with p = ⌊depth · F + 0.5⌋:
+    # L 40: depth 0 → 30, 0.5 → 15 (p 15), 1 → 1;  L 64: depth 0 → 54, 0.5 → 27 (p 27), 1 → 1
+    assert [[task.key_distance(n, d) for d in (0.0, 0.5, 1.0)] for n in (40, 64)] == [[30, 15, 1], [54, 27, 1]]
+    grid = {"lengths": [40, 64], "depths": [0.0, 0.5, 1.0], "samples": 2,
+            "exact": [[0.5, 1.0, 1.0], [0.0, 0.5, 0.5]], "digit": [[0.8, 1.0, 1.0], [0.2, 0.6, 0.9]]}
+    buckets = reach_buckets(task, grid, edges=(16, 32))
+    assert [b["label"] for b in buckets] == ["1–16", "17–32", "> 32"]
+    assert [b["sequences"] for b in buckets] == [6, 4, 2]
+    # ≤ 16: (40, 0.5), (40, 1), (64, 1); 17–32: (40, 0), (64, 0.5); > 32: (64, 0)
+    assert buckets[0]["exact"] == pytest.approx((1.0 + 1.0 + 0.5) / 3, rel=1e-12)
+    assert buckets[0]["digit"] == pytest.approx((1.0 + 1.0 + 0.9) / 3, rel=1e-12)
+    assert buckets[1]["exact"] == pytest.approx((0.5 + 0.5) / 2, rel=1e-12)
+    assert buckets[1]["digit"] == pytest.approx((0.8 + 0.6) / 2, rel=1e-12)
+    assert (buckets[2]["exact"], buckets[2]["digit"]) == (0.0, 0.2)
+    assert [b["label"] for b in reach_buckets(task, grid, edges=(64,))] == ["1–64"]  # empty buckets are left out
+    with pytest.raises(ValueError, match=r"edges: expected increasing positive distances, got \[32, 16\]"):
+        reach_buckets(task, grid, edges=(32, 16))
+
+
+def test_a_run_directory_from_the_command_line(tmp_path, capsys):
+    run = tmp_path / "pk"
+    assert cli.main(["--task", "passkey", "--budget", "smoke", "--preset", "hybrid", "--out", str(run), "--quiet"]) == 0
+    capsys.readouterr()
+    buckets = run_reach(run, edges=(8, 16, 32))
+    # the smoke grid: lengths 32 and 64, depths 0, 0.5, 1, two sequences a cell
+    assert sum(b["sequences"] for b in buckets) == 2 * 3 * 2
+    assert main([str(run), "--edges", "8,16,32"]) == 0
+    out = capsys.readouterr().out
+    assert "| run | distance | 1–8 |" in out and f"| {run} | sequences |" in out
+
+
+@pytest.mark.parametrize("case, message", [
+    ("missing", "run: expected a finished hybrid-synthetic run directory, got "),
+    ("parity", "run: expected a passkey run directory, got a parity run at "),
+    ("edges", "--edges: expected comma-separated distances such as 64,256, got 'x'"),
+])
+def test_bad_input_is_one_line(tmp_path, capsys, case, message):
+    run = tmp_path / "run"
+    argv = [str(run)]
+    if case == "parity":
+        assert cli.main(["--task", "parity", "--budget", "smoke", "--out", str(run), "--quiet"]) == 0
+    if case == "edges":
+        argv += ["--edges", "x"]
+    capsys.readouterr()
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1

@@ -1,0 +1,97 @@
+"""How far back a passkey run finds its key: exact match and per-digit accuracy by the key's distance to the query.
+
+A run's test grid (``results.json``: every length × depth cell, ``samples`` sequences each) holds the same distance
+at many lengths: a key 200 tokens before the query at 8192 tokens is depth 0.98 there and depth 0.2 at 256. Grouping
+the cells by ``Passkey.key_distance`` (tokens from the key's last digit to the query marker) into buckets
+``(lo, hi]`` separates the two things a heatmap mixes, how far the key is and how much filler came before it:
+
+    python -m hybrid.train.tasks.passkey_reach runs/pk/a runs/pk/b [--edges 32,64,128,256,512,1024,2048,4096,8192]
+
+Each bucket is the mean over its cells (each cell the mean of its sequences), with the number of sequences.
+Nothing is run again: the figures are the run's own test results.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from . import make_task
+from .train import RESULTS_FILE, TASK_FILE
+
+__all__ = ["reach_buckets", "run_reach", "EDGES"]
+
+EDGES = (32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
+
+
+def reach_buckets(task, grid: dict, edges=EDGES) -> list[dict]:
+    """``grid``: a run's ``results["passkey"]`` (``lengths``, ``depths``, ``samples``, ``exact`` and ``digit`` as
+    ``[length][depth]``). One dict per bucket ``(lo, hi]`` of ``edges`` (the first from 0, the last open above, as
+    ``> edges[-1]``) that holds a cell: ``label``, ``sequences``, ``exact``, ``digit`` (means over its sequences)."""
+    bounds = [0, *edges]
+    if any(a >= b for a, b in zip(bounds, bounds[1:])):
+        raise ValueError(f"edges: expected increasing positive distances, got {list(edges)}")
+    sums: dict[int, list[float]] = {}
+    for i, length in enumerate(grid["lengths"]):
+        for j, depth in enumerate(grid["depths"]):
+            distance = task.key_distance(length, depth)
+            b = next((n for n, hi in enumerate(edges) if distance <= hi), len(edges))
+            acc = sums.setdefault(b, [0.0, 0.0, 0.0])
+            acc[0] += grid["samples"]
+            acc[1] += grid["exact"][i][j] * grid["samples"]
+            acc[2] += grid["digit"][i][j] * grid["samples"]
+    out = []
+    for b in sorted(sums):
+        n, exact, digit = sums[b]
+        label = f"> {edges[-1]}" if b == len(edges) else f"{bounds[b] + 1}–{bounds[b + 1]}"
+        out.append({"label": label, "sequences": int(n), "exact": exact / n, "digit": digit / n})
+    return out
+
+
+def run_reach(run_dir, edges=EDGES) -> list[dict]:
+    """``reach_buckets`` of a passkey run directory (its task.json and results.json)."""
+    run = Path(run_dir)
+    try:
+        stored = json.loads((run / TASK_FILE).read_text())
+        results = json.loads((run / RESULTS_FILE).read_text())
+    except FileNotFoundError as e:
+        raise ValueError(f"run: expected a finished hybrid-synthetic run directory, got {run_dir} ({e.strerror}: "
+                         f"{Path(e.filename).name})") from None
+    if stored.get("task") not in ("passkey", "passkey-text") or "passkey" not in results:
+        raise ValueError(f"run: expected a passkey run directory, got a {stored.get('task')} run at {run_dir}")
+    return reach_buckets(make_task(stored["task"], **stored["params"]), results["passkey"], edges)
+
+
+def main(argv=None) -> int:
+    """``python -m hybrid.train.tasks.passkey_reach RUN [RUN …] [--edges …]``: a markdown table."""
+    from ..cli_parts import Parser, run_command
+    from ..suite import markdown_table, parse_int_list
+
+    p = Parser(prog="python -m hybrid.train.tasks.passkey_reach",
+               description="A passkey run's exact match and per-digit accuracy by the key's distance to the query, "
+                           "from its test results")
+    p.add_argument("runs", nargs="+", help="passkey run directories (hybrid-synthetic --task passkey --out RUN)")
+    p.add_argument("--edges", default=",".join(map(str, EDGES)),
+                   help=f"comma-separated bucket bounds in tokens (default {','.join(map(str, EDGES))})")
+
+    def reach(args) -> int:
+        try:
+            edges = parse_int_list(args.edges)
+        except ValueError:
+            raise ValueError(f"--edges: expected comma-separated distances such as 64,256, got {args.edges!r}") from None
+        per_run = [(run, run_reach(run, edges)) for run in args.runs]
+        labels = list(dict.fromkeys(b["label"] for _, buckets in per_run for b in buckets))
+        labels.sort(key=lambda s: (s.startswith(">"), int(s.split("–")[-1].lstrip("> "))))
+        rows = []
+        for run, buckets in per_run:
+            by = {b["label"]: b for b in buckets}
+            for name in ("exact", "digit"):
+                rows.append([str(run), name] + [f"{by[x][name]:.3f}" if x in by else "" for x in labels])
+            rows.append([str(run), "sequences"] + [str(by[x]["sequences"]) if x in by else "" for x in labels])
+        print(markdown_table(["run", "distance"] + labels, rows))
+        return 0
+
+    return run_command(p, argv, reach)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
