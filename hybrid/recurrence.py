@@ -21,6 +21,11 @@ With static γ and θ the scan output is exactly VO-RoPE with exponential decay,
   flip a pair's sign (state tracking: parity, modular counting). ``phase_map="real-sign"`` makes each pair's
   transition real instead, ``γ_t·(1 − 2σ(W x_t + b))`` (Grazzi et al.'s negative eigenvalues); ``phase_init``
   and ``phase_round`` (straight-through rounding of the angles to multiples of 2π/n) are the data phase's;
+- ``rotary_dim`` R (partial rotary, as attention's): the first R/2 pairs of each head take the rotary schedule of
+  R channels (``inv_freq(R, base, scaling)``), the other pairs θ = 0: they hold what they keep without rotating it,
+  so a value read back after d tokens looks the same at any d (with every pair rotating, a slow pair's angle θ·d
+  at the read leaves the range the readout was trained on once d passes the training distances). VO-RoPE
+  attention with the same ``rotary_dim`` is this scan's static-decay limit, as with full rotary;
 - ``readout_norm``: the scan output is RMS-normalised per head before the output gate,
   ``y ← y / sqrt(mean_d y² + eps)``, so a state that fades keeps its direction (the scan stays linear).
 
@@ -91,8 +96,9 @@ class RecurrenceConfig(FixedStateOptions):
     phase_init: the "data" angles' start, "schedule" (the rotary schedule) or "steepest" (z = 0). phase_round:
     0, or n ≥ 2 to round the "data" angles to multiples of 2π/n with a straight-through gradient, in training (the
     trainer may switch it on late, `hybrid.rotary.set_phase_rounding`) and at inference only with
-    phase_round_at_inference. readout_norm: RMS-normalise the scan output per head. conv_width: the causal
-    depthwise conv's width.
+    phase_round_at_inference. readout_norm: RMS-normalise the scan output per head. rotary_dim: None (every pair
+    rotates) or an even R <= head_dim: the first R/2 pairs rotate (the schedule of R channels), the others keep
+    θ = 0; "static" and "learned" phases only. conv_width: the causal depthwise conv's width.
     """
 
     r_min: float = 0.9
@@ -106,6 +112,7 @@ class RecurrenceConfig(FixedStateOptions):
     phase_round: int = 0
     phase_round_at_inference: bool = False
     readout_norm: bool = False
+    rotary_dim: int | None = None
     conv_width: int = 4
 
     def __post_init__(self):
@@ -132,6 +139,7 @@ class RecurrenceConfig(FixedStateOptions):
             raise ValueError("phase_init: expected 'schedule' with phase_map='real-sign' (its steepest point is the "
                              "zero transition), got 'steepest'")
         check_bool("readout_norm", self.readout_norm)
+        check_positive_int("rotary_dim", self.rotary_dim, allow_none=True)
         check_positive_int("conv_width", self.conv_width)
 
     def resolved_phase(self, rotary: RotaryConfig) -> str:
@@ -143,8 +151,14 @@ class RecurrenceConfig(FixedStateOptions):
     def check_with(self, *, n_heads: int, head_dim: int, rotary: RotaryConfig) -> None:
         """The options fit heads of `head_dim` channels (rotary pairs) and the model's rotary options."""
         check_even_dim("head_dim", head_dim)
-        rotary.check_with(head_dim)
-        if self.resolved_phase(rotary) == "carope" and rotary.scaling is not None:
+        phase = self.resolved_phase(rotary)
+        if self.rotary_dim is not None:
+            check_even_dim("rotary_dim", self.rotary_dim, at_most=head_dim)
+            if phase not in ("static", "learned"):
+                raise ValueError(f"rotary_dim: applies to the 'static' and 'learned' phases, got {self.rotary_dim} "
+                                 f"with phase={phase!r}")
+        rotary.check_with(self.rotary_dim or head_dim)
+        if phase == "carope" and rotary.scaling is not None:
             raise ValueError(f"phase: CARoPE has no context-extension scaling; expected scaling=None with "
                              f"phase='carope', got {rotary.scaling!r}")
 
@@ -180,7 +194,9 @@ class VORecurrence(Mixer):
             self.recur_gate_bias = nn.Parameter(torch.empty(H, P))
             self.input_gate_weight = nn.Parameter(torch.empty(H, hd, hd))  # block-diagonal u → i
             self.input_gate_bias = nn.Parameter(torch.empty(H, hd))
-        freqs, _ = inv_freq(hd, base=rot.base, scaling=rot.scaling)
+        R = c.rotary_dim or hd
+        freqs, _ = inv_freq(R, base=rot.base, scaling=rot.scaling)  # (R/2,)
+        freqs = torch.cat([freqs, freqs.new_zeros(P - R // 2)])  # (P,): pairs past R/2 do not rotate
         theta = freqs.repeat(H, 1)  # (H, P): every head gets the rotary schedule
         if self.phase == "learned":
             self.theta = nn.Parameter(theta)

@@ -123,6 +123,9 @@ VARIANTS = {
     "data-rounded-to-pi": dict(selective=True, phase="data", phase_round=2, phase_round_at_inference=True),
     "data-rounded-fifths-2pi-tanh": dict(phase="data", phase_map="2pi-tanh", phase_round=5, readout_norm=True),
     "scaled-theta": dict(rotary=RotaryConfig(scaling={"rope_type": "linear", "factor": 4.0}), r_min=0.5, r_max=0.9),
+    "partial-rotary": dict(rotary_dim=2, r_min=0.5, r_max=0.9),  # head_dim 4: pair 0 rotates, pair 1 does not
+    "hard-gate-partial-rotary-learned": dict(selective=True, selective_gate="hardsigmoid", phase="learned",
+                                             rotary_dim=2),
 }
 
 
@@ -158,6 +161,23 @@ def test_modes_agree_across_handoffs(variant, backend, monkeypatch):
     torch.testing.assert_close(torch.cat(ys, 1), y_full, rtol=1e-10, atol=1e-10)
     torch.testing.assert_close(s.scan, s_full.scan, rtol=1e-10, atol=1e-10)
     torch.testing.assert_close(s.conv, s_full.conv, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("rotary_dim, scaling", [(2, None), (4, None), (6, {"rope_type": "linear", "factor": 4.0})])
+def test_partial_rotary_rotates_the_first_pairs_only(rotary_dim, scaling):
+    """θ of pair k < R/2 is base^(−2k/R) (divided by the linear factor), 0 for the pairs after; a still pair
+    returns what was written d tokens ago unrotated, scaled by γ^d."""
+    m = make(d_model=16, n_heads=2, rotary_dim=rotary_dim, rotary=RotaryConfig(base=100.0, scaling=scaling))
+    factor = 1.0 if scaling is None else scaling["factor"]
+    want = [100.0 ** (-2 * k / rotary_dim) / factor if k < rotary_dim // 2 else 0.0 for k in range(4)]
+    torch.testing.assert_close(m.theta.double(), torch.tensor([want, want], dtype=torch.float64), rtol=1e-6, atol=0)
+    T, d = 9, 7
+    v = torch.zeros(1, T, 2, 8, dtype=torch.float64)
+    v[0, 0, 0, 6:8] = torch.tensor([1.0, 2.0])  # head 0, pair 3 (still whenever R <= 6)
+    log_g = torch.full((2, 4), -0.1, dtype=torch.float64)
+    scan, _ = complex_scan(v, log_g, m.theta.double(), backend="reference")
+    torch.testing.assert_close(scan[0, d, 0, 6:8], torch.tensor([1.0, 2.0], dtype=torch.float64) * math.exp(-0.1 * d),
+                               rtol=1e-12, atol=0)
 
 
 def test_step_from_no_state_equals_forward():
@@ -376,6 +396,14 @@ def test_low_precision_keeps_dtype():
         (dict(d_model=12, n_heads=2, phase="data", phase_map="real-sign", phase_init="steepest"),
          r"phase_init: expected 'schedule' with phase_map='real-sign'"),
         (dict(d_model=12, n_heads=2, readout_norm=1), r"readout_norm: expected True or False, got 1"),
+        (dict(d_model=12, n_heads=2, rotary_dim=3), r"rotary_dim: expected an even int >= 2 \(rotary pairs\), at most "
+                                                     r"head_dim=6, got 3"),
+        (dict(d_model=12, n_heads=2, rotary_dim=8), r"rotary_dim: expected an even int .* at most head_dim=6, got 8"),
+        (dict(d_model=12, n_heads=2, rotary_dim=0), r"rotary_dim: expected a positive int or None, got 0"),
+        (dict(d_model=12, n_heads=2, rotary_dim=4, phase="data"),
+         r"rotary_dim: applies to the 'static' and 'learned' phases, got 4 with phase='data'"),
+        (dict(d_model=12, n_heads=2, rotary_dim=4, rotary=RotaryConfig(carope=True)),
+         r"rotary_dim: applies to the 'static' and 'learned' phases, got 4 with phase='carope'"),
         (dict(d_model=12, n_heads=2, hold_below=0.1), r"hold_below: has no effect without selective=True, got 0.1"),
         (dict(d_model=12, n_heads=2, selective=True, hold_below=1.0), r"hold_below: expected a number in \[0, 1\)"),
     ],

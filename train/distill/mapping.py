@@ -18,6 +18,8 @@ projections have no place. In detail (``recurrence_from_attention``):
 - Rotary layout: the scan pairs channels ``(2k, 2k+1)`` of a head with frequency ``inv_freq(D)_k``. A teacher
   in the ``half`` layout (imported from transformers) pairs ``k`` with ``k + D/2``: its V rows and O columns are
   permuted per head into the interleaved order (``hybrid.rotary.convert_projection``), the same function.
+  Partial rotary (``rotary_dim`` R < D): the first R/2 pairs turn at ``inv_freq(R)``, the rest not at all, in
+  the attention and, through ``student_config``, in the R layer (``recurrence.rotary_dim``).
 - ``conv`` starts as the identity (last tap 1, others and the bias 0), so ``u = W_v' x`` is the copied V.
 - The decay: ``decay_from_attention`` sets each head's γ so that the weights ``γ^k`` have the attention head's
   mean distance (``DistillConfig.decay_init="attention"``); else the LRU ring of the fresh layer.
@@ -102,8 +104,13 @@ def init_student(student: HybridLM, teacher: HybridLM, replaced: list[int]) -> d
 
 def student_config(teacher: HybridConfig, layer_types: str, overrides: dict, teacher_path: str) -> HybridConfig:
     """The teacher's config with the student's layers (an explicit letter per layer, or a pattern that
-    ``layer_types_for_pattern`` accepted) and the ``--window`` / ``--set`` overrides."""
+    ``layer_types_for_pattern`` accepted) and the ``--window`` / ``--set`` overrides. A teacher with partial
+    rotary (``attention.rotary_dim`` R) gives its R layers the same R unless ``--set`` says otherwise, so that
+    the pairs its attention leaves unrotated stay unrotated in the scan."""
     meta = {**teacher.meta, "distilled_from": teacher_path}
+    partial = teacher.attention.rotary_dim
+    if partial is not None and "recurrence.rotary_dim" not in overrides and "R" in layer_types:
+        overrides = {**overrides, "recurrence.rotary_dim": partial}
     return teacher.replace(pattern=layer_types, meta=meta, **overrides)
 
 

@@ -24,6 +24,7 @@ from hybrid.kernels import complex_scan
 from hybrid.models import HybridConfig, HybridLM
 from hybrid.rotary import convert_projection
 from hybrid.train.distill import init_student, recurrence_from_attention
+from hybrid.train.distill.mapping import student_config
 
 
 def float64_angles(attn: Attention) -> None:
@@ -37,25 +38,29 @@ def float64_angles(attn: Attention) -> None:
     attn.rotary.cos_sin = cos_sin
 
 
-def vo_models(layout: str, shared_kv: bool = False):
-    """A one-layer VO-RoPE teacher (GQA: 4 query heads on 2 kv heads, head_dim 6, H·D = 24 ≠ d_model = 10)
-    with a zero query projection, and the one-layer R student copied from it, in float64."""
+def vo_models(layout: str, shared_kv: bool = False, rotary_dim: int | None = None):
+    """A one-layer VO-RoPE teacher (GQA: 4 query heads on 2 kv heads, head_dim 6, H·D = 24 ≠ d_model = 10;
+    partial rotary on its first ``rotary_dim`` channels if given) with a zero query projection, and the one-layer
+    R student copied from it (its config from ``student_config``), in float64."""
     teacher_config = HybridConfig(vocab_size=64, d_model=10, n_layers=1, n_heads=4, n_kv_heads=1 if shared_kv else 2,
                                   head_dim=6, pattern="A", rope_placement="qkvo" if shared_kv else "vo",
-                                  rope_layout=layout, shared_kv=shared_kv, dtype="float64")
+                                  rope_layout=layout, shared_kv=shared_kv, rotary_dim=rotary_dim, dtype="float64")
     torch.manual_seed(0)
     teacher = HybridLM(teacher_config)
     attn = teacher.blocks[0].mixer
     with torch.no_grad():
         attn.in_proj.weight[: 4 * 6].zero_()  # q = 0: every logit 0, softmax uniform over the causal prefix
-    student = HybridLM(teacher_config.replace(pattern="R"))
+    student = HybridLM(student_config(teacher_config, "R", {}, "teacher"))
+    assert student.config.recurrence.rotary_dim == rotary_dim
     init_student(student, teacher, [0])
     return teacher, student
 
 
-@pytest.mark.parametrize("layout, shared_kv", [("interleaved", False), ("half", False), ("interleaved", True)])
-def test_copied_r_layer_scans_to_the_uniform_vo_attention(layout, shared_kv):
-    teacher, student = vo_models(layout, shared_kv)
+@pytest.mark.parametrize("layout, shared_kv, rotary_dim", [("interleaved", False, None), ("half", False, None),
+                                                         ("interleaved", True, None), ("interleaved", False, 4),
+                                                         ("half", False, 2)])
+def test_copied_r_layer_scans_to_the_uniform_vo_attention(layout, shared_kv, rotary_dim):
+    teacher, student = vo_models(layout, shared_kv, rotary_dim)
     attn, rec = teacher.blocks[0].mixer, student.blocks[0].mixer
     B, T, H, D = 2, 13, 4, 6
     x = torch.randn(B, T, 10, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
@@ -82,7 +87,7 @@ def test_copied_r_layer_scans_to_the_uniform_vo_attention(layout, shared_kv):
     torch.testing.assert_close(from_r, y64, rtol=1e-12, atol=1e-12 * y64.abs().max().item())
     w_o = attn.out_proj.weight  # copied; in the half layout its columns permuted per head into scan pairs
     if layout == "half":
-        w_o = convert_projection(w_o, H, src="half", dst="interleaved", dim=1)
+        w_o = convert_projection(w_o, H, rotary_dim=rotary_dim, src="half", dst="interleaved", dim=1)
     torch.testing.assert_close(rec.out_proj.weight, w_o, rtol=0, atol=0)
 
 
