@@ -6,9 +6,12 @@ the cells by ``Passkey.key_distance`` (tokens from the key's last digit to the q
 ``(lo, hi]`` separates the two things a heatmap mixes, how far the key is and how much filler came before it:
 
     python -m hybrid.train.tasks.passkey_reach runs/pk/a runs/pk/b [--edges 32,64,128,256,512,1024,2048,4096,8192]
+    python -m hybrid.train.tasks.passkey_reach runs/pk/a --yarn      # the same test set read with YaRN
 
 Each bucket is the mean over its cells (each cell the mean of its sequences), with the number of sequences.
-Nothing is run again: the figures are the run's own test results.
+By default nothing is run again: the figures are the run's own test results. ``--yarn`` scores the run's model
+again (``score_passkey(rope_scaling="yarn")``: each length L above the training length read at YaRN factor
+L / train_length, which rescales the rotary angles of the attention and of the R layers alike).
 """
 from __future__ import annotations
 
@@ -47,8 +50,9 @@ def reach_buckets(task, grid: dict, edges=EDGES) -> list[dict]:
     return out
 
 
-def run_reach(run_dir, edges=EDGES) -> list[dict]:
-    """``reach_buckets`` of a passkey run directory (its task.json and results.json)."""
+def run_reach(run_dir, edges=EDGES, *, yarn: bool = False, device="cpu") -> list[dict]:
+    """``reach_buckets`` of a passkey run directory: its task.json and results.json, or with ``yarn`` its model
+    scored again with YaRN at each test length on ``device``."""
     run = Path(run_dir)
     try:
         stored = json.loads((run / TASK_FILE).read_text())
@@ -58,12 +62,19 @@ def run_reach(run_dir, edges=EDGES) -> list[dict]:
                          f"{Path(e.filename).name})") from None
     if stored.get("task") not in ("passkey", "passkey-text") or "passkey" not in results:
         raise ValueError(f"run: expected a passkey run directory, got a {stored.get('task')} run at {run_dir}")
-    return reach_buckets(make_task(stored["task"], **stored["params"]), results["passkey"], edges)
+    if not yarn:
+        return reach_buckets(make_task(stored["task"], **stored["params"]), results["passkey"], edges)
+    from .passkey import score_passkey
+    from .train import load_task_run
+
+    model, task = load_task_run(run, device)
+    return reach_buckets(task, score_passkey(model, task, device, rope_scaling="yarn")["passkey"], edges)
 
 
 def main(argv=None) -> int:
     """``python -m hybrid.train.tasks.passkey_reach RUN [RUN …] [--edges …]``: a markdown table."""
-    from ..cli_parts import Parser, run_command
+    from ..cli_parts import Parser, add_device_flag, run_command
+    from ..device import resolve_device
     from ..suite import markdown_table, parse_int_list
 
     p = Parser(prog="python -m hybrid.train.tasks.passkey_reach",
@@ -72,13 +83,18 @@ def main(argv=None) -> int:
     p.add_argument("runs", nargs="+", help="passkey run directories (hybrid-synthetic --task passkey --out RUN)")
     p.add_argument("--edges", default=",".join(map(str, EDGES)),
                    help=f"comma-separated bucket bounds in tokens (default {','.join(map(str, EDGES))})")
+    p.add_argument("--yarn", action="store_true",
+                   help="score each run's model again, reading every length above its training length with YaRN")
+    add_device_flag(p)
 
     def reach(args) -> int:
         try:
             edges = parse_int_list(args.edges)
         except ValueError:
             raise ValueError(f"--edges: expected comma-separated distances such as 64,256, got {args.edges!r}") from None
-        per_run = [(run, run_reach(run, edges)) for run in args.runs]
+        device = resolve_device(args.device) if args.yarn else "cpu"
+        per_run = [(f"{run} (YaRN)" if args.yarn else run, run_reach(run, edges, yarn=args.yarn, device=device))
+                   for run in args.runs]
         labels = list(dict.fromkeys(b["label"] for _, buckets in per_run for b in buckets))
         labels.sort(key=lambda s: (s.startswith(">"), int(s.split("–")[-1].lstrip("> "))))
         rows = []

@@ -41,6 +41,15 @@ def test_a_run_directory_from_the_command_line(tmp_path, capsys):
     assert main([str(run), "--edges", "8,16,32"]) == 0
     out = capsys.readouterr().out
     assert "| run | distance | 1–8 |" in out and f"| {run} | sequences |" in out
+    # --yarn: the model scored again with YaRN, the same buckets as score_passkey's grid gives them
+    from hybrid.train.tasks import score_passkey
+    from hybrid.train.tasks.train import load_task_run
+
+    model, task = load_task_run(run)
+    want = reach_buckets(task, score_passkey(model, task, rope_scaling="yarn")["passkey"], (8, 16, 32))
+    assert run_reach(run, edges=(8, 16, 32), yarn=True) == want
+    assert main([str(run), "--edges", "8,16,32", "--yarn", "--device", "cpu"]) == 0
+    assert f"| {run} (YaRN) | exact |" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("case, message", [
