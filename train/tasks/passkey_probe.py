@@ -11,6 +11,9 @@ key (the marker and its k digits) and the part written by everything else before
   key is gone or drowned); ``best`` is the pair with the largest median share, ``mean`` the mean over pairs;
 - ``kept``: ``Π γ_t`` from the last key digit to the query, for the best pair (the share of the key's write that
   survives the decay, whatever else is written);
+- ``turned``: ``Σ θ_t`` over the same span, for the best pair, in radians: the angle the key's write has turned by
+  at the query (θ·distance for static angles; 0 for a pair without rotary, ``recurrence.rotary_dim``). A readout
+  trained at shorter distances has seen only the smaller angles;
 - ``write_ratio``: mean ``|v_t|`` on the key's tokens over mean ``|v_t|`` on the filler (does the layer write the
   key more than the filler?);
 - ``held``: the share of filler tokens × pairs with ``γ_t = 1`` exactly (the hard gate shut: nothing written,
@@ -51,7 +54,8 @@ def split_scan(v: torch.Tensor, log_decay: torch.Tensor, theta: torch.Tensor, ma
 @torch.no_grad()
 def passkey_probe(model: torch.nn.Module, task, length: int, n: int = 32, depth: float = 0.5) -> list[dict]:
     """One dict per recurrence layer (module docstring): ``key_share_best``, ``key_share_mean``, ``best_pair``
-    ``(head, pair)``, ``kept``, ``write_ratio``, ``held``, and the key's ``distance`` to the query in tokens."""
+    ``(head, pair)``, ``kept``, ``turned``, ``write_ratio``, ``held``, and the key's ``distance`` to the query in
+    tokens."""
     rng = rng_of(TEST_SEED)
     keys = rng.integers(0, 10, size=(n, task.k))
     position = task.key_position(length, depth)
@@ -80,17 +84,18 @@ def passkey_probe(model: torch.nn.Module, task, length: int, n: int = 32, depth:
         h, p = divmod(int(median.argmax()), median.shape[1])
         last_digit = position + task.k
         kept = log_decay[:, last_digit + 1:query + 1, h, p].sum(1).exp().median().item()
+        turned = theta[:, last_digit + 1:query + 1, h, p].sum(1).median().item()  # Σ θ_t: the key's rotation
         magnitude = v.unflatten(-1, (-1, 2)).norm(dim=-1)  # |v_t| per pair, (n, T, H, P)
         write_ratio = (magnitude[key].mean() / magnitude[filler].mean().clamp_min(1e-300)).item()
         held = (log_decay[filler] == 0).double().mean().item()
         out.append({"key_share_best": median[h, p].item(), "key_share_mean": median.mean().item(),
-                    "best_pair": (h, p), "kept": kept, "write_ratio": write_ratio, "held": held,
+                    "best_pair": (h, p), "kept": kept, "turned": turned, "write_ratio": write_ratio, "held": held,
                     "distance": task.key_distance(length, depth)})
     return out
 
 
 PROBE_COLUMNS = ["run", "length", "layer", "distance", "key share (best pair)", "key share (mean)", "kept",
-                 "write ratio", "held"]
+                 "turned (rad)", "write ratio", "held"]
 
 
 def probe_run(run_dir, lengths, n: int = 32, depth: float = 0.5) -> list[list[str]]:
@@ -104,7 +109,7 @@ def probe_run(run_dir, lengths, n: int = 32, depth: float = 0.5) -> list[list[st
     for length in lengths:
         for i, r in enumerate(passkey_probe(model.cpu(), task, length, n, depth)):
             rows.append([str(run_dir), str(length), str(i), str(r["distance"]), f"{r['key_share_best']:.3f}",
-                         f"{r['key_share_mean']:.3f}", f"{r['kept']:.3g}", f"{r['write_ratio']:.2f}",
+                         f"{r['key_share_mean']:.3f}", f"{r['kept']:.3g}", f"{r['turned']:.3g}", f"{r['write_ratio']:.2f}",
                          f"{r['held']:.3f}"])
     return rows
 

@@ -59,8 +59,17 @@ def test_static_decay_keeps_gamma_to_the_distance():
         assert distance == task.query_position(64) - (task.key_position(64, 0.25) + task.k)
         want = math.exp(distance * layer.log_decay()[h, p].item())  # γ^distance
         assert row["kept"] == pytest.approx(want, rel=1e-6)
+        assert row["turned"] == pytest.approx(distance * layer.theta[h, p].item(), rel=1e-6)  # θ·distance
         assert 0.0 < row["key_share_best"] <= 1.0 and row["key_share_mean"] <= row["key_share_best"]
         assert row["held"] == 0.0  # static γ < 1 never holds
+
+
+def test_a_pair_without_rotary_turns_the_key_by_nothing():
+    task = _task()
+    model = _model(task, **{"recurrence.rotary_dim": 2})  # head_dim 8: pair 0 turns, pairs 1–3 do not
+    for row in passkey_probe(model, task, length=64, n=4, depth=0.25):
+        h, p = row["best_pair"]
+        assert row["turned"] == (0.0 if p > 0 else pytest.approx(row["distance"] * 1.0, rel=1e-6))
 
 
 def _gated_model(task, bias: float) -> HybridLM:
