@@ -7,6 +7,7 @@ the cells by ``Passkey.key_distance`` (tokens from the key's last digit to the q
 
     python -m hybrid.train.tasks.passkey_reach runs/pk/a runs/pk/b [--edges 32,64,128,256,512,1024,2048,4096,8192]
     python -m hybrid.train.tasks.passkey_reach runs/pk/a --yarn      # the same test set read with YaRN
+    python -m hybrid.train.tasks.passkey_reach runs/pk/a --yarn --by length    # per test length instead
 
 Each bucket is the mean over its cells (each cell the mean of its sequences), with the number of sequences.
 By default nothing is run again: the figures are the run's own test results. ``--yarn`` scores the run's model
@@ -21,7 +22,7 @@ from pathlib import Path
 from . import make_task
 from .train import RESULTS_FILE, TASK_FILE
 
-__all__ = ["reach_buckets", "run_reach", "EDGES"]
+__all__ = ["reach_buckets", "length_rows", "run_reach", "EDGES"]
 
 EDGES = (32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
 
@@ -46,13 +47,30 @@ def reach_buckets(task, grid: dict, edges=EDGES) -> list[dict]:
     for b in sorted(sums):
         n, exact, digit = sums[b]
         label = f"> {edges[-1]}" if b == len(edges) else f"{bounds[b] + 1}–{bounds[b + 1]}"
-        out.append({"label": label, "sequences": int(n), "exact": exact / n, "digit": digit / n})
+        hi = float("inf") if b == len(edges) else edges[b]
+        out.append({"label": label, "hi": hi, "sequences": int(n), "exact": exact / n, "digit": digit / n})
     return out
 
 
-def run_reach(run_dir, edges=EDGES, *, yarn: bool = False, device="cpu") -> list[dict]:
-    """``reach_buckets`` of a passkey run directory: its task.json and results.json, or with ``yarn`` its model
-    scored again with YaRN at each test length on ``device``."""
+def length_rows(grid: dict) -> list[dict]:
+    """The same figures per test length (the mean over its depths), as ``reach_buckets`` gives them per distance:
+    ``label`` (the length), ``sequences``, ``exact``, ``digit``."""
+    n = grid["samples"] * len(grid["depths"])
+    return [{"label": str(length), "hi": length, "sequences": n, "exact": sum(grid["exact"][i]) / len(grid["depths"]),
+             "digit": sum(grid["digit"][i]) / len(grid["depths"])} for i, length in enumerate(grid["lengths"])]
+
+
+def run_reach(run_dir, edges=EDGES, *, yarn: bool = False, device="cpu", by: str = "distance") -> list[dict]:
+    """``reach_buckets`` (``by="distance"``) or ``length_rows`` (``by="length"``) of a passkey run directory: its
+    task.json and results.json, or with ``yarn`` its model scored again with YaRN at each test length on ``device``."""
+    if by not in ("distance", "length"):
+        raise ValueError(f"by: expected 'distance' or 'length', got {by!r}")
+    task, grid = _run_grid(run_dir, yarn, device)
+    return reach_buckets(task, grid, edges) if by == "distance" else length_rows(grid)
+
+
+def _run_grid(run_dir, yarn: bool, device):
+    """(the task, its test grid) of a passkey run directory, the grid scored again with YaRN if ``yarn``."""
     run = Path(run_dir)
     try:
         stored = json.loads((run / TASK_FILE).read_text())
@@ -63,12 +81,12 @@ def run_reach(run_dir, edges=EDGES, *, yarn: bool = False, device="cpu") -> list
     if stored.get("task") not in ("passkey", "passkey-text") or "passkey" not in results:
         raise ValueError(f"run: expected a passkey run directory, got a {stored.get('task')} run at {run_dir}")
     if not yarn:
-        return reach_buckets(make_task(stored["task"], **stored["params"]), results["passkey"], edges)
+        return make_task(stored["task"], **stored["params"]), results["passkey"]
     from .passkey import score_passkey
     from .train import load_task_run
 
     model, task = load_task_run(run, device)
-    return reach_buckets(task, score_passkey(model, task, device, rope_scaling="yarn")["passkey"], edges)
+    return task, score_passkey(model, task, device, rope_scaling="yarn")["passkey"]
 
 
 def main(argv=None) -> int:
@@ -85,6 +103,8 @@ def main(argv=None) -> int:
                    help=f"comma-separated bucket bounds in tokens (default {','.join(map(str, EDGES))})")
     p.add_argument("--yarn", action="store_true",
                    help="score each run's model again, reading every length above its training length with YaRN")
+    p.add_argument("--by", choices=("distance", "length"), default="distance",
+                   help="group the cells by the key's distance to the query (default) or by test length")
     add_device_flag(p)
 
     def reach(args) -> int:
@@ -93,17 +113,17 @@ def main(argv=None) -> int:
         except ValueError:
             raise ValueError(f"--edges: expected comma-separated distances such as 64,256, got {args.edges!r}") from None
         device = resolve_device(args.device) if args.yarn else "cpu"
-        per_run = [(f"{run} (YaRN)" if args.yarn else run, run_reach(run, edges, yarn=args.yarn, device=device))
-                   for run in args.runs]
-        labels = list(dict.fromkeys(b["label"] for _, buckets in per_run for b in buckets))
-        labels.sort(key=lambda s: (s.startswith(">"), int(s.split("–")[-1].lstrip("> "))))
+        per_run = [(f"{run} (YaRN)" if args.yarn else run,
+                    run_reach(run, edges, yarn=args.yarn, device=device, by=args.by)) for run in args.runs]
+        his = {b["label"]: b["hi"] for _, buckets in per_run for b in buckets}
+        labels = sorted(his, key=his.get)
         rows = []
         for run, buckets in per_run:
             by = {b["label"]: b for b in buckets}
             for name in ("exact", "digit"):
                 rows.append([str(run), name] + [f"{by[x][name]:.3f}" if x in by else "" for x in labels])
             rows.append([str(run), "sequences"] + [str(by[x]["sequences"]) if x in by else "" for x in labels])
-        print(markdown_table(["run", "distance"] + labels, rows))
+        print(markdown_table(["run", args.by] + labels, rows))
         return 0
 
     return run_command(p, argv, reach)

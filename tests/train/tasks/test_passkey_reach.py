@@ -2,10 +2,12 @@
 distances are worked out by hand, and on a run directory from the command line."""
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from hybrid.train.tasks import cli, make_task
-from hybrid.train.tasks.passkey_reach import main, reach_buckets, run_reach
+from hybrid.train.tasks.passkey_reach import length_rows, main, reach_buckets, run_reach
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -27,6 +29,9 @@ def test_cells_are_grouped_by_the_keys_distance():
     assert buckets[1]["digit"] == pytest.approx((0.8 + 0.6) / 2, rel=1e-12)
     assert (buckets[2]["exact"], buckets[2]["digit"]) == (0.0, 0.2)
     assert [b["label"] for b in reach_buckets(task, grid, edges=(64,))] == ["1–64"]  # empty buckets are left out
+    rows = length_rows(grid)  # per length: the mean over depths
+    assert [(r["label"], r["sequences"]) for r in rows] == [("40", 6), ("64", 6)]
+    assert rows[1]["exact"] == pytest.approx(1.0 / 3, rel=1e-12) and rows[0]["digit"] == pytest.approx(2.8 / 3, rel=1e-12)
     with pytest.raises(ValueError, match=r"edges: expected increasing positive distances, got \[32, 16\]"):
         reach_buckets(task, grid, edges=(32, 16))
 
@@ -50,6 +55,16 @@ def test_a_run_directory_from_the_command_line(tmp_path, capsys):
     assert run_reach(run, edges=(8, 16, 32), yarn=True) == want
     assert main([str(run), "--edges", "8,16,32", "--yarn", "--device", "cpu"]) == 0
     assert f"| {run} (YaRN) | exact |" in capsys.readouterr().out
+    # --by length: the run's own accuracy per length (results.json), and with --yarn score_passkey's
+    results = json.loads((run / "results.json").read_text())
+    plain = run_reach(run, by="length")
+    assert [r["label"] for r in plain] == ["32", "64"]
+    assert [r["exact"] for r in plain] == pytest.approx([results["accuracy"][n] for n in ("32", "64")], rel=1e-12)
+    yarn = score_passkey(model, task, rope_scaling="yarn")
+    assert [r["exact"] for r in run_reach(run, yarn=True, by="length")] == pytest.approx(
+        [yarn["accuracy"][n] for n in ("32", "64")], rel=1e-12)
+    assert main([str(run), "--by", "length"]) == 0
+    assert "| run | length | 32 | 64 |" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("case, message", [
