@@ -98,7 +98,8 @@ class RecurrenceConfig(FixedStateOptions):
     trainer may switch it on late, `hybrid.rotary.set_phase_rounding`) and at inference only with
     phase_round_at_inference. readout_norm: RMS-normalise the scan output per head. rotary_dim: None (every pair
     rotates) or an even R <= head_dim: the first R/2 pairs rotate (the schedule of R channels), the others keep
-    θ = 0; "static" and "learned" phases only. conv_width: the causal depthwise conv's width.
+    θ = 0 ("static"; with "learned" they start there and may learn to turn); these two phases only. conv_width:
+    the causal depthwise conv's width.
     """
 
     r_min: float = 0.9
