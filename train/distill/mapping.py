@@ -105,8 +105,8 @@ def init_student(student: HybridLM, teacher: HybridLM, replaced: list[int]) -> d
 def student_config(teacher: HybridConfig, layer_types: str, overrides: dict, teacher_path: str) -> HybridConfig:
     """The teacher's config with the student's layers (an explicit letter per layer, or a pattern that
     ``layer_types_for_pattern`` accepted) and the ``--window`` / ``--set`` overrides. A teacher with partial
-    rotary (``attention.rotary_dim`` R) gives its R layers the same R unless ``--set`` says otherwise, so that
-    the pairs its attention leaves unrotated stay unrotated in the scan."""
+    rotary (``attention.rotary_dim`` R) gives its R layers the same R (``recurrence.rotary_dim``, unless the
+    overrides name it), so that the pairs its attention leaves unrotated stay unrotated in the scan."""
     meta = {**teacher.meta, "distilled_from": teacher_path}
     partial = teacher.attention.rotary_dim
     if partial is not None and "recurrence.rotary_dim" not in overrides and "R" in layer_types:
