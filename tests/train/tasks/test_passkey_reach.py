@@ -36,7 +36,7 @@ def test_cells_are_grouped_by_the_keys_distance():
         reach_buckets(task, grid, edges=(32, 16))
 
 
-def test_a_run_directory_from_the_command_line(tmp_path, capsys):
+def test_a_run_directory_from_the_command_line(tmp_path, capsys, monkeypatch):
     run = tmp_path / "pk"
     assert cli.main(["--task", "passkey", "--budget", "smoke", "--preset", "hybrid", "--out", str(run), "--quiet"]) == 0
     capsys.readouterr()
@@ -53,6 +53,16 @@ def test_a_run_directory_from_the_command_line(tmp_path, capsys):
     model, task = load_task_run(run)
     want = reach_buckets(task, score_passkey(model, task, rope_scaling="yarn")["passkey"], (8, 16, 32))
     assert run_reach(run, edges=(8, 16, 32), yarn=True) == want
+    # the smoke model may answer the same with and without YaRN, so the equality alone would pass a run_reach
+    # that ignored --yarn: the scoring it calls must be asked for YaRN
+    import hybrid.train.tasks.passkey as passkey_module
+
+    asked, scored = [], passkey_module.score_passkey
+    monkeypatch.setattr(passkey_module, "score_passkey",
+                        lambda *a, **k: asked.append(k.get("rope_scaling")) or scored(*a, **k))
+    run_reach(run, edges=(8, 16, 32), yarn=True)
+    assert asked == ["yarn"]
+    monkeypatch.undo()
     assert main([str(run), "--edges", "8,16,32", "--yarn", "--device", "cpu"]) == 0
     assert f"| {run} (YaRN) | exact |" in capsys.readouterr().out
     # --by length: the run's own accuracy per length (results.json), and with --yarn score_passkey's
