@@ -76,6 +76,9 @@ def parser() -> argparse.ArgumentParser:
                         "quarter of the training length)")
     g.add_argument("--curriculum-steps", type=count, metavar="N",
                    help="the first N steps train on the curriculum (default: the budget's share of the steps)")
+    g.add_argument("--edge-share", type=float, metavar="S",
+                   help="passkey tasks: the share of training sequences whose key sits within key_digits positions "
+                        "of an edge (the sequence's start, or right before the query); default 0: uniform")
     return p
 
 
@@ -90,17 +93,23 @@ def _lengths(text: str) -> list[int]:
     return values
 
 
-def _curriculum_params(args, params: dict) -> dict:
-    """The task parameters with --curriculum's lengths, checked by the task (its error names the flag)."""
-    if args.curriculum is None:
-        return params
-    if args.task not in passkey_suite.TASKS:
-        raise ValueError(f"--curriculum: expected a passkey task (a length curriculum), got --task {args.task}")
-    params = {**params, "curriculum_length": args.curriculum}
-    try:
-        make_task(args.task, **params)
-    except ValueError as e:
-        raise ValueError(str(e).replace("curriculum_length:", "--curriculum:", 1)) from None
+PASSKEY_FLAGS = {"curriculum": ("--curriculum", "curriculum_length", "a length curriculum"),
+                 "edge_share": ("--edge-share", "edge_share", "keys at the edges")}
+
+
+def _passkey_params(args, params: dict) -> dict:
+    """The task parameters with --curriculum's lengths and --edge-share, checked by the task (its error names the
+    flag)."""
+    for attr, (flag, name, what) in PASSKEY_FLAGS.items():
+        if getattr(args, attr) is None:
+            continue
+        if args.task not in passkey_suite.TASKS:
+            raise ValueError(f"{flag}: expected a passkey task ({what}), got --task {args.task}")
+        params = {**params, name: getattr(args, attr)}
+        try:
+            make_task(args.task, **params)
+        except ValueError as e:
+            raise ValueError(str(e).replace(f"{name}:", f"{flag}:", 1)) from None
     return params
 
 
@@ -125,7 +134,7 @@ def _one_run(args, budget) -> int:
     cur_steps = curriculum_steps(budget, args.task, steps) if args.curriculum_steps is None else args.curriculum_steps
     if cur_steps > steps:
         raise ValueError(f"--curriculum-steps: expected at most the run's {steps} steps, got {cur_steps}")
-    config = TaskRunConfig(task=args.task, task_params=_curriculum_params(args, task_params(budget, args.task)),
+    config = TaskRunConfig(task=args.task, task_params=_passkey_params(args, task_params(budget, args.task)),
                            preset=preset, model=model, steps=steps, batch_size=args.batch_size or budget.batch_size,
                            curriculum_steps=cur_steps, lr=lr, seed=seed,
                            eval_size=budget.eval_size, device=args.device, **options)
@@ -187,10 +196,10 @@ def _run(args: argparse.Namespace) -> int:
             raise KeyboardInterrupt(f"; nothing was written to {args.out}; run the same command again to start "
                                     f"over") from None
     if (args.sets or args.lr is not None or args.batch_size is not None or args.model or args.preset
-            or args.curriculum is not None or args.curriculum_steps is not None):
-        raise ValueError("--set, --lr, --batch-size, --model, --preset, --curriculum and --curriculum-steps: apply "
-                         "to one run (--task); a suite takes its models, rates, batch and curriculum from the budget "
-                         "(--models picks among them)")
+            or args.curriculum is not None or args.curriculum_steps is not None or args.edge_share is not None):
+        raise ValueError("--set, --lr, --batch-size, --model, --preset, --curriculum, --curriculum-steps and "
+                         "--edge-share: apply to one run (--task); a suite takes its models, rates, batch and "
+                         "curriculum from the budget (--models picks among them)")
     prepare_suite_dir(args.out, overwrite=args.overwrite)
     print(budget.describe(), flush=True)
     try:

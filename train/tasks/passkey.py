@@ -17,7 +17,10 @@ A sequence of length L (k = ``key_digits``, F = L − 2k − 1 filler tokens):
   validation split) with ``<key>`` and ``<query>`` as two extra token ids after the byte tokenizer's 259: an LM
   passkey test, as in Samba. Natural text holds digits of its own; the markers are what single out the key.
 
-Training draws sequences of ``train_length`` with the key marker uniform over 0 … F; a run's first
+Training draws sequences of ``train_length`` with the key marker uniform over 0 … F, except that a share
+``edge_share`` of them (default 0) put it within ``k`` positions of an edge: uniform over 0 … k (the key at the
+sequence's start) or F − k … F (the key touching the query), each half the time. Uniform positions draw those
+two layouts once in F/(k + 1) sequences, and trained models fail them most (docs/bench/passkey/why.md). A run's first
 ``curriculum_steps`` (``TaskRunConfig``) draw them at ``curriculum_length`` (default a quarter of ``train_length``),
 where the retrieval is found several times faster, as MQAR's curriculum (docs/benchmarks.md). A list of increasing
 lengths (e.g. ``[64, 256]`` before 1024) is a curriculum in stages: the curriculum steps are split into equal runs
@@ -81,7 +84,8 @@ class Passkey(Task):
 
     def __init__(self, filler: str = "random", key_digits: int = KEY_DIGITS, train_length: int = TRAIN_LENGTH,
                  test_lengths=TEST_LENGTHS, depths=DEPTHS, samples: int = SAMPLES, filler_vocab: int | None = None,
-                 corpus: str | None = None, test_seed: int = TEST_SEED, curriculum_length=None):
+                 corpus: str | None = None, test_seed: int = TEST_SEED, curriculum_length=None,
+                 edge_share: float = 0.0):
         if filler not in FILLERS:
             raise ValueError(f"filler: expected one of {FILLERS}, got {filler!r}")
         self.filler = filler
@@ -99,6 +103,9 @@ class Passkey(Task):
         self.depths = depth_list(depths)
         self.samples = check_int("samples", samples, low=1, what="a positive int")
         self.test_seed = check_int("test_seed", test_seed, low=0, what="an int >= 0")
+        if isinstance(edge_share, bool) or not isinstance(edge_share, (int, float)) or not 0.0 <= edge_share <= 1.0:
+            raise ValueError(f"edge_share: expected a share in [0, 1], got {edge_share!r}")
+        self.edge_share = float(edge_share)
         if filler == "random":
             if corpus is not None:
                 raise ValueError(f"corpus: only the text filler (passkey-text) reads a corpus, got {corpus!r}")
@@ -157,6 +164,8 @@ class Passkey(Task):
                "curriculum_length": stages[0] if len(stages) == 1 else list(stages),
                "test_lengths": list(self.test_lengths),
                "depths": list(self.depths), "samples": self.samples, "test_seed": self.test_seed}
+        if self.edge_share:  # absent at 0, so the task.json of a run without it reads as before
+            out["edge_share"] = self.edge_share
         if self.filler == "random":
             out["filler_vocab"] = self.filler_vocab
         else:
@@ -179,7 +188,9 @@ class Passkey(Task):
             "train": f"length {self.train_length} (a run's first curriculum steps: "
                      f"{', then '.join(map(str, self.curriculum_lengths))}"
                      f"{' in equal shares' if len(self.curriculum_lengths) > 1 else ''}), "
-                     "p uniform over 0 … F, digits uniform",
+                     + ("p uniform over 0 … F" if not self.edge_share else
+                        f"p uniform over 0 … F, except a share {self.edge_share:g} with p uniform over 0 … k or "
+                        "F − k … F (each half the time)") + ", digits uniform",
             "test": "every (length, depth) cell: sample s of a length is one haystack and one key, the key moved "
                     "to each depth; haystacks and keys from numpy.random.default_rng([test_seed, length]): "
                     + ("filler = rng.choice(filler ids, size=(samples, F)), then keys = rng.integers(0, 10, "
@@ -257,15 +268,24 @@ class Passkey(Task):
         labels[:, L - k:] = digits
         return Batch(torch.from_numpy(ids), torch.from_numpy(labels))
 
-    def sample(self, length: int, n: int, rng: np.random.Generator, split: str = "train") -> Batch:
-        """``n`` sequences of ``length`` with the key marker uniform over 0 … F."""
+    def sample(self, length: int, n: int, rng: np.random.Generator, split: str = "train",
+               edge_share: float = 0.0) -> Batch:
+        """``n`` sequences of ``length`` with the key marker uniform over 0 … F, or with probability
+        ``edge_share`` uniform over the k + 1 positions at one edge (0 … k or F − k … F, either edge alike)."""
         haystacks = self.haystacks(length, n, rng, split)
         keys = rng.integers(0, 10, size=(n, self.k))
-        positions = rng.integers(0, self.filler_count(length) + 1, size=n)
+        F_ = self.filler_count(length)
+        positions = rng.integers(0, F_ + 1, size=n)
+        if edge_share:  # no extra draws at 0: the sequences of a run without it are unchanged
+            band = min(self.k, F_)  # (n,) offsets 0 … k from the chosen edge
+            at_edge = rng.random(n) < edge_share
+            offset = rng.integers(0, band + 1, size=n)
+            at_end = rng.random(n) < 0.5
+            positions = np.where(at_edge, np.where(at_end, F_ - offset, offset), positions)
         return self.build(haystacks, keys, positions)
 
     def train_batch(self, batch_size: int, rng: np.random.Generator) -> Batch:
-        return self.sample(self.train_length, batch_size, rng, "train")
+        return self.sample(self.train_length, batch_size, rng, "train", self.edge_share)
 
     def curriculum_stage(self, step: int, steps: int) -> int:
         """The curriculum length of curriculum step ``step`` (0-based) of ``steps``: stage ``step · n // steps`` of
@@ -277,7 +297,7 @@ class Passkey(Task):
     def curriculum_batch(self, batch_size: int, rng: np.random.Generator, step: int = 0, steps: int = 1) -> Batch:
         """The easier setting a run starts with: sequences of the curriculum length of this stage (the key nearer
         the query)."""
-        return self.sample(self.curriculum_stage(step, steps), batch_size, rng, "train")
+        return self.sample(self.curriculum_stage(step, steps), batch_size, rng, "train", self.edge_share)
 
     def test_batch(self, point: str, batch_size: int, rng: np.random.Generator) -> Batch:
         """Sequences of length ``point`` at random depths, from the test split (the test set proper is ``test_set``)."""

@@ -22,7 +22,7 @@ from pathlib import Path
 from . import make_task
 from .train import RESULTS_FILE, TASK_FILE
 
-__all__ = ["reach_buckets", "length_rows", "run_reach", "EDGES"]
+__all__ = ["reach_buckets", "length_rows", "run_reach", "check_passkey_run", "EDGES"]
 
 EDGES = (32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
 
@@ -69,8 +69,8 @@ def run_reach(run_dir, edges=EDGES, *, yarn: bool = False, device="cpu", by: str
     return reach_buckets(task, grid, edges) if by == "distance" else length_rows(grid)
 
 
-def _run_grid(run_dir, yarn: bool, device):
-    """(the task, its test grid) of a passkey run directory, the grid scored again with YaRN if ``yarn``."""
+def check_passkey_run(run_dir) -> tuple[dict, dict]:
+    """(task.json, results.json) of a finished passkey run directory; a one-line error for anything else."""
     run = Path(run_dir)
     try:
         stored = json.loads((run / TASK_FILE).read_text())
@@ -80,6 +80,13 @@ def _run_grid(run_dir, yarn: bool, device):
                          f"{Path(e.filename).name})") from None
     if stored.get("task") not in ("passkey", "passkey-text") or "passkey" not in results:
         raise ValueError(f"run: expected a passkey run directory, got a {stored.get('task')} run at {run_dir}")
+    return stored, results
+
+
+def _run_grid(run_dir, yarn: bool, device):
+    """(the task, its test grid) of a passkey run directory, the grid scored again with YaRN if ``yarn``."""
+    run = Path(run_dir)
+    stored, results = check_passkey_run(run)
     if not yarn:
         return make_task(stored["task"], **stored["params"]), results["passkey"]
     from .passkey import score_passkey

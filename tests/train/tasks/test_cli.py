@@ -57,13 +57,16 @@ def test_a_single_run_of_a_studied_model_uses_its_best_rate_and_says_so(tmp_path
         (["--suite", "all", "--models", "gpt"], "models: expected names from"),
         (["--suite", "all", "--seeds", "x"], "--seeds: expected comma-separated integers"),
         (["--suite", "all", "--set", "rnn_phase=\"data\""], "--set, --lr, --batch-size, --model, --preset,"),
-        (["--suite", "parity-recipe", "--model", "recipe+round"], "--curriculum-steps: apply to one run (--task)"),
-        (["--suite", "passkey", "--curriculum", "8"], "--curriculum-steps: apply to one run (--task)"),
+        (["--suite", "parity-recipe", "--model", "recipe+round"], "--edge-share: apply to one run (--task)"),
+        (["--suite", "passkey", "--curriculum", "8"], "--edge-share: apply to one run (--task)"),
         (["--task", "parity", "--curriculum", "8"], "--curriculum: expected a passkey task (a length curriculum), "
                                                     "got --task parity"),
         (["--task", "passkey", "--curriculum", "16,33"],
          "--curriculum: expected an int in [12, train_length=32] or a list of increasing ones, got 33"),
         (["--task", "passkey", "--curriculum", "16,x"], "argument --curriculum: expected comma-separated lengths"),
+        (["--task", "passkey", "--edge-share", "1.5"], "--edge-share: expected a share in [0, 1], got 1.5"),
+        (["--task", "mqar", "--edge-share", "0.2"], "--edge-share: expected a passkey task (keys at the edges), "
+                                                   "got --task mqar"),
         (["--task", "passkey", "--curriculum-steps", "4"], "--curriculum-steps: expected at most the run's 3 steps, "
                                                           "got 4"),
         (["--task", "parity", "--model", "recipe+round", "--preset", "vo-rnn"],

@@ -181,6 +181,45 @@ def test_a_staged_curriculum_gives_each_length_an_equal_run_of_steps():
     assert one.curriculum_batch(2, rng_of(0), step=5, steps=6).ids.shape == (2, 12)
 
 
+def _key_positions(task, batch) -> np.ndarray:
+    """(n,) the key marker's position in each sequence (the filler holds no marker)."""
+    assert ((batch.ids == task.key_id).sum(1) == 1).all()
+    return (batch.ids == task.key_id).int().argmax(1).numpy()
+
+
+def test_edge_share_puts_that_share_of_training_keys_at_the_edges():
+    k = 5
+    plain = make_task("passkey", **SMALL)
+    F_ = plain.filler_count(40)  # 29
+    # without it, a training batch is drawn exactly as before the option existed: filler, keys, then p uniform
+    rng = rng_of(7)
+    filler = rng.choice(plain.filler_ids, size=(6, F_))
+    keys = rng.integers(0, 10, size=(6, k))
+    positions = rng.integers(0, F_ + 1, size=6)
+    assert torch.equal(plain.train_batch(6, rng_of(7)).ids, plain.build(filler, keys, positions).ids)
+    assert "edge_share" not in plain.params()
+
+    always = make_task("passkey", **SMALL, edge_share=1.0)
+    p = _key_positions(always, always.train_batch(2000, rng_of(1)))
+    band = set(range(k + 1)) | set(range(F_ - k, F_ + 1))
+    assert set(p.tolist()) == band  # every position of both bands, nothing else
+    assert abs((p <= k).mean() - 0.5) < 0.05  # either edge half the time (1000 ± 22 of 2000)
+
+    share = 0.25
+    some = make_task("passkey", **SMALL, edge_share=share)
+    p = _key_positions(some, some.train_batch(4000, rng_of(2)))
+    expected = share + (1 - share) * len(band) / (F_ + 1)  # the edge draws, plus uniform draws that land there
+    assert abs(np.isin(p, list(band)).mean() - expected) < 0.03  # 4 σ of 4000 draws
+    # the curriculum's sequences (here 40 tokens before 97) take their edges from their own length
+    staged = make_task("passkey", **{**SMALL, "train_length": 97, "curriculum_length": 40, "edge_share": 1.0})
+    assert set(_key_positions(staged, staged.curriculum_batch(1000, rng_of(3))).tolist()) == band
+
+    assert some.params()["edge_share"] == share and make_task("passkey", **some.params()).edge_share == share
+    assert "a share 0.25 with p uniform over 0 … k or F − k … F" in some.describe()["train"]
+    # the test set does not depend on it
+    assert torch.equal(some.cell_batch(some.test_set(), 64).ids, plain.cell_batch(plain.test_set(), 64).ids)
+
+
 @pytest.mark.parametrize(
     "name,params,match",
     [
@@ -200,6 +239,8 @@ def test_a_staged_curriculum_gives_each_length_an_equal_run_of_steps():
          r"curriculum_length: expected .* a list of increasing ones, got \[24, 24\]"),
         ("passkey", dict(train_length=40, curriculum_length=[]), r"curriculum_length: expected .*, got \[\]"),
         ("passkey", dict(corpus="x"), r"corpus: only the text filler"),
+        ("passkey", dict(edge_share=1.5), r"edge_share: expected a share in \[0, 1\], got 1.5"),
+        ("passkey", dict(edge_share=True), r"edge_share: expected a share in \[0, 1\], got True"),
         ("passkey-text", dict(filler_vocab=8), r"filler_vocab: the text filler takes its tokens from the corpus"),
     ],
 )

@@ -34,8 +34,8 @@ def test_a_staged_passkey_curriculum_trains_its_lengths_in_order(tmp_path, monke
 
     lengths = []
     original = Passkey.sample
-    monkeypatch.setattr(Passkey, "sample", lambda self, length, n, rng, split="train":
-                        lengths.append((length, split)) or original(self, length, n, rng, split))
+    monkeypatch.setattr(Passkey, "sample", lambda self, length, n, rng, split="train", edge_share=0.0:
+                        lengths.append((length, split)) or original(self, length, n, rng, split, edge_share))
     config = TaskRunConfig(task="passkey", task_params={"train_length": 48, "curriculum_length": [16, 32],
                                                         "test_lengths": [48], "depths": 2, "samples": 1,
                                                         "filler_vocab": 8},
