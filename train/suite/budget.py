@@ -76,14 +76,15 @@ class Budget:
         return "\n".join(lines)
 
 
-def parse_int_list(text: str) -> tuple[int, ...]:
-    """``"0,1,2"`` or ``"3"`` → a tuple of ints (the --seeds flag); raises ValueError naming the flag."""
+def parse_int_list(text: str, flag: str = "--seeds", example: str = "0,1,2") -> tuple[int, ...]:
+    """``"0,1,2"`` or ``"3"`` → a tuple of ints (a comma-separated flag, ``--seeds`` by default); raises ValueError
+    naming ``flag``, with ``example`` as the expected form."""
     try:
         values = tuple(int(v) for v in text.split(",") if v.strip())
     except ValueError:
         values = ()
     if not values:
-        raise ValueError(f"--seeds: expected comma-separated integers such as 0,1,2, got {text!r}")
+        raise ValueError(f"{flag}: expected comma-separated integers such as {example}, got {text!r}")
     return values
 
 

@@ -70,7 +70,7 @@ def parser() -> argparse.ArgumentParser:
     g.add_argument("--lr", type=float, help="learning rate (default: the measured best rate of the suite model "
                                              "this run is, else the largest of the budget's grid; printed)")
     g.add_argument("--batch-size", type=positive_int, help="sequences per step (default: the budget's)")
-    g.add_argument("--curriculum", type=_lengths, metavar="LENGTHS",
+    g.add_argument("--curriculum", metavar="LENGTHS",
                    help="passkey tasks: the curriculum's lengths, comma-separated and increasing, each a stage of "
                         "equal steps before the training length (e.g. 64,256 before --seq-len 1024; default: a "
                         "quarter of the training length)")
@@ -82,19 +82,13 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
-def _lengths(text: str) -> list[int]:
-    """``"64,256"`` → [64, 256] (the --curriculum flag; ranges are the task's to check)."""
-    try:
-        values = [int(v) for v in text.split(",")]
-    except ValueError:
-        values = []
-    if not values:
-        raise argparse.ArgumentTypeError(f"expected comma-separated lengths such as 64,256, got {text!r}")
-    return values
-
-
 PASSKEY_FLAGS = {"curriculum": ("--curriculum", "curriculum_length", "a length curriculum"),
                  "edge_share": ("--edge-share", "edge_share", "keys at the edges")}
+
+
+def _curriculum_lengths(text: str) -> list[int]:
+    """``"64,256"`` → [64, 256] (the --curriculum flag; ranges are the task's to check)."""
+    return list(parse_int_list(text, "--curriculum", "64,256"))
 
 
 def _passkey_params(args, params: dict) -> dict:
@@ -105,7 +99,8 @@ def _passkey_params(args, params: dict) -> dict:
             continue
         if args.task not in passkey_suite.TASKS:
             raise ValueError(f"{flag}: expected a passkey task ({what}), got --task {args.task}")
-        params = {**params, name: getattr(args, attr)}
+        value = getattr(args, attr)
+        params = {**params, name: _curriculum_lengths(value) if attr == "curriculum" else value}
         try:
             make_task(args.task, **params)
         except ValueError as e:

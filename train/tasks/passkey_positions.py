@@ -64,7 +64,7 @@ def main(argv=None) -> int:
     """``python -m hybrid.train.tasks.passkey_positions RUN [RUN …] --length N``: a markdown table."""
     from ..cli_parts import Parser, add_device_flag, positive_int, run_command
     from ..device import resolve_device
-    from ..suite import markdown_table
+    from ..suite import markdown_table, parse_int_list
     from .passkey_reach import check_passkey_run
     from .train import load_task_run
 
@@ -82,13 +82,7 @@ def main(argv=None) -> int:
     add_device_flag(p)
 
     def positions_table(args) -> int:
-        wanted = None
-        if args.positions is not None:
-            try:
-                wanted = [int(v) for v in args.positions.split(",")]
-            except ValueError:
-                raise ValueError(f"--positions: expected comma-separated integers such as 0,1,-1, got "
-                                 f"{args.positions!r}") from None
+        wanted = None if args.positions is None else parse_int_list(args.positions, "--positions", "0,1,-1")
         device = resolve_device(args.device)
         rows, head = [], None
         for run in args.runs:

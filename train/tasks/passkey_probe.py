@@ -129,7 +129,7 @@ def main(argv=None) -> int:
     def probe(args) -> int:
         if not 0.0 <= args.depth <= 1.0:
             raise ValueError(f"--depth: expected a number in [0, 1], got {args.depth}")
-        lengths = parse_int_list(args.lengths)
+        lengths = parse_int_list(args.lengths, "--lengths", "256,1024")
         print(markdown_table(PROBE_COLUMNS, [row for run in args.runs for row in probe_run(run, lengths, depth=args.depth)]))
         return 0
 

@@ -115,10 +115,7 @@ def main(argv=None) -> int:
     add_device_flag(p)
 
     def reach(args) -> int:
-        try:
-            edges = parse_int_list(args.edges)
-        except ValueError:
-            raise ValueError(f"--edges: expected comma-separated distances such as 64,256, got {args.edges!r}") from None
+        edges = parse_int_list(args.edges, "--edges", "64,256")
         device = resolve_device(args.device) if args.yarn else "cpu"
         per_run = [(f"{run} (YaRN)" if args.yarn else run,
                     run_reach(run, edges, yarn=args.yarn, device=device, by=args.by)) for run in args.runs]

@@ -63,7 +63,8 @@ def test_a_single_run_of_a_studied_model_uses_its_best_rate_and_says_so(tmp_path
                                                     "got --task parity"),
         (["--task", "passkey", "--curriculum", "16,33"],
          "--curriculum: expected an int in [12, train_length=32] or a list of increasing ones, got 33"),
-        (["--task", "passkey", "--curriculum", "16,x"], "argument --curriculum: expected comma-separated lengths"),
+        (["--task", "passkey", "--curriculum", "16,x"], "--curriculum: expected comma-separated integers such as 64,256, "
+                                                       "got '16,x'"),
         (["--task", "passkey", "--edge-share", "1.5"], "--edge-share: expected a share in [0, 1], got 1.5"),
         (["--task", "mqar", "--edge-share", "0.2"], "--edge-share: expected a passkey task (keys at the edges), "
                                                    "got --task mqar"),

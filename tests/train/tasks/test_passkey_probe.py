@@ -107,3 +107,27 @@ def test_probe_refuses_a_model_without_recurrence():
                                          n_heads=2)).eval()
     with pytest.raises(ValueError, match="model: expected a model with a VO-RoPE recurrence layer, got none"):
         passkey_probe(model, task, length=40, n=2)
+
+
+def test_the_command_line_on_a_run(tmp_path, capsys):
+    from hybrid.train.tasks import cli
+    from hybrid.train.tasks.passkey_probe import PROBE_COLUMNS, main
+
+    run = tmp_path / "pk"
+    assert cli.main(["--task", "passkey", "--budget", "smoke", "--preset", "hybrid", "--out", str(run), "--quiet"]) == 0
+    capsys.readouterr()
+    assert main([str(run), "--lengths", "32,48"]) == 0
+    out = capsys.readouterr().out
+    assert ("| " + " | ".join(PROBE_COLUMNS) + " |") in out and out.count(f"| {run} |") >= 2
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--lengths", "a"], "--lengths: expected comma-separated integers such as 256,1024, got 'a'"),
+    (["--depth", "2"], "--depth: expected a number in [0, 1], got 2.0"),
+])
+def test_bad_input_is_one_line(tmp_path, capsys, argv, message):
+    from hybrid.train.tasks.passkey_probe import main
+
+    assert main([str(tmp_path / "run"), *argv]) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1

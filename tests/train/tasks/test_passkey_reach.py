@@ -80,7 +80,7 @@ def test_a_run_directory_from_the_command_line(tmp_path, capsys, monkeypatch):
 @pytest.mark.parametrize("case, message", [
     ("missing", "run: expected a finished hybrid-synthetic run directory, got "),
     ("parity", "run: expected a passkey run directory, got a parity run at "),
-    ("edges", "--edges: expected comma-separated distances such as 64,256, got 'x'"),
+    ("edges", "--edges: expected comma-separated integers such as 64,256, got 'x'"),
 ])
 def test_bad_input_is_one_line(tmp_path, capsys, case, message):
     run = tmp_path / "run"
