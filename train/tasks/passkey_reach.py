@@ -8,11 +8,15 @@ the cells by ``Passkey.key_distance`` (tokens from the key's last digit to the q
     python -m hybrid.train.tasks.passkey_reach runs/pk/a runs/pk/b [--edges 32,64,128,256,512,1024,2048,4096,8192]
     python -m hybrid.train.tasks.passkey_reach runs/pk/a --yarn      # the same test set read with YaRN
     python -m hybrid.train.tasks.passkey_reach runs/pk/a --yarn --by length    # per test length instead
+    python -m hybrid.train.tasks.passkey_reach runs/pk/a --yarn --by cell --samples 16 --seed 1    # every cell, afresh
 
 Each bucket is the mean over its cells (each cell the mean of its sequences), with the number of sequences.
 By default nothing is run again: the figures are the run's own test results. ``--yarn`` scores the run's model
 again (``score_passkey(rope_scaling="yarn")``: each length L above the training length read at YaRN factor
-L / train_length, which rescales the rotary angles of the attention and of the R layers alike).
+L / train_length, which rescales the rotary angles of the attention and of the R layers alike). ``--samples N``
+and ``--seed S`` score it again on a fresh test grid of the same lengths and depths, N sequences per cell drawn
+from seed S (the run's own grid has ``samples`` per cell, often 4, so that one sequence moves a cell by 0.25).
+``--by cell`` prints the grid itself, exact match per length and depth.
 """
 from __future__ import annotations
 
@@ -22,9 +26,10 @@ from pathlib import Path
 from . import make_task
 from .train import RESULTS_FILE, TASK_FILE
 
-__all__ = ["reach_buckets", "length_rows", "run_reach", "check_passkey_run", "EDGES"]
+__all__ = ["reach_buckets", "length_rows", "cell_rows", "run_reach", "check_passkey_run", "EDGES", "GROUPINGS"]
 
 EDGES = (32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
+GROUPINGS = ("distance", "length", "cell")
 
 
 def reach_buckets(task, grid: dict, edges=EDGES) -> list[dict]:
@@ -60,13 +65,27 @@ def length_rows(grid: dict) -> list[dict]:
              "digit": sum(grid["digit"][i]) / len(grid["depths"])} for i, length in enumerate(grid["lengths"])]
 
 
-def run_reach(run_dir, edges=EDGES, *, yarn: bool = False, device="cpu", by: str = "distance") -> list[dict]:
-    """``reach_buckets`` (``by="distance"``) or ``length_rows`` (``by="length"``) of a passkey run directory: its
-    task.json and results.json, or with ``yarn`` its model scored again with YaRN at each test length on ``device``."""
-    if by not in ("distance", "length"):
-        raise ValueError(f"by: expected 'distance' or 'length', got {by!r}")
-    task, grid = _run_grid(run_dir, yarn, device)
-    return reach_buckets(task, grid, edges) if by == "distance" else length_rows(grid)
+def cell_rows(task, grid: dict) -> list[dict]:
+    """Every cell of the grid, length-major: ``label`` (``"length@depth"``), ``length``, ``depth``, ``distance``
+    (``Passkey.key_distance``), ``sequences``, ``exact``, ``digit``, ``loss`` (the answer's cross-entropy)."""
+    return [{"label": f"{length}@{depth:g}", "length": length, "depth": depth,
+             "distance": task.key_distance(length, depth), "sequences": grid["samples"],
+             "exact": grid["exact"][i][j], "digit": grid["digit"][i][j], "loss": grid["loss"][i][j]}
+            for i, length in enumerate(grid["lengths"]) for j, depth in enumerate(grid["depths"])]
+
+
+def run_reach(run_dir, edges=EDGES, *, yarn: bool = False, device="cpu", by: str = "distance",
+              samples: int | None = None, seed: int | None = None) -> list[dict]:
+    """``reach_buckets`` (``by="distance"``), ``length_rows`` (``by="length"``) or ``cell_rows`` (``by="cell"``) of
+    a passkey run directory: its task.json and results.json; or its model scored again on ``device``, with YaRN at
+    each test length (``yarn``) and/or on a fresh grid of ``samples`` sequences per cell drawn from ``seed``
+    (either one alone keeps the other as the run has it)."""
+    if by not in GROUPINGS:
+        raise ValueError(f"by: expected one of {list(GROUPINGS)}, got {by!r}")
+    task, grid = _run_grid(run_dir, yarn, device, samples, seed)
+    if by == "distance":
+        return reach_buckets(task, grid, edges)
+    return length_rows(grid) if by == "length" else cell_rows(task, grid)
 
 
 def check_passkey_run(run_dir) -> tuple[dict, dict]:
@@ -83,22 +102,27 @@ def check_passkey_run(run_dir) -> tuple[dict, dict]:
     return stored, results
 
 
-def _run_grid(run_dir, yarn: bool, device):
-    """(the task, its test grid) of a passkey run directory, the grid scored again with YaRN if ``yarn``."""
+def _run_grid(run_dir, yarn: bool, device, samples: int | None = None, seed: int | None = None):
+    """(the task, its test grid) of a passkey run directory; the grid scored again with YaRN if ``yarn``, on a
+    fresh test set if ``samples`` or ``seed``."""
     run = Path(run_dir)
     stored, results = check_passkey_run(run)
-    if not yarn:
+    if not yarn and samples is None and seed is None:
         return make_task(stored["task"], **stored["params"]), results["passkey"]
     from .passkey import score_passkey
     from .train import load_task_run
 
     model, task = load_task_run(run, device)
-    return task, score_passkey(model, task, device, rope_scaling="yarn")["passkey"]
+    if samples is not None or seed is not None:
+        fresh = {"samples": task.samples if samples is None else samples,
+                 "test_seed": task.test_seed if seed is None else seed}
+        task = make_task(task.name, **{**task.params(), **fresh})
+    return task, score_passkey(model, task, device, rope_scaling="yarn" if yarn else None)["passkey"]
 
 
 def main(argv=None) -> int:
     """``python -m hybrid.train.tasks.passkey_reach RUN [RUN …] [--edges …]``: a markdown table."""
-    from ..cli_parts import Parser, add_device_flag, run_command
+    from ..cli_parts import Parser, add_device_flag, positive_int, run_command
     from ..device import resolve_device
     from ..suite import markdown_table, parse_int_list
 
@@ -110,15 +134,24 @@ def main(argv=None) -> int:
                    help=f"comma-separated bucket bounds in tokens (default {','.join(map(str, EDGES))})")
     p.add_argument("--yarn", action="store_true",
                    help="score each run's model again, reading every length above its training length with YaRN")
-    p.add_argument("--by", choices=("distance", "length"), default="distance",
-                   help="group the cells by the key's distance to the query (default) or by test length")
+    p.add_argument("--by", choices=GROUPINGS, default="distance",
+                   help="group the cells by the key's distance to the query (default) or by test length, or show "
+                        "every cell (exact match, a row per length)")
+    p.add_argument("--samples", type=positive_int,
+                   help="score the model again on a fresh grid of this many sequences per cell")
+    p.add_argument("--seed", type=int, help="the fresh grid's seed (default: the run's test seed)")
     add_device_flag(p)
 
     def reach(args) -> int:
         edges = parse_int_list(args.edges, "--edges", "64,256")
-        device = resolve_device(args.device) if args.yarn else "cpu"
+        rescored = args.yarn or args.samples is not None or args.seed is not None
+        device = resolve_device(args.device) if rescored else "cpu"
         per_run = [(f"{run} (YaRN)" if args.yarn else run,
-                    run_reach(run, edges, yarn=args.yarn, device=device, by=args.by)) for run in args.runs]
+                    run_reach(run, edges, yarn=args.yarn, device=device, by=args.by, samples=args.samples,
+                              seed=args.seed)) for run in args.runs]
+        if args.by == "cell":
+            print(_cell_table(per_run, markdown_table))
+            return 0
         his = {b["label"]: b["hi"] for _, buckets in per_run for b in buckets}
         labels = sorted(his, key=his.get)
         rows = []
@@ -131,6 +164,18 @@ def main(argv=None) -> int:
         return 0
 
     return run_command(p, argv, reach)
+
+
+def _cell_table(per_run, markdown_table) -> str:
+    """Exact match per cell: a row per (run, length), a column per depth; the sequences per cell after it."""
+    depths = sorted({c["depth"] for _, cells in per_run for c in cells})
+    rows = []
+    for run, cells in per_run:
+        by = {(c["length"], c["depth"]): c for c in cells}
+        for length in sorted({c["length"] for c in cells}):
+            rows.append([str(run), str(length)] + [f"{by[length, d]['exact']:.2f}" if (length, d) in by else ""
+                                                   for d in depths] + [str(cells[0]["sequences"])])
+    return markdown_table(["run", "length"] + [f"{d:.0%}" for d in depths] + ["sequences per cell"], rows)
 
 
 if __name__ == "__main__":

@@ -75,12 +75,35 @@ def test_a_run_directory_from_the_command_line(tmp_path, capsys, monkeypatch):
         [yarn["accuracy"][n] for n in ("32", "64")], rel=1e-12)
     assert main([str(run), "--by", "length"]) == 0
     assert "| run | length | 32 | 64 |" in capsys.readouterr().out
+    # --by cell: the grid itself, each cell with its distance
+    cells = run_reach(run, by="cell")
+    assert [(c["length"], c["depth"]) for c in cells] == [(n, d) for n in (32, 64) for d in (0.0, 0.5, 1.0)]
+    assert [c["exact"] for c in cells] == results["passkey"]["exact"][0] + results["passkey"]["exact"][1]
+    assert [c["distance"] for c in cells] == [task.key_distance(c["length"], c["depth"]) for c in cells]
+    assert main([str(run), "--by", "cell"]) == 0
+    out = capsys.readouterr().out
+    assert "| run | length | 0% | 50% | 100% | sequences per cell |" in out and f"| {run} | 64 |" in out
+    # --samples / --seed: a fresh grid, as score_passkey gives it for the task with those sequences
+    fresh = make_task(task.name, **{**task.params(), "samples": 3, "test_seed": 5})
+    want = score_passkey(model, fresh)["passkey"]
+    got = run_reach(run, by="cell", samples=3, seed=5)
+    assert {c["sequences"] for c in got} == {3}
+    # (the losses, not the accuracies: a 3-step smoke model may score 0 on any sequences)
+    assert [c["loss"] for c in got] == want["loss"][0] + want["loss"][1]
+    assert [c["loss"] for c in run_reach(run, by="cell", samples=3)] != want["loss"][0] + want["loss"][1]  # seed 5's
+    with_yarn = score_passkey(model, fresh, rope_scaling="yarn")["passkey"]
+    assert with_yarn["loss"][1] != want["loss"][1]  # YaRN changes the 64-token cells
+    assert [c["loss"] for c in run_reach(run, by="cell", samples=3, seed=5, yarn=True)] == (
+        with_yarn["loss"][0] + with_yarn["loss"][1])
+    assert main([str(run), "--by", "cell", "--samples", "3", "--seed", "5", "--yarn"]) == 0
+    assert f"| {run} (YaRN) | 32 |" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("case, message", [
     ("missing", "run: expected a finished hybrid-synthetic run directory, got "),
     ("parity", "run: expected a passkey run directory, got a parity run at "),
     ("edges", "--edges: expected comma-separated integers such as 64,256, got 'x'"),
+    ("samples", "argument --samples: expected a positive integer"),
 ])
 def test_bad_input_is_one_line(tmp_path, capsys, case, message):
     run = tmp_path / "run"
@@ -89,6 +112,8 @@ def test_bad_input_is_one_line(tmp_path, capsys, case, message):
         assert cli.main(["--task", "parity", "--budget", "smoke", "--out", str(run), "--quiet"]) == 0
     if case == "edges":
         argv += ["--edges", "x"]
+    if case == "samples":
+        argv += ["--samples", "0"]
     capsys.readouterr()
     assert main(argv) == 2
     err = capsys.readouterr().err
