@@ -82,25 +82,25 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
-PASSKEY_FLAGS = {"curriculum": ("--curriculum", "curriculum_length", "a length curriculum"),
-                 "edge_share": ("--edge-share", "edge_share", "keys at the edges")}
-
-
 def _curriculum_lengths(text: str) -> list[int]:
     """``"64,256"`` → [64, 256] (the --curriculum flag; ranges are the task's to check)."""
     return list(parse_int_list(text, "--curriculum", "64,256"))
 
 
+# args attribute -> (flag, the task parameter it sets, what it is, the flag's text to the parameter's value)
+PASSKEY_FLAGS = {"curriculum": ("--curriculum", "curriculum_length", "a length curriculum", _curriculum_lengths),
+                 "edge_share": ("--edge-share", "edge_share", "keys at the edges", float)}
+
+
 def _passkey_params(args, params: dict) -> dict:
     """The task parameters with --curriculum's lengths and --edge-share, checked by the task (its error names the
     flag)."""
-    for attr, (flag, name, what) in PASSKEY_FLAGS.items():
+    for attr, (flag, name, what, convert) in PASSKEY_FLAGS.items():
         if getattr(args, attr) is None:
             continue
         if args.task not in passkey_suite.TASKS:
             raise ValueError(f"{flag}: expected a passkey task ({what}), got --task {args.task}")
-        value = getattr(args, attr)
-        params = {**params, name: _curriculum_lengths(value) if attr == "curriculum" else value}
+        params = {**params, name: convert(getattr(args, attr))}
         try:
             make_task(args.task, **params)
         except ValueError as e:

@@ -3,7 +3,7 @@
 The test grid's depths 0 % and 100 % are single positions (the key first in the sequence; the key's last digit
 right before the query), and 11 depths put two of their cells there. This scores a run's model at chosen key
 positions of one length, on fresh sequences (``samples`` haystacks and keys, the key moved to each position, as
-the test grid does), so a failure at an edge can be told from one that spreads inward:
+the test grid does: ``Passkey.test_set`` with another seed), so a failure at an edge can be told from one that spreads inward:
 
     python -m hybrid.train.tasks.passkey_positions runs/pk/a runs/pk/b --length 256 [--positions 0,1,2,-2,-1]
 
@@ -43,19 +43,17 @@ def score_positions(model, task, length: int, positions=None, *, samples: int = 
     """One row per key position at ``length``: ``{"position", "distance", "exact", "digit", "sequences"}``
     (distance: tokens from the key's last digit to the query marker; exact and digit: means over ``samples``
     sequences, the same haystacks and keys at every position)."""
-    import numpy as np
-
     from .passkey import score_passkey
 
     positions = default_positions(task, length) if positions is None else resolve_positions(task, length, positions)
     F_ = task.filler_count(length)
     # each position as the depth that lands on it: ⌊(p / F) · F + 0.5⌋ = p
     depths = [p / F_ for p in positions]
-    probe = make_task(task.name, **{**task.params(), "test_lengths": [length], "depths": depths, "samples": samples})
+    # the task's own test set at this one length, with these depths, samples and seed
+    probe = make_task(task.name, **{**task.params(), "test_lengths": [length], "depths": depths, "samples": samples,
+                                    "test_seed": task.test_seed + 1 if seed is None else seed})
     assert [probe.key_position(length, d) for d in probe.depths] == positions
-    rng = np.random.default_rng([task.test_seed + 1 if seed is None else seed, length])
-    sequences = {length: (probe.haystacks(length, samples, rng, "valid"), rng.integers(0, 10, size=(samples, task.k)))}
-    grid = score_passkey(model, probe, device, test_set=sequences, rope_scaling=rope_scaling)["passkey"]
+    grid = score_passkey(model, probe, device, rope_scaling=rope_scaling)["passkey"]
     return [{"position": p, "distance": probe.key_distance(length, d), "exact": grid["exact"][0][i],
              "digit": grid["digit"][0][i], "sequences": samples} for i, (p, d) in enumerate(zip(positions, depths))]
 

@@ -150,7 +150,7 @@ def main(argv=None) -> int:
                     run_reach(run, edges, yarn=args.yarn, device=device, by=args.by, samples=args.samples,
                               seed=args.seed)) for run in args.runs]
         if args.by == "cell":
-            print(_cell_table(per_run, markdown_table))
+            print(_cell_table(per_run))
             return 0
         his = {b["label"]: b["hi"] for _, buckets in per_run for b in buckets}
         labels = sorted(his, key=his.get)
@@ -166,8 +166,10 @@ def main(argv=None) -> int:
     return run_command(p, argv, reach)
 
 
-def _cell_table(per_run, markdown_table) -> str:
+def _cell_table(per_run) -> str:
     """Exact match per cell: a row per (run, length), a column per depth; the sequences per cell after it."""
+    from ..suite import markdown_table
+
     depths = sorted({c["depth"] for _, cells in per_run for c in cells})
     rows = []
     for run, cells in per_run:
