@@ -55,7 +55,8 @@ def parser() -> argparse.ArgumentParser:
                         "distance of the replaced attention head on training text; ring = the LRU ring "
                         f"(rnn_r_min…rnn_r_max) (default: {D.decay_init})")
     add_set_flag(g, default=S,
-                 help="an option of the new R layers, e.g. --set rnn_selective=true (rnn_* fields, recompute)")
+                 help="an option of the new R layers, e.g. --set rnn_selective=true or --set recurrence.rotary_dim=2 "
+                      "(recurrence.* fields or their rnn_* names, recompute)")
 
     g = p.add_argument_group("data (as hybrid-train; the tokenizer is the teacher's)")
     g.add_argument("--data", default=S, metavar="PATH_OR_DATASET", help="default: this Python's stdlib sources")

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import ClassVar
 
 from hybrid.checks import check_int
+from hybrid.models.config_names import FLAT_ALIASES
 
 from ..config_checks import check_betas, check_fraction, check_optional_str, check_real, check_text_column, tracker_list
 from ..config_record import ConfigRecord
@@ -30,7 +31,7 @@ class DistillConfig(ConfigRecord):
     # the student: exactly one of pattern / keep_attention
     pattern: str | None = None  # R = replaced, A = kept; repeated and cut at the teacher's n_layers
     keep_attention: str | None = None  # "auto:K": keep the K attention layers whose replacement costs the most
-    model: dict = field(default_factory=dict)  # HybridConfig overrides: window, and the R layers' RNN_FIELDS
+    model: dict = field(default_factory=dict)  # HybridConfig overrides: window, and the R layers' RNN_FIELDS (dotted or flat)
     decay_init: str = "attention"  # DECAY_INITS
     # data (as hybrid-train; the tokenizer is always the teacher's)
     data: str | None = None
@@ -96,9 +97,15 @@ class DistillConfig(ConfigRecord):
             raise ValueError(f"model: expected a dict of HybridConfig overrides, got {type(self.model).__name__}")
         bad = sorted(set(self.model) - {"window", *RNN_FIELDS})
         if bad:
-            raise ValueError(f"--set: expected one of the R layers' fields {list(RNN_FIELDS)} (the student keeps the "
-                             f"teacher's vocabulary, width, depth, heads and MLPs; --pattern / --window for the "
-                             f"layers), got {', '.join(bad)}")
+            raise ValueError(f"--set: expected one of the R layers' fields {', '.join(RNN_FIELDS)} (the student "
+                             f"keeps the teacher's vocabulary, width, depth, heads and MLPs; --pattern / --window for "
+                             f"the layers), got {', '.join(bad)}")
+        named = {}  # (section, field) → the name given: a field named twice (rnn_selective, recurrence.selective)
+        for name in self.model:
+            key = FLAT_ALIASES.get(name, tuple(name.split(".", 1)))
+            if key in named:
+                raise ValueError(f"--set: {named[key]} and {name} name the same field; expected one of the two")
+            named[key] = name
         check_optional_str("data", self.data)
         check_text_column("text_column", self.text_column)
         check_fraction("valid_fraction", self.valid_fraction)

@@ -28,10 +28,13 @@ projections have no place. In detail (``recurrence_from_attention``):
 """
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
-from hybrid import Attention, VORecurrence
+from hybrid import Attention, RecurrenceConfig, VORecurrence
 from hybrid.models import HybridConfig, HybridLM
+from hybrid.models.config_names import FLAT_ALIASES
 from hybrid.rotary import convert_projection
 
 from ..init_from import copy_matching
@@ -39,10 +42,11 @@ from ..init_from import copy_matching
 __all__ = ["recurrence_from_attention", "init_student", "layer_types_for_pattern", "student_config",
            "attention_mean_distance", "decay_from_attention", "RNN_FIELDS"]
 
-# the --set fields a student may change: the R layers' own options (and training memory), never a shape the
-# teacher's weights fix (the vocabulary, width, depth, heads, MLP)
-RNN_FIELDS = ("rnn_r_min", "rnn_r_max", "rnn_selective", "rnn_selective_gate", "rnn_phase", "rnn_phase_map",
-              "rnn_conv_width", "recompute")
+# the --set fields a student may change: the R layers' own options, by their dotted names (recurrence.rotary_dim,
+# recurrence.hold_below, …) or their old flat names (rnn_selective, …), and training memory (recompute); never a
+# shape the teacher's weights fix (the vocabulary, width, depth, heads, MLP)
+RNN_FIELDS = (*(f"recurrence.{f.name}" for f in dataclasses.fields(RecurrenceConfig)),
+              *(name for name, (section, _) in FLAT_ALIASES.items() if section == "recurrence"), "recompute")
 
 
 def layer_types_for_pattern(pattern: str, n_layers: int) -> str:

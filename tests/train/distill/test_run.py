@@ -106,3 +106,27 @@ def test_a_nonfinite_loss_never_replaces_the_last_good_checkpoint(tmp_path, corp
         distiller.fit()
     good = load_checkpoint(tmp_path / "out")
     assert good.step == 2 and good.extra["distill"]["stage"] == "align"
+
+
+def test_set_takes_the_r_layers_dotted_fields_and_their_flat_names(tmp_path, corpus, one_torch_thread):
+    teacher = write_teacher(tmp_path / "teacher")
+    model = {"recurrence.rotary_dim": 2, "recurrence.hold_below": 0.1, "rnn_selective": True, "window": 8}
+    result = Distiller(tiny_run(teacher, corpus, tmp_path / "out", pattern="RRA", model=model, align_steps=1,
+                                steps=1), verbose=0, progress=False).fit()
+    options = HybridConfig.from_dict(load_checkpoint(tmp_path / "out").config).section("recurrence")
+    assert (options.rotary_dim, options.hold_below, options.selective) == (2, 0.1, True)
+    assert result.layer_types == "RRA"
+
+
+@pytest.mark.parametrize("model, message", [
+    ({"recurrence.no_such_field": 1}, "--set: expected one of the R layers' fields recurrence.r_min"),
+    ({"attention.n_kv_heads": 1}, "got attention.n_kv_heads"),
+    ({"rnn_selective": True, "recurrence.selective": True},
+     "--set: rnn_selective and recurrence.selective name the same field; expected one of the two"),
+])
+def test_set_refuses_what_is_not_an_r_layer_option_in_one_line(tmp_path, corpus, model, message):
+    teacher = write_teacher(tmp_path / "teacher")
+    with pytest.raises(ValueError, match=message) as caught:
+        Distiller(tiny_run(teacher, corpus, tmp_path / "out", pattern="RRA", model=model, align_steps=1, steps=1),
+                  verbose=0, progress=False)
+    assert "\n" not in str(caught.value)
