@@ -31,7 +31,7 @@ class DistillConfig(ConfigRecord):
     # the student: exactly one of pattern / keep_attention
     pattern: str | None = None  # R = replaced, A = kept; repeated and cut at the teacher's n_layers
     keep_attention: str | None = None  # "auto:K": keep the K attention layers whose replacement costs the most
-    model: dict = field(default_factory=dict)  # HybridConfig overrides: window, and the R layers' RNN_FIELDS (dotted or flat)
+    model: dict = field(default_factory=dict)  # HybridConfig overrides: window, the R layers' RNN_FIELDS
     decay_init: str = "attention"  # DECAY_INITS
     # data (as hybrid-train; the tokenizer is always the teacher's)
     data: str | None = None
