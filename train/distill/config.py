@@ -5,8 +5,9 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import ClassVar
 
+from hybrid import RecurrenceConfig
 from hybrid.checks import check_int
-from hybrid.models.config_names import FLAT_ALIASES
+from hybrid.models.config_names import parse
 
 from ..config_checks import check_betas, check_fraction, check_optional_str, check_real, check_text_column, tracker_list
 from ..config_record import ConfigRecord
@@ -100,12 +101,10 @@ class DistillConfig(ConfigRecord):
             raise ValueError(f"--set: expected one of the R layers' fields {', '.join(RNN_FIELDS)} (the student "
                              f"keeps the teacher's vocabulary, width, depth, heads and MLPs; --pattern / --window for "
                              f"the layers), got {', '.join(bad)}")
-        named = {}  # (section, field) → the name given: a field named twice (rnn_selective, recurrence.selective)
-        for name in self.model:
-            key = FLAT_ALIASES.get(name, tuple(name.split(".", 1)))
-            if key in named:
-                raise ValueError(f"--set: {named[key]} and {name} name the same field; expected one of the two")
-            named[key] = name
+        try:  # a field named twice (rnn_selective and recurrence.selective), refused before the teacher loads
+            parse(self.model, ("recompute",), {"recurrence": RecurrenceConfig})
+        except ValueError as e:
+            raise ValueError(f"--set: {e}") from None
         check_optional_str("data", self.data)
         check_text_column("text_column", self.text_column)
         check_fraction("valid_fraction", self.valid_fraction)

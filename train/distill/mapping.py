@@ -28,13 +28,11 @@ projections have no place. In detail (``recurrence_from_attention``):
 """
 from __future__ import annotations
 
-import dataclasses
-
 import torch
 
 from hybrid import Attention, RecurrenceConfig, VORecurrence
 from hybrid.models import HybridConfig, HybridLM
-from hybrid.models.config_names import FLAT_ALIASES
+from hybrid.models.config_names import FLAT_ALIASES, options_fields
 from hybrid.rotary import convert_projection
 
 from ..init_from import copy_matching
@@ -45,7 +43,7 @@ __all__ = ["recurrence_from_attention", "init_student", "layer_types_for_pattern
 # the --set fields a student may change: the R layers' own options, by their dotted names (recurrence.rotary_dim,
 # recurrence.hold_below, …) or their old flat names (rnn_selective, …), and training memory (recompute); never a
 # shape the teacher's weights fix (the vocabulary, width, depth, heads, MLP)
-RNN_FIELDS = (*(f"recurrence.{f.name}" for f in dataclasses.fields(RecurrenceConfig)),
+RNN_FIELDS = (*(f"recurrence.{f}" for f in options_fields(RecurrenceConfig)),
               *(name for name, (section, _) in FLAT_ALIASES.items() if section == "recurrence"), "recompute")
 
 

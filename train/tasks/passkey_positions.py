@@ -3,7 +3,8 @@
 The test grid's depths 0 % and 100 % are single positions (the key first in the sequence; the key's last digit
 right before the query), and 11 depths put two of their cells there. This scores a run's model at chosen key
 positions of one length, on fresh sequences (``samples`` haystacks and keys, the key moved to each position, as
-the test grid does: ``Passkey.test_set`` with another seed), so a failure at an edge can be told from one that spreads inward:
+the test grid does: ``Passkey.test_set`` with another seed), so a failure at an edge can be told from one that
+spreads inward:
 
     python -m hybrid.train.tasks.passkey_positions runs/pk/a runs/pk/b --length 256 [--positions 0,1,2,-2,-1]
 

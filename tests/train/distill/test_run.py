@@ -122,7 +122,7 @@ def test_set_takes_the_r_layers_dotted_fields_and_their_flat_names(tmp_path, cor
     ({"recurrence.no_such_field": 1}, "--set: expected one of the R layers' fields recurrence.r_min"),
     ({"attention.n_kv_heads": 1}, "got attention.n_kv_heads"),
     ({"rnn_selective": True, "recurrence.selective": True},
-     "--set: rnn_selective and recurrence.selective name the same field; expected one of the two"),
+     "--set: recurrence.selective: also given as rnn_selective; expected one of the two"),
 ])
 def test_set_refuses_what_is_not_an_r_layer_option_in_one_line(tmp_path, corpus, model, message):
     teacher = write_teacher(tmp_path / "teacher")
