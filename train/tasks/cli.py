@@ -19,7 +19,7 @@ from ..suite import markdown_table, parse_int_list, parse_name_list
 from . import TASK_NAMES, make_task
 from . import passkey_suite
 from .suite import (BUDGETS, KNOWN_MODELS, MODELS, SUITES, budget_for, curriculum_steps, default_lr, model_entry,
-                    model_shape, run_synthetic_suite, task_params, task_steps)
+                    model_shape, run_synthetic_suite, task_lrs, task_params, task_steps)
 from .train import TaskRunConfig, train_task
 
 EPILOG = """\
@@ -29,8 +29,10 @@ examples:
   hybrid-synthetic --suite state-tracking --budget cpu --out runs/synth
   hybrid-synthetic --suite all --budget smoke --out runs/synth-smoke      # every task and model in seconds
   hybrid-synthetic --suite mqar --budget cpu --models transformer,vo-rnn-data --seeds 0,1 --out runs/mqar
-  hybrid-synthetic --task passkey --preset hybrid --seq-len 1024 --curriculum 64,256 --curriculum-steps 2400 \
+  hybrid-synthetic --task passkey --preset hybrid --seq-len 1024 --curriculum 64,256 --curriculum-steps 2400 \\
       --steps 3000 --out runs/pk-1024      # 1200 steps at 64, 1200 at 256, then 600 at 1024
+  hybrid-synthetic --task passkey-text --init-from runs/demo --steps 500 --curriculum-steps 0 --out runs/demo-passkey
+                                       # Samba's test: the trained LM fine-tuned on passkey retrieval, then scored
 
 models of a suite: """ + ", ".join(MODELS) + """
 parity-recipe candidates (vo-rnn-data-selective with one change, or two): """ + ", ".join(
@@ -76,6 +78,10 @@ def parser() -> argparse.ArgumentParser:
                         "quarter of the training length)")
     g.add_argument("--curriculum-steps", type=count, metavar="N",
                    help="the first N steps train on the curriculum (default: the budget's share of the steps)")
+    g.add_argument("--init-from", metavar="RUN_DIR",
+                   help="passkey-text: fine-tune this trained byte-level LM (a hybrid-train or hybrid-distill run) "
+                        "instead of a fresh model, as Samba's passkey test; its architecture and weights replace "
+                        "--preset and the budget's sizes (--set may change what keeps the weights' shapes)")
     g.add_argument("--edge-share", type=float, metavar="S",
                    help="passkey tasks: the share of training sequences whose key sits within key_digits positions "
                         "of an edge (the sequence's start, or right before the query); default 0: uniform")
@@ -111,7 +117,13 @@ def _passkey_params(args, params: dict) -> dict:
 def _one_run(args, budget) -> int:
     seed = budget.seeds[0]
     steps = task_steps(budget, args.task)
-    if args.model is not None:
+    if args.init_from is not None:
+        for flag, given in (("--model", args.model), ("--preset", args.preset)):
+            if given is not None:
+                raise ValueError(f"{flag}: the architecture comes from --init-from; expected no {flag} with it, "
+                                 f"got {flag} {given}")
+        preset, base, options = None, {}, {}
+    elif args.model is not None:
         if args.preset is not None:
             raise ValueError(f"--model: names a preset and its options; expected no --preset with it, got "
                              f"--preset {args.preset}")
@@ -121,9 +133,11 @@ def _one_run(args, budget) -> int:
     else:
         preset, base, options = args.preset or "vo-rnn", {}, {}
     overrides = {**base, **dict(args.sets)}
-    model = {**model_shape(budget, args.task, preset), **overrides}
+    model = overrides if preset is None else {**model_shape(budget, args.task, preset), **overrides}
     if args.lr is not None:
         lr, why = args.lr, "--lr"
+    elif preset is None:
+        lr, why = min(task_lrs(budget, args.task)), f"the smallest of the {budget.name} budget's grid (a fine-tune)"
     else:
         lr, why = default_lr(budget, args.task, preset, overrides, options)
     cur_steps = curriculum_steps(budget, args.task, steps) if args.curriculum_steps is None else args.curriculum_steps
@@ -132,8 +146,14 @@ def _one_run(args, budget) -> int:
     config = TaskRunConfig(task=args.task, task_params=_passkey_params(args, task_params(budget, args.task)),
                            preset=preset, model=model, steps=steps, batch_size=args.batch_size or budget.batch_size,
                            curriculum_steps=cur_steps, lr=lr, seed=seed,
-                           eval_size=budget.eval_size, device=args.device, **options)
-    config.model_config(make_task(config.task, **config.task_params))  # a bad --set fails here, before training
+                           eval_size=budget.eval_size, device=args.device, init_from=args.init_from,
+                           **({"size": None} if preset is None else {}), **options)
+    try:
+        config.model_config(make_task(config.task, **config.task_params))  # a bad --set fails here, before training
+    except ValueError as e:  # the source run's faults name the flag
+        if not str(e).startswith("init_from:"):
+            raise
+        raise ValueError("--init-from:" + str(e)[len("init_from:"):]) from None
     print(budget.describe())
     print(f"learning rate {lr:g}: {why}")
     print(f"run: {json.dumps(config.to_dict())}")
@@ -191,10 +211,11 @@ def _run(args: argparse.Namespace) -> int:
             raise KeyboardInterrupt(f"; nothing was written to {args.out}; run the same command again to start "
                                     f"over") from None
     if (args.sets or args.lr is not None or args.batch_size is not None or args.model or args.preset
-            or args.curriculum is not None or args.curriculum_steps is not None or args.edge_share is not None):
-        raise ValueError("--set, --lr, --batch-size, --model, --preset, --curriculum, --curriculum-steps and "
-                         "--edge-share: apply to one run (--task); a suite takes its models, rates, batch and "
-                         "curriculum from the budget (--models picks among them)")
+            or args.curriculum is not None or args.curriculum_steps is not None or args.edge_share is not None
+            or args.init_from is not None):
+        raise ValueError("--set, --lr, --batch-size, --model, --preset, --curriculum, --curriculum-steps, "
+                         "--edge-share and --init-from: apply to one run (--task); a suite takes its models, rates, "
+                         "batch and curriculum from the budget (--models picks among them)")
     prepare_suite_dir(args.out, overwrite=args.overwrite)
     print(budget.describe(), flush=True)
     try:

@@ -72,9 +72,16 @@ def budget_for(name: str, *, steps=None, seq_len=None, seeds=None, models=None) 
     return BUDGETS[name].override(steps=steps, seq_len=seq_len, seeds=seeds, models=models, known_models=MODELS)
 
 
-def task_params(budget: Budget) -> dict:
-    """The passkey generator's parameters under ``budget``: its ``task_params`` with ``train_length = seq_len``."""
-    return {**budget.extra.get("task_params", {}), "train_length": budget.seq_len}
+RANDOM_FILLER_ONLY = ("filler_vocab",)  # parameters of the random filler that passkey-text's corpus filler refuses
+
+
+def task_params(budget: Budget, task: str = "passkey") -> dict:
+    """The generator parameters of ``task`` (passkey or passkey-text) under ``budget``: its ``task_params`` with
+    ``train_length = seq_len``; passkey-text drops the random filler's own (``filler_vocab``)."""
+    params = {**budget.extra.get("task_params", {}), "train_length": budget.seq_len}
+    if task == "passkey-text":
+        params = {k: v for k, v in params.items() if k not in RANDOM_FILLER_ONLY}
+    return params
 
 
 def curriculum_steps(budget: Budget, steps: int) -> int:
@@ -108,7 +115,7 @@ def build_specs(suite: str, budget: Budget, *, device: str = "auto") -> list[Run
             preset, overrides = MODELS[model]
             for lr in budget.lrs:
                 for seed in budget.seeds:
-                    config = TaskRunConfig(task=task, task_params=task_params(budget), preset=preset,
+                    config = TaskRunConfig(task=task, task_params=task_params(budget, task), preset=preset,
                                            model=model_shape(budget, preset, overrides), steps=budget.steps,
                                            curriculum_steps=curriculum_steps(budget, budget.steps),
                                            batch_size=budget.batch_size, lr=lr, seed=seed,

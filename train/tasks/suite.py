@@ -166,7 +166,7 @@ def default_lr(budget: Budget, task: str, preset: str, overrides: dict, options:
 def task_params(budget: Budget, task: str) -> dict:
     """The generator parameters a budget sets for ``task``; ``seq_len`` is the longest training length."""
     if task in passkey_suite.TASKS:
-        return passkey_suite.task_params(budget)
+        return passkey_suite.task_params(budget, task)
     given = budget.extra.get("task_params", {})
     if task == "mqar":
         return dict(given.get("mqar", {}))

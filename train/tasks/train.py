@@ -43,6 +43,7 @@ from ..saved_model import checkpoint_model
 from ..schedule import default_warmup, warmup_cosine
 from . import make_task
 from .base import IGNORE, Batch, Task, rng_of, scaled_accuracy
+from .from_run import load_source_weights, source_config
 
 TEST_SEED = 1_000_003
 VALID_SEED = 2_000_003
@@ -53,7 +54,8 @@ TASK_FILE, RESULTS_FILE, METRICS_FILE = "task.json", "results.json", "metrics.js
 
 @dataclass
 class TaskRunConfig:
-    """One training run on one task. ``model`` overrides any HybridConfig field of the preset at ``size``."""
+    """One training run on one task. ``model`` overrides any HybridConfig field of the preset at ``size``, or,
+    with ``init_from``, of that run's model (preset and size then do not apply)."""
 
     task: str = "parity"
     task_params: dict = field(default_factory=dict)
@@ -73,11 +75,15 @@ class TaskRunConfig:
     eval_size: int = 512  # test sequences per test point
     log_every: int = 25
     device: str = "auto"
+    init_from: str | None = None  # a trained LM's run directory: its model and weights, fine-tuned (from_run.py)
 
     def __post_init__(self):
-        if self.preset not in PRESETS:
+        if self.init_from is not None:  # the source run's model: no preset, no size
+            if not isinstance(self.init_from, str) or not self.init_from:
+                raise ValueError(f"init_from: expected a run directory's path, got {self.init_from!r}")
+        elif self.preset not in PRESETS:
             raise ValueError(f"preset: expected one of {sorted(PRESETS)}, got {self.preset!r}")
-        if self.size not in SIZES:
+        if self.init_from is None and self.size not in SIZES:
             raise ValueError(f"size: expected one of {list(SIZES)}, got {self.size!r}")
         for name in ("steps", "batch_size", "eval_size", "log_every"):
             setattr(self, name, check_int(name, getattr(self, name), low=1, what="a positive int"))
@@ -122,6 +128,8 @@ class TaskRunConfig:
         return int(round(longest + (self.grow_lengths_to - longest) * done))
 
     def model_config(self, task: Task) -> HybridConfig:
+        if self.init_from is not None:
+            return source_config(self.init_from, task, self.model)
         overrides = {"vocab_size": task.vocab_size, **self.model}
         return HybridConfig.preset(self.preset, self.size, **overrides)
 
@@ -188,6 +196,8 @@ def train_task(config: TaskRunConfig, out, *, on_step=None) -> dict:
     torch.manual_seed(config.seed)
     model_config = config.model_config(task)
     model = HybridLM(model_config).to(device)
+    if config.init_from is not None:
+        load_source_weights(model, config.init_from)
     optimizer = build_optimizer(model, lr=config.lr, weight_decay=config.weight_decay)
     scheduler = warmup_cosine(optimizer, warmup=config.warmup, total=config.steps)
     rng = rng_of(config.seed)

@@ -57,8 +57,8 @@ def test_a_single_run_of_a_studied_model_uses_its_best_rate_and_says_so(tmp_path
         (["--suite", "all", "--models", "gpt"], "models: expected names from"),
         (["--suite", "all", "--seeds", "x"], "--seeds: expected comma-separated integers"),
         (["--suite", "all", "--set", "rnn_phase=\"data\""], "--set, --lr, --batch-size, --model, --preset,"),
-        (["--suite", "parity-recipe", "--model", "recipe+round"], "--edge-share: apply to one run (--task)"),
-        (["--suite", "passkey", "--curriculum", "8"], "--edge-share: apply to one run (--task)"),
+        (["--suite", "parity-recipe", "--model", "recipe+round"], "--edge-share and --init-from: apply to one run (--task)"),
+        (["--suite", "passkey", "--curriculum", "8"], "--edge-share and --init-from: apply to one run (--task)"),
         (["--task", "parity", "--curriculum", "8"], "--curriculum: expected a passkey task (a length curriculum), "
                                                     "got --task parity"),
         (["--task", "passkey", "--curriculum", "16,33"],
