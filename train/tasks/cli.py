@@ -31,7 +31,7 @@ examples:
   hybrid-synthetic --suite mqar --budget cpu --models transformer,vo-rnn-data --seeds 0,1 --out runs/mqar
   hybrid-synthetic --task passkey --preset hybrid --seq-len 1024 --curriculum 64,256 --curriculum-steps 2400 \\
       --steps 3000 --out runs/pk-1024      # 1200 steps at 64, 1200 at 256, then 600 at 1024
-  hybrid-synthetic --task passkey-text --init-from runs/demo --steps 500 --curriculum-steps 0 --out runs/demo-passkey
+  hybrid-synthetic --task passkey-text --init-from runs/demo --steps 1500 --curriculum-steps 0 --out runs/demo-passkey
                                        # Samba's test: the trained LM fine-tuned on passkey retrieval, then scored
 
 models of a suite: """ + ", ".join(MODELS) + """
