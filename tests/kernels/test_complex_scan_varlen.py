@@ -42,6 +42,19 @@ def options(backend: str) -> dict:
     return {"backend": backend, "block_size": EDGE if backend == "torch" else None}
 
 
+def device_of(backend: str) -> torch.device:
+    """Where a backend runs: Triton on the GPU when there is one (else the interpreter), the rest on the CPU."""
+    return torch.device("cuda" if backend == "triton" and torch.cuda.is_available() else "cpu")
+
+
+def scan(backend, x, ld, th, s0, cu, **kw):
+    """``complex_scan`` with the backend's options on its device; results (and gradients) back on the CPU."""
+    dev = device_of(backend)
+    on = lambda t: None if t is None else t.to(dev)  # noqa: E731
+    y, final = complex_scan(on(x), on(ld), on(th), on(s0), cu_seqlens=on(cu), **options(backend), **kw)
+    return y.cpu(), None if final is None else final.cpu()
+
+
 def dtype_of(backend: str) -> torch.dtype:
     """float64 where the backend computes in it; the Triton kernels compute in float32."""
     return torch.float32 if backend == "triton" else torch.float64
@@ -126,8 +139,7 @@ def assert_matches(ours, ref, tol, what=""):
 
 
 def packed(backend, cu, **kw):
-    return lambda x, ld, th, s0: complex_scan(x, ld, th, s0, output_final_state=True, cu_seqlens=cu,
-                                              **options(backend), **kw)
+    return lambda x, ld, th, s0: scan(backend, x, ld, th, s0, cu, output_final_state=True, **kw)
 
 
 # ---------------------------------------------------------------------------------------------- packed = separate
@@ -294,11 +306,11 @@ def _split_call(backend, x, ld, th, s0, cu, tau):
     rest = [e - tau for e in b[crossing + 1:]]
     continues = tau < b[crossing + 1]
     cu_b = torch.tensor(([0] if continues else []) + rest)
-    y_a, f_a = complex_scan(x[:, :tau], time_part(ld, 0, tau), time_part(th, 0, tau), s0[: crossing + 1],
-                            output_final_state=True, cu_seqlens=cu_a, **options(backend))
+    y_a, f_a = scan(backend, x[:, :tau], time_part(ld, 0, tau), time_part(th, 0, tau), s0[: crossing + 1], cu_a,
+                    output_final_state=True)
     s0_b = torch.cat([f_a[crossing:], s0[crossing + 1:]]) if continues else s0[crossing + 1:]
-    y_b, f_b = complex_scan(x[:, tau:], time_part(ld, tau, b[-1]), time_part(th, tau, b[-1]), s0_b,
-                            output_final_state=True, cu_seqlens=cu_b, **options(backend))
+    y_b, f_b = scan(backend, x[:, tau:], time_part(ld, tau, b[-1]), time_part(th, tau, b[-1]), s0_b, cu_b,
+                    output_final_state=True)
     finals = torch.cat([f_a[:crossing], f_b]) if continues else torch.cat([f_a, f_b])
     return torch.cat([y_a, y_b], 1), finals
 
@@ -309,7 +321,7 @@ def test_packed_batch_split_in_two_calls(backend, one_torch_thread):
     cu = offsets(T)
     dtype = dtype_of(backend)
     (x, ld, th, s0), _ = make(T, H, D, cu, decay="dependent", init=True, dtype=dtype)
-    y, final = complex_scan(x, ld, th, s0, output_final_state=True, cu_seqlens=cu, **options(backend))
+    y, final = scan(backend, x, ld, th, s0, cu, output_final_state=True)
     taus = [1, 3, EDGE, EDGE + 1, T - 5] if backend == "triton" else range(1, T)
     for tau in taus:
         y2, final2 = _split_call(backend, x, ld, th, s0, cu, tau)

@@ -1,0 +1,73 @@
+"""The hybrid on the GPU: ``torch.compile(fullgraph=True)`` equals eager, a bf16 training step makes no host
+sync, and the three modes agree."""
+import pytest
+import torch
+import warnings
+
+from hybrid.models import HybridConfig, HybridLM
+from hybrid.train.bench.gpu_check.context import CheckContext, rel_error
+from hybrid.train.bench.gpu_check.part_correctness import COMPILE_TOL, _batches, _loss_and_grads
+
+
+def context(tmp_path):
+    return CheckContext(part="test", device=torch.device("cuda"), dry_run=False, deadline=float("inf"),
+                        log=tmp_path / "log.jsonl", work=tmp_path, repo=None)
+
+
+def model(selective: bool):
+    torch.manual_seed(0)
+    return HybridLM(HybridConfig.preset("hybrid", "tiny", window=32, rnn_selective=selective)).cuda().train()
+
+
+@pytest.mark.parametrize("selective", [False, True], ids=["static", "selective"])
+def test_compiled_fullgraph_equals_eager(cuda, tmp_path, selective):
+    m = model(selective)
+    compiled = torch.compile(m, fullgraph=True, dynamic=False)
+    for kind, (ids, cu) in _batches(context(tmp_path), m, 200).items():
+        want_logits, want_grads = _loss_and_grads(m, ids, cu)
+        got_logits, got_grads = _loss_and_grads(compiled, ids, cu)
+        assert rel_error(got_logits, want_logits) <= COMPILE_TOL, kind
+        worst = max(rel_error(a, b) for a, b in zip(got_grads, want_grads))
+        assert worst <= COMPILE_TOL, kind
+
+
+@pytest.mark.parametrize("selective", [False, True], ids=["static", "selective"])
+@pytest.mark.parametrize("kind", ["padded", "packed"])
+def test_training_step_makes_no_host_sync(cuda, tmp_path, selective, kind):
+    m = model(selective)
+    opt = torch.optim.AdamW(m.parameters(), lr=1e-3, fused=True)
+    ids, cu = _batches(context(tmp_path), m, 256)[kind]
+
+    def step():
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            logits, _ = m(ids, cu_seqlens=cu, output_final_state=False) if cu is not None else \
+                m(ids, output_final_state=False)
+        torch.nn.functional.cross_entropy(logits[:, :-1].flatten(0, 1).float(), ids[:, 1:].flatten()).backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    step()
+    torch.cuda.synchronize()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            step()
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    syncs = [f"{w.filename}:{w.lineno}" for w in caught if "synchroniz" in str(w.message)]
+    assert not syncs, f"{len(syncs)} host syncs: {syncs[:8]}"
+
+
+@pytest.mark.parametrize("preset", ["hybrid", "transformer", "retnet", "vo-rnn"])
+def test_modes_agree(cuda, preset):
+    """Parallel logits equal chunked and token-by-token recurrent ones, float32 on the GPU."""
+    torch.manual_seed(0)
+    m = HybridLM(HybridConfig.preset(preset, "tiny", **({"window": 16} if preset == "hybrid" else {}))).cuda().eval()
+    ids = torch.randint(0, m.config.vocab_size, (2, 53), device="cuda")
+    with torch.no_grad():
+        parallel, _ = m(ids)
+        chunked, _ = m(ids, mode="chunked", chunk_size=20)
+        recurrent, _ = m(ids, mode="recurrent")
+    assert rel_error(chunked, parallel) <= 1e-4
+    assert rel_error(recurrent, parallel) <= 1e-4

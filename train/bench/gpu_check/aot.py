@@ -1,0 +1,234 @@
+"""Compile every Triton kernel of the library for a GPU ahead of time, on a machine without one.
+
+    python -m hybrid.train.bench.gpu_check.aot [--arch 90] [--out FILE.md] [--all]
+
+``triton.compile(ASTSource(kernel, signature, constexprs), target=GPUTarget("cuda", arch, 32))`` runs the whole
+compiler (TTIR, TTGIR, LLVM IR, PTX and, with the ptxas Triton ships, a cubin) without a GPU. Each row compiles
+one specialisation of a kernel: one value of each constexpr, one tile (BT, BP) and warp count, one input dtype.
+The default set is a covering set: every tile the autotuner may pick (``triton_scan._FWD_CONFIGS`` /
+``_BWD_CONFIGS``), the untuned default tiles, each constexpr branch both ways and each input dtype at least once.
+``--all`` compiles every combination of the flags instead (hundreds of compiles: minutes).
+
+For each it reports the registers per thread, the spill bytes (stores + loads) and the local stack from
+``ptxas -v`` on the PTX, and the shared memory Triton reserves for the launch. Compile errors and API drift
+between Triton releases show here, before any GPU time is spent. Run with ``TRITON_INTERPRET`` unset: under
+the interpreter ``triton.jit`` builds no compilable kernel (the module refuses).
+"""
+from __future__ import annotations
+
+import argparse
+import itertools
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+
+__all__ = ["Specialisation", "covering_set", "every_combination", "compile_one", "main"]
+
+_DTYPES = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
+
+
+@dataclass(frozen=True)
+class Specialisation:
+    """One compile: the kernel's name, its constexpr values, the launch's warps and x's dtype."""
+
+    kernel: str  # "forward" | "backward"
+    constexprs: dict = field(hash=False)
+    num_warps: int
+    dtype: str  # of x / y / dy / dx: float32, bfloat16 or float16
+
+    def label(self) -> str:
+        flags = " ".join(k for k, v in self.constexprs.items() if isinstance(v, bool) and v)
+        return (f"{self.kernel} BT={self.constexprs['BT']} BP={self.constexprs['BP']} w={self.num_warps} "
+                f"{self.dtype} [{flags}]")
+
+
+def _kernels():
+    from hybrid.kernels.complex_scan import triton_scan
+
+    if triton_scan._INTERPRET:
+        raise RuntimeError("aot: TRITON_INTERPRET=1 is set; unset it (the interpreter builds no compilable kernel)")
+    return triton_scan
+
+
+_FWD_FLAGS = ("LD_STATIC", "TH_STATIC", "HAS_H0", "SAVE_CK")
+_BWD_FLAGS = ("LD_STATIC", "TH_STATIC", "HAS_DY", "HAS_DHT", "NEED_DX", "NEED_DLD", "NEED_DTH", "NEED_DH0",
+              "SHIFT_GATHER")
+
+
+def _forward(bt, bp, warps, flags, dtype):
+    return Specialisation("forward", {"BT": bt, "BP": bp, **dict(zip(_FWD_FLAGS, flags))}, warps, dtype)
+
+
+def _backward(bt, bp, warps, ck_bt, flags, dtype):
+    named = dict(zip(_BWD_FLAGS, flags))
+    return Specialisation("backward", {"BT": bt, "CK_BT": ck_bt, "BP": bp, **named}, warps, dtype)
+
+
+def _valid_backward(named: dict) -> bool:
+    """The host never launches the backward without an upstream gradient or without a gradient to compute."""
+    wants = named["NEED_DX"] or named["NEED_DLD"] or named["NEED_DTH"] or named["NEED_DH0"]
+    return (named["HAS_DY"] or named["HAS_DHT"]) and wants
+
+
+def covering_set() -> list[Specialisation]:
+    """Every tuned and default tile once, every flag both ways, every dtype (see the module docstring)."""
+    ts = _kernels()
+    dtypes = list(_DTYPES)
+    specs = []
+    # forward: the 16 flag combinations, walked beside the tuned tiles (each tile at least twice)
+    tiles = ts._FWD_CONFIGS + [ts.default_blocks(4096, 64)]
+    for i, flags in enumerate(itertools.product((False, True), repeat=len(_FWD_FLAGS))):
+        bt, bp, warps = tiles[i % len(tiles)]
+        specs.append(_forward(bt, bp, warps, flags, dtypes[i % 3]))
+    # backward: each tuned tile with a checkpoint interval it may follow (BT a multiple of CK_BT); the flags
+    # from rows that switch each one on and off, with both ways of fetching a_{t+1}
+    rows = [
+        # LD    TH     DY     DHT    DX     DLD    DTH    DH0    GATHER
+        (False, False, True, False, True, True, True, False, True),
+        (True, False, True, True, True, True, True, True, True),
+        (False, True, True, True, True, True, True, True, False),
+        (True, True, False, True, False, True, True, True, True),
+        (False, False, True, True, False, False, True, True, False),
+        (False, False, True, False, True, False, False, False, True),
+        (True, False, True, False, True, True, False, False, False),
+        (False, True, False, True, True, False, True, False, True),
+    ]
+    bwd_tiles = ts._BWD_CONFIGS + [ts.default_blocks(4096, 64)]
+    for i, (flags, (bt, bp, warps)) in enumerate(zip(rows, itertools.cycle(bwd_tiles))):
+        specs.append(_backward(bt, bp, warps, _checkpoint_interval(bt, i), flags, dtypes[i % 3]))
+    for j, (bt, bp, warps) in enumerate(bwd_tiles[len(rows):]):
+        flags = rows[j % len(rows)]
+        specs.append(_backward(bt, bp, warps, _checkpoint_interval(bt, j + 1), flags, dtypes[j % 3]))
+    return specs
+
+
+def _checkpoint_interval(bt: int, i: int) -> int:
+    """A forward tile (the checkpoint interval) that the backward tile ``bt`` may follow: bt itself or a half."""
+    return bt if i % 2 == 0 or bt <= 32 else bt // 2
+
+
+def every_combination() -> list[Specialisation]:
+    """Every flag combination the host can launch, at each tuned tile, in bfloat16 (many compiles)."""
+    ts = _kernels()
+    specs = [_forward(bt, bp, w, flags, "bfloat16")
+             for (bt, bp, w) in ts._FWD_CONFIGS
+             for flags in itertools.product((False, True), repeat=len(_FWD_FLAGS))]
+    for bt, bp, w in ts._BWD_CONFIGS:
+        for flags in itertools.product((False, True), repeat=len(_BWD_FLAGS)):
+            if _valid_backward(dict(zip(_BWD_FLAGS, flags))):
+                specs.append(_backward(bt, bp, w, bt, flags, "bfloat16"))
+    return specs
+
+
+def _signature(fn, spec: Specialisation) -> dict:
+    """Triton's type string for every argument: pointers to x-like tensors in the dtype, the rest float32."""
+    x_like = {"x_ptr", "y_ptr", "dy_ptr", "dx_ptr"}
+    sig = {}
+    for name in fn.arg_names:
+        if name in spec.constexprs:
+            sig[name] = "constexpr"
+        elif name.endswith("_ptr"):
+            sig[name] = "*" + (_DTYPES[spec.dtype] if name in x_like else "fp32")
+        else:
+            sig[name] = "i32"
+    return sig
+
+
+def _ptxas_path(arch: int) -> str:
+    from triton.backends.nvidia import compiler as nv
+
+    try:
+        tool = nv.get_ptxas(arch)
+    except TypeError:  # older Triton: get_ptxas() takes no arch
+        tool = nv.get_ptxas()
+    return tool.path if hasattr(tool, "path") else tool[0]
+
+
+_USAGE = re.compile(r"Used (\d+) registers")
+_SPILL = re.compile(r"(\d+) bytes spill stores, (\d+) bytes spill loads")
+_STACK = re.compile(r"(\d+) bytes stack frame")
+
+
+def resource_usage(ptx: str, arch: int) -> dict:
+    """Registers, spill bytes and stack frame of the PTX, as ``ptxas -v`` reports them."""
+    target = re.search(r"^\.target\s+(\S+)", ptx, re.M).group(1)
+    with tempfile.TemporaryDirectory() as tmp:
+        src = os.path.join(tmp, "k.ptx")
+        with open(src, "w") as fh:
+            fh.write(ptx)
+        done = subprocess.run([_ptxas_path(arch), "-v", f"--gpu-name={target}", src, "-o", os.path.join(tmp, "k.o")],
+                              capture_output=True, text=True, check=True)
+    report = done.stdout + done.stderr
+    regs = _USAGE.search(report)
+    spills = _SPILL.search(report)
+    stack = _STACK.search(report)
+    return {"registers": int(regs.group(1)) if regs else None,
+            "spill_bytes": (int(spills.group(1)) + int(spills.group(2))) if spills else None,
+            "stack_bytes": int(stack.group(1)) if stack else None}
+
+
+def compile_one(spec: Specialisation, arch: int = 90) -> dict:
+    """Compile ``spec`` for ``sm_<arch>``; returns its row (or the error, in one line)."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    ts = _kernels()
+    fn = ts._scan_fwd_kernel if spec.kernel == "forward" else ts._scan_bwd_kernel
+    row = {"kernel": spec.kernel, "label": spec.label(), "dtype": spec.dtype, "num_warps": spec.num_warps,
+           **{k: v for k, v in spec.constexprs.items()}}
+    start = time.perf_counter()
+    try:
+        src = ASTSource(fn, _signature(fn, spec), dict(spec.constexprs))
+        compiled = triton.compile(src, target=GPUTarget("cuda", arch, 32), options={"num_warps": spec.num_warps})
+        row.update(ok=True, shared_bytes=int(compiled.metadata.shared), has_cubin="cubin" in compiled.asm)
+        row.update(resource_usage(compiled.asm["ptx"], arch))
+    except Exception as exc:  # noqa: BLE001 - a compile error is the finding: keep it in the table
+        row.update(ok=False, error=f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:300])
+    row["compile_s"] = round(time.perf_counter() - start, 2)
+    return row
+
+
+def table(rows: list[dict], arch: int) -> str:
+    import triton
+
+    head = [f"Triton {triton.__version__}, ahead of time for sm_{arch} (no GPU): {len(rows)} specialisations, "
+            f"{sum(not r['ok'] for r in rows)} failed.", "",
+            "| kernel | BT | BP | warps | dtype | flags | registers | spill B | stack B | shared B | compile s |",
+            "|---|---:|---:|---:|---|---|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        flags = " ".join(k for k in dict.fromkeys(_FWD_FLAGS + _BWD_FLAGS) if r.get(k) is True)
+        if r["ok"]:
+            cells = [r["registers"], r["spill_bytes"], r["stack_bytes"], r["shared_bytes"]]
+        else:
+            cells = ["FAILED: " + r["error"], "", "", ""]
+        head.append(f"| {r['kernel']} | {r['BT']} | {r['BP']} | {r['num_warps']} | {r['dtype']} | {flags} | "
+                    + " | ".join(str(c) for c in cells) + f" | {r['compile_s']} |")
+    return "\n".join(head) + "\n"
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
+    p.add_argument("--arch", type=int, default=90, help="compute capability x 10 (default: 90, the H100 / H200)")
+    p.add_argument("--all", action="store_true", help="every flag combination at every tuned tile (slow)")
+    p.add_argument("--out", help="also write the table (markdown) here")
+    args = p.parse_args(argv)
+    specs = every_combination() if args.all else covering_set()
+    rows = []
+    for spec in specs:
+        rows.append(compile_one(spec, args.arch))
+        print(("ok    " if rows[-1]["ok"] else "FAIL  ") + spec.label(), flush=True)
+    text = table(rows, args.arch)
+    print(text)
+    if args.out:
+        with open(args.out, "w") as fh:
+            fh.write(text)
+    return 0 if all(r["ok"] for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

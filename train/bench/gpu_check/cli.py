@@ -1,0 +1,214 @@
+"""``python -m hybrid.train.bench.gpu_check``: runs the parts one after another, each in a child process with
+its own time limit, and writes the outputs after each one (``report.write_outputs``)."""
+from __future__ import annotations
+
+import argparse
+import datetime
+import importlib
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+
+PARTS = {  # name → default seconds (one H100 command of at most 9 minutes in all)
+    "correctness": 100,
+    "scan": 100,
+    "models": 160,
+    "decoding": 60,
+    "training": 120,
+}
+DRY_RUN_SECONDS = 120  # per part, on a CPU
+GRACE_S = 20  # beyond its limit before a part is killed (it stops itself at its deadline)
+RETURNED_LOGS = ("pytest.log", "train.log")
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m hybrid.train.bench.gpu_check",
+                                description="Validate and measure every CUDA path in one command (docs/gpu.md).",
+                                allow_abbrev=False)
+    p.add_argument("--out", required=True, help="folder for report.md, results.json, the plots and logs (at most "
+                                                "8 files; rewritten after every part)")
+    p.add_argument("--parts", default=",".join(PARTS),
+                   help=f"comma-separated parts to run, in this order (default: {','.join(PARTS)})")
+    p.add_argument("--budget", type=float, default=None,
+                   help=f"total seconds; scales every part's limit (default: their sum, {sum(PARTS.values())} s)")
+    p.add_argument("--limits", default="", metavar="PART=S,...",
+                   help="seconds for named parts, overriding their share of the budget (e.g. models=200)")
+    p.add_argument("--dry-run", action="store_true",
+                   help="every part on the CPU at tiny sizes, Triton under TRITON_INTERPRET=1 (what CI runs)")
+    p.add_argument("--work", default=None, help="scratch folder (default: a temporary one, removed at the end)")
+    p.add_argument("--commit", default=None, help="commit to print in the report (default: git's HEAD, if any)")
+    p.add_argument("--child", help=argparse.SUPPRESS)
+    p.add_argument("--seconds", type=float, help=argparse.SUPPRESS)
+    return p
+
+
+def _fail(message: str) -> int:
+    print(f"gpu_check: {message}", file=sys.stderr)
+    return 2
+
+
+def _parts(text: str) -> list[str]:
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    unknown = [n for n in names if n not in PARTS]
+    if unknown or not names:
+        raise ValueError(f"--parts: expected names among {list(PARTS)}, got {text!r}")
+    return names
+
+
+def _limits(text: str) -> dict[str, float]:
+    out = {}
+    for item in filter(None, (s.strip() for s in text.split(","))):
+        name, _, seconds = item.partition("=")
+        try:
+            value = float(seconds)
+        except ValueError:
+            value = -1.0
+        if name not in PARTS or value <= 0:
+            raise ValueError(f"--limits: expected PART=SECONDS with PART among {list(PARTS)} and SECONDS > 0, "
+                             f"got {item!r}")
+        out[name] = value
+    return out
+
+
+def _repo() -> Path | None:
+    import hybrid
+
+    root = Path(hybrid.__file__).resolve().parent.parent
+    return root if (root / "tests").is_dir() and (root / "pyproject.toml").is_file() else None
+
+
+def _commit(given: str | None) -> str:
+    if given:
+        return given
+    repo = _repo()
+    if repo is not None:
+        try:
+            return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=repo, capture_output=True,
+                                  text=True, timeout=10).stdout.strip() or "unknown"
+        except (OSError, subprocess.SubprocessError):
+            pass
+    return os.environ.get("HYBRID_COMMIT", "unknown")
+
+
+def _header(args, argv) -> dict:
+    import torch
+
+    try:
+        import triton
+        triton_version = triton.__version__
+    except ImportError:
+        triton_version = "not installed"
+    if torch.cuda.is_available() and not args.dry_run:
+        props = torch.cuda.get_device_properties(0)
+        device = f"{props.name} ({props.multi_processor_count} SMs, {props.total_memory / 2 ** 30:.0f} GiB)"
+    else:
+        device = f"{platform.machine()} CPU, {os.cpu_count()} cores"
+    return {"device": device, "torch": torch.__version__, "triton": triton_version,
+            "python": platform.python_version(), "date": datetime.datetime.now().strftime("%Y-%m-%d %H:%M"),
+            "commit": _commit(args.commit), "dry_run": args.dry_run,
+            "command": "python -m hybrid.train.bench.gpu_check " + " ".join(argv)}
+
+
+def _read_rows(log: Path, part: str) -> list[dict]:
+    if not log.exists():
+        return []
+    rows = []
+    for line in log.read_text().splitlines():
+        try:
+            rows.append({"part": part, **json.loads(line)})
+        except json.JSONDecodeError:  # a line cut short by a kill
+            continue
+    return rows
+
+
+def _run_part(name: str, limit: float, args, work: Path) -> tuple[dict, list[dict]]:
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    if args.dry_run:
+        env["TRITON_INTERPRET"] = "1"
+    cmd = [sys.executable, "-m", "hybrid.train.bench.gpu_check", "--out", str(work), "--child", name,
+           "--seconds", str(limit), "--work", str(work)] + (["--dry-run"] if args.dry_run else [])
+    print(f"\n=== part {name}: limit {limit:.0f} s ===", flush=True)
+    start = time.monotonic()
+    try:
+        rc = subprocess.run(cmd, env=env, timeout=limit + GRACE_S).returncode
+        status = "finished" if rc == 0 else f"failed (exit {rc})"
+    except subprocess.TimeoutExpired:
+        status = "killed at its limit"
+    seconds = time.monotonic() - start
+    rows = _read_rows(work / f"{name}.jsonl", name)
+    return {"status": status, "seconds": round(seconds, 1), "limit": round(limit), "rows": len(rows)}, rows
+
+
+def _child(args) -> int:
+    import torch
+
+    from .context import CheckContext
+
+    work = Path(args.work)
+    device = torch.device("cuda" if torch.cuda.is_available() and not args.dry_run else "cpu")
+    ctx = CheckContext(part=args.child, device=device, dry_run=args.dry_run,
+                       deadline=time.monotonic() + args.seconds, log=work / f"{args.child}.jsonl",
+                       work=work, repo=_repo())
+    module = importlib.import_module(f"{__package__}.part_{args.child}")
+    try:
+        module.run(ctx)
+    except Exception as exc:  # noqa: BLE001 - recorded, so the report says where the part broke
+        ctx.record(args.child, ok=False, error=f"{type(exc).__name__}: {exc}"[:400],
+                   traceback=traceback.format_exc().splitlines()[-12:])
+        return 1
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    args = parser().parse_args(argv)
+    if args.child:
+        return _child(args)
+    try:
+        names = _parts(args.parts)
+        limits = _limits(args.limits)
+    except ValueError as exc:
+        return _fail(str(exc))
+    if args.budget is not None and args.budget <= 0:
+        return _fail(f"--budget: expected seconds > 0, got {args.budget}")
+    import torch
+
+    if not args.dry_run and not torch.cuda.is_available():
+        return _fail("no CUDA device visible: the check measures a GPU; --dry-run rehearses it on the CPU")
+    out = Path(args.out)
+    work = Path(args.work) if args.work else Path(tempfile.mkdtemp(prefix="gpu_check_"))
+    work.mkdir(parents=True, exist_ok=True)
+    from .report import write_outputs
+    from .targets import evaluate
+
+    header = _header(args, argv)
+    default_total = sum(PARTS[n] for n in names)
+    scale = 1.0 if args.budget is None else args.budget / default_total
+    parts, rows = {}, []
+    try:
+        for name in names:
+            limit = DRY_RUN_SECONDS if args.dry_run else limits.get(name, PARTS[name] * scale)
+            parts[name], found = _run_part(name, limit, args, work)
+            rows += found
+            write_outputs(out, header, parts, rows, evaluate(rows))
+            for log in RETURNED_LOGS:
+                if (work / log).exists():
+                    shutil.copyfile(work / log, out / log)
+    finally:
+        if not args.work:
+            shutil.rmtree(work, ignore_errors=True)
+    failed = [r for r in rows if r.get("ok") is False]
+    broken = [n for n, s in parts.items() if s["status"] != "finished"]
+    print(f"\ngpu_check: {len(rows)} rows in {out}/report.md; {len(failed)} failed checks; "
+          f"parts not finished: {', '.join(broken) or 'none'}")
+    for r in failed:
+        print(f"  FAILED {r['part']}/{r['section']}: " + json.dumps({k: v for k, v in r.items()
+                                                                    if k not in ('part', 'section')}, default=str)[:300])
+    return 1 if failed or broken else 0

@@ -1,0 +1,93 @@
+"""What a part receives: the device, the sizes (full on a GPU, tiny in a dry run), its deadline, and
+``record``, which appends one row to the part's log the moment it is measured (a killed part keeps its rows)."""
+from __future__ import annotations
+
+import json
+import math
+import statistics
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+__all__ = ["CheckContext", "rel_error", "median_time"]
+
+
+@dataclass
+class CheckContext:
+    part: str
+    device: torch.device
+    dry_run: bool
+    deadline: float  # time.monotonic() at which the part should have finished
+    log: Path  # one JSON object per line: {"section": ..., **row}
+    work: Path  # scratch space (not returned)
+    repo: Path | None  # the repository root when the check runs from a checkout (tests/ beside it)
+
+    def record(self, section: str, **row) -> dict:
+        row = {"section": section, **row}
+        with open(self.log, "a") as fh:
+            fh.write(json.dumps(row, default=_plain) + "\n")
+        print(f"[{self.part}] " + _brief(row), flush=True)
+        return row
+
+    def left(self) -> float:
+        """Seconds before the part's deadline."""
+        return self.deadline - time.monotonic()
+
+    def has_time(self, seconds: float, section: str, what: str) -> bool:
+        """True if ``seconds`` remain; otherwise records ``what`` as skipped for time and returns False."""
+        if self.left() >= seconds:
+            return True
+        self.record(section, skipped=what, reason=f"time: {self.left():.0f} s left of the part's limit, "
+                                                  f"{seconds:.0f} s wanted")
+        return False
+
+    def sync(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+
+def _plain(value):
+    if isinstance(value, (torch.dtype, torch.device, Path)):
+        return str(value)
+    if isinstance(value, torch.Tensor):
+        return value.tolist()
+    return repr(value)
+
+
+def _brief(row: dict) -> str:
+    cells = []
+    for k, v in row.items():
+        if isinstance(v, float):
+            v = f"{v:.3g}"
+        cells.append(f"{k}={v}")
+    return " ".join(cells)[:240]
+
+
+def rel_error(got: torch.Tensor, want: torch.Tensor) -> float:
+    """‖got − want‖ / ‖want‖ in float64 (inf when got has a non-finite value; 0/0 counts as 0)."""
+    got, want = got.detach().double().cpu(), want.detach().double().cpu()
+    if not torch.isfinite(got).all():
+        return math.inf
+    denom = want.norm().item()
+    num = (got - want).norm().item()
+    return num / denom if denom else num
+
+
+def median_time(fn, ctx: CheckContext, *, reps: int = 20, warmup: int = 2) -> float:
+    """Median milliseconds of ``fn()``: ``triton.testing.do_bench`` on CUDA (device events), else host clock."""
+    if ctx.device.type == "cuda":
+        import triton.testing
+
+        fn()
+        ctx.sync()
+        return float(triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median"))
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(reps):
+        start = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - start) * 1e3)
+    return statistics.median(times)

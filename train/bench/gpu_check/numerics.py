@@ -1,0 +1,136 @@
+"""The comparisons behind the correctness part, shared with the CUDA tests (tests/cuda): each runs one fast path
+on a device against its float64 reference with fresh random inputs and returns the relative errors
+(‖got − want‖ / ‖want‖) of the outputs and of every gradient.
+
+Tolerances (``TOLERANCE``) follow the arithmetic: float32 paths are float32-accurate; a bfloat16 / float16
+output (y, and the gradient of x, which has x's dtype) carries one rounding to that dtype (to nearest: at most
+2^-8 / 2^-11 relative), while states, decay / angle gradients and final states stay in float32. Triton's CPU
+interpreter truncates to bfloat16 instead of rounding, which doubles that bound (``truncating``).
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from .context import rel_error
+
+__all__ = ["TOLERANCE", "scan_errors", "packed_offsets", "window_errors", "conv_errors", "tolerance_for"]
+
+# relative error allowed for (dtype, quantity): "out" = y or a gradient in the input's dtype, "fp32" = the rest
+TOLERANCE = {
+    (torch.float32, "out"): 2e-5, (torch.float32, "fp32"): 2e-5,
+    (torch.bfloat16, "out"): 2.0 ** -8, (torch.bfloat16, "fp32"): 1e-4,
+    (torch.float16, "out"): 2.0 ** -11, (torch.float16, "fp32"): 1e-4,
+}
+_IN_X_DTYPE = ("y", "grad x")
+
+
+def tolerance_for(dtype: torch.dtype, name: str, truncating: bool = False) -> float:
+    """The tolerance of quantity ``name``; ``truncating``: the Triton interpreter's bfloat16 stores."""
+    low = name in _IN_X_DTYPE
+    return TOLERANCE[(dtype, "out" if low else "fp32")] * (2 if truncating and low and dtype == torch.bfloat16 else 1)
+
+
+def packed_offsets(T: int, edge: int, generator: torch.Generator) -> torch.Tensor:
+    """cu_seqlens over T tokens with documents of length 1 and 2 first, cuts at, one before and one after
+    multiples of ``edge`` (the kernel's time tile) and a few random cuts."""
+    cuts = {1, 3}
+    for m in range(edge, T, edge):
+        cuts |= {m - 1, m, m + 1}
+    cuts |= set(torch.randint(1, max(T, 2), (4,), generator=generator).tolist())
+    return torch.tensor([0] + sorted(c for c in cuts if 0 < c < T) + [T])
+
+
+def _scan_inputs(B, T, H, D, dtype, mode, device, seed, n_states):
+    g = torch.Generator().manual_seed(seed)
+    P = D // 2
+    dep = (B, T, H, P)
+    x = torch.randn(B, T, H, D, generator=g).to(dtype)
+    ld = -(1e-3 + 0.5 * torch.rand(dep if mode == "dependent" else (H, P), generator=g))
+    th = math.pi * (2 * torch.rand((H, P) if mode == "static" else dep, generator=g) - 1)
+    s0 = torch.randn(n_states, H, D, generator=g)
+    up_y = torch.randn(B, T, H, D, generator=g).to(dtype)
+    up_f = torch.randn(n_states, H, D, generator=g)
+    return [t.to(device) for t in (x, ld, th, s0)], (up_y.to(device), up_f.to(device))
+
+
+def _scan_run(leaves, ups, cu, backend, dtype):
+    from hybrid.kernels import complex_scan
+
+    ts = [t.detach().to(dtype if i == 0 else (torch.float64 if dtype == torch.float64 else torch.float32))
+          .requires_grad_() for i, t in enumerate(leaves)]
+    y, final = complex_scan(*ts, output_final_state=True, cu_seqlens=cu, backend=backend)
+    loss = (y * ups[0].to(y.dtype)).sum() + (final * ups[1].to(final.dtype)).sum()
+    grads = torch.autograd.grad(loss, ts)
+    return dict(zip(("y", "final", "grad x", "grad log_decay", "grad theta", "grad initial_state"), (y, final, *grads)))
+
+
+def scan_errors(device, dtype, T, mode, *, B=2, H=3, D=32, packed_edge: int | None = None, seed=0) -> dict:
+    """Relative errors of ``complex_scan(backend="triton")`` on ``device`` against float64: the sequential
+    reference up to 4096 steps, the blocked torch backend in float64 beyond (itself checked against the
+    reference in tests/kernels). ``packed_edge``: one packed row (B = 1) with boundaries around multiples of it.
+    mode: "static" ((H, P) decay and angle), "dependent" ((B, T, H, P) both) or "mixed" (static decay,
+    dependent angle)."""
+    cu = None
+    if packed_edge is not None:
+        B = 1
+        cu = packed_offsets(T, packed_edge, torch.Generator().manual_seed(seed + 1)).to(device)
+    n_states = B if cu is None else cu.numel() - 1
+    leaves, ups = _scan_inputs(B, T, H, D, dtype, mode, device, seed, n_states)
+    ours = _scan_run(leaves, ups, cu, "triton", dtype)
+    ref_backend = "reference" if T <= 4096 else "torch"
+    ref = _scan_run([t.double() for t in leaves], ups, cu, ref_backend, torch.float64)
+    return {name: rel_error(ours[name], ref[name]) for name in ours}
+
+
+def window_errors(device, dtype, backend, T, window, *, B=2, H=4, G=2, D=64, packed=False, seed=0) -> dict:
+    """Relative errors of ``window_attention(backend=...)`` (output and the gradients of q, k, v) against the
+    dense float64 reference. G: key/value heads (grouped-query attention when G < H)."""
+    from hybrid.kernels import window_attention
+
+    g = torch.Generator().manual_seed(seed)
+    cu = None
+    if packed:
+        B = 1
+        cu = packed_offsets(T, 64, g).to(device)
+    q = torch.randn(B, T, H, D, generator=g)
+    k = torch.randn(B, T, G, D, generator=g)
+    v = torch.randn(B, T, G, D, generator=g)
+    up = torch.randn(B, T, H, D, generator=g)
+
+    def run(dt, how):
+        ts = [t.to(device, dt).requires_grad_() for t in (q, k, v)]
+        o = window_attention(*ts, window, backend=how, cu_seqlens=cu)
+        grads = torch.autograd.grad((o * up.to(device, o.dtype)).sum(), ts)
+        return dict(zip(("out", "grad q", "grad k", "grad v"), (o, *grads)))
+
+    ours, ref = run(dtype, backend), run(torch.float64, "reference")
+    return {name: rel_error(ours[name], ref[name]) for name in ours}
+
+
+def conv_errors(device, dtype, backend, *, B=2, T=300, C=64, W=4, packed=False, seed=0) -> dict:
+    """Relative errors of ``causal_conv1d(backend=...)`` (output, final state and the gradients of x, weight,
+    bias and the initial state) against the float64 reference."""
+    from hybrid.kernels import causal_conv1d
+
+    g = torch.Generator().manual_seed(seed)
+    cu = None
+    if packed:
+        B = 1
+        cu = packed_offsets(T, 64, g).to(device)
+    rows = B if cu is None else cu.numel() - 1
+    x = torch.randn(B, T, C, generator=g)
+    w = torch.randn(C, W, generator=g) / W
+    b = torch.randn(C, generator=g)
+    s0 = torch.randn(rows, W - 1, C, generator=g)
+    up = torch.randn(B, T, C, generator=g)
+
+    def run(dt, how):
+        ts = [t.to(device, dt).requires_grad_() for t in (x, w, b, s0)]
+        y, final = causal_conv1d(ts[0], ts[1], ts[2], ts[3], output_final_state=True, cu_seqlens=cu, backend=how)
+        grads = torch.autograd.grad((y * up.to(device, y.dtype)).sum() + final.sum(), ts)
+        return dict(zip(("y", "final", "grad x", "grad weight", "grad bias", "grad initial_state"), (y, final, *grads)))
+
+    ours, ref = run(dtype, backend), run(torch.float64, "reference")
+    return {name: rel_error(ours[name], ref[name]) for name in ours}

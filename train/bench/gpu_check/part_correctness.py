@@ -1,0 +1,245 @@
+"""Part 1, correctness: every CUDA path against its float64 reference, the compiled hybrid against eager, the
+host syncs of a training step, then the CUDA test suite (``pytest -m cuda``) and the Triton test files."""
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import warnings
+
+import torch
+
+from .context import CheckContext, rel_error
+from .numerics import conv_errors, scan_errors, tolerance_for, window_errors
+
+WINDOW_TOL = {torch.float32: 1e-4, torch.bfloat16: 1e-2, torch.float16: 2e-3}
+CONV_TOL = {torch.float32: 1e-5, torch.bfloat16: 2.0 ** -8, torch.float16: 2.0 ** -11}
+COMPILE_TOL = 1e-4  # float32: the compiled graph reorders float32 sums
+
+
+def _scan_cases(ctx: CheckContext):
+    """(dtype, T, mode, kwargs): every dtype × decay mode at short lengths, long lengths for each dtype, an
+    autotuned size (B·T·H·P ≥ 2^22), and packed rows with boundaries at the tiles' edges."""
+    f32, bf16, f16 = torch.float32, torch.bfloat16, torch.float16
+    modes = ("static", "dependent", "mixed")
+    if ctx.dry_run:  # the interpreter: a few tiny cases, one per branch
+        small = {"B": 1, "H": 2, "D": 6}
+        return [(f32, 9, m, small) for m in modes] + [(bf16, 1, "dependent", small),
+                                                        (f16, 17, "mixed", small),
+                                                        (f32, 30, "dependent", {"packed_edge": 8, **small})]
+    cases = [(dt, T, m, {}) for dt in (f32, bf16, f16) for m in modes for T in (1, 65, 1000)]
+    cases += [(f32, 8192, "dependent", {}), (bf16, 8192, "mixed", {}), (f16, 8192, "static", {}),
+              (bf16, 8192, "dependent", {"B": 4, "H": 4, "D": 64}),  # autotuned: 4·8192·4·32 = 2^22 pair-steps
+              (f32, 65536, "dependent", {"B": 1, "H": 2}), (bf16, 65536, "static", {"B": 1, "H": 2}),
+              (f16, 65536, "mixed", {"B": 1, "H": 2})]
+    for edge in (32, 64, 128):  # every time tile the kernels may use
+        cases.append((f32, 4 * edge + 3, "dependent", {"packed_edge": edge}))
+    cases.append((bf16, 1000, "mixed", {"packed_edge": 64}))
+    cases.append((f32, 8192, "static", {"packed_edge": 64, "H": 4, "D": 64}))
+    return cases
+
+
+def check_scan(ctx: CheckContext) -> None:
+    for dtype, T, mode, kw in _scan_cases(ctx):
+        label = dict(dtype=str(dtype).replace("torch.", ""), T=T, mode=mode, **kw)
+        if not ctx.has_time(5 if T < 10_000 else 20, "scan", f"{label}"):
+            continue
+        try:
+            errors = scan_errors(ctx.device, dtype, T, mode, **kw)
+        except Exception as exc:  # noqa: BLE001 - the failure is the finding
+            ctx.record("scan", **label, ok=False, error=f"{type(exc).__name__}: {exc}"[:400])
+            continue
+        truncating = ctx.dry_run  # Triton's interpreter truncates to bfloat16 (numerics.tolerance_for)
+        ok = all(err <= tolerance_for(dtype, name, truncating) for name, err in errors.items())
+        ctx.record("scan", **label, ok=ok, errors=errors)
+
+
+def _window_backends(device) -> list[str]:
+    from hybrid.kernels.window_attention.flash import flash_supports
+    from hybrid.kernels.window_attention.flex import FLEX_AVAILABLE
+
+    out = ["blocked"]
+    if FLEX_AVAILABLE:
+        out.append("flex")
+    probe = torch.empty(1, 1, 1, 64, device=device, dtype=torch.bfloat16)
+    if flash_supports(probe):
+        out.append("flash")
+    return out
+
+
+def check_windows(ctx: CheckContext) -> None:
+    backends = _window_backends(ctx.device)
+    if "flash" not in backends:
+        ctx.record("window", skipped="flash", reason="flash-attn not installed")
+    if ctx.device.type == "cpu" and "flex" in backends:
+        backends.remove("flex")
+        ctx.record("window", skipped="flex", reason="FlexAttention has no backward on the CPU")
+    T = 45 if ctx.dry_run else 777
+    dtypes = (torch.float32,) if ctx.device.type == "cpu" else (torch.float32, torch.bfloat16)
+    windows = (None, 16) if ctx.dry_run else (None, 64, T + 10)
+    for backend in backends:
+        for dtype in dtypes:
+            if backend == "flash" and dtype == torch.float32:
+                continue
+            for window in windows:
+                for packed in (False, True):
+                    label = dict(backend=backend, dtype=str(dtype).replace("torch.", ""), T=T, window=window,
+                                 packed=packed)
+                    if not ctx.has_time(5, "window", f"{label}"):
+                        return
+                    try:
+                        errors = window_errors(ctx.device, dtype, backend, T, window, packed=packed,
+                                               D=16 if ctx.dry_run else 64)
+                    except Exception as exc:  # noqa: BLE001
+                        ctx.record("window", **label, ok=False, error=f"{type(exc).__name__}: {exc}"[:400])
+                        continue
+                    ok = all(e <= WINDOW_TOL[dtype] for e in errors.values())
+                    ctx.record("window", **label, ok=ok, errors=errors)
+
+
+def check_conv(ctx: CheckContext) -> None:
+    from hybrid.kernels.causal_conv.interface import select_conv_backend
+
+    backends = ["torch"]
+    if select_conv_backend(ctx.device, 64, 4, torch.bfloat16) == "causal_conv1d":
+        backends.append("causal_conv1d")
+    else:
+        ctx.record("conv", skipped="causal_conv1d", reason="causal-conv1d not installed (the torch path runs)")
+    dtypes = (torch.float32,) if ctx.device.type == "cpu" else (torch.float32, torch.bfloat16)
+    for backend in backends:
+        for dtype in dtypes:
+            for packed in (False, True):
+                label = dict(backend=backend, dtype=str(dtype).replace("torch.", ""), packed=packed)
+                try:
+                    errors = conv_errors(ctx.device, dtype, backend, packed=packed, T=50 if ctx.dry_run else 300)
+                except Exception as exc:  # noqa: BLE001
+                    ctx.record("conv", **label, ok=False, error=f"{type(exc).__name__}: {exc}"[:400])
+                    continue
+                ctx.record("conv", **label, ok=all(e <= CONV_TOL[dtype] for e in errors.values()), errors=errors)
+
+
+def _tiny_hybrid(ctx: CheckContext, **overrides):
+    from hybrid.models import HybridConfig, HybridLM
+
+    size = "tiny"
+    config = HybridConfig.preset("hybrid", size, window=32, **overrides)
+    torch.manual_seed(0)
+    return HybridLM(config).to(ctx.device)
+
+
+def _batches(ctx: CheckContext, model, T: int):
+    g = torch.Generator().manual_seed(3)
+    V = model.config.vocab_size
+    padded = torch.randint(0, V, (2, T), generator=g).to(ctx.device)
+    packed = padded.reshape(1, 2 * T)
+    cu = torch.tensor([0, 5, T, T + 1, 2 * T], device=ctx.device)
+    return {"padded": (padded, None), "packed": (packed, cu)}
+
+
+def _loss_and_grads(model, ids, cu):
+    logits, _ = model(ids, cu_seqlens=cu, output_final_state=False) if cu is not None else model(ids, output_final_state=False)
+    loss = torch.nn.functional.cross_entropy(logits[:, :-1].flatten(0, 1).float(), ids[:, 1:].flatten())
+    grads = torch.autograd.grad(loss, [p for p in model.parameters() if p.requires_grad])
+    return logits, grads
+
+
+def check_compile(ctx: CheckContext) -> None:
+    """``torch.compile(fullgraph=True)`` of the tiny hybrid (static and selective decay) equals eager: logits
+    and every parameter's gradient, padded and packed. A dry run traces with dynamo only (backend "eager"): the
+    same graph breaks fail, without the CPU's slow code generation."""
+    if not ctx.has_time(60, "compile", "torch.compile(fullgraph=True) of the hybrid"):
+        return
+    T = 24 if ctx.dry_run else 200
+    backend = "eager" if ctx.dry_run else "inductor"
+    for selective in ((False,) if ctx.dry_run else (False, True)):
+        model = _tiny_hybrid(ctx, rnn_selective=selective).train()
+        compiled = torch.compile(model, fullgraph=True, dynamic=False, backend=backend)
+        for kind, (ids, cu) in _batches(ctx, model, T).items():
+            label = dict(selective=selective, batch=kind, backend=backend)
+            if not ctx.has_time(30, "compile", f"{label}"):
+                return
+            try:
+                want_logits, want_grads = _loss_and_grads(model, ids, cu)
+                got_logits, got_grads = _loss_and_grads(compiled, ids, cu)
+            except Exception as exc:  # noqa: BLE001
+                ctx.record("compile", **label, ok=False, error=f"{type(exc).__name__}: {exc}"[:400])
+                continue
+            errors = {"logits": rel_error(got_logits, want_logits),
+                      "grads (worst parameter)": max(rel_error(a, b) for a, b in zip(got_grads, want_grads))}
+            ctx.record("compile", **label, ok=all(e <= COMPILE_TOL for e in errors.values()), errors=errors)
+
+
+_SITE = re.compile(r"hybrid|kernels|models|train")
+
+
+def check_syncs(ctx: CheckContext) -> None:
+    """Host syncs of one training step (forward, loss, backward, AdamW step) under bf16 autocast, counted by
+    ``torch.cuda.set_sync_debug_mode``; each call site of ours is named."""
+    if ctx.device.type != "cuda":
+        ctx.record("syncs", skipped="sync count", reason="needs CUDA (torch.cuda.set_sync_debug_mode)")
+        return
+    for selective in (False, True):
+        model = _tiny_hybrid(ctx, rnn_selective=selective).train()
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3, fused=True)
+        for kind, (ids, cu) in _batches(ctx, model, 256).items():
+            def step():
+                with torch.autocast("cuda", dtype=torch.bfloat16):
+                    logits, _ = model(ids, cu_seqlens=cu, output_final_state=False) if cu is not None else \
+                        model(ids, output_final_state=False)
+                loss = torch.nn.functional.cross_entropy(logits[:, :-1].flatten(0, 1).float(), ids[:, 1:].flatten())
+                loss.backward()
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+            step()  # warm-up: first-call work (autotuning, lazy init) is not a step's
+            ctx.sync()
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                torch.cuda.set_sync_debug_mode("warn")
+                try:
+                    step()
+                finally:
+                    torch.cuda.set_sync_debug_mode("default")
+            syncs = [w for w in caught if "synchroniz" in str(w.message)]
+            sites = sorted({f"{os.path.relpath(w.filename)}:{w.lineno}" for w in syncs if _SITE.search(w.filename)})
+            ctx.record("syncs", selective=selective, batch=kind, syncs_per_step=len(syncs), sites=sites[:12],
+                       ok=len(syncs) == 0)
+
+
+def run_pytest(ctx: CheckContext) -> None:
+    """``pytest -m cuda`` over tests/ (the CUDA-only tests) and the Triton test files, which run on the GPU when
+    there is one. Its log goes back as pytest.log."""
+    if ctx.repo is None or not (ctx.repo / "tests").is_dir():
+        ctx.record("pytest", skipped="pytest", reason="no tests/ folder beside the package (not a checkout)")
+        return
+    targets = [["-m", "cuda", "tests/cuda"]]
+    if not ctx.dry_run:
+        targets.append(["tests/kernels/test_complex_scan_triton.py", "tests/kernels/test_complex_scan_varlen.py",
+                        "tests/kernels/test_window_attention.py", "tests/kernels/test_causal_conv.py"])
+    log = ctx.work / "pytest.log"
+    for args in targets:
+        limit = ctx.left() - 5
+        if limit < 20:
+            ctx.record("pytest", skipped=" ".join(args), reason=f"time: {ctx.left():.0f} s left")
+            continue
+        cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rfE", *args]
+        try:
+            done = subprocess.run(cmd, cwd=ctx.repo, capture_output=True, text=True, timeout=limit)
+            out, rc = done.stdout + done.stderr, done.returncode
+        except subprocess.TimeoutExpired as exc:
+            out, rc = (exc.stdout or b"").decode(errors="replace") if isinstance(exc.stdout, bytes) else (exc.stdout or ""), "timeout"
+        with open(log, "a") as fh:
+            fh.write(f"$ {' '.join(cmd)}\n{out}\n")
+        summary = out.strip().splitlines()[-1] if out.strip() else ""
+        failed = [line.split(" ", 1)[1].split(" - ")[0] for line in out.splitlines() if line.startswith("FAILED ")]
+        ctx.record("pytest", target=" ".join(args), returncode=rc, summary=summary, failed=failed[:20],
+                   ok=rc == 0)
+
+
+def run(ctx: CheckContext) -> None:
+    check_scan(ctx)
+    check_syncs(ctx)
+    check_conv(ctx)
+    check_windows(ctx)
+    check_compile(ctx)
+    run_pytest(ctx)

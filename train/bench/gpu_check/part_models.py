@@ -1,0 +1,154 @@
+"""Part 3, models: training tokens/s and peak memory of one optimizer step (forward, loss, backward, AdamW)
+under bf16 autocast, as ``hybrid-train`` runs it on a GPU, for the hybrid, the selective hybrid, RetNet and
+vo-rnn against the Transformer (global attention through SDPA), every model at the Transformer's non-embedding
+size (``match_width``). Each row runs a fixed number of tokens per step (B = tokens / T) eager or under
+``torch.compile``, padded ``(B, T)`` or packed ``(1, B·T)`` with ``cu_seqlens`` at every T (the same tokens,
+through the packed path). Rows run most informative first (T = 8K and 16K eager), so that a part stopped at
+its time limit has measured what matters most; the rest are listed as skipped."""
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+
+import torch
+import torch.nn.functional as F
+
+from .context import CheckContext
+
+MODELS = {  # name → (preset, overrides, window backend)
+    "transformer": ("transformer", {}, "blocked"),  # global attention: SDPA's causal kernel (flash on CUDA)
+    "hybrid": ("hybrid", {}, None),
+    "hybrid-selective": ("hybrid", {"rnn_selective": True}, None),
+    "retnet": ("retnet", {}, None),
+    "vo-rnn": ("vo-rnn", {}, None),
+}
+
+
+def plan(ctx: CheckContext) -> list[dict]:
+    """The rows, in the order they run."""
+    if ctx.dry_run:  # every model once, the packed and the compiled path once each
+        Ts, tokens, size = (32,), 64, "tiny"
+        order = [("eager", "padded", 32), ("eager", "packed", 32), ("compiled", "padded", 32)]
+    else:
+        Ts, tokens, size = (8192, 16384, 2048, 32768), 65536, "small"
+        order = [("eager", "padded", T) for T in Ts[:2]]
+        order += [("compiled", "padded", T) for T in Ts[:2]]
+        order += [("eager", "packed", T) for T in Ts[:2]]
+        order += [("eager", "padded", T) for T in Ts[2:]]
+        order += [("compiled", "packed", T) for T in Ts[:2]]
+        order += [("compiled", "padded", T) for T in Ts[2:]] + [("eager", "packed", T) for T in Ts[2:]]
+    rows = []
+    for execution, batch, T in order:
+        for name in MODELS:
+            if ctx.dry_run and (batch, execution) != ("padded", "eager") and name != "hybrid":
+                continue
+            rows.append(dict(model=name, execution=execution, batch=batch, T=T, B=max(1, tokens // T), size=size))
+    return rows
+
+
+def build(name: str, size: str, device, dry_run: bool):
+    from hybrid.models import HybridConfig, HybridLM
+
+    from ..speed import match_width, non_embedding_parameters
+
+    preset, overrides, _ = MODELS[name]
+    reference = HybridConfig.preset("transformer", size)
+    config = HybridConfig.preset(preset, size, **overrides)
+    if name != "transformer":
+        config = match_width(config, non_embedding_parameters(reference), tolerance=0.05)
+    torch.manual_seed(0)
+    return HybridLM(config).to(device)
+
+
+@contextlib.contextmanager
+def window_backend(name: str):
+    backend = MODELS[name][2]
+    old = os.environ.get("HYBRID_WINDOW_BACKEND")
+    if backend is not None:
+        os.environ["HYBRID_WINDOW_BACKEND"] = backend
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop("HYBRID_WINDOW_BACKEND", None)
+        else:
+            os.environ["HYBRID_WINDOW_BACKEND"] = old
+
+
+def _step_fn(model, forward, ids, cu, autocast, opt):
+    x, y = ids[:, :-1], ids[:, 1:]
+
+    def step():
+        with autocast():
+            logits, _ = forward(x, cu_seqlens=cu, output_final_state=False) if cu is not None else \
+                forward(x, output_final_state=False)
+        F.cross_entropy(logits.flatten(0, 1).float(), y.flatten()).backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    return step
+
+
+def measure(ctx: CheckContext, row: dict, steps: int) -> dict:
+    """tokens/s (median step), peak memory and the first step's seconds (compilation, autotuning)."""
+    model = build(row["model"], row["size"], ctx.device, ctx.dry_run).train()
+    # a dry run traces with dynamo only (backend "eager"): CPU code generation would take minutes
+    backend = "eager" if ctx.dry_run else "inductor"
+    forward = torch.compile(model, dynamic=False, backend=backend) if row["execution"] == "compiled" else model
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=ctx.device.type == "cuda")
+    B, T = row["B"], row["T"]
+    g = torch.Generator().manual_seed(1)
+    ids = torch.randint(0, model.config.vocab_size, (B, T + 1), generator=g)
+    cu = None
+    if row["batch"] == "packed":  # the same B sequences laid end to end: (1, B·T) with boundaries every T
+        ids = torch.cat([ids[:, :-1].reshape(1, B * T), ids[-1:, -1:]], 1)
+        cu = torch.arange(0, B * T + 1, T)
+        cu = cu.to(ctx.device)
+    ids = ids.to(ctx.device)
+    autocast = (lambda: torch.autocast("cuda", dtype=torch.bfloat16)) if ctx.device.type == "cuda" else contextlib.nullcontext
+    step = _step_fn(model, forward, ids, cu, autocast, opt)
+    if ctx.device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(ctx.device)
+    start = time.perf_counter()
+    step()
+    ctx.sync()
+    first = time.perf_counter() - start
+    step()
+    ctx.sync()
+    times = []
+    for _ in range(steps):
+        start = time.perf_counter()
+        step()
+        ctx.sync()
+        times.append(time.perf_counter() - start)
+    times.sort()
+    median = times[len(times) // 2]
+    out = dict(tokens_per_s=B * T / median, step_ms=median * 1e3, first_step_s=first,
+               params_non_embedding=model.num_parameters(True), pattern=model.config.layer_types,
+               d_model=model.config.d_model)
+    if ctx.device.type == "cuda":
+        out["peak_memory_gib"] = torch.cuda.max_memory_allocated(ctx.device) / 2 ** 30
+    return out
+
+
+def run(ctx: CheckContext) -> None:
+    rows = plan(ctx)
+    steps = 1 if ctx.dry_run else 5
+    for i, row in enumerate(rows):
+        want = 60 if row["execution"] == "compiled" else 15
+        if not ctx.has_time(want, "models", f"{row}"):
+            for rest in rows[i + 1:]:
+                ctx.record("models", skipped=f"{rest}", reason="time")
+            return
+        with window_backend(row["model"]):
+            try:
+                result = measure(ctx, row, steps)
+            except torch.cuda.OutOfMemoryError:
+                result = dict(error="out of memory")
+            except Exception as exc:  # noqa: BLE001 - one failing model is a finding, the part goes on
+                result = dict(error=f"{type(exc).__name__}: {exc}"[:400])
+        ctx.record("models", **row, **result)
+        if row["execution"] == "compiled":
+            torch._dynamo.reset()  # each model compiles afresh, within dynamo's cache limit
+        if ctx.device.type == "cuda":
+            torch.cuda.empty_cache()

@@ -1,0 +1,58 @@
+"""The issue's targets, read off the measured rows: each with what was measured and whether it was met
+(None when the row that decides it was not measured)."""
+from __future__ import annotations
+
+MAIN_SHAPE = "8x8192x16x128"
+
+
+def _one(rows, section, **match):
+    for r in rows:
+        if r.get("section") == section and "skipped" not in r and all(r.get(k) == v for k, v in match.items()):
+            return r
+    return None
+
+
+def _target(name, value, threshold, fmt="{:.2f}", higher=True):
+    if value is None:
+        return {"target": name, "measured": "not measured", "met": None}
+    met = value >= threshold if higher else value <= threshold
+    return {"target": name, "measured": fmt.format(value), "met": met}
+
+
+def _scan_pct(rows, passes):
+    r = _one(rows, "scan speed", shape=MAIN_SHAPE, dtype="bfloat16", mode="dependent", impl="ours (triton)",
+             passes=passes)
+    return r.get("pct_copy") if r else None
+
+
+def _speedup(rows, section, key, model, **match):
+    ours, base = _one(rows, section, model=model, **match), _one(rows, section, model="transformer", **match)
+    if ours and base and ours.get(key) and base.get(key):
+        return ours[key] / base[key]
+    return None
+
+
+def evaluate(rows: list[dict]) -> list[dict]:
+    acc = None
+    ours_fp32 = _one(rows, "scan speed", shape=MAIN_SHAPE, dtype="float32", mode="dependent", impl="ours (triton)",
+                     passes="fwd+bwd")
+    theirs = [r for r in rows if r.get("impl") == "accelerated-scan" and r.get("passes") == "fwd+bwd" and r.get("ms")]
+    if ours_fp32 and ours_fp32.get("ms") and theirs:
+        acc = theirs[0]["ms"] / ours_fp32["ms"]
+    syncs = [r["syncs_per_step"] for r in rows if r.get("section") == "syncs" and "syncs_per_step" in r]
+    return [
+        _target("scan forward ≥ 80 % of copy bandwidth (bf16, data-dependent, B8·T8192·H16·D128)",
+                _scan_pct(rows, "fwd"), 80, "{:.0f} %"),
+        _target("scan forward+backward ≥ 60 % of copy bandwidth", _scan_pct(rows, "fwd+bwd"), 60, "{:.0f} %"),
+        _target("scan ≥ 2× accelerated-scan's complex scan (fp32 fwd+bwd, same bytes)", acc, 2.0, "{:.2f}×"),
+        _target("hybrid training ≥ 1.15× the Transformer's tokens/s at 8K (eager, padded)",
+                _speedup(rows, "models", "tokens_per_s", "hybrid", T=8192, batch="padded", execution="eager"), 1.15,
+                "{:.2f}×"),
+        _target("hybrid training ≥ 2× the Transformer's tokens/s at 16K (eager, padded)",
+                _speedup(rows, "models", "tokens_per_s", "hybrid", T=16384, batch="padded", execution="eager"), 2.0,
+                "{:.2f}×"),
+        _target("decoding ≥ 5× the Transformer's tokens/s at 16K, batch 16",
+                _speedup(rows, "decoding", "tokens_per_s", "hybrid", context=16384, batch=16), 5.0, "{:.2f}×"),
+        _target("no host sync in a training step (worst of padded / packed, static / selective)",
+                max(syncs) if syncs else None, 0, "{:.0f} syncs", higher=False),
+    ]
