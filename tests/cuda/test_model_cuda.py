@@ -2,11 +2,10 @@
 sync, and the three modes agree."""
 import pytest
 import torch
-import warnings
 
 from hybrid.models import HybridConfig, HybridLM
 from hybrid.train.bench.gpu_check.context import CheckContext, rel_error
-from hybrid.train.bench.gpu_check.part_correctness import COMPILE_TOL, _batches, _loss_and_grads
+from hybrid.train.bench.gpu_check.part_correctness import COMPILE_TOL, _batches, _loss_and_grads, count_syncs
 
 
 def context(tmp_path):
@@ -48,14 +47,7 @@ def test_training_step_makes_no_host_sync(cuda, tmp_path, selective, kind):
 
     step()
     torch.cuda.synchronize()
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        torch.cuda.set_sync_debug_mode("warn")
-        try:
-            step()
-        finally:
-            torch.cuda.set_sync_debug_mode("default")
-    syncs = [f"{w.filename}:{w.lineno}" for w in caught if "synchroniz" in str(w.message)]
+    syncs = count_syncs(step)
     assert not syncs, f"{len(syncs)} host syncs: {syncs[:8]}"
 
 

@@ -3,9 +3,9 @@ host syncs of a training step, then the CUDA test suite (``pytest -m cuda``) and
 from __future__ import annotations
 
 import os
-import re
 import subprocess
 import sys
+import traceback
 import warnings
 
 import torch
@@ -170,12 +170,54 @@ def check_compile(ctx: CheckContext) -> None:
             ctx.record("compile", **label, ok=all(e <= COMPILE_TOL for e in errors.values()), errors=errors)
 
 
-_SITE = re.compile(r"hybrid|kernels|models|train")
+def _library_roots() -> tuple[str, ...]:
+    """The library's folders (the gpu_check's own frames are the caller, never the cause)."""
+    import hybrid
+    import hybrid.kernels
+    import hybrid.models
+    import hybrid.train
+
+    return tuple(os.path.dirname(m.__file__) + os.sep for m in (hybrid, hybrid.kernels, hybrid.models, hybrid.train))
+
+
+def _caller(stack: list, roots: tuple[str, ...]) -> str:
+    """The innermost frame under ``roots`` (else the innermost one outside ``warnings``): where a sync was
+    asked for, as ``folder/file.py:line (function)``."""
+    here = os.path.dirname(__file__) + os.sep
+    inside = [f for f in stack if f.filename.startswith(roots) and not f.filename.startswith(here)]
+    outside = [f for f in stack if not f.filename.endswith(("warnings.py", "part_correctness.py"))]
+    frame = (inside or outside or stack)[-1]
+    return f"{'/'.join(frame.filename.split(os.sep)[-2:])}:{frame.lineno} ({frame.name})"
+
+
+def count_syncs(step, roots: tuple[str, ...] | None = None) -> list[str]:
+    """Run ``step()`` under ``torch.cuda.set_sync_debug_mode("warn")``; returns one call site per host sync
+    (the innermost frame under ``roots``, default the library's folders)."""
+    roots = _library_roots() if roots is None else roots
+    sites = []
+    shown = warnings.showwarning
+
+    def hook(message, category, filename, lineno, file=None, line=None):
+        if "synchroniz" in str(message):
+            sites.append(_caller(traceback.extract_stack()[:-1], roots))
+        else:
+            shown(message, category, filename, lineno, file, line)
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")
+        warnings.showwarning = hook
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            step()
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+            warnings.showwarning = shown
+    return sites
 
 
 def check_syncs(ctx: CheckContext) -> None:
     """Host syncs of one training step (forward, loss, backward, AdamW step) under bf16 autocast, counted by
-    ``torch.cuda.set_sync_debug_mode``; each call site of ours is named."""
+    ``torch.cuda.set_sync_debug_mode``, each with the innermost frame of ours that asked for it."""
     if ctx.device.type != "cuda":
         ctx.record("syncs", skipped="sync count", reason="needs CUDA (torch.cuda.set_sync_debug_mode)")
         return
@@ -183,6 +225,9 @@ def check_syncs(ctx: CheckContext) -> None:
         model = _tiny_hybrid(ctx, rnn_selective=selective).train()
         opt = torch.optim.AdamW(model.parameters(), lr=1e-3, fused=True)
         for kind, (ids, cu) in _batches(ctx, model, 256).items():
+            if not ctx.has_time(20, "syncs", f"selective={selective} {kind}"):
+                return
+
             def step():
                 with torch.autocast("cuda", dtype=torch.bfloat16):
                     logits, _ = model(ids, cu_seqlens=cu, output_final_state=False) if cu is not None else \
@@ -193,17 +238,10 @@ def check_syncs(ctx: CheckContext) -> None:
                 opt.zero_grad(set_to_none=True)
             step()  # warm-up: first-call work (autotuning, lazy init) is not a step's
             ctx.sync()
-            with warnings.catch_warnings(record=True) as caught:
-                warnings.simplefilter("always")
-                torch.cuda.set_sync_debug_mode("warn")
-                try:
-                    step()
-                finally:
-                    torch.cuda.set_sync_debug_mode("default")
-            syncs = [w for w in caught if "synchroniz" in str(w.message)]
-            sites = sorted({f"{os.path.relpath(w.filename)}:{w.lineno}" for w in syncs if _SITE.search(w.filename)})
-            ctx.record("syncs", selective=selective, batch=kind, syncs_per_step=len(syncs), sites=sites[:12],
-                       ok=len(syncs) == 0)
+            sites = count_syncs(step)
+            counts = {s: sites.count(s) for s in dict.fromkeys(sites)}
+            ctx.record("syncs", selective=selective, batch=kind, syncs_per_step=len(sites),
+                       sites=[f"{s} ×{n}" for s, n in counts.items()][:12], ok=len(sites) == 0)
 
 
 def run_pytest(ctx: CheckContext) -> None:

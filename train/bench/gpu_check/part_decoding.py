@@ -1,6 +1,7 @@
 """Part 4, decoding: after a prompt of 4K, 16K and 64K tokens (a chunked prefill), the mean time of one
 recurrent step for the whole batch, tokens/s (batch / step time) and the state's bytes, at batch 1 and 16,
-the hybrid (window 512) against the Transformer (a growing KV cache), both ``small`` in bf16 weights.
+the hybrid (window 512) against the Transformer (a growing KV cache; global attention through SDPA), both
+``small`` in bf16 weights.
 The step is run eagerly, one Python call per token, as ``generate`` does."""
 from __future__ import annotations
 
@@ -9,6 +10,9 @@ import time
 import torch
 
 from .context import CheckContext
+from .part_models import window_backend
+
+BACKENDS = {"hybrid": None, "transformer": "blocked"}  # global attention through SDPA, as in the models part
 
 CHUNK = 2048
 
@@ -58,7 +62,8 @@ def run(ctx: CheckContext) -> None:
                 if not ctx.has_time(20, "decoding", f"{label}"):
                     continue
                 try:
-                    result = measure(ctx, model, batch, context, new_tokens)
+                    with window_backend(BACKENDS[name]):
+                        result = measure(ctx, model, batch, context, new_tokens)
                 except torch.cuda.OutOfMemoryError:
                     result = dict(error="out of memory")
                 except Exception as exc:  # noqa: BLE001

@@ -9,6 +9,7 @@ import json
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from .context import CheckContext
@@ -30,7 +31,7 @@ def _dry_corpus(ctx: CheckContext) -> str:
 
 def _command(ctx: CheckContext, run_dir: Path) -> list[str]:
     cmd = [sys.executable, "-m", "hybrid.train", "--preset", "hybrid", "--out", str(run_dir), "--overwrite",
-           "--device", str(ctx.device), "--quiet"]
+           "--device", str(ctx.device)]
     if ctx.dry_run:
         return cmd + ["--size", "tiny", "--steps", "4", "--seq-len", "32", "--batch-size", "2", "--eval-every", "2",
                       "--eval-batches", "2", "--log-every", "1", "--save-every", "4", "--data", _dry_corpus(ctx)]
@@ -60,12 +61,14 @@ def run(ctx: CheckContext) -> None:
         ctx.record("training", skipped=" ".join(cmd[2:]), reason=f"time: {ctx.left():.0f} s left")
         return
     log = ctx.work / "train.log"
+    start = time.monotonic()
     try:
         with open(log, "w") as fh:
             done = subprocess.run(cmd, stdout=fh, stderr=subprocess.STDOUT, timeout=limit)
         rc = done.returncode
     except subprocess.TimeoutExpired:
         rc = "timeout"
+    seconds = time.monotonic() - start
     records = []
     metrics = run_dir / "metrics.jsonl"
     if metrics.exists():
@@ -73,9 +76,9 @@ def run(ctx: CheckContext) -> None:
     curve = [(r["step"], r["loss"]) for r in records if r.get("loss") is not None]
     evals = [(r["step"], r["val_bpb"]) for r in records if r.get("val_bpb") is not None]
     speed = [r["tokens_per_s"] for r in records if r.get("tokens_per_s")]
-    tail = log.read_text(errors="replace").strip().splitlines()[-8:] if log.exists() else []
-    ctx.record("training", command=" ".join(["hybrid-train", *cmd[3:]]), returncode=rc, loss_curve=curve,
-               val_bpb=evals, tokens_per_s_median=sorted(speed)[len(speed) // 2] if speed else None,
+    tail = log.read_text(errors="replace").strip().splitlines()[-12:] if log.exists() else []
+    ctx.record("training", command=" ".join(["hybrid-train", *cmd[3:]]), returncode=rc, seconds=seconds,
+               loss_curve=curve, val_bpb=evals, tokens_per_s_median=sorted(speed)[len(speed) // 2] if speed else None,
                log_tail=tail if rc != 0 else [], ok=rc == 0)
     if rc != 0 or not (run_dir / "checkpoint").exists():
         return

@@ -111,9 +111,10 @@ def _sections(rows: list[dict]) -> list[str]:
                                    ("state bytes", "state_bytes"), ("prefill s", "prefill_s"), ("error", "error")])
     for r in _measured(rows, "training"):
         curve = r.get("loss_curve") or []
-        lines += ["### The training run", "", f"`{r['command']}`: exit {r['returncode']}; "
+        lines += ["### The training run", "", f"`{r['command']}`: exit {r['returncode']} after {_fmt(r.get('seconds'))} s; "
                   f"loss {curve[0][1]:.3f} at step {curve[0][0]} → {curve[-1][1]:.3f} at step {curve[-1][0]}; "
-                  if curve else f"`{r['command']}`: exit {r['returncode']}, no loss recorded; ",
+                  if curve else f"`{r['command']}`: exit {r['returncode']} after {_fmt(r.get('seconds'))} s, no loss "
+                                "recorded; ",
                   f"validation bpb {_fmt(r.get('val_bpb'))}; median {_fmt(r.get('tokens_per_s_median'))} tokens/s.", ""]
         if r.get("log_tail"):
             lines += ["```", *r["log_tail"], "```", ""]
