@@ -96,7 +96,7 @@ def _sections(rows: list[dict]) -> list[str]:
         lines += ["### Training throughput (one AdamW step, bf16 autocast; same non-embedding size)", ""]
         match = ("T", "batch", "execution")
         lines += _table(models, [("T", "T"), ("B", "B"), ("batch", "batch"), ("execution", "execution"),
-                                 ("model", "model"), ("pattern", "pattern"), ("d_model", "d_model"),
+                                 ("model", "model"), ("pattern", "pattern"), ("d_model", "d_model"), ("MLP", "mlp_hidden"),
                                  ("tokens/s", "tokens_per_s"),
                                  ("× transformer", _ratio(models, "tokens_per_s", match, "transformer")),
                                  ("step ms", "step_ms"), ("peak GiB", "peak_memory_gib"),
