@@ -403,10 +403,13 @@ def _next_pow2(n: int) -> int:
 
 # (BT, BP, num_warps). The forward's BT is also the checkpoint interval; the backward's BT must be a
 # multiple of it (pruned below). All are 4–8 fp32 elements of a tile per thread: for sm_90 they compile to
-# 80–170 registers with at most a few bytes of spills (16 per thread roughly doubles the registers).
+# 64–170 registers without spills and 16-byte loads and stores (gpu_check.aot). The last three read 64–128
+# contiguous bytes of a bf16 row per time step instead of 16–32: on the H100 the tuner picked (64, 8, 2) from
+# the first eight and reached 48 % of copy bandwidth, and short strided rows are one suspect (docs/gpu.md).
 _FWD_CONFIGS = [(64, 16, 4), (32, 16, 2), (32, 32, 4), (128, 8, 4), (64, 8, 2), (128, 16, 8), (32, 16, 4),
-                (64, 8, 4)]
-_BWD_CONFIGS = [(64, 16, 4), (32, 16, 2), (32, 32, 4), (128, 8, 4), (64, 8, 2), (32, 16, 4), (64, 8, 4)]
+                (64, 8, 4), (16, 32, 4), (16, 64, 4), (32, 32, 8)]
+_BWD_CONFIGS = [(64, 16, 4), (32, 16, 2), (32, 32, 4), (128, 8, 4), (64, 8, 2), (32, 16, 4), (64, 8, 4),
+                (16, 32, 4), (16, 64, 4), (32, 32, 8)]
 _MIN_CK_BT = min(c[0] for c in _FWD_CONFIGS)
 # Problems smaller than this (pairs × steps) use the fixed default instead of autotuning.
 _AUTOTUNE_MIN_WORK = 1 << 22

@@ -9,8 +9,10 @@ The default set is a covering set: every tile the autotuner may pick (``triton_s
 ``_BWD_CONFIGS``), the untuned default tiles, each constexpr branch both ways and each input dtype at least once.
 ``--all`` compiles every combination of the flags instead (hundreds of compiles: minutes).
 
-For each it reports the registers per thread, the spill bytes (stores + loads) and the local stack from
-``ptxas -v`` on the PTX, and the shared memory Triton reserves for the launch. Compile errors and API drift
+Each compile is told what the JIT would say at the benchmark shape: every pointer 16-byte aligned and every
+integer a multiple of 16 (``_aligned``). For each it reports the registers per thread, the spill bytes (stores
++ loads) and the local stack from ``ptxas -v`` on the PTX, the widest global load and store, and the shared
+memory Triton reserves for the launch. Compile errors and API drift
 between Triton releases show here, before any GPU time is spent. Run with ``TRITON_INTERPRET`` unset: under
 the interpreter ``triton.jit`` builds no compilable kernel (the module refuses).
 """
@@ -138,6 +140,13 @@ def _signature(fn, spec: Specialisation) -> dict:
     return sig
 
 
+def _aligned(fn, spec: Specialisation) -> dict:
+    """Every pointer 16-byte aligned and every integer a multiple of 16: what the JIT tells the compiler at the
+    benchmark shape (B8·T8192·H16·D128: torch's allocations are aligned, and T, H, P and the strides are all
+    multiples of 16), which decides how wide the loads and stores can be."""
+    return {(i,): [["tt.divisibility", 16]] for i, name in enumerate(fn.arg_names) if name not in spec.constexprs}
+
+
 def _ptxas_path(arch: int) -> str:
     from triton.backends.nvidia import compiler as nv
 
@@ -151,6 +160,17 @@ def _ptxas_path(arch: int) -> str:
 _USAGE = re.compile(r"Used (\d+) registers")
 _SPILL = re.compile(r"(\d+) bytes spill stores, (\d+) bytes spill loads")
 _STACK = re.compile(r"(\d+) bytes stack frame")
+
+
+_ACCESS = re.compile(r"\b(ld|st)\.global(?:\.[a-z0-9_]+)*?(?:\.v(\d))?\.(?:b|f|u|s)(\d+)\b")
+
+
+def access_widths(ptx: str) -> dict:
+    """The widest global load and store in bytes per thread and instruction (``ld.global.v4.b32``: 16)."""
+    widest = {"ld": 0, "st": 0}
+    for op, vec, bits in _ACCESS.findall(ptx):
+        widest[op] = max(widest[op], int(vec or 1) * int(bits) // 8)
+    return {"load_bytes": widest["ld"], "store_bytes": widest["st"]}
 
 
 def resource_usage(ptx: str, arch: int) -> dict:
@@ -183,10 +203,11 @@ def compile_one(spec: Specialisation, arch: int = 90) -> dict:
            **{k: v for k, v in spec.constexprs.items()}}
     start = time.perf_counter()
     try:
-        src = ASTSource(fn, _signature(fn, spec), dict(spec.constexprs))
+        src = ASTSource(fn, _signature(fn, spec), dict(spec.constexprs), attrs=_aligned(fn, spec))
         compiled = triton.compile(src, target=GPUTarget("cuda", arch, 32), options={"num_warps": spec.num_warps})
         row.update(ok=True, shared_bytes=int(compiled.metadata.shared), has_cubin="cubin" in compiled.asm)
         row.update(resource_usage(compiled.asm["ptx"], arch))
+        row.update(access_widths(compiled.asm["ptx"]))
     except Exception as exc:  # noqa: BLE001 - a compile error is the finding: keep it in the table
         row.update(ok=False, error=f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:300])
     row["compile_s"] = round(time.perf_counter() - start, 2)
@@ -198,14 +219,16 @@ def table(rows: list[dict], arch: int) -> str:
 
     head = [f"Triton {triton.__version__}, ahead of time for sm_{arch} (no GPU): {len(rows)} specialisations, "
             f"{sum(not r['ok'] for r in rows)} failed.", "",
-            "| kernel | BT | BP | warps | dtype | flags | registers | spill B | stack B | shared B | compile s |",
-            "|---|---:|---:|---:|---|---|---:|---:|---:|---:|---:|"]
+            "| kernel | BT | BP | warps | dtype | flags | registers | spill B | stack B | shared B | widest load B | "
+            "widest store B | compile s |",
+            "|---|---:|---:|---:|---|---|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         flags = " ".join(k for k in dict.fromkeys(_FWD_FLAGS + _BWD_FLAGS) if r.get(k) is True)
         if r["ok"]:
-            cells = [r["registers"], r["spill_bytes"], r["stack_bytes"], r["shared_bytes"]]
+            cells = [r["registers"], r["spill_bytes"], r["stack_bytes"], r["shared_bytes"], r["load_bytes"],
+                     r["store_bytes"]]
         else:
-            cells = ["FAILED: " + r["error"], "", "", ""]
+            cells = ["FAILED: " + r["error"], "", "", "", "", ""]
         head.append(f"| {r['kernel']} | {r['BT']} | {r['BP']} | {r['num_warps']} | {r['dtype']} | {flags} | "
                     + " | ".join(str(c) for c in cells) + f" | {r['compile_s']} |")
     return "\n".join(head) + "\n"
