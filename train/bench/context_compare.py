@@ -42,9 +42,9 @@ def group_rows(figures: dict[str, list[list[float]]]) -> tuple[list[list[str]], 
 
 
 def main(argv=None) -> int:
-    from ..cli_parts import Parser, add_device_flag, positive_int, run_command
-    from ..device import resolve_device
-    from ..inference import load_run
+    from ..cli.parts import Parser, add_device_flag, positive_int, run_command
+    from ..parallel.device import resolve_device
+    from ..lm.inference import load_run
     from ..suite import markdown_table
 
     p = Parser(prog="python -m hybrid.train.bench.context_compare",

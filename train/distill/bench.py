@@ -4,7 +4,7 @@
     python -m hybrid.train.distill.bench table "teacher=runs/teacher" "distilled=runs/d-s0,runs/d-s1" ...
 
 ``eval``, per run directory (``load_run``; one thread unless ``--threads``): validation bits per byte at the
-training length L over the whole validation split, packed by documents as trained (``hybrid.train.evaluate``);
+training length L over the whole validation split, packed by documents as trained (``hybrid.train.lm.evaluate``);
 ``hybrid-bench``'s long-context figures at 1, 2, 4 and 8 × L (``hybrid.train.bench.quality.context_metrics``: the
 first ``--long-seqs`` blocks of 8·L tokens of the validation stream, one forward each); decoding ms/token and
 state bytes after a ``--context``-token prompt (``hybrid.train.bench.cost.decode_cost``). ``table``: one markdown
@@ -29,8 +29,8 @@ def evaluate_run(run_dir, *, seq_len: int = 256, batch_size: int = 16, long_seqs
     from ..bench.cost import decode_cost
     from ..bench.quality import context_metrics, long_sequences
     from ..data import prepare_data
-    from ..evaluate import evaluate
-    from ..inference import load_run
+    from ..lm.evaluate import evaluate
+    from ..lm.inference import load_run
 
     run = load_run(run_dir)
     data = prepare_data(data, tokenizer=run.tokenizer)

@@ -9,11 +9,11 @@ from hybrid import RecurrenceConfig
 from hybrid.checks import check_int
 from hybrid.models.config_names import parse
 
-from ..config_checks import check_betas, check_fraction, check_optional_str, check_real, check_text_column, tracker_list
-from ..config_record import ConfigRecord
+from ..options.checks import check_betas, check_fraction, check_optional_str, check_real, check_text_column, tracker_list
+from ..options.record import ConfigRecord
 from ..data.packing import PACKINGS
-from ..device import check_device
-from ..schedule import default_warmup
+from ..parallel.device import check_device
+from ..loop.schedule import default_warmup
 from .mapping import RNN_FIELDS
 
 __all__ = ["DistillConfig", "TRAIN_PARTS", "DECAY_INITS", "RESUMABLE"]

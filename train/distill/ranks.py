@@ -1,4 +1,4 @@
-"""What ``hybrid-distill`` does across torchrun ranks (``hybrid.train.distributed.DistEnv``); each is a no-op on one
+"""What ``hybrid-distill`` does across torchrun ranks (``hybrid.train.parallel.distributed.DistEnv``); each is a no-op on one
 process.
 
 - ``broadcast_weights``: rank 0's weights and buffers to every rank (as DDP does when it wraps a model);

@@ -6,7 +6,7 @@
 
 One process, or ``torchrun`` (``torchrun --nproc-per-node N -m hybrid.train.distill …``): ``batch_size`` is per
 rank, as in hybrid-train, so one step reads the global batch ``G = batch_size × world_size``
-(``hybrid.train.sharding``: rank ``r`` trains on rows ``[r·batch_size, (r+1)·batch_size)`` of it). Global step
+(``hybrid.train.parallel.sharding``: rank ``r`` trains on rows ``[r·batch_size, (r+1)·batch_size)`` of it). Global step
 ``k`` counts the stage-1 steps, then the stage-2 steps; every step reads one global batch of ``G × seq_len``
 training tokens (the data order continues across the stages), so the run's distillation tokens are
 ``(align_steps + steps) × G × seq_len``.
@@ -25,7 +25,7 @@ ranks. A resumed run keeps its global batch: ``batch_size = G / world_size`` on 
   replaced), then ``replacement_costs`` ranks them and the student keeps the K most costly as attention.
 - Stage 2 trains the student (``train="all"``) or the replaced layers' mixers (``"new"``) on ``distill_loss``.
 
-Checkpoints (``hybrid.train.checkpoint``) hold the current model (in stage 1 the stage-1 model, after it the
+Checkpoints (``hybrid.train.loop.checkpoint``) hold the current model (in stage 1 the stage-1 model, after it the
 student: a ``HybridLM`` with its own ``HybridConfig``), the optimizer and schedule of the current stage, the data
 position, the RNG and the stage; ``extra["tokenizer"]`` is the teacher's, so ``load_run``, ``hybrid-generate``,
 ``hybrid-export`` and the benchmark's evaluation open the run directory like any other. A non-finite loss or
@@ -53,7 +53,7 @@ from torch import nn
 
 from hybrid.models import HybridLM
 
-from ..checkpoint import (
+from ..loop.checkpoint import (
     Checkpoint,
     CheckpointError,
     capture_rng_state,
@@ -61,22 +61,22 @@ from ..checkpoint import (
     restore_rng_state,
     save_checkpoint,
 )
-from ..console import Console
+from ..output.console import Console
 from ..data import prepare_data
 from ..data.packing import pack_documents
-from ..device import env_int, resolve_device
-from ..distributed import DistEnv, init_distributed
+from ..parallel.device import env_int, resolve_device
+from ..parallel.distributed import DistEnv, init_distributed
 from .ranks import average_gradients, broadcast_weights, sum_over_ranks
-from ..divergence import NonFiniteFlag, nonfinite_weights
-from ..init_from import copy_matching
-from ..metrics import METRICS_FILE, MetricsLogger, read_metrics
-from ..optim import build_optimizer
-from ..outdir import check_output_dir
-from ..saved_model import checkpoint_config
-from ..schedule import warmup_cosine
-from ..sharding import GlobalBatches
-from ..tokenizer import tokenizer_from_dict
-from ..tracking import open_trackers
+from ..loop.divergence import NonFiniteFlag, nonfinite_weights
+from ..loop.init_from import copy_matching
+from ..output.metrics import METRICS_FILE, MetricsLogger, read_metrics
+from ..loop.optim import build_optimizer
+from ..output.outdir import check_output_dir
+from ..loop.saved_model import checkpoint_config
+from ..loop.schedule import warmup_cosine
+from ..parallel.sharding import GlobalBatches
+from ..data.tokenizer import tokenizer_from_dict
+from ..output.tracking import open_trackers
 from .config import RESUMABLE, DistillConfig
 from .losses import alignment_losses, capture_mixer_io, distill_loss, token_kl
 from .mapping import decay_from_attention, init_student, layer_types_for_pattern, student_config

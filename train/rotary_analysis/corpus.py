@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterable, Iterator
 import numpy as np
 import torch
 
-from ..cli_parts import UsageError
+from ..cli.parts import UsageError
 from ..data.prepare import default_cache_dir
 from ..data.sources import resolve_source
 

@@ -1,6 +1,6 @@
 """``python -m hybrid.train.tasks`` = ``hybrid-synthetic``."""
 import sys
 
-from .cli import main
+from ..cli.synthetic import main
 
 sys.exit(main())

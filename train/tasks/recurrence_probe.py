@@ -216,7 +216,7 @@ def probe_run(run_dir, length: int, n: int = 256) -> list:
 def main(argv=None) -> int:
     """``python -m hybrid.train.tasks.recurrence_probe RUN [RUN …] [--length 256]``: a markdown table, one row per
     parity run directory."""
-    from ..cli_parts import Parser, positive_int, run_command
+    from ..cli.parts import Parser, positive_int, run_command
     from ..suite import markdown_table
 
     p = Parser(prog="python -m hybrid.train.tasks.recurrence_probe",

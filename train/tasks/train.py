@@ -16,7 +16,7 @@ Options for state tracking: ``grow_lengths_to`` (a length curriculum: the longes
 to it over the first half of the run) and ``phase_round_from`` (the fraction of the steps after which a model
 with ``recurrence.phase_round`` starts rounding its angles in training; before, it trains unrounded).
 
-The run directory holds ``checkpoint/`` (``hybrid.train.checkpoint.load_checkpoint`` opens it; the task and this
+The run directory holds ``checkpoint/`` (``hybrid.train.loop.checkpoint.load_checkpoint`` opens it; the task and this
 config ride in its ``extra``), ``task.json`` (the token map), ``results.json`` (accuracy per test point) and
 ``metrics.jsonl`` (the loss curve).
 """
@@ -36,11 +36,11 @@ from hybrid.checks import check_int, check_number
 from hybrid.models import PRESETS, SIZES, HybridConfig, HybridLM
 from hybrid.rotary import set_phase_rounding
 
-from ..checkpoint import load_checkpoint, save_checkpoint
-from ..device import check_device, resolve_device
-from ..optim import build_optimizer
-from ..saved_model import checkpoint_model
-from ..schedule import default_warmup, warmup_cosine
+from ..loop.checkpoint import load_checkpoint, save_checkpoint
+from ..parallel.device import check_device, resolve_device
+from ..loop.optim import build_optimizer
+from ..loop.saved_model import checkpoint_model
+from ..loop.schedule import default_warmup, warmup_cosine
 from . import make_task
 from .base import IGNORE, Batch, Task, rng_of, scaled_accuracy
 from .from_run import load_source_weights, source_config

@@ -6,7 +6,7 @@ import pytest
 from hybrid.train.bench.context_compare import group_rows, main, parse_groups
 from hybrid.train.bench.window_gain import window_metrics
 from hybrid.train.data import prepare_data
-from hybrid.train.inference import load_run
+from hybrid.train.lm.inference import load_run
 
 PROG = "python -m hybrid.train.bench.context_compare"
 TINY = ["--d-model", "16", "--n-layers", "2", "--n-heads", "2", "--seq-len", "16", "--batch-size", "2"]

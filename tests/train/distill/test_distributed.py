@@ -11,11 +11,11 @@ import pytest
 import torch
 
 from hybrid.models import HybridConfig, HybridLM
-from hybrid.train.checkpoint import capture_rng_state, load_checkpoint, save_checkpoint
+from hybrid.train.loop.checkpoint import capture_rng_state, load_checkpoint, save_checkpoint
 from hybrid.train.distill import DistillConfig, Distiller
-from hybrid.train.distill.cli import main
-from hybrid.train.metrics import read_metrics
-from hybrid.train.tokenizer import ByteTokenizer
+from hybrid.train.cli.distill import main
+from hybrid.train.output.metrics import read_metrics
+from hybrid.train.data.tokenizer import ByteTokenizer
 
 # One rank of a torchrun job: the Distiller on the config in argv[1]; every write under --out is counted (audit
 # hook), and the rank reports what it built (its ranking, its student, a digest of its final weights) in the file

@@ -7,10 +7,10 @@ import pytest
 import torch
 
 from hybrid.models import HybridConfig, HybridLM
-from hybrid.train.checkpoint import capture_rng_state, load_checkpoint, save_checkpoint
+from hybrid.train.loop.checkpoint import capture_rng_state, load_checkpoint, save_checkpoint
 from hybrid.train.distill import DistillConfig, Distiller
-from hybrid.train.metrics import read_metrics
-from hybrid.train.tokenizer import ByteTokenizer
+from hybrid.train.output.metrics import read_metrics
+from hybrid.train.data.tokenizer import ByteTokenizer
 
 
 def write_teacher(path, *, n_layers=3, scale=None, seed=0):

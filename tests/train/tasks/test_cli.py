@@ -1,12 +1,12 @@
-"""hybrid-synthetic (hybrid.train.tasks.cli): one task run from the command line, one-line errors."""
+"""hybrid-synthetic (hybrid.train.cli.synthetic): one task run from the command line, one-line errors."""
 from __future__ import annotations
 
 import json
 
 import pytest
 
-from hybrid.train.checkpoint import load_checkpoint
-from hybrid.train.tasks import cli
+from hybrid.train.loop.checkpoint import load_checkpoint
+from hybrid.train.cli import synthetic as cli
 
 
 def test_one_task_run_from_the_command_line(tmp_path, capsys):
@@ -31,7 +31,7 @@ def test_a_passkey_run_takes_a_staged_curriculum_from_the_command_line(tmp_path)
 def test_a_single_run_of_a_studied_model_uses_its_best_rate_and_says_so(tmp_path, capsys, monkeypatch):
     """The rate comes from BEST_LRS when the run is exactly the studied model (named by --model, or spelled with
     --preset and --set); any other configuration gets the largest rate of the grid; --lr wins. Each says which."""
-    from hybrid.train.tasks import suite
+    from hybrid.train.tasks import suites as suite
 
     monkeypatch.setitem(suite.BEST_LRS, ("smoke", "parity"), {"vo-rnn-data-selective": 1e-3})
     spelled = ["--preset", "vo-rnn", "--set", 'rnn_phase="data"', "--set", "recurrence.selective=true",

@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from hybrid.train.checkpoint import load_checkpoint
+from hybrid.train.loop.checkpoint import load_checkpoint
 from hybrid.train.tasks import IGNORE, MQAR
 from hybrid.train.tasks.train import TaskRunConfig, load_task_run, masked_loss, scored_positions, train_task
 
@@ -30,7 +30,7 @@ def test_a_run_trains_its_curriculum_steps_first(tmp_path, monkeypatch):
 
 
 def test_a_staged_passkey_curriculum_trains_its_lengths_in_order(tmp_path, monkeypatch):
-    from hybrid.train.tasks.passkey import Passkey
+    from hybrid.train.tasks.passkey.task import Passkey
 
     lengths = []
     original = Passkey.sample

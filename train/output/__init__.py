@@ -1,0 +1,2 @@
+"""What a command shows and writes: the console and its progress bars, ``metrics.jsonl``, the experiment trackers
+(TensorBoard, Weights & Biases), and output directories that are written whole and never over a user's files."""
