@@ -6,8 +6,9 @@ Backends receive:
   shape ``(Bd, Td, H, P)`` with ``Bd ∈ {1, B}`` and ``Td ∈ {1, T}`` (1 = broadcast, never materialised);
 - ``initial_state``: ``None`` or contiguous ``(B, H, D)`` in the state dtype.
 
-Packed sequences (``cu_seqlens``, ``(N+1,)`` offsets into one ``(1, total_T, H, D)`` row) never reach a backend:
-``interface.py`` turns them into one row whose decay restarts at each offset.
+Packed sequences (``cu_seqlens``, ``(N+1,)`` offsets into one ``(1, total_T, H, D)`` row; or a ``PackedOffsets``,
+checked once already) never reach a backend: ``interface.py`` turns them into one row whose decay restarts at each
+offset.
 
 Checks that read values back from the tensors (one host sync) are skipped while ``torch.compile`` traces.
 """
@@ -105,10 +106,9 @@ def check_block_size(block_size) -> None:
     check_positive_int("block_size", block_size, allow_none=True)
 
 
-def check_cu_seqlens(cu_seqlens, x: torch.Tensor) -> int:
+def check_cu_seqlens(cu_seqlens, x: torch.Tensor) -> torch.Tensor:
     """``cu_seqlens``: ``(N+1,)`` int64 (or int32) offsets on x's device into ``x`` of shape ``(1, total_T, H, D)``:
-    0 first, strictly increasing (no empty sequence), ``total_T`` last. Returns N. The shared check of every op
-    (``hybrid.kernels.varlen``): its value checks read the small tensor back (one host sync), except while
-    torch.compile traces."""
-    shared_check_cu_seqlens(cu_seqlens, x.shape[1], x.device, "cu_seqlens", batch=x.shape[0])
-    return cu_seqlens.numel() - 1
+    0 first, strictly increasing (no empty sequence), ``total_T`` last; returned as the tensor. The shared check of
+    every op (``hybrid.kernels.varlen``): its value checks read the small tensor back (one host sync), except while
+    torch.compile traces, or for a ``PackedOffsets`` (checked once where the batch entered the model)."""
+    return shared_check_cu_seqlens(cu_seqlens, x.shape[1], x.device, "cu_seqlens", batch=x.shape[0])
