@@ -20,7 +20,8 @@ from pathlib import Path
 
 import torch
 
-from .cli.parts import Parser, add_device_flag, count, finite_float, positive_int, run_command
+from .cli.flags import add_device_flag
+from .cli.parts import Parser, count, finite_float, positive_int, run_command
 from .lm.config import TrainConfig
 
 PROMPT = "class Point:\n    def __init__(self"

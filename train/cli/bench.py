@@ -1,4 +1,4 @@
-"""``hybrid-bench`` (= ``python -m hybrid.train.bench``): train the suites on equal budgets and report.
+"""``hybrid-bench`` (= ``python -m hybrid.train.cli.bench``): train the suites on equal budgets and report.
 
 User errors print one line and exit 2 (``hybrid.train.cli.lm``'s conventions); an interrupted suite exits 130 and
 the next invocation continues it.
@@ -10,11 +10,14 @@ import shlex
 import sys
 from pathlib import Path
 
-from .parts import Parser, add_device_flag, add_log_flag, add_set_flag, positive_int, run_command
-from ..output.outdir import prepare_suite_dir
-from ..suite import ResultsLog, parse_int_list, parse_name_list
 from ..bench.budgets import BUDGETS, bench_budget, with_window
 from ..bench.suites import SUITES
+from ..lm.config import TrainConfig
+from ..options.sections import DataOptions, LoopOptions
+from ..output.outdir import prepare_suite_dir
+from ..suite import ResultsLog, parse_int_list, parse_name_list
+from .flags import add_device_flag, add_log_flag, add_option_flags
+from .parts import Parser, add_set_flag, positive_int, run_command
 
 __all__ = ["bench_main", "bench_parser"]
 
@@ -41,8 +44,9 @@ def bench_parser() -> argparse.ArgumentParser:
                    help="smoke: minutes, for tests; cpu: ≤ 60 min per suite on 2 cores; gpu: ≈ 1 GPU-hour per suite "
                         "(default: smoke)")
     p.add_argument("--out", default="runs/bench", help="suite directories go here (default: runs/bench)")
-    p.add_argument("--steps", type=positive_int, default=None, help="override the budget's training steps")
-    p.add_argument("--seq-len", type=positive_int, default=None, help="override the budget's training length L")
+    # the options a run config declares, the budget's values unless given (hybrid.train.options)
+    add_option_flags(p, LoopOptions, ["steps"], default=None, default_text="the budget's")
+    add_option_flags(p, DataOptions, ["seq_len"], default=None, default_text="the budget's L")
     p.add_argument("--window", type=positive_int, default=None,
                    help="override the budget's attention window: the windowed models' and the past-the-window "
                         "buckets' (fewer tokens than L; use a fresh --out)")
@@ -50,17 +54,14 @@ def bench_parser() -> argparse.ArgumentParser:
     p.add_argument("--models", default=None, help="only these models of the suite, e.g. transformer,hybrid")
     add_set_flag(p, help="a HybridConfig field for every model of the suite, VALUE parsed as JSON (e.g. --set "
                          "rnn_r_max=0.9999); use a fresh --out, the records do not mix settings; repeatable")
-    p.add_argument("--data", default=None, metavar="PATH_OR_DATASET",
-                   help="any --data that hybrid-train accepts (default: this Python's stdlib sources)")
-    p.add_argument("--tokenizer", default=None, metavar="PATH", help="a tokenizer.json (default: bytes)")
+    add_option_flags(p, TrainConfig, ["data", "tokenizer"], default=None)
     add_device_flag(p)
     p.add_argument("--threads", type=positive_int, default=None,
                    help="torch CPU threads (default: torch's choice; 1 is fastest on a machine shared with others)")
     p.add_argument("--report-only", action="store_true", help="write the reports from the records, train nothing")
     p.add_argument("--overwrite", action="store_true",
                    help="start each suite over in OUT/<suite> (its records and runs removed) instead of continuing it")
-    add_log_flag(p, help="log each finished run (its metrics.jsonl, measurements and config) to TensorBoard "
-                         "(RUN/tensorboard/) or Weights & Biases; repeatable")
+    add_log_flag(p, what="each run once it finishes: its metrics.jsonl, measurements and config")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     return p
 
@@ -126,3 +127,7 @@ def bench_main(argv: list[str] | None = None) -> int:
     """``hybrid-bench``: returns the exit status (the console script exits with it)."""
     argv = sys.argv[1:] if argv is None else list(argv)
     return run_command(bench_parser(), argv, lambda args: _run(args, argv))
+
+
+if __name__ == "__main__":
+    sys.exit(bench_main())

@@ -2,7 +2,7 @@
 
 User errors (a missing data path, an unknown preset, a corrupt checkpoint, an offline hub name, a bad
 value) print one line, ``<prog>: error: …``, to stderr and exit with status 2; a diverged run exits with 1
-and an interrupted one with 130. ``HYBRID_TRACEBACK=1`` shows the full traceback instead (``cli_parts``).
+and an interrupted one with 130. ``HYBRID_TRACEBACK=1`` shows the full traceback instead (``hybrid.train.cli.parts``).
 """
 from __future__ import annotations
 
@@ -11,18 +11,14 @@ import gc
 import os
 import shlex
 
-from hybrid.models import PRESETS, SIZES
-
-from .parts import (MODEL_FLAGS, Parser, UsageError, add_device_flag, add_log_flag, add_set_flag,
-                        config_from_args, count, finite_float, int_or, positive_int, run_command)
-from ..lm.config import MAX_SKIPS_IN_A_ROW, NONFINITE_POLICIES, TrainConfig
+from ..lm.config import TrainConfig
 from ..parallel.device import env_int
+from .flags import MODEL_FLAGS, add_config_flags, add_device_flag, add_model_flags, add_run_flags, config_from_args
+from .parts import Parser, UsageError, count, finite_float, positive_int, run_command
 
 __all__ = ["train_main", "generate_main", "train_parser", "generate_parser", "config_from_args",
            "train_config_from_args", "MODEL_FLAGS"]
 
-
-D = TrainConfig()  # the defaults shown in --help
 
 TRAIN_EPILOG = """\
 examples:
@@ -49,101 +45,19 @@ def train_parser() -> argparse.ArgumentParser:
                     "CPU or GPU, checkpoints and metrics in runs/train.",
         epilog=TRAIN_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    S = argparse.SUPPRESS  # options left out keep the TrainConfig default (or, on --resume, the saved value)
     p.add_argument("--config", metavar="FILE",
                    help="a .toml or .json file of TrainConfig fields (a run's train_config.json is one); flags "
                         "given here override it (docs/training.md, 'Config files')")
-
-    g = p.add_argument_group("model")
-    g.add_argument("--preset", choices=sorted(PRESETS), default=S,
-                   help="architecture: all attention, all RetNet, all recurrence, or the RRA hybrid "
-                        f"(default: {D.preset})")
-    g.add_argument("--size", choices=list(SIZES), default=S,
-                   help=f"tiny ≈0.8M, small ≈25M, base ≈125M, large ≈350M parameters (default: {D.size})")
-    g.add_argument("--pattern", default=S, help="mixer letters repeated over the layers: R recurrence, A attention, "
-                                                  "M retention (e.g. RRA)")
-    g.add_argument("--d-model", type=positive_int, default=S, help="model width")
-    g.add_argument("--n-layers", type=positive_int, default=S, help="number of blocks")
-    g.add_argument("--n-heads", type=positive_int, default=S, help="heads per mixer")
-    g.add_argument("--window", type=int_or("none"), default=S,
-                   help="attention sliding window in tokens, or 'none' for global attention")
-    add_set_flag(g, default=S,
-                 help="any HybridConfig field, VALUE parsed as JSON (e.g. --set carope=true --set "
-                        "rope_scaling='{\"rope_type\": \"yarn\", \"factor\": 4}'); repeatable")
-
-    g = p.add_argument_group("data")
-    g.add_argument("--data", default=S, metavar="PATH_OR_DATASET",
-                   help="a text file, a .jsonl/.parquet/.csv file with a 'text' column, a directory of text files, "
-                        "or a Hugging Face dataset name (needs internet); default: this Python's stdlib sources")
-    g.add_argument("--text-column", default=S, metavar="NAME",
-                   help=f"the column holding the text in .jsonl / .parquet / .csv data (default: {D.text_column})")
-    g.add_argument("--tokenizer", default=S, metavar="PATH",
-                   help="a tokenizer.json (or a directory holding one); default: bytes (vocab 259)")
-    g.add_argument("--valid-fraction", type=float, default=S,
-                   help=f"fraction of documents held out for validation (default: {D.valid_fraction})")
-    g.add_argument("--seq-len", type=positive_int, default=S, help=f"tokens per sequence (default: {D.seq_len})")
-    g.add_argument("--packing", choices=("documents", "stream"), default=S,
-                   help="documents: every mixer restarts at each document inside a sequence (cu_seqlens); stream: "
-                        f"sequences read across document ends (default: {D.packing}; docs/training.md)")
-    g.add_argument("--batch-size", type=positive_int, default=S,
-                   help=f"sequences per micro-batch per rank (default: {D.batch_size})")
-    g.add_argument("--grad-accum", type=positive_int, default=S,
-                   help=f"micro-batches per optimizer step (default: {D.grad_accum})")
-
-    g = p.add_argument_group("optimisation")
-    g.add_argument("--steps", type=positive_int, default=S,
-                   help=f"total optimizer steps; with --resume, the new total (default: {D.steps})")
-    g.add_argument("--lr", type=float, default=S, help=f"peak learning rate (default: {D.lr:g})")
-    g.add_argument("--min-lr-ratio", type=float, default=S,
-                   help=f"the cosine decays to lr × this (default: {D.min_lr_ratio})")
-    g.add_argument("--warmup", type=count, default=S, help="linear warmup steps (default: min(100, steps / 10))")
-    g.add_argument("--weight-decay", type=float, default=S,
-                   help=f"AdamW decay of Linear/Embedding weights only (default: {D.weight_decay})")
-    g.add_argument("--betas", type=float, nargs=2, metavar=("B1", "B2"), default=S,
-                   help=f"AdamW betas (default: {D.betas[0]} {D.betas[1]})")
-    g.add_argument("--grad-clip", type=float, default=S,
-                   help=f"max gradient norm; 0 turns clipping off (default: {D.grad_clip})")
-    g.add_argument("--seed", type=count, default=S, help=f"model init and data order (default: {D.seed})")
-
-    g = p.add_argument_group("bookkeeping")
-    g.add_argument("--out", default=S, metavar="DIR", help=f"run directory (default: {D.out})")
-    g.add_argument("--resume", metavar="DIR",
-                   help="continue the run in DIR from its checkpoint (same data order, optimizer and RNG); "
-                        "change --steps, the intervals, --lr, --warmup, --weight-decay, --grad-clip, not the "
-                        "model or data")
-    g.add_argument("--init-from", default=S, metavar="RUN_DIR",
-                   help="start from the weights and model config of another run (e.g. one written by "
-                        "hybrid-import); not its optimizer or step; --preset/--size are then ignored")
-    g.add_argument("--init-partial", action="store_true", default=S,
-                   help="with --init-from: copy every weight whose name and shape match and initialise the rest, "
-                        "e.g. a hybrid (--set pattern='\"RRA\"') started from a transformer's attention, MLP and "
-                        "embedding weights")
-    g.add_argument("--overwrite", action="store_true", help="start over in an --out that already has a checkpoint")
-    g.add_argument("--eval-every", type=count, default=S,
-                   help=f"steps between evaluations, 0 = only at the end (default: {D.eval_every})")
-    g.add_argument("--eval-batches", type=int_or("all"), default=S,
-                   help=f"validation batches per evaluation, or 'all' (default: {D.eval_batches})")
-    g.add_argument("--save-every", type=count, default=S,
-                   help=f"steps between checkpoints, 0 = only at the end (default: {D.save_every})")
-    g.add_argument("--log-every", type=positive_int, default=S,
-                   help=f"steps between metrics records (default: {D.log_every})")
-    g.add_argument("--keep", type=positive_int, default=S,
-                   help=f"checkpoints to keep: checkpoint/ and the newest N-1 as checkpoint-step-STEP/ "
-                        f"(default: {D.keep})")
-    g.add_argument("--on-nonfinite", choices=list(NONFINITE_POLICIES), default=S,
-                   help="a non-finite loss or gradient: stop (the run ends; no checkpoint holds it) or skip "
-                        f"(drop that step's update; stop after {MAX_SKIPS_IN_A_ROW} in a row) "
-                        f"(default: {D.on_nonfinite})")
-    add_log_flag(g, default=S,
-                 help="also send every metrics record and the config to TensorBoard (OUT/tensorboard/) or Weights "
-                      "& Biases (WANDB_MODE=offline works offline); repeatable; extras [tensorboard], [wandb]")
-    g.add_argument("--quiet", action="store_true", help="print nothing but errors")
-
-    g = p.add_argument_group("execution")
-    add_device_flag(g, default=S)
-    g.add_argument("--compile", action="store_true", default=S, help="torch.compile the model")
-    g.add_argument("--fsdp", action="store_true", default=S,
-                   help="under torchrun: shard with FSDP2 instead of replicating with DDP")
+    # every TrainConfig option (hybrid.train.options.sections); one left out keeps its default, or on --resume its
+    # saved value
+    groups = add_config_flags(p, TrainConfig)
+    add_model_flags(groups["model"], set_help="any HybridConfig field, VALUE parsed as JSON (e.g. --set carope=true "
+                                              "--set rope_scaling='{\"rope_type\": \"yarn\", \"factor\": 4}'); "
+                                              "repeatable")
+    add_run_flags(groups["loop"], resume="continue the run in DIR from its checkpoint (same data order, optimizer "
+                                         "and RNG); change --steps, the intervals, --lr, --warmup, --weight-decay, "
+                                         "--grad-clip, not the model or data",
+                  overwrite="start over in an --out that already has a checkpoint")
     return p
 
 

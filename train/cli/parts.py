@@ -20,14 +20,13 @@ import sys
 
 from hybrid.models import HybridConfig
 
-from ..output.tracking import TRACKERS
 from ..data import HubOfflineError
 from ..parallel.device import DEVICE_NAMES, check_device
 
 __all__ = [
     "Parser", "UsageError", "USER_ERRORS", "TRACEBACK_ENV", "show_tracebacks",
     "int_at_least", "positive_int", "count", "finite_float", "int_or", "device_name", "set_pair",
-    "add_set_flag", "add_log_flag", "add_device_flag", "MODEL_FLAGS", "config_from_args",
+    "add_set_flag",
     "one_line_error", "guarded", "run_command",
 ]
 
@@ -137,37 +136,6 @@ def add_set_flag(group, *, help: str, default=()) -> None:
     default = list(default) if isinstance(default, (list, tuple)) else default  # argparse.SUPPRESS stays
     group.add_argument("--set", dest="sets", metavar="KEY=VALUE", type=set_pair, action="append", default=default,
                        help=help)
-
-
-def add_log_flag(group, *, help: str, default=()) -> None:
-    """``--log tensorboard|wandb`` (repeatable) into ``args.log``: the experiment trackers."""
-    default = list(default) if isinstance(default, (list, tuple)) else default
-    group.add_argument("--log", choices=list(TRACKERS), action="append", default=default, help=help)
-
-
-def add_device_flag(group, *, default="auto") -> None:
-    """``--device auto|cpu|cuda|cuda:N``, checked as it is parsed."""
-    group.add_argument("--device", type=device_name, default=default,
-                       help="auto (cuda when available), cpu, cuda or cuda:N (default: auto)")
-
-
-MODEL_FLAGS = ("pattern", "d_model", "n_layers", "n_heads", "window")
-
-
-def config_from_args(args: argparse.Namespace, model_flags: tuple[str, ...] = MODEL_FLAGS) -> dict:
-    """The config fields the command line sets (only those given), ``model`` overrides (``model_flags`` and
-    ``--set``) merged into one dict."""
-    given = dict(vars(args))
-    for name in ("resume", "overwrite", "quiet", "config"):
-        given.pop(name, None)
-    model = {name: given.pop(name) for name in model_flags if name in given}
-    for key, value in given.pop("sets", []):
-        model[key] = value
-    if model:
-        given["model"] = model
-    if "betas" in given:
-        given["betas"] = tuple(given["betas"])
-    return given
 
 
 # ---------------------------------------------------------------------------------------------- the guard

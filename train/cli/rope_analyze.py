@@ -18,7 +18,8 @@ from pathlib import Path
 
 import torch
 
-from .parts import Parser, UsageError, add_device_flag, positive_int, run_command
+from .flags import add_device_flag
+from .parts import Parser, UsageError, positive_int, run_command
 from ..parallel.distributed import resolve_device
 from ..output.outdir import check_output_dir, staged_output_dir
 from ..rotary_analysis.capture import capture_statistics

@@ -1,4 +1,4 @@
-"""``hybrid-synthetic`` (= ``python -m hybrid.train.tasks``): one model on one task, or a whole suite.
+"""``hybrid-synthetic`` (= ``python -m hybrid.train.cli.synthetic``): one model on one task, or a whole suite.
 
 User errors print one line, ``hybrid-synthetic: error: …``, and exit 2; an interrupted suite exits 130 and the
 same command continues it (``hybrid.train.cli.parts``).
@@ -10,17 +10,17 @@ import json
 import sys
 from pathlib import Path
 
-from hybrid.models import PRESETS
-
-from .parts import Parser, add_device_flag, add_log_flag, add_set_flag, count, positive_int, run_command
+from ..options.sections import DataOptions
 from ..output.outdir import check_output_dir, prepare_suite_dir, staged_output_dir
 from ..output.progress import progress_bar
 from ..suite import markdown_table, parse_int_list, parse_name_list
 from ..tasks import TASK_NAMES, make_task
 from ..tasks.passkey import suites as passkey_suite
-from ..tasks.suites import (BUDGETS, KNOWN_MODELS, MODELS, SUITES, budget_for, curriculum_steps, default_lr, model_entry,
-                    model_shape, run_synthetic_suite, task_lrs, task_params, task_steps)
+from ..tasks.suites import (BUDGETS, MODELS, SUITES, budget_for, curriculum_steps, default_lr, model_entry,
+                            model_shape, run_synthetic_suite, task_lrs, task_params, task_steps)
 from ..tasks.train import TaskRunConfig, train_task
+from .flags import add_device_flag, add_log_flag, add_option_flags
+from .parts import Parser, add_set_flag, run_command
 
 EPILOG = """\
 examples:
@@ -34,9 +34,9 @@ examples:
   hybrid-synthetic --task passkey-text --init-from runs/demo --steps 1500 --curriculum-steps 0 --out runs/demo-passkey
                                        # Samba's test: the trained LM fine-tuned on passkey retrieval, then scored
 
-models of a suite: """ + ", ".join(MODELS) + """
-parity-recipe candidates (vo-rnn-data-selective with one change, or two): """ + ", ".join(
-    m for m in KNOWN_MODELS if m not in MODELS) + """
+models: """ + ", ".join(MODELS) + """
+the parity study's candidates (vo-rnn-data-selective with one change, or two; docs/research/parity-recipe.md) run
+from the study's own suite: --suite parity-recipe [--models CANDIDATE,...]
 outputs: a run directory per task/model/lr/seed (checkpoint/, task.json, results.json, metrics.jsonl);
 a suite adds results.jsonl (one record per finished run; a second invocation resumes) and report.md + PNGs
 """
@@ -52,36 +52,38 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--budget", choices=list(BUDGETS), default="cpu",
                    help="sizes, steps, lengths, seeds and learning rates (default: cpu)")
     p.add_argument("--out", required=True, help="the run directory (--task) or the suite directory (--suite)")
-    p.add_argument("--steps", type=positive_int, help="optimizer steps per run (overrides the budget)")
-    p.add_argument("--seq-len", type=positive_int, help="longest training length (overrides the budget)")
+    # the options a run config declares, the budget's values unless given (hybrid.train.options)
+    add_option_flags(p, TaskRunConfig, ["steps"], default=None, default_text="the budget's")
+    add_option_flags(p, DataOptions, ["seq_len"], default=None, default_text="the budget's",
+                     help={"seq_len": "a task's longest training length"})
     p.add_argument("--seeds", help="comma-separated seeds, e.g. 0,1,2 (overrides the budget)")
-    p.add_argument("--models", help="comma-separated suite models (overrides the budget): " + ", ".join(KNOWN_MODELS))
+    p.add_argument("--models", help="comma-separated suite models (overrides the budget): " + ", ".join(MODELS)
+                   + "; --suite parity-recipe takes its candidates too")
     add_device_flag(p)
     p.add_argument("--overwrite", action="store_true",
                    help="--task: replace a non-empty --out; --suite: start the suite over instead of continuing it")
-    add_log_flag(p, help="log each finished run (its metrics.jsonl, results and config) to TensorBoard "
-                         "(RUN/tensorboard/) or Weights & Biases; repeatable")
+    add_log_flag(p, what="each run once it finishes: its metrics.jsonl, results and config")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     g = p.add_argument_group("one run (--task)")
-    g.add_argument("--preset", choices=sorted(PRESETS), help="architecture (default: vo-rnn)")
-    g.add_argument("--model", choices=list(KNOWN_MODELS),
-                   help="a suite model or parity candidate by name: its preset, options and run options (e.g. "
-                        "vo-rnn-recipe, the state-tracking recipe); instead of --preset")
+    add_option_flags(g, TaskRunConfig, ["preset"], default=None, default_text="vo-rnn")
+    g.add_argument("--model", choices=list(MODELS),
+                   help="a suite model by name: its preset, options and run options (e.g. vo-rnn-recipe, the "
+                        "state-tracking recipe); instead of --preset")
     add_set_flag(g, help="any HybridConfig field, VALUE parsed as JSON (e.g. --set rnn_phase='\"data\"'); the "
                          "budget sets d_model, n_layers and n_heads (--set overrides them too); repeatable")
-    g.add_argument("--lr", type=float, help="learning rate (default: the measured best rate of the suite model "
-                                             "this run is, else the largest of the budget's grid; printed)")
-    g.add_argument("--batch-size", type=positive_int, help="sequences per step (default: the budget's)")
+    add_option_flags(g, TaskRunConfig, ["lr"], default=None, default_text="the measured best rate of the suite model "
+                     "this run is, else the largest of the budget's grid; printed")
+    add_option_flags(g, TaskRunConfig, ["batch_size"], default=None, default_text="the budget's")
     g.add_argument("--curriculum", metavar="LENGTHS",
                    help="passkey tasks: the curriculum's lengths, comma-separated and increasing, each a stage of "
                         "equal steps before the training length (e.g. 64,256 before --seq-len 1024; default: a "
                         "quarter of the training length)")
-    g.add_argument("--curriculum-steps", type=count, metavar="N",
-                   help="the first N steps train on the curriculum (default: the budget's share of the steps)")
-    g.add_argument("--init-from", metavar="RUN_DIR",
-                   help="passkey-text: fine-tune this trained byte-level LM (a hybrid-train or hybrid-distill run) "
-                        "instead of a fresh model, as Samba's passkey test; its architecture and weights replace "
-                        "--preset and the budget's sizes (--set may change what keeps the weights' shapes)")
+    add_option_flags(g, TaskRunConfig, ["curriculum_steps"], default=None, default_text="the budget's share of "
+                                                                                      "the steps")
+    add_option_flags(g, TaskRunConfig, ["init_from"], default=None, default_text="", help={
+        "init_from": "passkey-text: fine-tune this trained byte-level LM (a hybrid-train or hybrid-distill run) "
+                     "instead of a fresh model, as Samba's passkey test; --set may change what keeps the weights' "
+                     "shapes"})
     g.add_argument("--edge-share", type=float, metavar="S",
                    help="passkey tasks: the share of training sequences whose key sits within key_digits positions "
                         "of an edge (the sequence's start, or right before the query); default 0: uniform")

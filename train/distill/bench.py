@@ -1,4 +1,4 @@
-"""The distillation measurement (docs/benchmarks.md, "Distillation"): evaluate run directories, then tabulate them.
+"""The distillation measurement (docs/research/distillation.md, "Distillation"): evaluate run directories, then tabulate them.
 
     python -m hybrid.train.distill.bench eval runs/teacher runs/distilled-s0 ...       # writes RUN/eval.json
     python -m hybrid.train.distill.bench table "teacher=runs/teacher" "distilled=runs/d-s0,runs/d-s1" ...

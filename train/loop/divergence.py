@@ -14,11 +14,13 @@ from typing import Callable, Iterable
 import torch
 import torch.distributed as dist
 
-from .checkpoint import kept_checkpoints
-from ..lm.config import MAX_SKIPS_IN_A_ROW
 from ..parallel.distributed import DistEnv
+from .checkpoint import kept_checkpoints
 
-__all__ = ["NonFiniteFlag", "nonfinite_weights", "DivergenceGuard"]
+__all__ = ["NonFiniteFlag", "nonfinite_weights", "DivergenceGuard", "NONFINITE_POLICIES", "MAX_SKIPS_IN_A_ROW"]
+
+NONFINITE_POLICIES = ("stop", "skip")
+MAX_SKIPS_IN_A_ROW = 5  # on_nonfinite="skip": more consecutive non-finite steps than this end the run
 
 
 class NonFiniteFlag:
@@ -44,14 +46,19 @@ def nonfinite_weights(parameters: Iterable[torch.Tensor]) -> torch.Tensor:
 
 
 class DivergenceGuard:
-    """The trainer's divergence policy (``TrainConfig.on_nonfinite``) and its messages.
+    """A run's divergence policy (``on_nonfinite``) and its messages.
 
     ``lr`` is the run's peak learning rate (the message suggests a tenth of it); ``float16``: the run trains
-    with a GradScaler, whose overflowing steps are routine (only the loss counts then).
+    with a GradScaler, whose overflowing steps are routine (only the loss counts then). ``run`` names the run in
+    the message ("training diverged: …"); ``advice(step, path)`` says how to go on from the last good checkpoint
+    and ``restart()`` how to start again when there is none (the defaults: hybrid-train's).
     """
 
-    def __init__(self, policy: str, *, device: torch.device, env: DistEnv, out: Path, lr: float, float16: bool):
+    def __init__(self, policy: str, *, device: torch.device, env: DistEnv, out: Path, lr: float, float16: bool,
+                 run: str = "training", advice: Callable[[int, Path], str] | None = None,
+                 restart: Callable[[], str] | None = None):
         self.policy, self.env, self.out, self.lr, self.float16 = policy, env, Path(out), lr, float16
+        self.run, self.advice, self.restart = run, advice or self._resume_advice, restart
         self.flag = NonFiniteFlag(device)
         self.skipped, self.skips_in_a_row = 0, 0
         self.last_saved: tuple[int, Path] | None = None  # (step, path) of the newest good checkpoint of this run
@@ -90,24 +97,27 @@ class DivergenceGuard:
         flags = [self.flag.first] + ([nonfinite_weights(weights)] if weights is not None else [])
         first_bad, bad_weights = (self.env.all_reduce(torch.stack(flags), op=dist.ReduceOp.MAX).tolist() + [0.0])[:2]
         if first_bad:
-            raise FloatingPointError(self.message(f"the training loss or gradient norm was not finite at step "
+            raise FloatingPointError(self.message(f"the loss or gradient norm was not finite at step "
                                                   f"{int(first_bad)}", first_bad=int(first_bad)))
         if bad_weights:
             raise FloatingPointError(self.message(f"the weights are not finite after step {step}"))
 
+    def _resume_advice(self, step: int, path: Path) -> str:
+        return (f"the last good checkpoint is {path} (step {step}): continue it with a lower learning rate, e.g. "
+                f"hybrid-train --resume {self.out} --lr {self.lr / 10:g}, or a longer --warmup")
+
     def message(self, what: str, first_bad: int | None = None) -> str:
-        """"training diverged: {what}; {the last good checkpoint and the command that continues it} ({hints})"."""
+        """"training diverged: {what}; {the last good checkpoint and how to go on} ({hints})"."""
         if self.last_saved is None:
-            where = "no checkpoint was written; start again with a lower --lr or a longer --warmup"
+            where = "no checkpoint was written; " + (self.restart() if self.restart else
+                                                     "start again with a lower --lr or a longer --warmup")
         else:
             step, path = self.last_saved
-            where = (f"the last good checkpoint is {path} (step {step}): continue it "
-                     f"with a lower learning rate, e.g. hybrid-train --resume {self.out} --lr {self.lr / 10:g}, or a "
-                     f"longer --warmup")
+            where = self.advice(step, path)
             earlier = [(s, p) for s, p in kept_checkpoints(self.out) if s < step]
             if first_bad == step + 1 and earlier:  # the first step from those weights: they may be the cause
                 where += (f"; if it fails again at once, resume the one before, {earlier[0][1]} "
                           f"(step {earlier[0][0]})")
         hints = ["--on-nonfinite skip drops isolated non-finite steps"] * (self.policy == "stop")
         hints += ["float16 overflows easily: --set dtype=bfloat16"] * self.float16
-        return f"training diverged: {what}; {where}" + (f" ({'; '.join(hints)})" if hints else "")
+        return f"{self.run} diverged: {what}; {where}" + (f" ({'; '.join(hints)})" if hints else "")

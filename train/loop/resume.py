@@ -1,11 +1,12 @@
-"""What may change when a run is resumed, and how the batch layout follows a new number of ranks.
+"""What may change when a run is resumed, and how the batch layout follows a new number of ranks: the same rules
+for every run kind.
 
-A resumed run is the saved ``TrainConfig`` with overrides. Fields that define the model, the data order
-and the optimiser's form (``FIXED``) must keep their saved values; the others may change: ``steps`` (the new
-total), the optimiser hyper-parameters (``OPTIMISER``: lr, warmup, weight decay, gradient clipping; a note
-names each change, e.g. to recover from a divergence), evaluation / logging / checkpoint intervals, the
-non-finite policy, device, compile, fsdp, and the batch layout. A warmup that was never set (None) stays
-derived, so it follows the new ``steps``.
+A resumed run is its saved config (a ``RunConfig``) with overrides. Fields that define the run (the kind's
+``FIXED``: the model, the data order, the optimiser's form; a distillation's teacher and student too) must keep their
+saved values; the others may change: ``steps`` (the new total), the optimiser hyper-parameters the kind names
+(``OPTIMISER``: a language model's lr, warmup, weight decay, gradient clipping; a note names each change, e.g. to
+recover from a divergence), evaluation / logging / checkpoint intervals, the non-finite policy, device, compile,
+fsdp, and the batch layout. A warmup that was never set (None) stays derived, so it follows the new ``steps``.
 
 The batch layout keeps the saved global batch ``G = batch_size × grad_accum × world_size`` when it can, so
 the run continues with the same sequences per optimizer step: with neither ``batch_size`` nor
@@ -17,17 +18,11 @@ so repeating a saved value is no change.
 """
 from __future__ import annotations
 
-from ..lm.config import TrainConfig
-
-__all__ = ["FIXED", "OPTIMISER", "resume_config"]
-
-FIXED = ("preset", "size", "model", "data", "text_column", "tokenizer", "valid_fraction", "seq_len", "packing", "seed",
-         "min_lr_ratio", "betas")
-OPTIMISER = ("lr", "warmup", "weight_decay", "grad_clip")
+__all__ = ["resume_config"]
 
 
 def _layout(global_batch: int, world_size: int, batch_size: int | None, grad_accum: int | None,
-            saved: TrainConfig) -> tuple[int, int]:
+            saved) -> tuple[int, int]:
     if batch_size is not None and grad_accum is not None:
         return batch_size, grad_accum
     if grad_accum is None:
@@ -42,11 +37,10 @@ def _layout(global_batch: int, world_size: int, batch_size: int | None, grad_acc
     return saved.batch_size, grad_accum
 
 
-def resume_config(saved: TrainConfig, *, saved_global_batch: int, world_size: int, out: str,
-                  **overrides) -> tuple[TrainConfig, list[str]]:
+def resume_config(saved, *, saved_global_batch: int, world_size: int, out: str, **overrides) -> tuple:
     """(the config to resume with, notes for the user). ``overrides`` holds only what the user asked to
-    change (``batch_size`` / ``grad_accum`` None = derive); a change to a FIXED field is a ValueError."""
-    for name in FIXED:
+    change (``batch_size`` / ``grad_accum`` None = derive); a change to a field of ``saved.FIXED`` is a ValueError."""
+    for name in saved.FIXED:
         if name in overrides:
             new, old = overrides.pop(name), getattr(saved, name)
             if name == "betas":
@@ -65,9 +59,10 @@ def resume_config(saved: TrainConfig, *, saved_global_batch: int, world_size: in
     config = saved.replace(out=out, batch_size=b, grad_accum=a, **overrides)
     notes = []
     value = lambda c, name: c.warmup_steps if name == "warmup" else getattr(c, name)  # noqa: E731
-    changed = [f"{name} {_show(value(saved, name))} -> {_show(value(config, name))}" for name in OPTIMISER
+    changed = [f"{name} {_show(value(saved, name))} -> {_show(value(config, name))}" for name in saved.OPTIMISER
                if name in overrides and value(config, name) != value(saved, name)]
-    if saved.warmup is None and config.warmup is None and saved.warmup_steps != config.warmup_steps:
+    if ("warmup" in saved.OPTIMISER and saved.warmup is None and config.warmup is None
+            and saved.warmup_steps != config.warmup_steps):
         changed.append(f"warmup {saved.warmup_steps} -> {config.warmup_steps} (derived: min(100, steps / 10))")
     if changed:
         notes.append("optimiser changes on resume: " + ", ".join(changed))

@@ -1,15 +1,38 @@
-"""The dict round trip that the training configs (TrainConfig, DistillConfig) share: ``from_dict`` and
-``replace`` refuse unknown fields in one line naming the config (``KIND``) and the fields it knows."""
+"""What every run config is (``RunConfig``): a flat record of options, each checked by its declaration as the config
+is built, read from and written to a plain dict (``train_config.json``, a checkpoint's record, a ``--config`` file).
+
+    config = TrainConfig.from_dict(json.loads(Path("runs/x/train_config.json").read_text()))
+    config.replace(steps=4000).to_dict()
+
+``from_dict`` and ``replace`` refuse unknown fields in one line naming the config (``KIND``) and the fields it knows.
+A run kind adds the rules that tie its fields together in ``_check`` (``warmup`` at most ``steps``, …), and names
+``FIXED``: the fields that define a run, which a resumed run may not change (``hybrid.train.loop.resume``), and
+``OPTIMISER``: the ones it may change with a note.
+"""
 from __future__ import annotations
 
 import dataclasses
 from typing import ClassVar
 
+__all__ = ["RunConfig"]
 
-class ConfigRecord:
-    """Mixed into a config dataclass; ``KIND`` ("train config", "distill config") names it in errors."""
 
-    KIND: ClassVar[str]
+class RunConfig:
+    """Mixed into a run config dataclass whose fields are options (``hybrid.train.options.fields``)."""
+
+    KIND: ClassVar[str]  # how errors name it: "train config", "distill config"
+    FIXED: ClassVar[tuple[str, ...]] = ()
+    OPTIMISER: ClassVar[tuple[str, ...]] = ()
+
+    def __post_init__(self):
+        for f in dataclasses.fields(self):
+            declared = f.metadata.get("option")
+            if declared is not None and declared.check is not None:
+                setattr(self, f.name, declared.check(f.name, getattr(self, f.name)))
+        self._check()
+
+    def _check(self) -> None:
+        """The rules between fields (each field alone is checked by its declaration)."""
 
     @classmethod
     def _unknown(cls, names) -> list[str]:
@@ -30,3 +53,9 @@ class ConfigRecord:
         if unknown:
             raise ValueError(f"{self.KIND}: unknown field(s) {unknown}")
         return dataclasses.replace(self, **overrides)
+
+    def to_dict(self) -> dict:
+        """Plain values only (it is stored in checkpoints, which are read with ``weights_only=True``): tuples as
+        lists."""
+        return {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(self).items()}
+

@@ -5,13 +5,15 @@ process group is NCCL on CUDA and gloo on CPU. The model is wrapped in DDP, or w
 by FSDP2: ``fully_shard`` on every block, then on the root (which holds the embedding, the tied LM head and
 the final norm).
 
-Checkpoints hold full state dicts whatever the wrapping: ``get_model_state_dict`` /
-``get_optimizer_state_dict`` with ``full_state_dict=True, cpu_offload=True`` (optimizer state keyed by
-parameter name, not by position), restored with the ``set_*`` counterparts on every rank. So a run saved on
-N ranks resumes on M, with or without FSDP.
+Checkpoints hold full state dicts whatever the wrapping (``full_model_state``, ``full_optimizer_state``):
+``get_model_state_dict`` / ``get_optimizer_state_dict`` with ``full_state_dict=True, cpu_offload=True`` (optimizer
+state keyed by parameter name, not by position), restored with the ``set_*`` counterparts on every rank. So a run
+saved on N ranks resumes on M, with or without FSDP. ``gradient_sync`` holds the gradients back on every
+micro-batch of a step but the last.
 """
 from __future__ import annotations
 
+import contextlib
 import warnings
 from dataclasses import dataclass
 
@@ -28,7 +30,8 @@ from torch.distributed.checkpoint.state_dict import (
 
 from .device import env_int, resolve_device  # resolve_device: also importable from here, its first home
 
-__all__ = ["DistEnv", "resolve_device", "init_distributed", "wrap_model", "full_state", "load_full_state", "tied_names"]
+__all__ = ["DistEnv", "resolve_device", "init_distributed", "wrap_model", "gradient_sync", "tied_names",
+           "full_model_state", "full_optimizer_state", "load_full_model_state", "load_full_optimizer_state"]
 
 _FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)
 
@@ -84,8 +87,9 @@ def init_distributed(device: torch.device) -> DistEnv:
     return env
 
 
-def wrap_model(model: nn.Module, env: DistEnv, *, fsdp: bool, device: torch.device) -> nn.Module:
-    """The module to call in training: ``model`` itself (one process, or FSDP2 applied in place) or DDP."""
+def wrap_model(model: nn.Module, env: DistEnv, *, fsdp: bool, device: torch.device, units=None) -> nn.Module:
+    """The module to call in training: ``model`` itself (one process, or FSDP2 applied in place) or DDP. FSDP2 shards
+    each of ``units`` (default: ``model.blocks``), then the root."""
     if not env.distributed:
         return model
     if fsdp:
@@ -95,13 +99,28 @@ def wrap_model(model: nn.Module, env: DistEnv, *, fsdp: bool, device: torch.devi
         # discards and never modifies in place, so FSDP2's warning about views does not apply.
         warnings.filterwarnings("ignore", message=r"FSDP2-wrapped module .* returned a view tensor")
 
-        for block in model.blocks:
-            fully_shard(block)
+        for unit in (model.blocks if units is None else units):
+            fully_shard(unit)
         fully_shard(model)
         return model
     from torch.nn.parallel import DistributedDataParallel
 
     return DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
+
+
+@contextlib.contextmanager
+def gradient_sync(module: nn.Module, enabled: bool):
+    """Backward passes inside synchronise the gradients across the ranks only when ``enabled`` (the last micro-batch
+    of a step): DDP's ``no_sync`` otherwise, FSDP2's ``set_requires_gradient_sync``; nothing on one process.
+    ``module`` is what the forward pass calls (compiled or not)."""
+    module = getattr(module, "_orig_mod", module)  # torch.compile's wrapper
+    if hasattr(module, "set_requires_gradient_sync"):  # sharded by FSDP2
+        module.set_requires_gradient_sync(enabled)
+    if not enabled and hasattr(module, "no_sync"):  # DDP
+        with module.no_sync():
+            yield
+    else:
+        yield
 
 
 def tied_names(model: nn.Module) -> dict[str, str]:
@@ -116,21 +135,29 @@ def tied_names(model: nn.Module) -> dict[str, str]:
     return ties
 
 
-def full_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[dict, dict]:
-    """(model state, optimizer state), full and on the CPU: a collective, complete on rank 0 only under
-    FSDP (other ranks get empty dicts). Tied names share one tensor, as in an unwrapped model."""
-    model_state = get_model_state_dict(model, options=_FULL)
-    optim_state = get_optimizer_state_dict(model, optimizer, options=_FULL)
+def full_model_state(model: nn.Module) -> dict:
+    """The model's state, full and on the CPU: a collective under FSDP2 (complete on rank 0 only; the other ranks
+    get an empty dict). Tied names share one tensor, as in an unwrapped model."""
+    state = get_model_state_dict(model, options=_FULL)
     for name, target in tied_names(model).items():
-        if name in model_state and target in model_state:
-            model_state[name] = model_state[target]
-    return model_state, optim_state
+        if name in state and target in state:
+            state[name] = state[target]
+    return state
 
 
-def load_full_state(model: nn.Module, optimizer: torch.optim.Optimizer | None, model_state: dict,
-                    optim_state: dict | None) -> None:
-    """Inverse of ``full_state``; every rank passes the full dicts (each reads the checkpoint itself)."""
-    options = StateDictOptions(full_state_dict=True)
-    set_model_state_dict(model, model_state, options=options)
-    if optimizer is not None and optim_state is not None:
-        set_optimizer_state_dict(model, optimizer, optim_state, options=options)
+def full_optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict:
+    """The optimizer's state keyed by parameter name (relative to ``model``), full and on the CPU (a collective
+    under FSDP2). An optimizer that has not stepped yet gives torch's own (empty) state dict, as it is."""
+    if not optimizer.state:
+        return optimizer.state_dict()
+    return get_optimizer_state_dict(model, optimizer, options=_FULL)
+
+
+def load_full_model_state(model: nn.Module, state: dict) -> None:
+    """Inverse of ``full_model_state``; every rank passes the full dict (each reads the checkpoint itself)."""
+    set_model_state_dict(model, state, options=StateDictOptions(full_state_dict=True))
+
+
+def load_full_optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer, state: dict) -> None:
+    """Inverse of ``full_optimizer_state`` for a state keyed by name; every rank passes the full dict."""
+    set_optimizer_state_dict(model, optimizer, state, options=StateDictOptions(full_state_dict=True))

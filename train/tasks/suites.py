@@ -34,7 +34,7 @@ SELECTIVE = ("vo-rnn", RECIPE)
 # straight-through rounding of the angles to multiples of 2π/n from the middle of training on, and at inference
 ROUND_LATE = {n: _plus(SELECTIVE, {"recurrence.phase_round": n, "recurrence.phase_round_at_inference": True},
                        {"phase_round_from": 0.5}) for n in (2, 4)}
-# the state-tracking recipe (vo-rnn-recipe, the parity study's "recipe+round4-late+hold-0.25", docs/benchmarks.md
+# the state-tracking recipe (vo-rnn-recipe, the parity study's "recipe+round4-late+hold-0.25", docs/research/synthetic-tasks.md
 # "Parity, reliably"): the angles rounded to quarter turns late, so a learnt flip (π) or quarter turn (π/2) is
 # exact at any length, and recurrence gates below a quarter shut exactly (straight-through), so a token that
 # nearly holds the state holds it exactly
@@ -50,7 +50,7 @@ MODELS = {
     "hybrid": ("hybrid", {}),
     "hybrid-data": ("hybrid", {"rnn_phase": "data"}),
 }
-# the parity study's candidates (suite "parity-recipe", docs/benchmarks.md): the recipe with one change each
+# the parity study's candidates (suite "parity-recipe", docs/research/synthetic-tasks.md): the recipe with one change each
 CANDIDATES = {
     # straight-through rounding of the angles to {0, π}: from the middle of training, or from the start; both
     # round at inference too (the model trained on rounded angles)
@@ -78,7 +78,7 @@ def model_entry(model: str) -> tuple[str, dict, dict]:
     return preset, overrides, (options[0] if options else {})
 # task -> HybridConfig overrides for every model and budget. MQAR unties the output layer from the embedding:
 # tied, a 2-layer transformer sits at accuracy 1/pairs for thousands of steps even at the easiest grid point,
-# untied it recalls within a few hundred (docs/benchmarks.md)
+# untied it recalls within a few hundred (docs/research/synthetic-tasks.md)
 TASK_MODEL = {"mqar": {"tie_embeddings": False}}
 SUITES = {"state-tracking": ("parity", "mod5", "mod5-brackets"), "mqar": ("mqar",)}
 SUITES["all"] = SUITES["state-tracking"] + SUITES["mqar"]
@@ -93,7 +93,7 @@ TARGETS = {"parity": [("vo-rnn-data", "256", 0.99), ("vo-rnn-data-selective", "2
 
 ALL = tuple(MODELS)
 # Depth: state tracking runs one layer (deeper stacks of the data-phase RNN fit lengths ≤ 40 with counting
-# shortcuts that fail beyond; one layer must learn the flip, docs/benchmarks.md), MQAR two (attention needs two
+# shortcuts that fail beyond; one layer must learn the flip, docs/research/synthetic-tasks.md), MQAR two (attention needs two
 # layers to recall); a model whose pattern is longer (the hybrids' "RRA") gets one full pattern.
 SMOKE_TASKS = {"state": {"train_lengths": [3, 10], "test_lengths": [10, 20]},
                "mqar": {"grid": [[16, 2], [32, 4]], "vocab_size": 32}}
@@ -106,7 +106,7 @@ BUDGETS = {
                            "mqar_curriculum": 0.34}),
     # state tracking: one seed, a two-point learning-rate grid, 28 min. MQAR: the Zoology grid at a 64-token
     # vocabulary (512 tokens learn several times slower) with token-0 filler, the first quarter of the steps at
-    # 64x4, the same two rates, 28 runs in under an hour (docs/benchmarks.md)
+    # 64x4, the same two rates, 28 runs in under an hour (docs/research/synthetic-tasks.md)
     "cpu": Budget(name="cpu", models=ALL, steps=1000, seq_len=40, seeds=(0,), batch_size=64, d_model=64,
                   n_layers=1, n_heads=2, lrs=(1e-3, 3e-3), eval_size=256,
                   extra={"task_params": {"mqar": {"vocab_size": 64, "random_filler": False}}, "mqar_widths": [64, 128],
@@ -129,14 +129,15 @@ def budget_for(name: str, *, steps=None, seq_len=None, seeds=None, models=None, 
     budget = BUDGETS[name]
     if suite == "parity-recipe":  # its own models and five seeds, the rest as the budget says
         budget = dataclasses.replace(budget, **RECIPE_STUDY)
-    budget = budget.override(steps=steps, seq_len=seq_len, seeds=seeds, models=models, known_models=KNOWN_MODELS)
+    known = KNOWN_MODELS if suite == "parity-recipe" else MODELS  # the study's candidates: its own suite only
+    budget = budget.override(steps=steps, seq_len=seq_len, seeds=seeds, models=models, known_models=known)
     if steps is not None and "mqar_steps" in budget.extra:
         budget = dataclasses.replace(budget, extra={k: v for k, v in budget.extra.items() if k != "mqar_steps"})
     return budget
 
 
 # (budget, task) -> {model: the learning rate its study picked by validation}: a single ``--task`` run of that
-# exact model uses it by default (docs/benchmarks.md, "Parity, reliably")
+# exact model uses it by default (docs/research/synthetic-tasks.md, "Parity, reliably")
 BEST_LRS = {("cpu", "parity"): {"vo-rnn-recipe": 3e-3, "vo-rnn-data-selective": 3e-3}}
 
 

@@ -4,14 +4,14 @@ import argparse
 
 import pytest
 
-from hybrid.train.cli.parts import (Parser, UsageError, add_device_flag, add_log_flag, add_set_flag, guarded,
-                                    run_command, set_pair, show_tracebacks)
+from hybrid.train.cli.flags import add_device_flag, add_log_flag
+from hybrid.train.cli.parts import Parser, UsageError, add_set_flag, guarded, run_command, set_pair, show_tracebacks
 
 
 def parser() -> Parser:
     p = Parser(prog="hybrid-x")
     p.add_argument("--log-every", type=int, default=1)
-    add_log_flag(p, help="trackers")
+    add_log_flag(p)
     add_set_flag(p, help="fields")
     add_device_flag(p)
     return p

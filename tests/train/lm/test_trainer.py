@@ -11,7 +11,7 @@ from hybrid.models import HybridConfig, HybridLM
 from hybrid.train.loop.checkpoint import CheckpointError, load_checkpoint
 from hybrid.train.lm.config import TrainConfig
 from hybrid.train.data import prepare_data
-from hybrid.train.parallel.distributed import full_state
+from hybrid.train.parallel.distributed import full_optimizer_state
 from hybrid.train.loop.optim import param_groups
 from hybrid.train.loop.resume import resume_config
 from hybrid.train.parallel.sharding import GlobalBatches
@@ -90,7 +90,7 @@ def test_checkpoint_round_trip_through_the_trainer(corpus, tmp_path):
     model = trainer.model
     assert model.lm_head.weight is model.embed.weight  # still tied
     assert all(torch.equal(v, saved.model_state[k]) for k, v in model.state_dict().items())
-    _, optim_state = full_state(model, trainer.optimizer)
+    optim_state = full_optimizer_state(model, trainer.optimizer)
     assert optim_state["state"].keys() == saved.optimizer_state["state"].keys()
     for name, state in saved.optimizer_state["state"].items():
         assert all(torch.equal(state[k], optim_state["state"][name][k]) for k in state), name

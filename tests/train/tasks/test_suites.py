@@ -5,9 +5,11 @@ from __future__ import annotations
 import json
 import shutil
 
+import pytest
+
+from hybrid.train.cli import synthetic as cli
 from hybrid.train.loop.checkpoint import load_checkpoint
 from hybrid.train.suite import ResultsLog
-from hybrid.train.cli import synthetic as cli
 from hybrid.train.tasks.suites import BUDGETS, MODELS, build_specs, budget_for
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -167,3 +169,16 @@ def test_the_recipe_is_a_suite_model_with_its_rounding_and_its_studied_rate():
     assert default_lr(BUDGETS["cpu"], "parity", preset, overrides, options) == (
         3e-3, "vo-rnn-recipe's best rate on parity at the cpu budget, chosen by validation")
     assert default_lr(BUDGETS["cpu"], "mod5", preset, overrides, options) == (3e-3, "the largest of the cpu budget's grid")
+
+
+def test_the_studys_candidates_are_named_from_its_own_suite_only():
+    """``hybrid-synthetic --model`` offers the models; the parity study's candidates stay reproducible by name from
+    the study's suite (``--suite parity-recipe --models CANDIDATE``), and only there."""
+    from hybrid.train.cli.synthetic import parser
+    from hybrid.train.tasks.suites import CANDIDATES, MODELS, budget_for
+
+    model_flag = next(a for a in parser()._actions if "--model" in a.option_strings)
+    assert list(model_flag.choices) == list(MODELS) and not (set(CANDIDATES) - set(MODELS)) & set(model_flag.choices)
+    assert tuple(budget_for("smoke", models=["recipe+round"], suite="parity-recipe").models) == ("recipe+round",)
+    with pytest.raises(ValueError, match="models: expected names from"):
+        budget_for("smoke", models=["recipe+round"], suite="state-tracking")

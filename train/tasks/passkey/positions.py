@@ -6,7 +6,7 @@ positions of one length, on fresh sequences (``samples`` haystacks and keys, the
 the test grid does: ``Passkey.test_set`` with another seed), so a failure at an edge can be told from one that
 spreads inward:
 
-    python -m hybrid.train.tasks.passkey.positions runs/pk/a runs/pk/b --length 256 [--positions 0,1,2,-2,-1]
+    python -m hybrid.train.cli.studies.passkey_positions runs/pk/a runs/pk/b --length 256 [--positions 0,1,2,-2,-1]
 
 Positions count filler tokens before the key marker, 0 … F (F = L − 2k − 1); negative ones count from F as Python
 indexes do (−1 is F, the key touching the query). By default: 0 … k, the middle, and F − k … F. The sequences come
@@ -44,7 +44,7 @@ def score_positions(model, task, length: int, positions=None, *, samples: int = 
     """One row per key position at ``length``: ``{"position", "distance", "exact", "digit", "sequences"}``
     (distance: tokens from the key's last digit to the query marker; exact and digit: means over ``samples``
     sequences, the same haystacks and keys at every position)."""
-    from .task import score_passkey
+    from .scoring import score_passkey
 
     positions = default_positions(task, length) if positions is None else resolve_positions(task, length, positions)
     F_ = task.filler_count(length)
@@ -57,54 +57,3 @@ def score_positions(model, task, length: int, positions=None, *, samples: int = 
     grid = score_passkey(model, probe, device, rope_scaling=rope_scaling)["passkey"]
     return [{"position": p, "distance": probe.key_distance(length, d), "exact": grid["exact"][0][i],
              "digit": grid["digit"][0][i], "sequences": samples} for i, (p, d) in enumerate(zip(positions, depths))]
-
-
-def main(argv=None) -> int:
-    """``python -m hybrid.train.tasks.passkey.positions RUN [RUN …] --length N``: a markdown table."""
-    from ...cli.parts import Parser, add_device_flag, positive_int, run_command
-    from ...parallel.device import resolve_device
-    from ...suite import markdown_table, parse_int_list
-    from .reach import check_passkey_run
-    from ..train import load_task_run
-
-    p = Parser(prog="python -m hybrid.train.tasks.passkey.positions",
-               description="A passkey run's exact match and per-digit accuracy by the key's exact position at one "
-                           "length, on fresh sequences")
-    p.add_argument("runs", nargs="+", help="passkey run directories (hybrid-synthetic --task passkey --out RUN)")
-    p.add_argument("--length", type=positive_int, required=True, help="the sequence length to test")
-    p.add_argument("--positions", help="comma-separated key positions, negative ones from the end (-1: the key "
-                                       "right before the query); default: 0 … k, the middle, F − k … F")
-    p.add_argument("--samples", type=positive_int, default=SAMPLES,
-                   help=f"sequences per position (default {SAMPLES})")
-    p.add_argument("--seed", type=int, help="the sequences' seed (default: the task's test_seed + 1)")
-    p.add_argument("--yarn", action="store_true", help="read the length with YaRN (factor length / training length)")
-    add_device_flag(p)
-
-    def positions_table(args) -> int:
-        wanted = None if args.positions is None else parse_int_list(args.positions, "--positions", "0,1,-1")
-        device = resolve_device(args.device)
-        rows, head = [], None
-        for run in args.runs:
-            check_passkey_run(run)
-            model, task = load_task_run(run, device)
-            if args.length < 2 * task.k + 2:
-                raise ValueError(f"--length: expected at least {2 * task.k + 2} (2·key_digits + 2), got {args.length}")
-            scored = score_positions(model, task, args.length, wanted, samples=args.samples, seed=args.seed,
-                                     rope_scaling="yarn" if args.yarn else None, device=device)
-            cols = [f"p {r['position']} (d {r['distance']})" for r in scored]
-            if head is not None and cols != head[2:]:
-                raise ValueError(f"runs: expected passkey runs with the same key length, got {run} with "
-                                 f"key_digits={task.k}")
-            head = head or ["run", ""] + cols
-            name = f"{run} (YaRN)" if args.yarn else str(run)
-            rows += [[name, key] + [f"{r[key]:.3f}" for r in scored] for key in ("exact", "digit")]
-        print(f"length {args.length}, {args.samples} sequences per position; p: key-marker position, d: tokens from "
-              "the key's last digit to the query")
-        print(markdown_table(head, rows))
-        return 0
-
-    return run_command(p, argv, positions_table)
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

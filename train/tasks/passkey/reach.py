@@ -5,10 +5,10 @@ at many lengths: a key 200 tokens before the query at 8192 tokens is depth 0.98 
 the cells by ``Passkey.key_distance`` (tokens from the key's last digit to the query marker) into buckets
 ``(lo, hi]`` separates the two things a heatmap mixes, how far the key is and how much filler came before it:
 
-    python -m hybrid.train.tasks.passkey.reach runs/pk/a runs/pk/b [--edges 32,64,128,256,512,1024,2048,4096,8192]
-    python -m hybrid.train.tasks.passkey.reach runs/pk/a --yarn      # the same test set read with YaRN
-    python -m hybrid.train.tasks.passkey.reach runs/pk/a --yarn --by length    # per test length instead
-    python -m hybrid.train.tasks.passkey.reach runs/pk/a --yarn --by cell --samples 16 --seed 1    # every cell, afresh
+    python -m hybrid.train.cli.studies.passkey_reach runs/pk/a runs/pk/b [--edges 32,64,128,256,512,1024,2048,4096,8192]
+    python -m hybrid.train.cli.studies.passkey_reach runs/pk/a --yarn      # the same test set read with YaRN
+    python -m hybrid.train.cli.studies.passkey_reach runs/pk/a --yarn --by length    # per test length instead
+    python -m hybrid.train.cli.studies.passkey_reach runs/pk/a --yarn --by cell --samples 16 --seed 1    # every cell, afresh
 
 Each bucket is the mean over its cells (each cell the mean of its sequences), with the number of sequences.
 By default nothing is run again: the figures are the run's own test results. ``--yarn`` scores the run's model
@@ -109,7 +109,7 @@ def _run_grid(run_dir, yarn: bool, device, samples: int | None = None, seed: int
     stored, results = check_passkey_run(run)
     if not yarn and samples is None and seed is None:
         return make_task(stored["task"], **stored["params"]), results["passkey"]
-    from .task import score_passkey
+    from .scoring import score_passkey
     from ..train import load_task_run
 
     model, task = load_task_run(run, device)
@@ -118,67 +118,3 @@ def _run_grid(run_dir, yarn: bool, device, samples: int | None = None, seed: int
                  "test_seed": task.test_seed if seed is None else seed}
         task = make_task(task.name, **{**task.params(), **fresh})
     return task, score_passkey(model, task, device, rope_scaling="yarn" if yarn else None)["passkey"]
-
-
-def main(argv=None) -> int:
-    """``python -m hybrid.train.tasks.passkey.reach RUN [RUN …] [--edges …]``: a markdown table."""
-    from ...cli.parts import Parser, add_device_flag, positive_int, run_command
-    from ...parallel.device import resolve_device
-    from ...suite import markdown_table, parse_int_list
-
-    p = Parser(prog="python -m hybrid.train.tasks.passkey.reach",
-               description="A passkey run's exact match and per-digit accuracy by the key's distance to the query, "
-                           "from its test results")
-    p.add_argument("runs", nargs="+", help="passkey run directories (hybrid-synthetic --task passkey --out RUN)")
-    p.add_argument("--edges", default=",".join(map(str, EDGES)),
-                   help=f"comma-separated bucket bounds in tokens (default {','.join(map(str, EDGES))})")
-    p.add_argument("--yarn", action="store_true",
-                   help="score each run's model again, reading every length above its training length with YaRN")
-    p.add_argument("--by", choices=GROUPINGS, default="distance",
-                   help="group the cells by the key's distance to the query (default) or by test length, or show "
-                        "every cell (exact match, a row per length)")
-    p.add_argument("--samples", type=positive_int,
-                   help="score the model again on a fresh grid of this many sequences per cell")
-    p.add_argument("--seed", type=int, help="the fresh grid's seed (default: the run's test seed)")
-    add_device_flag(p)
-
-    def reach(args) -> int:
-        edges = parse_int_list(args.edges, "--edges", "64,256")
-        rescored = args.yarn or args.samples is not None or args.seed is not None
-        device = resolve_device(args.device) if rescored else "cpu"
-        per_run = [(f"{run} (YaRN)" if args.yarn else run,
-                    run_reach(run, edges, yarn=args.yarn, device=device, by=args.by, samples=args.samples,
-                              seed=args.seed)) for run in args.runs]
-        if args.by == "cell":
-            print(_cell_table(per_run))
-            return 0
-        his = {b["label"]: b["hi"] for _, buckets in per_run for b in buckets}
-        labels = sorted(his, key=his.get)
-        rows = []
-        for run, buckets in per_run:
-            by = {b["label"]: b for b in buckets}
-            for name in ("exact", "digit"):
-                rows.append([str(run), name] + [f"{by[x][name]:.3f}" if x in by else "" for x in labels])
-            rows.append([str(run), "sequences"] + [str(by[x]["sequences"]) if x in by else "" for x in labels])
-        print(markdown_table(["run", args.by] + labels, rows))
-        return 0
-
-    return run_command(p, argv, reach)
-
-
-def _cell_table(per_run) -> str:
-    """Exact match per cell: a row per (run, length), a column per depth; the sequences per cell after it."""
-    from ...suite import markdown_table
-
-    depths = sorted({c["depth"] for _, cells in per_run for c in cells})
-    rows = []
-    for run, cells in per_run:
-        by = {(c["length"], c["depth"]): c for c in cells}
-        for length in sorted({c["length"] for c in cells}):
-            rows.append([str(run), str(length)] + [f"{by[length, d]['exact']:.2f}" if (length, d) in by else ""
-                                                   for d in depths] + [str(cells[0]["sequences"])])
-    return markdown_table(["run", "length"] + [f"{d:.0%}" for d in depths] + ["sequences per cell"], rows)
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

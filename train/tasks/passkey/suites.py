@@ -21,7 +21,7 @@ from hybrid.models import PRESETS
 
 from ...parallel.device import resolve_device
 from ...suite import Budget, RunSpec, fmt_mean_std, markdown_table, mean_std, run_suite, write_report
-from .task import plot_heatmap, score_passkey
+from .scoring import plot_heatmap, score_passkey
 from ..selection import summarise
 from ..train import RESULTS_FILE, TaskRunConfig, load_task_run, train_task
 

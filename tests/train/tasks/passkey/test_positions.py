@@ -6,7 +6,8 @@ import pytest
 
 from hybrid.train.cli import synthetic as cli
 from hybrid.train.tasks import make_task, score_passkey
-from hybrid.train.tasks.passkey.positions import default_positions, main, resolve_positions, score_positions
+from hybrid.train.cli.studies.passkey_positions import main
+from hybrid.train.tasks.passkey.positions import default_positions, resolve_positions, score_positions
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -52,7 +53,7 @@ def test_the_command_line_on_a_run(tmp_path, capsys, monkeypatch):
     out = capsys.readouterr().out
     # smoke keys have 5 digits: F = 48 − 11 = 37; the query at 43, so p 0 is 38 tokens back and p 37 one
     assert "| run |  | p 0 (d 38) | p 37 (d 1) |" in out and out.count(f"| {run} | exact |") == 2
-    import hybrid.train.tasks.passkey.task as passkey_module
+    import hybrid.train.tasks.passkey.scoring as passkey_module
 
     asked, scored = [], passkey_module.score_passkey
     monkeypatch.setattr(passkey_module, "score_passkey",

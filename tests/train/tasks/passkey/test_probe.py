@@ -111,7 +111,8 @@ def test_probe_refuses_a_model_without_recurrence():
 
 def test_the_command_line_on_a_run(tmp_path, capsys):
     from hybrid.train.cli import synthetic as cli
-    from hybrid.train.tasks.passkey.probe import PROBE_COLUMNS, main
+    from hybrid.train.cli.studies.passkey_probe import main
+    from hybrid.train.tasks.passkey.probe import PROBE_COLUMNS
 
     run = tmp_path / "pk"
     assert cli.main(["--task", "passkey", "--budget", "smoke", "--preset", "hybrid", "--out", str(run), "--quiet"]) == 0
@@ -126,7 +127,7 @@ def test_the_command_line_on_a_run(tmp_path, capsys):
     (["--depth", "2"], "--depth: expected a number in [0, 1], got 2.0"),
 ])
 def test_bad_input_is_one_line(tmp_path, capsys, argv, message):
-    from hybrid.train.tasks.passkey.probe import main
+    from hybrid.train.cli.studies.passkey_probe import main
 
     assert main([str(tmp_path / "run"), *argv]) == 2
     err = capsys.readouterr().err

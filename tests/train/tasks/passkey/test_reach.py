@@ -8,7 +8,8 @@ import pytest
 
 from hybrid.train.cli import synthetic as cli
 from hybrid.train.tasks import make_task
-from hybrid.train.tasks.passkey.reach import length_rows, main, reach_buckets, run_reach
+from hybrid.train.cli.studies.passkey_reach import main
+from hybrid.train.tasks.passkey.reach import length_rows, reach_buckets, run_reach
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -56,7 +57,7 @@ def test_a_run_directory_from_the_command_line(tmp_path, capsys, monkeypatch):
     assert run_reach(run, edges=(8, 16, 32), yarn=True) == want
     # the smoke model may answer the same with and without YaRN, so the equality alone would pass a run_reach
     # that ignored --yarn: the scoring it calls must be asked for YaRN
-    import hybrid.train.tasks.passkey.task as passkey_module
+    import hybrid.train.tasks.passkey.scoring as passkey_module
 
     asked, scored = [], passkey_module.score_passkey
     monkeypatch.setattr(passkey_module, "score_passkey",

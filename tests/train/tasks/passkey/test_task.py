@@ -11,7 +11,7 @@ import torch
 
 from hybrid.models import PRESETS, HybridConfig, HybridLM
 from hybrid.train.tasks import IGNORE, make_task, rng_of, score_passkey, score_task_json
-from hybrid.train.tasks.passkey.task import answer_logits, plot_heatmap, yarn_scaling
+from hybrid.train.tasks.passkey.scoring import answer_logits, plot_heatmap, yarn_scaling
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 pytestmark = pytest.mark.usefixtures("one_torch_thread")  # width-16 models (tests/conftest.py)
