@@ -30,6 +30,7 @@ MOVED = {  # issue 43: every command line in train/cli/ (the studies' in train/c
     "hybrid.train.tasks.recurrence_probe": "hybrid.train.cli.studies.recurrence_probe",
     "hybrid.train.bench.context_compare": "hybrid.train.cli.studies.context_compare",
     "hybrid.train.bench.decode_compare": "hybrid.train.cli.studies.decode_compare",
+    "hybrid.train.distill.bench": "hybrid.train.cli.studies.distill_bench",
 }
 COMMANDS = {command: MOVED.get(target.split(":")[0], target.split(":")[0]) + ":" + target.split(":")[1]
             for command, target in maker.COMMANDS.items()}
