@@ -53,7 +53,7 @@ from ..loop.schedule import warmup_cosine
 from ..output.metrics import METRICS_FILE
 from ..output.outdir import check_output_dir
 from ..parallel.device import env_int
-from ..parallel.distributed import full_model_state, wrap_model
+from ..parallel.distributed import model_state_everywhere, wrap_model
 from ..parallel.sharding import GlobalBatches
 from .config import DistillConfig
 from .losses import capture_mixer_io
@@ -62,7 +62,7 @@ from .plot import plot_stages
 from .report import (CONFIG_FILE, PLOT_FILE, RANKING_FILE, SUMMARY_FILE, announce, layout, ranking_lines, summary,
                      write_ranking)
 from .select import keep_most_costly, parse_keep_attention, replacement_costs
-from .stages import Alignment, AlignStage, StudentStage, Validation
+from .stages import AlignStage, StudentStage, Validation
 from .teacher import load_teacher
 
 __all__ = ["Distiller", "DistillResult", "PLOT_FILE", "RANKING_FILE", "SUMMARY_FILE", "CONFIG_FILE"]
@@ -255,7 +255,7 @@ class Distiller(Run):
             note["decay"] = self._fit_decays(model)
         self.notes.append(note)
         stage = AlignStage(model=model, layers=self.align_layers, **self._stage_kwargs(c.align_steps))
-        alignment = Alignment(stage.mixers)
+        alignment = stage.alignment
         return self._train(stage, model, alignment, alignment.mixers, lr=c.align_lr, warmup=c.align_warmup_steps,
                            steps=c.align_steps, units=list(alignment.mixers.values()))
 
@@ -281,17 +281,22 @@ class Distiller(Run):
                 for i in self.align_layers}
 
     def _select_and_build(self) -> None:
-        """After stage 1: rank the layers (auto:K), build the student, start stage 2."""
-        c, align = self.config, self.stage
+        """After stage 1: rank the layers (auto:K), build the student, start stage 2. What follows reads the stage-1
+        model as a plain copy on every rank (its weights gathered whole: under FSDP2 the trained one is sharded)."""
+        c = self.config
+        aligned = model_state_everywhere(self.stage.model)
+        self.stage = None  # stage 1's model and its wrappers go
+        gc.collect()
+        with torch.random.fork_rng(devices=[self.device] if self.device.type == "cuda" else []):
+            align_model = HybridLM(self.align_config).to(self.device)  # the copy draws no random numbers
+        align_model.load_state_dict(aligned)
         if self.k is None:
             self.replaced = list(self.align_layers)
-            self.stage = align.train_model = None  # stage 1's wrapper (DDP) lets go of the mixers before stage 2
-            gc.collect()  # wraps the model that holds them
-            self.stage = self._student_stage(align.model)
+            self.stage = self._student_stage(align_model)
             return
         batches = [(b[0], b[2]) for b in self.validation.batches(c.select_batches) if b is not None]
-        costs = replacement_costs(self.teacher.model, align.mixers, batches,
-                                  reduce=self.env.all_reduce if self.env.distributed else None)
+        costs = replacement_costs(self.teacher.model, {i: align_model.blocks[i].mixer for i in self.align_layers},
+                                  batches, reduce=self.env.all_reduce if self.env.distributed else None)
         if self.env.distributed:  # every rank has the same sums; rank 0's costs make certain of one student
             shared = torch.tensor([costs[i] for i in self.align_layers], dtype=torch.float64, device=self.device)
             dist.broadcast(shared, src=0)
@@ -305,7 +310,6 @@ class Distiller(Run):
         student = HybridLM(student_config(self.teacher.config, types, c.model, str(self.teacher.path)))
         student = student.to(self.device)
         self.replaced = [i for i in self.align_layers if i not in kept]
-        aligned = full_model_state(align.model)  # the stage-1 weights, whole (a collective under FSDP)
         mine = lambda k: any(k.startswith(f"blocks.{i}.mixer.") for i in self.replaced)  # noqa: E731
         copy_matching(student, {k: v for k, v in self.teacher.model.state_dict().items() if not mine(k)})
         copy_matching(student, {k: v for k, v in aligned.items() if mine(k)})

@@ -2,12 +2,15 @@
 
 - ``AlignStage``: every new R layer fed the teacher's input to the attention it replaces, trained on the MSE to that
   attention's output (``alignment_losses``); only the R mixers train. What the loop wraps (DDP, FSDP2) is
-  ``Alignment``, the module whose forward computes those losses, so the ranks' gradients meet as in any training.
+  ``Alignment``, the module whose forward computes those losses, so the ranks' gradients meet as in any training;
+  validation calls it too (FSDP2 gathers the mixers' shards in the forward of the module it sharded).
 - ``StudentStage``: the student trained on ``distill_loss`` (KL to the teacher's logits, plus cross-entropy), all of
   it (``train="all"``) or only the replaced layers' mixers (``"new"``).
 
 Validation reads global batches of ``batch_size × grad_accum × ranks`` sequences, packed as training packs them,
-each rank its rows (``Validation``); every figure is summed over the ranks, so each rank gets the same.
+each rank its rows (``Validation``); every figure is summed over the ranks, so each rank gets the same. A rank whose
+share of a short last batch is empty runs a one-token forward that counts for nothing, so that every rank runs as
+many forward passes as the others (FSDP2's gathers are collectives).
 """
 from __future__ import annotations
 
@@ -44,12 +47,19 @@ class Validation:
                 x, y, cu = pack_documents(x, y, self.eos_id)
             yield to_device(x, y, cu, self.device)
 
+    def idle(self):
+        """The one-token batch a rank with an empty share runs in step with the others (its figures dropped)."""
+        one = torch.zeros(1, 1, dtype=torch.long, device=self.device)
+        return one, one, None
+
     def sums(self, max_batches: int | None, score, n: int) -> list[float]:
         """``score(x, y, cu_seqlens)``'s ``n`` figures summed over this rank's validation batches, then over the
         ranks (float64; as they are on one process)."""
         totals = [0.0] * n
         for batch in self.batches(max_batches):
-            if batch is not None:
+            if batch is None:
+                score(*self.idle())
+            else:
                 totals = [t + v for t, v in zip(totals, score(*batch))]
         if not self.env.distributed:
             return totals
@@ -103,6 +113,7 @@ class AlignStage(_DistillStage):
         super().__init__(**kwargs)
         self.model, self.layers = model, layers
         self.mixers = {i: model.blocks[i].mixer for i in layers}
+        self.alignment = Alignment(self.mixers)  # what trains (and is wrapped); validation calls it too
 
     def loss(self, batch):
         x, _, cu = batch
@@ -133,7 +144,9 @@ class AlignStage(_DistillStage):
         rows = []  # per global batch: [sse_l, power_l, elements_l for each layer]
         for batch in self.validation.batches(self.eval_batches):
             row = [0.0] * (3 * len(self.layers))
-            if batch is not None:
+            if batch is None:
+                self._losses(*self.validation.idle()[::2])
+            else:
                 captured, losses = self._losses(batch[0], batch[2])
                 for j, i in enumerate(self.layers):
                     y = captured[i][1]
@@ -151,7 +164,7 @@ class AlignStage(_DistillStage):
     def _losses(self, x, cu):
         with self.autocast():
             captured = capture_mixer_io(self.teacher.model, self.layers, x, cu)
-            return captured, alignment_losses(self.mixers, captured, cu)
+            return captured, self.alignment(captured, cu)
 
     @staticmethod
     def _figures(sums: dict, n: int) -> dict:

@@ -31,7 +31,8 @@ from torch.distributed.checkpoint.state_dict import (
 from .device import env_int, resolve_device  # resolve_device: also importable from here, its first home
 
 __all__ = ["DistEnv", "resolve_device", "init_distributed", "wrap_model", "gradient_sync", "tied_names",
-           "full_model_state", "full_optimizer_state", "load_full_model_state", "load_full_optimizer_state"]
+           "full_model_state", "model_state_everywhere", "full_optimizer_state", "load_full_model_state",
+           "load_full_optimizer_state"]
 
 _FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)
 
@@ -139,6 +140,16 @@ def full_model_state(model: nn.Module) -> dict:
     """The model's state, full and on the CPU: a collective under FSDP2 (complete on rank 0 only; the other ranks
     get an empty dict). Tied names share one tensor, as in an unwrapped model."""
     state = get_model_state_dict(model, options=_FULL)
+    for name, target in tied_names(model).items():
+        if name in state and target in state:
+            state[name] = state[target]
+    return state
+
+
+def model_state_everywhere(model: nn.Module) -> dict:
+    """The model's state, full on every rank (a collective under FSDP2: each sharded tensor is gathered, on its
+    device), for a rank that builds another model from it."""
+    state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True))
     for name, target in tied_names(model).items():
         if name in state and target in state:
             state[name] = state[target]
