@@ -2,7 +2,7 @@
 
 Suites: ``state-tracking`` (parity, mod5, mod5-brackets), ``mqar`` (the Zoology grid at two widths), ``all`` (those
 two), ``parity-recipe`` (the state-tracking recipe and its candidates, ``CANDIDATES``, on parity over five seeds);
-``passkey`` and ``passkey-text`` have their own models, budgets and report (``passkey_suite``).
+``passkey`` and ``passkey-text`` have their own models, budgets and report (``tasks.passkey.suites``).
 Every model runs every learning rate of the budget's grid and every seed; the report keeps, per task and model,
 the learning rate with the best validation accuracy (past the training lengths first, ``selection``), as the papers
 pick the best of a grid.
