@@ -24,11 +24,11 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from hybrid.checks import check_bool, check_even_dim, check_input_dtype, check_positive_int, check_sequence_states
+from hybrid.checks import check_bool, check_even_dim, check_input_dtype, check_positive_int
 from hybrid.kernels.window_attention import BACKENDS as WINDOW_BACKENDS, sdpa_bthd, window_attention
-from hybrid.kernels.varlen import check_cu_seqlens
 from hybrid.kv_cache import KVCache, RingKVCache
 from hybrid.mixer import Mixer, check_offset
+from hybrid.packed_attention import PackedAttention
 from hybrid.rotary import PLACEMENTS, CARoPE, Rotary, RotaryConfig, apply_rotary, cos_sin_from_phases, parse_placement
 
 # shared-KV caches one tensor as key and value, so k and v must be rotated alike
@@ -145,7 +145,7 @@ class AttentionState:
         return AttentionState(k=k, v=v, length=self.length, phase=copy(self.phase), cache=cache)
 
 
-class Attention(Mixer):
+class Attention(PackedAttention, Mixer):
     """Causal softmax attention with rotary placement, GQA/MQA, sliding window, shared-KV and CARoPE.
 
     `in_proj` stacks `[W_q; W_k; W_v]` (rows `H·D`, `G·D`, `G·D`; with shared-KV `[W_q; W_c]`), `out_proj`
@@ -156,7 +156,7 @@ class Attention(Mixer):
     `hybrid.kernels.window_attention`).
     """
 
-    Config = AttentionConfig
+    Config, State = AttentionConfig, AttentionState
 
     def __init__(self, d_model: int, n_heads: int, head_dim: int | None = None, *,
                  rotary: RotaryConfig | None = None, norm_eps: float = 1e-6, config: AttentionConfig | None = None,
@@ -297,96 +297,6 @@ class Attention(Mixer):
         q, k, v = self.rotate_qkv(q, k, v, cs_q, cs_kv)
         o = window_attention(q, k, k if v is None else v, self.window, scale=self.scale, backend=self.window_backend)
         return self._finish(o, cs_q)
-
-    def _attend_packed(self, x: Tensor, states, cu_seqlens: Tensor, offset, output_final_state: bool):
-        """`forward` on a packed batch (see `forward`): per-sequence positions, prefixes and states."""
-        T = x.shape[1]
-        cu_seqlens = check_cu_seqlens(cu_seqlens, T, x.device, batch=x.shape[0])
-        N = cu_seqlens.numel() - 1
-        states = check_sequence_states(states, N, self._check_sequence_state)
-        offsets = check_offset(offset, N)
-        if states is not None and not any(offsets) and all(st is None or st.k is None for st in states):
-            states = None  # empty caches at position 0: fresh sequences
-        q, k, v = self.project(x)
-        cs_q = cs_kv = phase_end = None
-        if self.carope is not None:
-            phase0 = None
-            if states is not None:
-                P = self.rotary_dim // 2
-                phase0 = torch.stack([x.new_zeros(self.n_kv_heads, P, dtype=torch.float32)
-                                      if st is None or st.phase is None else st.phase[0] for st in states])  # (N, G, P)
-            phases, phase_end = self.carope.forward_packed(x, cu_seqlens, phase0)  # (1, T, G, P), (N, G, P)
-            cos, sin = cos_sin_from_phases(phases)
-            rep = self.n_heads // self.n_kv_heads
-            cs_q, cs_kv = (cos.repeat_interleave(rep, dim=2), sin.repeat_interleave(rep, dim=2)), (cos, sin)
-        elif self.rotary is not None:
-            off_t = None if max(offsets) == 0 else torch.tensor(offsets, device=x.device)
-            cs_q = cs_kv = self.rotary.cos_sin_packed(cu_seqlens, T, off_t, max(offsets), device=x.device)  # (T, P)
-        q, k, v = self.rotate_qkv(q, k, v, cs_q, cs_kv)
-        keys, values, cu_k = k, v, None
-        if states is not None and any(st is not None and st.length > 0 for st in states):
-            keys, values, cu_k = self._with_prefixes(k, v, states, offsets, cu_seqlens)
-        o = window_attention(q, keys, keys if values is None else values, self.window, scale=self.scale,
-                             backend=self.window_backend, cu_seqlens=cu_seqlens, cu_seqlens_k=cu_k)
-        y = self._finish(o, cs_q)
-        if not output_final_state:
-            return y, None
-        bounds = cu_seqlens.tolist()
-        out = []
-        for n in range(N):
-            st = None if states is None else states[n]
-            if st is not None and offsets[n] < st.length:
-                raise ValueError(f"offset: expected the position of sequence {n}'s first token, at least the "
-                                 f"{st.length} tokens its state holds, got {offsets[n]}")
-            st = self.init_state(1, x.device) if st is None else st
-            k_n = k[:, bounds[n]:bounds[n + 1]]  # (1, T_n, G, D)
-            v_n = None if v is None else v[:, bounds[n]:bounds[n + 1]]
-            if st.k is not None:
-                k_n = k_n.to(st.k.dtype)
-                v_n = None if v_n is None else v_n.to(st.v.dtype)
-            T_n = k_n.shape[1]
-            if self.window is None:
-                cache = self._global_cache(st, k_n, v_n).update(k_n, v_n)
-                ck, cv, length = cache.keys, cache.values, st.length + T_n
-            else:
-                cache = self._ring_cache(st, k_n, offsets[n]).update(k_n, v_n)
-                ck, cv, length = cache.k, cache.v, min(st.length + T_n, self.window)
-            phase = None if phase_end is None else phase_end[n:n + 1]
-            out.append(AttentionState(k=ck, v=cv, length=length, phase=phase, cache=cache))
-        return y, out
-
-    @staticmethod
-    def _check_sequence_state(state) -> None:
-        if not isinstance(state, AttentionState):
-            raise ValueError(f"state: expected AttentionState entries, got {type(state).__name__}")
-
-    def _with_prefixes(self, k: Tensor, v: Tensor | None, states, offsets: list[int], cu_seqlens: Tensor):
-        """Each sequence's visible cached keys (all of them, or the last w − 1 with a window) put before its new
-        keys: packed keys `(1, total_K, G, D)` (values likewise) and their offsets `cu_seqlens_k`."""
-        bounds = cu_seqlens.tolist()
-        pieces_k, pieces_v, cu_k = [], [], [0]
-        for n, st in enumerate(states):
-            new_k = k[:, bounds[n]:bounds[n + 1]]  # (1, T_n, G, D)
-            new_v = None if v is None else v[:, bounds[n]:bounds[n + 1]]
-            if st is not None and st.length > 0:
-                if self.window is None:
-                    old_k = st.k[:, :st.length]  # (1, L_n, G, D)
-                    old_v = None if v is None else st.v[:, :st.length]
-                else:
-                    old_k, old_v = self._ring_cache(st, new_k, offsets[n]).last(min(st.length, self.window - 1))
-                pieces_k.append(old_k.to(new_k.dtype))
-                if v is not None:
-                    pieces_v.append(old_v.to(new_v.dtype))
-                cu_k.append(cu_k[-1] + old_k.shape[1])
-            else:
-                cu_k.append(cu_k[-1])
-            pieces_k.append(new_k)
-            if v is not None:
-                pieces_v.append(new_v)
-            cu_k[-1] += new_k.shape[1]
-        keys = torch.cat(pieces_k, dim=1)  # (1, total_K, G, D)
-        values = None if v is None else torch.cat(pieces_v, dim=1)
-        return keys, values, torch.tensor(cu_k, dtype=cu_seqlens.dtype, device=cu_seqlens.device)
 
     def cos_sin(self, x: Tensor, state: AttentionState, offset: int = 0):
         """(cos, sin) for queries and for keys, and the next CARoPE phase (from the state's), for x

@@ -20,6 +20,7 @@ from torch import Tensor, nn
 from hybrid.kernels.causal_conv import BACKEND_ENV, causal_conv1d, causal_conv1d_step
 from hybrid.kernels.causal_conv import causal_conv1d_reference as _reference
 from hybrid.kernels.causal_conv import select_conv_backend
+from hybrid.kernels.varlen import device_offsets
 
 from .checks import check_positive_int
 
@@ -76,7 +77,7 @@ class CausalConv1d(nn.Module):
         states are (N, W−1, C), one per sequence, and no tap crosses a sequence boundary."""
         if x.dim() != 3 or x.shape[-1] != self.channels or x.shape[1] < 1:
             raise ValueError(f"x: expected shape (B, T>=1, {self.channels}), got {tuple(x.shape)}")
-        rows = cu_seqlens.numel() - 1 if isinstance(cu_seqlens, Tensor) else x.shape[0]
+        rows = x.shape[0] if cu_seqlens is None else device_offsets(cu_seqlens).numel() - 1
         self._check_state(conv_state, rows)
         return causal_conv1d(x, self.weight, self.bias, conv_state, output_final_state=output_final_state,
                              cu_seqlens=cu_seqlens, backend=self._backend(x))

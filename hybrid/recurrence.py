@@ -42,7 +42,7 @@ from einops import rearrange
 from torch import nn
 
 from hybrid.kernels import complex_scan, complex_scan_step
-from hybrid.kernels.varlen import check_cu_seqlens
+from hybrid.kernels.varlen import packed_offsets
 
 from .checks import (check_bool, check_choice, check_even_dim, check_input_dtype, check_number, check_positive_int,
                      check_sequence_states)
@@ -324,15 +324,15 @@ class VORecurrence(Mixer):
 
     def _forward_packed(self, x: torch.Tensor, states, cu_seqlens: torch.Tensor, output_final_state: bool):
         """``forward`` on a packed batch: per-sequence states in and out (see ``forward``)."""
-        cu_seqlens = check_cu_seqlens(cu_seqlens, x.shape[1], x.device, batch=x.shape[0])
-        N = cu_seqlens.numel() - 1
+        packed = packed_offsets(cu_seqlens, x.shape[1], x.device, batch=x.shape[0])  # checked once, then trusted
+        N = packed.num_sequences
         conv0, scan0 = self._stack_states(states, N, x)
         gate = F.gelu(self.gate_proj(x))
-        u, conv_state = self.conv(self.value_proj(x), conv0, cu_seqlens=cu_seqlens,
+        u, conv_state = self.conv(self.value_proj(x), conv0, cu_seqlens=packed,
                                   output_final_state=output_final_state)
         v, log_decay, theta = self.scan_inputs(x, u)
         y, scan_state = complex_scan(
-            v, log_decay, theta, scan0, output_final_state=output_final_state, cu_seqlens=cu_seqlens,
+            v, log_decay, theta, scan0, output_final_state=output_final_state, cu_seqlens=packed,
             check_values=False,
         )
         out = self.out_proj(gate * rearrange(self.readout(y), "b t h d -> b t (h d)").to(gate.dtype))

@@ -37,7 +37,7 @@ from torch import Tensor, nn
 
 from hybrid.checks import check_even_dim, check_input_dtype, check_positive_int, check_sequence_states
 from hybrid.kernels.retention import DEFAULT_TILE_SIZE, retention_chunkwise, retention_step
-from hybrid.kernels.varlen import check_cu_seqlens
+from hybrid.kernels.varlen import packed_offsets
 from hybrid.mixer import FixedStateOptions, Mixer, check_offset
 from hybrid.norms import head_rms_norm
 from hybrid.rotary import Rotary, RotaryConfig, apply_rotary
@@ -190,9 +190,9 @@ class MultiScaleRetention(Mixer):
             self._check_state(state, B)
             S = state.S.to(cdt)
         q, k, v = self._qkv(x, offset, cdt)
-        log_gamma = retention_log_decay(self.n_heads, x.device, cdt)
+        log_decay = retention_log_decay(self.n_heads, x.device, cdt)
         with torch.autocast(x.device.type, enabled=False):  # keep the retention and S in cdt
-            o, S = retention_chunkwise(q, k, v, log_gamma, S, output_final_state=output_final_state,
+            o, S = retention_chunkwise(q, k, v, log_decay, S, output_final_state=output_final_state,
                                        tile_size=self.tile_size)  # (B, T, H, D)
         y = self._output(x, o)
         return y, (RetentionState(S=S) if output_final_state else None)
@@ -200,8 +200,8 @@ class MultiScaleRetention(Mixer):
     def _forward_packed(self, x: Tensor, states, cu_seqlens: Tensor, offset, output_final_state: bool):
         """`forward` on a packed batch: per-sequence states and positions (see `forward`)."""
         T = x.shape[1]
-        cu_seqlens = check_cu_seqlens(cu_seqlens, T, x.device, batch=x.shape[0])
-        N = cu_seqlens.numel() - 1
+        packed = packed_offsets(cu_seqlens, T, x.device, batch=x.shape[0])  # checked once, then trusted
+        N = packed.num_sequences
         cdt = torch.promote_types(x.dtype, torch.float32)
         S, offsets = None, check_offset(offset, N)
         states = check_sequence_states(states, N, lambda st: self._check_state(st, 1))
@@ -209,12 +209,12 @@ class MultiScaleRetention(Mixer):
             zero = self.init_state(1, x.device).S
             S = torch.cat([(zero if st is None else st.S).to(cdt) for st in states])  # (N, H, D, D)
         off_t = None if max(offsets) == 0 else torch.tensor(offsets, device=x.device)
-        cos_sin = self.rotary.cos_sin_packed(cu_seqlens, T, off_t, max(offsets), device=x.device)
+        cos_sin = self.rotary.cos_sin_packed(packed.cu_seqlens, T, off_t, max(offsets), device=x.device)
         q, k, v = self._qkv(x, 0, cdt, cos_sin)
-        log_gamma = retention_log_decay(self.n_heads, x.device, cdt)
+        log_decay = retention_log_decay(self.n_heads, x.device, cdt)
         with torch.autocast(x.device.type, enabled=False):  # keep the retention and S in cdt
-            o, S = retention_chunkwise(q, k, v, log_gamma, S, output_final_state=output_final_state,
-                                       cu_seqlens=cu_seqlens, tile_size=self.tile_size)
+            o, S = retention_chunkwise(q, k, v, log_decay, S, output_final_state=output_final_state,
+                                       cu_seqlens=packed, tile_size=self.tile_size)
         y = self._output(x, o)
         if not output_final_state:
             return y, None
@@ -233,8 +233,8 @@ class MultiScaleRetention(Mixer):
         cdt = torch.promote_types(x.dtype, torch.float32)
         q, k, v = self._qkv(x[:, None], check_offset(offset), cdt)  # (B, 1, H, D) each
         q, k, v = q[:, 0], k[:, 0], v[:, 0]  # (B, H, D)
-        log_gamma = retention_log_decay(self.n_heads, x.device, cdt)  # (H,)
+        log_decay = retention_log_decay(self.n_heads, x.device, cdt)  # (H,)
         with torch.autocast(x.device.type, enabled=False):  # keep the retention and S in cdt
-            o, S = retention_step(q, k, v, log_gamma, state.S.to(cdt))  # (B, H, D), (B, H, D, D)
+            o, S = retention_step(q, k, v, log_decay, state.S.to(cdt))  # (B, H, D), (B, H, D, D)
         y = self._output(x[:, None], o[:, None])[:, 0]  # (B, d_model)
         return y, RetentionState(S=S)

@@ -4,22 +4,79 @@ N sequences of lengths ``L_0 … L_{N−1}`` are packed into one ``(1, total_T, 
 LongTensor ``(N+1,)`` of their offsets ``[0, L_0, L_0 + L_1, …, total_T]``. Sequence n holds the tokens
 ``cu_seqlens[n] ≤ t < cu_seqlens[n+1]``; its position ``p_t = offset_n + t − cu_seqlens[n]`` restarts at its
 own offset (0 unless it continues an earlier call).
+
+The offsets are checked once, where a packed batch enters (``HybridLM.forward``, or an op called directly), and
+handed down as one ``PackedOffsets``: the offsets on the device, the same on the host, and the longest sequence.
+Every layer and op takes it as it is (no check, no device-to-host read); a plain tensor is checked where it is
+given (``check_cu_seqlens``, ``packed_offsets``).
 """
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
-__all__ = ["check_cu_seqlens", "sequence_ids", "positions_in_sequence", "lengths"]
+__all__ = ["PackedOffsets", "packed_offsets", "check_cu_seqlens", "device_offsets", "host_offsets", "sequence_ids",
+           "positions_in_sequence", "lengths"]
+
+
+@dataclass(frozen=True)
+class PackedOffsets:
+    """Checked offsets of N packed sequences: ``cu_seqlens`` ``(N+1,)`` on the inputs' device, ``bounds`` the same
+    offsets on the host and ``max_len`` the longest sequence (both None when they were made while torch.compile
+    traced, which reads nothing back)."""
+
+    cu_seqlens: Tensor
+    bounds: tuple[int, ...] | None
+    max_len: int | None
+
+    @property
+    def num_sequences(self) -> int:
+        return self.cu_seqlens.numel() - 1
+
+    @classmethod
+    def from_bounds(cls, bounds, *, device, dtype=torch.int64) -> "PackedOffsets":
+        """Offsets known on the host (a chunk of a packed batch): no check, no read back."""
+        bounds = tuple(int(b) for b in bounds)
+        return cls(torch.tensor(bounds, dtype=dtype, device=device), bounds,
+                   max(b - a for a, b in zip(bounds, bounds[1:])))
+
+
+def packed_offsets(cu_seqlens, total: int, device, name: str = "cu_seqlens",
+                   batch: int | None = None) -> PackedOffsets:
+    """``cu_seqlens`` checked for a packed batch of ``total`` tokens on ``device`` (``check_cu_seqlens``: one read
+    back to the host), as a ``PackedOffsets``; one already checked passes through if it fits (no read back)."""
+    if isinstance(cu_seqlens, PackedOffsets):
+        known = cu_seqlens.bounds[-1] if cu_seqlens.bounds is not None else total
+        if cu_seqlens.cu_seqlens.device != torch.device(device) or known != total:
+            raise ValueError(f"{name}: expected offsets of {total} tokens on {device}, got offsets of {known} on "
+                             f"{cu_seqlens.cu_seqlens.device}")
+        if batch is not None and batch != 1:
+            raise ValueError(f"{name}: expected a packed batch of shape (1, total_T, …), got batch size {batch}")
+        return cu_seqlens
+    values = _checked(cu_seqlens, total, device, name, batch)
+    if values is None:  # traced by torch.compile: nothing read back
+        return PackedOffsets(cu_seqlens, None, None)
+    return PackedOffsets(cu_seqlens, tuple(values), max(b - a for a, b in zip(values, values[1:])))
 
 
 def check_cu_seqlens(cu_seqlens, total: int, device, name: str = "cu_seqlens", batch: int | None = None) -> Tensor:
-    """Validate offsets for a packed batch of ``total`` tokens on ``device`` and return them.
+    """Validate offsets for a packed batch of ``total`` tokens on ``device`` and return them (the tensor; the
+    ``cu_seqlens`` of a ``PackedOffsets``, checked once already, as it is).
 
     One-line ``ValueError`` naming ``name`` when: not a 1-D integer tensor with ≥ 2 entries, on another device,
     not starting at 0, not strictly increasing, not ending at ``total``, or the packed batch has ``batch != 1``.
     The value checks read the (small) tensor on the host; under ``torch.compile`` they are skipped.
     """
+    if isinstance(cu_seqlens, PackedOffsets):
+        return packed_offsets(cu_seqlens, total, device, name, batch).cu_seqlens
+    _checked(cu_seqlens, total, device, name, batch)
+    return cu_seqlens
+
+
+def _checked(cu_seqlens, total: int, device, name: str, batch: int | None) -> list[int] | None:
+    """The checks of ``check_cu_seqlens``; the offsets as read back (None under torch.compile)."""
     if not isinstance(cu_seqlens, Tensor):
         raise ValueError(f"{name}: expected a LongTensor (N+1,) of sequence offsets, got {type(cu_seqlens).__name__}")
     if cu_seqlens.dim() != 1 or cu_seqlens.numel() < 2:
@@ -31,7 +88,7 @@ def check_cu_seqlens(cu_seqlens, total: int, device, name: str = "cu_seqlens", b
     if batch is not None and batch != 1:
         raise ValueError(f"{name}: expected a packed batch of shape (1, total_T, …), got batch size {batch}")
     if torch.compiler.is_compiling():
-        return cu_seqlens
+        return None
     values = cu_seqlens.tolist()
     if values[0] != 0:
         raise ValueError(f"{name}: expected offsets starting at 0, got {values[0]}")
@@ -41,7 +98,20 @@ def check_cu_seqlens(cu_seqlens, total: int, device, name: str = "cu_seqlens", b
                          f"at index {bad}")
     if values[-1] != total:
         raise ValueError(f"{name}: expected offsets ending at total_T={total}, got {values[-1]}")
-    return cu_seqlens
+    return values
+
+
+def device_offsets(cu_seqlens) -> Tensor:
+    """The offsets on the device: a tensor as it is, a ``PackedOffsets``'s ``cu_seqlens``."""
+    return cu_seqlens.cu_seqlens if isinstance(cu_seqlens, PackedOffsets) else cu_seqlens
+
+
+def host_offsets(cu_seqlens) -> list[int]:
+    """The offsets on the host: a ``PackedOffsets``'s ``bounds`` (read once, where it was checked), else the tensor
+    read back (a device-to-host sync)."""
+    if isinstance(cu_seqlens, PackedOffsets) and cu_seqlens.bounds is not None:
+        return list(cu_seqlens.bounds)
+    return device_offsets(cu_seqlens).tolist()
 
 
 def lengths(cu_seqlens: Tensor) -> Tensor:

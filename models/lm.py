@@ -29,7 +29,7 @@ from hybrid import RMSNorm, SwiGLU
 from hybrid.abs_pos import AbsolutePositions, packed_positions, sinusoidal_scale
 
 from hybrid.checks import check_int, check_sequence_states
-from hybrid.kernels.varlen import check_cu_seqlens, positions_in_sequence
+from hybrid.kernels.varlen import PackedOffsets, host_offsets, packed_offsets, positions_in_sequence
 
 from .config import HybridConfig
 from .generation import generate as generate_tokens
@@ -205,12 +205,13 @@ class HybridLM(nn.Module):
     def _forward_packed(self, input_ids, mode: str, states, chunk_size, cu_seqlens, output_final_state: bool):
         """``forward`` on a packed batch: per-sequence states in and out (see ``forward``)."""
         T = input_ids.shape[1]
-        cu_seqlens = check_cu_seqlens(cu_seqlens, T, input_ids.device, batch=input_ids.shape[0])
-        N = cu_seqlens.numel() - 1
+        # the one check of the batch's offsets: every layer and op takes them as they are (no read back per layer)
+        packed = packed_offsets(cu_seqlens, T, input_ids.device, batch=input_ids.shape[0])
+        N = packed.num_sequences
         states = check_sequence_states(states, N, lambda st: self._check_state(st, 1), "HybridStates")
         if mode == "parallel" and states is None:
-            return self._forward_block_packed(input_ids, cu_seqlens, None, output_final_state)
-        bounds = cu_seqlens.tolist()
+            return self._forward_block_packed(input_ids, packed, None, output_final_state)
+        bounds = host_offsets(packed)
         doc_states = list(states) if states is not None else [None] * N
         if mode == "recurrent":  # each sequence on its own, one token at a time
             logits = []
@@ -226,7 +227,7 @@ class HybridLM(nn.Module):
             first = bisect.bisect_right(bounds, start) - 1  # the sequence holding the chunk's first token
             last = bisect.bisect_left(bounds, end) - 1  # ... and its last
             cu = [max(bounds[n], start) - start for n in range(first, last + 1)] + [end - start]
-            cu_chunk = torch.tensor(cu, dtype=cu_seqlens.dtype, device=cu_seqlens.device)
+            cu_chunk = PackedOffsets.from_bounds(cu, device=input_ids.device, dtype=packed.cu_seqlens.dtype)
             keep = output_final_state or end < T
             chunk_logits, chunk_states = self._forward_block_packed(
                 input_ids[:, start:end], cu_chunk, doc_states[first:last + 1], keep)
@@ -264,25 +265,26 @@ class HybridLM(nn.Module):
             return logits, None
         return logits, HybridState(layers=layers, offset=state.offset + ids.shape[1])
 
-    def _forward_block_packed(self, ids: torch.Tensor, cu_seqlens: torch.Tensor, states, output_final_state: bool):
-        """One packed block: ``states`` None or a list of N ``HybridState | None``; returns logits and the
-        per-sequence states (or None)."""
-        N = cu_seqlens.numel() - 1
+    def _forward_block_packed(self, ids: torch.Tensor, packed: PackedOffsets, states, output_final_state: bool):
+        """One packed block (``packed``: its checked offsets): ``states`` None or a list of N ``HybridState | None``;
+        returns logits and the per-sequence states (or None)."""
+        N = packed.num_sequences
         offsets = None if states is None else [0 if st is None else st.offset for st in states]
         h = self.embed(ids)  # (1, T, d_model)
         if self.abs_pos is not None:
             max_offset = 0 if offsets is None else max(offsets)
             off_t = None if not max_offset else torch.tensor(offsets, device=ids.device)
-            pos = positions_in_sequence(cu_seqlens, ids.shape[1], off_t)  # (T,)
+            pos = positions_in_sequence(packed.cu_seqlens, ids.shape[1], off_t)  # (T,)
             h = h + packed_positions(self.abs_pos, pos, ids.shape[1] + max_offset, device=h.device, dtype=h.dtype)
         layer_states = [None] * len(self.blocks)
         if states is not None and any(st is not None for st in states):
             layer_states = [[None if st is None else st.layers[i] for st in states] for i in range(len(self.blocks))]
-        logits, layers = self._run_blocks(h, layer_states, 0 if offsets is None else offsets, cu_seqlens,
+        logits, layers = self._run_blocks(h, layer_states, 0 if offsets is None else offsets, packed,
                                           output_final_state)
         if not output_final_state:
             return logits, None
-        lens = (cu_seqlens[1:] - cu_seqlens[:-1]).tolist()
+        bounds = host_offsets(packed)
+        lens = [b - a for a, b in zip(bounds, bounds[1:])]
         return logits, [HybridState(layers=[layer[n] for layer in layers], offset=(offsets[n] if offsets else 0) + lens[n])
                         for n in range(N)]
 

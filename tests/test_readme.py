@@ -65,7 +65,7 @@ SHELL_TOOLS = ("mkdir", "sed", "cd", "source")
 
 
 def script_function(name: str):
-    """The function the console script ``name`` calls (``hybrid.train.cli:train_main`` for hybrid-train)."""
+    """The function the console script ``name`` calls (``hybrid.train.cli.lm:train_main`` for hybrid-train)."""
     (entry,) = [e for e in entry_points(group="console_scripts") if e.name == name]
     return entry.load()
 
@@ -119,8 +119,8 @@ def test_the_readme_config_and_log_commands_do_what_they_say(tmp_path, monkeypat
     import json
 
     from hybrid.train import TrainConfig
-    from hybrid.train.cli import train_config_from_args, train_parser
-    from hybrid.train.tracking import check_trackers
+    from hybrid.train.cli.lm import train_config_from_args, train_parser
+    from hybrid.train.output.tracking import check_trackers
 
     monkeypatch.chdir(tmp_path)
     (tmp_path / "runs" / "mine").mkdir(parents=True)

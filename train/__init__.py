@@ -6,12 +6,12 @@
 
 Command lines: ``hybrid-train`` (``python -m hybrid.train``), ``hybrid-generate``; ``python -m hybrid.train.demo``.
 """
-from .checkpoint import CheckpointError, has_checkpoint, load_checkpoint, save_checkpoint
-from .config import TrainConfig
-from .evaluate import evaluate
-from .inference import LoadedRun, generate_ids, generate_text, load_run
-from .optim import build_optimizer, param_groups
-from .trainer import Trainer, TrainResult, model_config_for, train
+from .loop.checkpoint import CheckpointError, has_checkpoint, load_checkpoint, save_checkpoint
+from .lm.config import TrainConfig
+from .lm.evaluate import evaluate
+from .lm.inference import LoadedRun, generate_ids, generate_text, load_run
+from .loop.optim import build_optimizer, param_groups
+from .lm.trainer import Trainer, TrainResult, model_config_for, train
 
 __all__ = [
     "TrainConfig", "Trainer", "TrainResult", "train", "model_config_for", "evaluate",

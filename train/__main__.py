@@ -1,7 +1,7 @@
 """``python -m hybrid.train`` = ``hybrid-train`` (also under ``torchrun -m hybrid.train``)."""
 import sys
 
-from .cli import train_main
+from .cli.lm import train_main
 
 if __name__ == "__main__":
     sys.exit(train_main())

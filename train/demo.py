@@ -20,8 +20,9 @@ from pathlib import Path
 
 import torch
 
-from .cli_parts import Parser, add_device_flag, count, finite_float, positive_int, run_command
-from .config import TrainConfig
+from .cli.flags import add_device_flag
+from .cli.parts import Parser, count, finite_float, positive_int, run_command
+from .lm.config import TrainConfig
 
 PROMPT = "class Point:\n    def __init__(self"
 BUDGET_S = 450.0  # from the start to the end of training, evaluations included
@@ -74,9 +75,9 @@ def _demo(args: argparse.Namespace) -> int:
     from hybrid.models import HybridLM
 
     from .data import prepare_data
-    from .device import resolve_device
-    from .inference import generate_ids, load_run
-    from .trainer import Trainer, model_config_for
+    from .parallel.device import resolve_device
+    from .lm.inference import generate_ids, load_run
+    from .lm.trainer import Trainer, model_config_for
 
     datasets.disable_progress_bars()
     t0 = time.perf_counter()

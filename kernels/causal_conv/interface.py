@@ -21,6 +21,7 @@ from torch import Tensor
 
 from ..env import read_env
 from ..varlen import check_cu_seqlens
+from .checks import check_input, check_state, check_weight_bias
 from .depthwise import causal_conv1d_torch
 from .fused import causal_conv1d_fused, causal_conv1d_module, shape_and_dtypes_fit
 from .reference import causal_conv1d_reference
@@ -59,24 +60,6 @@ def _checked(backend: str, source: str) -> str:
     return backend
 
 
-def check_weight_bias(weight, bias, channels: int | None = None) -> None:
-    if not isinstance(weight, Tensor) or weight.dim() != 2 or weight.shape[1] < 1 or (
-            channels is not None and weight.shape[0] != channels):
-        got = tuple(weight.shape) if isinstance(weight, Tensor) else type(weight).__name__
-        raise ValueError(f"weight: expected shape (C={channels if channels is not None else 'C'}, W ≥ 1), got {got}")
-    C = weight.shape[0]
-    if bias is not None and (not isinstance(bias, Tensor) or tuple(bias.shape) != (C,)):
-        got = tuple(bias.shape) if isinstance(bias, Tensor) else type(bias).__name__
-        raise ValueError(f"bias: expected None or shape (C={C},), got {got}")
-
-
-def check_state(name: str, state, rows: int, weight: Tensor, what: str) -> None:
-    want = (rows, weight.shape[1] - 1, weight.shape[0])
-    if state is not None and (not isinstance(state, Tensor) or tuple(state.shape) != want):
-        got = tuple(state.shape) if isinstance(state, Tensor) else type(state).__name__
-        raise ValueError(f"{name}: expected None or shape {want} ({what}, W−1, C), got {got}")
-
-
 def causal_conv1d(
     x: Tensor, weight: Tensor, bias: Tensor | None = None, initial_state: Tensor | None = None, *,
     output_final_state: bool = False, cu_seqlens: Tensor | None = None, backend: str | None = None,
@@ -90,20 +73,18 @@ def causal_conv1d(
             None: zeros (stream start).
         output_final_state: return the last W−1 inputs of each row / sequence (including entries of its
             initial state when it is shorter than W−1); training passes False.
-        cu_seqlens: `(N+1,)` offsets of N sequences packed into x (`hybrid.kernels.varlen`); no tap crosses a
-            sequence boundary.
+        cu_seqlens: `(N+1,)` offsets of N sequences packed into x (`hybrid.kernels.varlen`), or a
+            `PackedOffsets` checked already; no tap crosses a sequence boundary.
         backend: None / "auto", "causal_conv1d", "torch", "reference" (module docstring).
     Returns:
         y `(B, T, C)` in x's dtype (computed in the promoted dtype of x and weight), and the final state
         `(B | N, W−1, C)` in x's dtype, or None.
     """
-    if not isinstance(x, Tensor) or x.dim() != 3 or not x.is_floating_point():
-        got = f"{tuple(x.shape)} {x.dtype}" if isinstance(x, Tensor) else type(x).__name__
-        raise ValueError(f"x: expected a floating tensor of shape (B, T, C), got {got}")
+    check_input(x)
     check_weight_bias(weight, bias, x.shape[2])
     rows = x.shape[0]
-    if cu_seqlens is not None:
-        check_cu_seqlens(cu_seqlens, x.shape[1], x.device, "cu_seqlens", batch=x.shape[0])
+    if cu_seqlens is not None:  # a PackedOffsets, checked once already, gives its tensor without a read back
+        cu_seqlens = check_cu_seqlens(cu_seqlens, x.shape[1], x.device, "cu_seqlens", batch=x.shape[0])
         rows = cu_seqlens.numel() - 1
     check_state("initial_state", initial_state, rows, weight, "N" if cu_seqlens is not None else "B")
     if x.shape[1] == 0:

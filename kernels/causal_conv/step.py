@@ -11,7 +11,8 @@ import torch
 from torch import Tensor
 
 from .fused import causal_conv1d_update_fused
-from .interface import check_state, check_weight_bias, resolve_conv_backend
+from .checks import check_state, check_weight_bias
+from .interface import resolve_conv_backend
 
 
 def causal_conv1d_step(x_t: Tensor, weight: Tensor, bias: Tensor | None = None, state: Tensor | None = None, *,

@@ -207,7 +207,7 @@ def _reduce_to(g: torch.Tensor, shape: torch.Size) -> torch.Tensor:
 
 
 class TorchComplexScan(torch.autograd.Function):
-    """Autograd wrapper of the blocked scan; inputs normalised as in ``validate.py``. (The public
+    """Autograd wrapper of the blocked scan; inputs normalised as in ``checks.py``. (The public
     ``complex_scan`` goes through the ``hybrid::complex_scan`` custom op of ``ops.py`` instead, which calls the
     same two functions.)"""
 

@@ -133,7 +133,7 @@ def cpu_backward(grad_y, grad_final, log_decay, theta, states, initial_state, x_
 
 
 class CpuComplexScan(torch.autograd.Function):
-    """Autograd wrapper of the compiled scan; inputs normalised as in ``validate.py``. (The public
+    """Autograd wrapper of the compiled scan; inputs normalised as in ``checks.py``. (The public
     ``complex_scan`` goes through the ``hybrid::complex_scan`` custom op of ``ops.py`` instead, which calls the
     same two functions.)"""
 

@@ -25,7 +25,7 @@ from . import cpu_scan
 from . import ops  # noqa: F401  (registers torch.ops.hybrid.complex_scan and its backward)
 from .blocked import default_block_size
 from .reference import complex_scan_reference
-from .validate import (
+from .checks import (
     check_block_size,
     check_cu_seqlens,
     check_decay_like,
@@ -133,7 +133,8 @@ def complex_scan(
     if cu_seqlens is None:
         initial_state = check_state(initial_state, "initial_state", (B, H, D), x)
     else:
-        N = check_cu_seqlens(cu_seqlens, x)
+        cu_seqlens = check_cu_seqlens(cu_seqlens, x)  # the tensor (a PackedOffsets gives its own: no read back)
+        N = cu_seqlens.numel() - 1
         initial_state = check_state(initial_state, "initial_state", (N, H, D), x,
                                     layout="(N, H, D) (one per sequence of cu_seqlens)")
     check_block_size(block_size)
@@ -152,7 +153,7 @@ def _scan(x, log_decay, theta, initial_state, which, block_size):
         final = initial_state if initial_state is not None else x.new_zeros(B, H, D, dtype=state_dtype(x.dtype))
         return x.new_empty(B, 0, H, D), final.clone()
     if which == "reference":
-        return complex_scan_reference(x, log_decay, theta, initial_state)
+        return complex_scan_reference(x, log_decay, theta, initial_state, output_final_state=True)
     x = x.contiguous()
     log_decay = normalise_decay_like(log_decay, B, T, H, P)  # (Bd, Td, H, P)
     theta = normalise_decay_like(theta, B, T, H, P)
@@ -177,7 +178,8 @@ def _packed(x, log_decay, theta, initial_state, cu_seqlens, which, block_size, o
     log_decay = normalise_decay_like(log_decay, 1, T, H, P)  # (1, Td, H, P)
     theta = normalise_decay_like(theta, 1, T, H, P)
     if which == "reference":
-        return _packed_reference(x, log_decay, theta, initial_state, cu, output_final_state)
+        return complex_scan_reference(x, log_decay, theta, initial_state, output_final_state=output_final_state,
+                                      cu_seqlens=cu)
     starts = cu[:-1]
     # the final states are read from y: keep y in the state dtype when they (or a folded state) are needed
     work = x.to(real) if (initial_state is not None or output_final_state) else x
@@ -208,22 +210,6 @@ def _carried_in(log_decay, theta, initial_state, starts) -> torch.Tensor:
     ar, ai = gamma * torch.cos(th), -gamma * torch.sin(th)
     sr, si = initial_state.view(N, H, P, 2).unbind(-1)  # (N, H, D) -> (N, H, P) twice
     return torch.stack((ar * sr - ai * si, ar * si + ai * sr), dim=-1).view(N, H, D)  # (N, H, P, 2) -> (N, H, D)
-
-
-def _packed_reference(x, log_decay, theta, initial_state, cu, output_final_state):
-    """Each sequence alone through the sequential reference, outputs concatenated (the obvious way)."""
-    bounds = cu.tolist()
-
-    def part(t, s, e):  # (1, Td, H, P): the sequence's time steps, or the static row
-        return t[:, s:e] if t.shape[1] > 1 else t
-
-    ys, finals = [], []
-    for n, (s, e) in enumerate(zip(bounds[:-1], bounds[1:])):
-        s0 = None if initial_state is None else initial_state[n: n + 1]
-        y_n, final_n = complex_scan_reference(x[:, s:e], part(log_decay, s, e), part(theta, s, e), s0)
-        ys.append(y_n)
-        finals.append(final_n)
-    return torch.cat(ys, dim=1), (torch.cat(finals, dim=0) if output_final_state else None)
 
 
 # ---------------------------------------------------------------------------------------------- the step

@@ -6,7 +6,7 @@
                                   x_dtype, backend, block_size, needs)
         -> (grad_x, grad_log_decay, grad_theta, grad_initial_state)
 
-Both take inputs already checked and normalised by ``interface.py`` (shapes and dtypes in ``validate.py``):
+Both take inputs already checked and normalised by ``interface.py`` (shapes and dtypes in ``checks.py``):
 ``x`` contiguous ``(B, T, H, D)``; ``log_decay`` / ``theta`` contiguous ``(Bd, Td, H, D/2)`` in the state dtype;
 ``initial_state`` None or ``(B, H, D)``. ``backend`` is ``"cpu"``, ``"torch"`` or ``"triton"`` (the reference is
 plain torch and needs no op); ``block_size`` is the torch backend's block length (ignored by the others).

@@ -12,8 +12,8 @@ with ``g_t = ∂L/∂Re y_t + i ∂L/∂Im y_t``. Shapes: ``x`` ``(B, T, H, D)``
 backward recomputes the states. Arithmetic is float32 whatever x's dtype. ``log_decay = −∞`` gives ``a = 0``
 exactly (a sequence restart).
 
-``triton_forward`` / ``triton_backward`` are what the custom op of ``ops.py`` runs; ``complex_scan_triton`` is
-the autograd.Function path with testing hooks. Knobs: ``$HYBRID_SCAN_AUTOTUNE``, ``$HYBRID_SCAN_SHIFT``
+``triton_forward`` / ``triton_backward`` are what the custom op of ``ops.py`` runs: the one autograd path of the
+Triton scan. ``forced_blocks`` forces its tiles (tests of tile edges, tuning). Knobs: ``$HYBRID_SCAN_AUTOTUNE``, ``$HYBRID_SCAN_SHIFT``
 (``hybrid.kernels.env``). The kernel layout, the backward's recompute and the tuning: docs/design.md,
 "The Triton scan".
 """
@@ -28,7 +28,7 @@ import triton.language as tl
 
 from ..env import read_env
 
-__all__ = ["complex_scan_triton"]
+__all__ = ["triton_forward", "triton_backward", "forced_blocks"]
 
 # Decided once, when this module is imported (that is also when ``triton.jit`` decides).
 _INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
@@ -480,11 +480,39 @@ def _on_device(t: torch.Tensor):
 # ----------------------------------------------------------------------------------------------------------
 # Host wrappers
 # ----------------------------------------------------------------------------------------------------------
+_FORCED: tuple | None = None  # (block_t, block_p) while ``forced_blocks`` holds
+
+
+@contextlib.contextmanager
+def forced_blocks(block_t=None, block_p=None):
+    """Every Triton scan inside runs at these tiles instead of the heuristic / autotuned ones: ``block_t`` an int
+    (both passes) or ``(forward, backward)`` with the backward's a multiple of the forward's, ``block_p``; powers
+    of two, None for the default. For tests of tile edges and for tuning."""
+    global _FORCED
+    before, _FORCED = _FORCED, (block_t, block_p)
+    try:
+        yield
+    finally:
+        _FORCED = before
+
+
+def _forced(T: int, P: int) -> tuple | None:
+    """(BT_fwd, BT_bwd, BP) under ``forced_blocks``, else None."""
+    if _FORCED is None:
+        return None
+    block_t, block_p = _FORCED
+    dbt, dbp, _ = default_blocks(T, P)
+    bt = block_t if block_t is not None else dbt
+    bt_f, bt_b = (bt, bt) if isinstance(bt, int) else tuple(bt)
+    return bt_f, bt_b, block_p if block_p is not None else dbp
+
+
 def _forward(x, log_decay, theta, initial_state, save_ck, blocks=None):
-    """Launch the forward. ``blocks``: None (heuristic / autotune) or (BT_fwd, BT_bwd, BP) to force.
-    Returns y, final, checkpoints (or None) and the forward's time tile (the checkpoint interval)."""
+    """Launch the forward. ``blocks``: None (``forced_blocks``', else heuristic / autotune) or (BT_fwd, BT_bwd, BP)
+    to force. Returns y, final, checkpoints (or None) and the forward's time tile (the checkpoint interval)."""
     B, T, H, D = x.shape
     P = D // 2
+    blocks = _forced(T, P) if blocks is None else blocks
     tune = _use_autotune(B, T, H, P, blocks)
     if blocks is not None:
         bt, bp, warps = blocks[0], blocks[2], 4
@@ -512,6 +540,7 @@ def _backward(x, log_decay, theta, ck, ck_bt, dy, dfinal, needs, blocks=None):
     need_dx, need_dld, need_dth, need_dh0 = needs
     B, T, H, D = x.shape
     P = D // 2
+    blocks = _forced(T, P) if blocks is None else blocks
     dev = x.device
     tune = _use_autotune(B, T, H, P, blocks)
     if blocks is not None:
@@ -574,54 +603,3 @@ def triton_backward(x, log_decay, theta, checkpoints, ck_bt, dy, dfinal, needs):
     """Gradients ``(dx, dlog_decay, dtheta, dinitial_state)`` (None where ``needs`` is False)."""
     with _on_device(x):
         return _backward(x, log_decay, theta, checkpoints, ck_bt, dy, dfinal, needs)
-
-
-class _ComplexScanTriton(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, log_decay, theta, initial_state, blocks):
-        with _on_device(x):
-            y, final, ck, ck_bt = _forward(x, log_decay, theta, initial_state, save_ck=True, blocks=blocks)
-        ctx.save_for_backward(x, log_decay, theta, ck)
-        ctx.ck_bt = ck_bt
-        ctx.blocks = blocks
-        ctx.set_materialize_grads(False)
-        return y, final
-
-    @staticmethod
-    def backward(ctx, dy, dfinal):
-        x, log_decay, theta, ck = ctx.saved_tensors
-        needs = tuple(ctx.needs_input_grad[:4])
-        if not any(needs) or (dy is None and dfinal is None):
-            return None, None, None, None, None
-        with _on_device(x):
-            dx, dld, dth, dh0 = _backward(x, log_decay, theta, ck, ctx.ck_bt, dy, dfinal, needs, ctx.blocks)
-        return dx, dld, dth, dh0, None
-
-
-def complex_scan_triton(x, log_decay, theta, initial_state=None, *, _block_t=None, _block_p=None):
-    """Triton backend of ``complex_scan`` (inputs already validated and normalised by the interface).
-
-    Args:
-        x: contiguous ``(B, T, H, D)``, float32 / bfloat16 / float16, ``D`` even, pairs interleaved.
-        log_decay, theta: float32 contiguous ``(Bd, Td, H, D/2)`` with ``Bd ∈ {1, B}``, ``Td ∈ {1, T}``.
-        initial_state: ``None`` or float32 contiguous ``(B, H, D)``.
-        _block_t, _block_p: testing / tuning hooks forcing the tiles: ``_block_t`` an int (both passes) or
-            ``(forward, backward)`` with the backward's a multiple of the forward's; powers of two.
-
-    Returns:
-        ``(y, final_state)``: ``y`` like ``x``, ``final_state`` ``(B, H, D)`` float32. Differentiable with
-        respect to all four inputs (Triton backward kernel).
-    """
-    blocks = None
-    if _block_t is not None or _block_p is not None:
-        B, T, H, D = x.shape
-        dbt, dbp, _ = default_blocks(T, D // 2)
-        bt = _block_t if _block_t is not None else dbt
-        bt_f, bt_b = (bt, bt) if isinstance(bt, int) else tuple(bt)
-        blocks = (bt_f, bt_b, _block_p if _block_p is not None else dbp)
-    tensors = (x, log_decay, theta) + ((initial_state,) if initial_state is not None else ())
-    if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
-        return _ComplexScanTriton.apply(x, log_decay, theta, initial_state, blocks)
-    with _on_device(x):
-        y, final, _, _ = _forward(x, log_decay, theta, initial_state, save_ck=False, blocks=blocks)
-    return y, final

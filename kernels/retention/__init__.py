@@ -8,12 +8,12 @@ float64), ``chunkwise.py`` (the fast form for whole and packed sequences: the pa
 ``hybrid::retention_chunkwise``, so torch.compile traces it whole) and ``step.py`` (one token, the recurrent
 form). The op contract of every kernel folder (fla's names)::
 
-    retention_chunkwise(q, k, v, log_gamma, initial_state=None, *, output_final_state=False, cu_seqlens=None,
+    retention_chunkwise(q, k, v, log_decay, initial_state=None, *, output_final_state=False, cu_seqlens=None,
                         tile_size=DEFAULT_TILE_SIZE) -> (o, final_state or None)
-    retention_reference(q, k, v, log_gamma, initial_state=None, *, output_final_state=False, cu_seqlens=None)
-    retention_step(q, k, v, log_gamma, state=None) -> (o_t, S_t)
+    retention_reference(q, k, v, log_decay, initial_state=None, *, output_final_state=False, cu_seqlens=None)
+    retention_step(q, k, v, log_decay, state=None) -> (o_t, S_t)
 
-``q, k`` ``(B, T, H, Dk)`` (rotated; k scaled), ``v`` ``(B, T, H, Dv)``, ``log_gamma`` ``(H,)``; states
+``q, k`` ``(B, T, H, Dk)`` (rotated; k scaled), ``v`` ``(B, T, H, Dv)``, ``log_decay`` ``(H,)``; states
 ``(B, H, Dk, Dv)``, or ``(N, H, Dk, Dv)`` per sequence with ``cu_seqlens`` ``(N+1,)`` (a packed
 ``(1, total_T, …)`` batch; no sequence sees another). States in float32 (float64 for float64 inputs),
 outputs in q's dtype. No nn.Modules.

@@ -6,6 +6,8 @@ dtypes, devices) always run: they cost nothing and trace cleanly.
 """
 from __future__ import annotations
 
+import warnings
+
 import torch
 from torch import Tensor
 
@@ -20,9 +22,9 @@ def state_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
-def check_qkv(q, k, v, log_gamma) -> None:
-    """q, k ``(B, T, H, Dk)``, v ``(B, T, H, Dv)``, log_gamma ``(H,)``, all floating, on one device."""
-    for name, x in (("q", q), ("k", k), ("v", v), ("log_gamma", log_gamma)):
+def check_qkv(q, k, v, log_decay) -> None:
+    """q, k ``(B, T, H, Dk)``, v ``(B, T, H, Dv)``, log_decay ``(H,)``, all floating, on one device."""
+    for name, x in (("q", q), ("k", k), ("v", v), ("log_decay", log_decay)):
         if not isinstance(x, Tensor):
             raise ValueError(f"{name}: expected a torch.Tensor, got {type(x).__name__}")
         if x.dtype not in FLOAT_DTYPES:
@@ -35,14 +37,28 @@ def check_qkv(q, k, v, log_gamma) -> None:
         raise ValueError(f"k: expected shape {tuple(q.shape)} (the shape of q), got {tuple(k.shape)}")
     if v.dim() != 4 or v.shape[:3] != q.shape[:3]:
         raise ValueError(f"v: expected shape {tuple(q.shape[:3])} + (Dv,), got {tuple(v.shape)}")
-    if log_gamma.shape != (q.shape[2],):
-        raise ValueError(f"log_gamma: expected shape ({q.shape[2]},), got {tuple(log_gamma.shape)}")
+    if log_decay.shape != (q.shape[2],):
+        raise ValueError(f"log_decay: expected shape ({q.shape[2]},), got {tuple(log_decay.shape)}")
 
 
-def check_cu_seqlens(cu_seqlens, q: Tensor) -> None:
+def decay_argument(log_decay, log_gamma, op: str) -> Tensor:
+    """``log_decay``, or ``log_gamma``: its name before every op called the decay the same (the retention ops were
+    public under it, so it still works, with a DeprecationWarning)."""
+    if log_gamma is not None:
+        if log_decay is not None:
+            raise TypeError(f"{op}: expected log_decay only (log_gamma is its old name), got both")
+        warnings.warn(f"{op}: log_gamma is now log_decay (the name every op uses)", DeprecationWarning, stacklevel=3)
+        return log_gamma
+    if log_decay is None:
+        raise TypeError(f"{op}: expected log_decay, the per-head log decay (H,), got none")
+    return log_decay
+
+
+def check_cu_seqlens(cu_seqlens, q: Tensor) -> Tensor:
     """``(N+1,)`` integer offsets on q's device: 0, strictly increasing, ending at total_T; q is ``(1, total_T, …)``.
-    The shared check of every op (``hybrid.kernels.varlen``)."""
-    _check_cu_seqlens(cu_seqlens, q.shape[1], q.device, "cu_seqlens", batch=q.shape[0])
+    The shared check of every op (``hybrid.kernels.varlen``); returns the tensor (a ``PackedOffsets``, checked once
+    where the batch entered the model, gives its own without a read back)."""
+    return _check_cu_seqlens(cu_seqlens, q.shape[1], q.device, "cu_seqlens", batch=q.shape[0])
 
 
 def check_state(state, name: str, shape: tuple[int, ...], q: Tensor, layout: str = "(B, H, Dk, Dv)") -> None:

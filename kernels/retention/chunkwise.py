@@ -32,17 +32,17 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .checks import check_cu_seqlens, check_qkv, check_tile_size, check_state, state_dtype
+from .checks import check_cu_seqlens, check_qkv, check_state, check_tile_size, decay_argument, state_dtype
 
 DEFAULT_TILE_SIZE = 64
 
 
-def _decay(power: Tensor, log_gamma: Tensor) -> Tensor:
+def _decay(power: Tensor, log_decay: Tensor) -> Tensor:
     """γ^power for every head: ``power`` (…) ≥ 0 -> (…, H)."""
-    return torch.exp(power.to(log_gamma.dtype)[..., None] * log_gamma)
+    return torch.exp(power.to(log_decay.dtype)[..., None] * log_decay)
 
 
-def _chunkwise(q: Tensor, k: Tensor, v: Tensor, log_gamma: Tensor, init: Tensor | None, cu: Tensor, C: int,
+def _chunkwise(q: Tensor, k: Tensor, v: Tensor, log_decay: Tensor, init: Tensor | None, cu: Tensor, C: int,
                want_final: bool) -> tuple[Tensor, Tensor | None]:
     """The scheme of the module docstring. q, k ``(B, T, H, Dk)``, v ``(B, T, H, Dv)``, T ≥ 1, all in the state
     dtype; cu ``(N+1,)`` long (the sequences, shared by the B rows); init ``(B, N, H, Dk, Dv)`` or None.
@@ -68,7 +68,7 @@ def _chunkwise(q: Tensor, k: Tensor, v: Tensor, log_gamma: Tensor, init: Tensor 
 
     # intra: γ^{c−m} for m ≤ c in one sequence
     diff = c[:, None] - c[None, :]  # (C, C): c − m
-    intra = _decay(diff.clamp(min=0), log_gamma).permute(2, 0, 1).masked_fill(diff < 0, 0.0)  # (H, C, C)
+    intra = _decay(diff.clamp(min=0), log_decay).permute(2, 0, 1).masked_fill(diff < 0, 0.0)  # (H, C, C)
     if masked:
         segt = seg.view(nT, C)
         intra = intra * (segt[:, :, None] == segt[:, None, :])[:, None]  # (nT, H, C, C)
@@ -76,16 +76,16 @@ def _chunkwise(q: Tensor, k: Tensor, v: Tensor, log_gamma: Tensor, init: Tensor 
     o = torch.einsum("bnhcm,bnmhe->bnche", scores, vt)  # (B, nT, C, H, Dv)
 
     # each tile's own key-value sum: the keys of the sequence running at its end, γ^{C−1−m}
-    k_decay = _decay(C - 1 - c, log_gamma)  # (C, H)
+    k_decay = _decay(C - 1 - c, log_decay)  # (C, H)
     if masked:
         k_decay = k_decay * (segt == segt[:, -1:])[..., None]  # (nT, C, H)
     kv = torch.einsum("bnmhd,bnmhe->bnhde", kt * k_decay[..., None], vt)  # (B, nT, H, Dk, Dv)
     fresh_end = fresh[:, -1]  # (nT,): the sequence at the tile's end started inside it
-    carry = _decay(torch.full((nT,), C, device=dev), log_gamma) * ~fresh_end[:, None]  # (nT, H): 0 at a start
+    carry = _decay(torch.full((nT,), C, device=dev), log_decay) * ~fresh_end[:, None]  # (nT, H): 0 at a start
     if init is not None:  # fresh at the tile's end: γ^{t₀+C−s} I enters the carried state
         init_ext = torch.cat([init, init.new_zeros(B, 1, H, Dk, Dv)], dim=1)  # (B, N+1, …): padding's I = 0
         seg_end = seg.view(nT, C)[:, -1]  # (nT,)
-        w = _decay(C * torch.arange(1, nT + 1, device=dev) - start.view(nT, C)[:, -1], log_gamma)  # (nT, H)
+        w = _decay(C * torch.arange(1, nT + 1, device=dev) - start.view(nT, C)[:, -1], log_decay)  # (nT, H)
         kv = kv + init_ext[:, seg_end] * (w * fresh_end[:, None])[None, :, :, None, None]
 
     # carry across tiles: entering[j] = S_j
@@ -97,14 +97,14 @@ def _chunkwise(q: Tensor, k: Tensor, v: Tensor, log_gamma: Tensor, init: Tensor 
         entering.append(S)
         S = g_j[None, :, None, None] * S + kv_j
     entering = torch.stack(entering, dim=1)  # (B, nT, H, Dk, Dv)
-    q_decay = _decay(c + 1, log_gamma) * ~fresh[..., None]  # (nT, C, H): γ^{c+1}, 0 for fresh sequences
+    q_decay = _decay(c + 1, log_decay) * ~fresh[..., None]  # (nT, C, H): γ^{c+1}, 0 for fresh sequences
     o = o + torch.einsum("bnchd,bnhde->bnche", qt * q_decay[..., None], entering)
     o = o.reshape(B, Tp, H, Dv)  # (B, nT, C, H, Dv) -> (B, Tp, H, Dv)
 
     s, e = cu[:-1], cu[1:] - 1  # (N,): first and last positions
     if init is not None:  # fresh sequences read their own I: a window of C queries from each start
         idx = (s[:, None] + c).clamp(max=Tp - 1)  # (N, C); entries past s's sequence or tile are never read
-        q_win = q[:, idx] * _decay(c + 1, log_gamma)[..., None]  # (B, N, C, H, Dk)
+        q_win = q[:, idx] * _decay(c + 1, log_decay)[..., None]  # (B, N, C, H, Dk)
         win = torch.einsum("bnchd,bnhde->bnche", q_win, init)  # (B, N, C, H, Dv): γ^{p+1} q I
         win = torch.cat([win.reshape(B, N * C, H, Dv), win.new_zeros(B, 1, H, Dv)], dim=1)
         src = torch.where(fresh.reshape(Tp) & (seg < N), seg * C + (t - start), N * C)  # (Tp,): else the 0 row
@@ -115,16 +115,16 @@ def _chunkwise(q: Tensor, k: Tensor, v: Tensor, log_gamma: Tensor, init: Tensor 
         j = torch.div(e, C, rounding_mode="floor")  # (N,): the tile of each last position
         t0 = j * C
         carried = s < t0  # (N,)
-        final = entering[:, j] * (_decay(e - t0 + 1, log_gamma) * carried[:, None])[None, :, :, None, None]
+        final = entering[:, j] * (_decay(e - t0 + 1, log_decay) * carried[:, None])[None, :, :, None, None]
         p = t0[:, None] + c  # (N, C): the positions of the end tile
-        W = _decay((e[:, None] - p).clamp(min=0), log_gamma) * ((p >= s[:, None]) & (p <= e[:, None]))[..., None]
+        W = _decay((e[:, None] - p).clamp(min=0), log_decay) * ((p >= s[:, None]) & (p <= e[:, None]))[..., None]
         final = final + torch.einsum("bnchd,bnche->bnhde", kt[:, j] * W[..., None], vt[:, j])  # (B, N, H, Dk, Dv)
         if init is not None:
-            final = final + init * (_decay(e - s + 1, log_gamma) * ~carried[:, None])[None, :, :, None, None]
+            final = final + init * (_decay(e - s + 1, log_decay) * ~carried[:, None])[None, :, :, None, None]
     return o[:, :T], final
 
 
-def _forward(q, k, v, log_gamma, initial_state, cu_seqlens, tile_size: int, output_final_state: bool):
+def _forward(q, k, v, log_decay, initial_state, cu_seqlens, tile_size: int, output_final_state: bool):
     """Public shapes in and out: initial / final ``(N, H, Dk, Dv)`` with cu_seqlens, ``(B, H, Dk, Dv)`` without."""
     B, T, H, Dk = q.shape
     Dv = v.shape[-1]
@@ -143,7 +143,7 @@ def _forward(q, k, v, log_gamma, initial_state, cu_seqlens, tile_size: int, outp
     if initial_state is not None:
         init = initial_state.to(sdt)
         init = init[None] if packed else init[:, None]  # (B, N, H, Dk, Dv)
-    o, final = _chunkwise(q.to(sdt), k.to(sdt), v.to(sdt), log_gamma.to(sdt), init, cu, tile_size,
+    o, final = _chunkwise(q.to(sdt), k.to(sdt), v.to(sdt), log_decay.to(sdt), init, cu, tile_size,
                           output_final_state)
     if final is not None:
         final = final[0] if packed else final[:, 0]
@@ -154,16 +154,16 @@ def _forward(q, k, v, log_gamma, initial_state, cu_seqlens, tile_size: int, outp
 
 
 @torch.library.custom_op("hybrid::retention_chunkwise", mutates_args=())
-def _op(q: Tensor, k: Tensor, v: Tensor, log_gamma: Tensor, initial_state: Optional[Tensor],
+def _op(q: Tensor, k: Tensor, v: Tensor, log_decay: Tensor, initial_state: Optional[Tensor],
         cu_seqlens: Optional[Tensor], tile_size: int, output_final_state: bool) -> tuple[Tensor, Tensor]:
     """(o, final); final is an empty ``(0,)`` tensor when not output_final_state (an op returns tensors)."""
-    o, final = _forward(q, k, v, log_gamma, initial_state, cu_seqlens, tile_size, output_final_state)
+    o, final = _forward(q, k, v, log_decay, initial_state, cu_seqlens, tile_size, output_final_state)
     final = final.contiguous() if final is not None else q.new_empty(0, dtype=state_dtype(q.dtype))
     return o.contiguous(), final  # contiguous, as the fake promises
 
 
 @_op.register_fake
-def _(q, k, v, log_gamma, initial_state, cu_seqlens, tile_size, output_final_state):
+def _(q, k, v, log_decay, initial_state, cu_seqlens, tile_size, output_final_state):
     B, T, H, Dk = q.shape
     n = B if cu_seqlens is None else cu_seqlens.shape[0] - 1
     final_shape = (n, H, Dk, v.shape[-1]) if output_final_state else (0,)
@@ -183,13 +183,13 @@ def _autograd_inside_op():
 
 
 @torch.library.custom_op("hybrid::retention_chunkwise_backward", mutates_args=())
-def _op_backward(grad_o: Tensor, grad_final: Optional[Tensor], q: Tensor, k: Tensor, v: Tensor, log_gamma: Tensor,
+def _op_backward(grad_o: Tensor, grad_final: Optional[Tensor], q: Tensor, k: Tensor, v: Tensor, log_decay: Tensor,
                  initial_state: Optional[Tensor], cu_seqlens: Optional[Tensor], tile_size: int,
                  needs_grad: list[bool]) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
-    """Gradients w.r.t. q, k, v, log_gamma, initial_state (an empty ``(0,)`` for each one not in ``needs_grad``
+    """Gradients w.r.t. q, k, v, log_decay, initial_state (an empty ``(0,)`` for each one not in ``needs_grad``
     and for a None initial_state): the forward recomputed under autograd and differentiated."""
     want_final = grad_final is not None
-    inputs = (q, k, v, log_gamma, initial_state)
+    inputs = (q, k, v, log_decay, initial_state)
     wanted = [i for i, x in enumerate(inputs) if x is not None and needs_grad[i]]
     cotangents = (grad_o, grad_final) if want_final else (grad_o,)
 
@@ -225,25 +225,25 @@ def _op_backward(grad_o: Tensor, grad_final: Optional[Tensor], q: Tensor, k: Ten
 
 
 @_op_backward.register_fake
-def _(grad_o, grad_final, q, k, v, log_gamma, initial_state, cu_seqlens, tile_size, needs_grad):
+def _(grad_o, grad_final, q, k, v, log_decay, initial_state, cu_seqlens, tile_size, needs_grad):
     return tuple(x.new_empty(x.shape) if x is not None and need else q.new_empty(0)  # contiguous
-                 for x, need in zip((q, k, v, log_gamma, initial_state), needs_grad))
+                 for x, need in zip((q, k, v, log_decay, initial_state), needs_grad))
 
 
 def _setup_context(ctx, inputs, output):
-    q, k, v, log_gamma, initial_state, cu_seqlens, tile_size, output_final_state = inputs
-    ctx.save_for_backward(q, k, v, log_gamma, initial_state, cu_seqlens)
+    q, k, v, log_decay, initial_state, cu_seqlens, tile_size, output_final_state = inputs
+    ctx.save_for_backward(q, k, v, log_decay, initial_state, cu_seqlens)
     ctx.tile_size, ctx.output_final_state = tile_size, output_final_state
 
 
 def _backward(ctx, grad_o, grad_final):
-    q, k, v, log_gamma, initial_state, cu_seqlens = ctx.saved_tensors
+    q, k, v, log_decay, initial_state, cu_seqlens = ctx.saved_tensors
     if grad_o is None:
         grad_o = torch.zeros(q.shape[:3] + v.shape[-1:], dtype=q.dtype, device=q.device)
     grad_final = grad_final if ctx.output_final_state else None
     needs = [bool(n) for n in ctx.needs_input_grad[:5]]
     grads = torch.ops.hybrid.retention_chunkwise_backward(
-        grad_o, grad_final, q, k, v, log_gamma, initial_state, cu_seqlens, ctx.tile_size, needs)
+        grad_o, grad_final, q, k, v, log_decay, initial_state, cu_seqlens, ctx.tile_size, needs)
     return tuple(g if need else None for g, need in zip(grads, needs)) + (None, None, None)
 
 
@@ -253,29 +253,31 @@ _op.register_autograd(_backward, setup_context=_setup_context)
 # --- the public function --------------------------------------------------------------------------------
 
 
-def retention_chunkwise(q: Tensor, k: Tensor, v: Tensor, log_gamma: Tensor, initial_state: Tensor | None = None, *,
-                        output_final_state: bool = False, cu_seqlens: Tensor | None = None,
-                        tile_size: int = DEFAULT_TILE_SIZE) -> tuple[Tensor, Tensor | None]:
-    """q, k: ``(B, T, H, Dk)``; v: ``(B, T, H, Dv)``; log_gamma: ``(H,)``; initial_state: ``(B, H, Dk, Dv)``, or
+def retention_chunkwise(q: Tensor, k: Tensor, v: Tensor, log_decay: Tensor | None = None,
+                        initial_state: Tensor | None = None, *, output_final_state: bool = False,
+                        cu_seqlens: Tensor | None = None, tile_size: int = DEFAULT_TILE_SIZE,
+                        log_gamma: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
+    """q, k: ``(B, T, H, Dk)``; v: ``(B, T, H, Dv)``; log_decay: ``(H,)``; initial_state: ``(B, H, Dk, Dv)``, or
     ``(N, H, Dk, Dv)`` with cu_seqlens, or None (zeros); cu_seqlens: ``(N+1,)`` offsets of N sequences packed
     into a ``(1, total_T, …)`` batch (None: each row is one sequence); tile_size: the tile length C (any
     positive int; ≥ T computes the parallel form in one tile; the numbers do not depend on it).
 
     Returns ``o`` ``(B, T, H, Dv)`` (q's dtype) and, when output_final_state, the state after each sequence
     ``(B or N, H, Dk, Dv)`` (float32; float64 for float64 inputs), else None. The same numbers as
-    ``retention_reference``.
+    ``retention_reference``. ``log_gamma``: ``log_decay``'s old name (it still works).
     """
+    log_decay = decay_argument(log_decay, log_gamma, "retention_chunkwise")
     check_tile_size(tile_size)
-    check_qkv(q, k, v, log_gamma)
+    check_qkv(q, k, v, log_decay)
     B, T, H, Dk = q.shape
     if cu_seqlens is not None:
-        check_cu_seqlens(cu_seqlens, q)
+        cu_seqlens = check_cu_seqlens(cu_seqlens, q)  # a PackedOffsets gives its tensor, without a read back
         check_state(initial_state, "initial_state", (cu_seqlens.shape[0] - 1, H, Dk, v.shape[-1]), q,
                     "(N, H, Dk, Dv)")
     else:
         check_state(initial_state, "initial_state", (B, H, Dk, v.shape[-1]), q)
     output_final_state = bool(output_final_state)
     if not torch.compiler.is_compiling():  # eager: plain autograd through the implementation, no recompute
-        return _forward(q, k, v, log_gamma, initial_state, cu_seqlens, tile_size, output_final_state)
-    o, final = _op(q, k, v, log_gamma, initial_state, cu_seqlens, tile_size, output_final_state)
+        return _forward(q, k, v, log_decay, initial_state, cu_seqlens, tile_size, output_final_state)
+    o, final = _op(q, k, v, log_decay, initial_state, cu_seqlens, tile_size, output_final_state)
     return o, (final if output_final_state else None)

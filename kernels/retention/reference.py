@@ -13,49 +13,52 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .checks import check_cu_seqlens, check_qkv, check_state, state_dtype
+from ..varlen import host_offsets
+from .checks import check_cu_seqlens, check_qkv, check_state, decay_argument, state_dtype
 
 
-def _parallel(q: Tensor, k: Tensor, v: Tensor, log_gamma: Tensor, S: Tensor | None):
+def _parallel(q: Tensor, k: Tensor, v: Tensor, log_decay: Tensor, S: Tensor | None):
     """One sequence per batch row, in the state dtype: o ``(B, T, H, Dv)``, S' ``(B, H, Dk, Dv)``."""
     T = q.shape[1]
-    n = torch.arange(T, device=q.device, dtype=log_gamma.dtype)
+    n = torch.arange(T, device=q.device, dtype=log_decay.dtype)
     diff = n[:, None] - n[None, :]  # (T, T): n − m
-    decay = torch.exp(diff.clamp(min=0)[None] * log_gamma[:, None, None])  # (H, T, T)
+    decay = torch.exp(diff.clamp(min=0)[None] * log_decay[:, None, None])  # (H, T, T)
     decay = decay.masked_fill(diff[None] < 0, 0.0)
     scores = torch.einsum("bnhd,bmhd->bhnm", q, k) * decay  # (B, H, T, T)
     o = torch.einsum("bhnm,bmhe->bnhe", scores, v)  # (B, T, H, Dv)
-    k_decay = torch.exp((T - 1 - n)[:, None] * log_gamma)  # (T, H): γ^{T−1−m}
+    k_decay = torch.exp((T - 1 - n)[:, None] * log_decay)  # (T, H): γ^{T−1−m}
     S_new = torch.einsum("bmhd,bmhe->bhde", k * k_decay[None, :, :, None], v)  # (B, H, Dk, Dv)
     if S is not None:
-        q_decay = torch.exp((n + 1)[:, None] * log_gamma)  # (T, H): γ^{n+1}
+        q_decay = torch.exp((n + 1)[:, None] * log_decay)  # (T, H): γ^{n+1}
         o = o + torch.einsum("bnhd,bhde->bnhe", q * q_decay[None, :, :, None], S)
-        S_new = S_new + torch.exp(T * log_gamma)[None, :, None, None] * S
+        S_new = S_new + torch.exp(T * log_decay)[None, :, None, None] * S
     return o, S_new
 
 
-def retention_reference(q: Tensor, k: Tensor, v: Tensor, log_gamma: Tensor, initial_state: Tensor | None = None, *,
-                        output_final_state: bool = False, cu_seqlens: Tensor | None = None):
-    """q, k: ``(B, T, H, Dk)``; v: ``(B, T, H, Dv)``; log_gamma: ``(H,)``; initial_state: ``(B, H, Dk, Dv)``, or
+def retention_reference(q: Tensor, k: Tensor, v: Tensor, log_decay: Tensor | None = None,
+                        initial_state: Tensor | None = None, *, output_final_state: bool = False,
+                        cu_seqlens: Tensor | None = None, log_gamma: Tensor | None = None):
+    """q, k: ``(B, T, H, Dk)``; v: ``(B, T, H, Dv)``; log_decay: ``(H,)``; initial_state: ``(B, H, Dk, Dv)``, or
     ``(N, H, Dk, Dv)`` with cu_seqlens ``(N+1,)`` (a packed ``(1, total_T, …)`` batch), or None (zeros).
 
     Returns ``o`` ``(B, T, H, Dv)`` (q's dtype) and, when output_final_state, the state after each sequence
-    ``(B or N, H, Dk, Dv)`` (float32; float64 for float64 inputs), else None.
+    ``(B or N, H, Dk, Dv)`` (float32; float64 for float64 inputs), else None. ``log_gamma``: ``log_decay``'s old
+    name (it still works).
     """
-    check_qkv(q, k, v, log_gamma)
+    log_decay = decay_argument(log_decay, log_gamma, "retention_reference")
+    check_qkv(q, k, v, log_decay)
     B, T, H, Dk = q.shape
     Dv = v.shape[-1]
     sdt = state_dtype(q.dtype)
-    q32, k32, v32, lg = (x.to(sdt) for x in (q, k, v, log_gamma))
+    q32, k32, v32, lg = (x.to(sdt) for x in (q, k, v, log_decay))
     S = None if initial_state is None else initial_state.to(sdt)
     if cu_seqlens is None:
         check_state(initial_state, "initial_state", (B, H, Dk, Dv), q)
         o, final = _parallel(q32, k32, v32, lg, S)
     else:
-        check_cu_seqlens(cu_seqlens, q)
-        check_state(initial_state, "initial_state", (cu_seqlens.shape[0] - 1, H, Dk, Dv), q, "(N, H, Dk, Dv)")
+        cu = host_offsets(check_cu_seqlens(cu_seqlens, q))
+        check_state(initial_state, "initial_state", (len(cu) - 1, H, Dk, Dv), q, "(N, H, Dk, Dv)")
         outs, finals = [], []
-        cu = cu_seqlens.tolist()
         for n, (a, b) in enumerate(zip(cu, cu[1:])):  # each sequence alone
             o_n, f_n = _parallel(q32[:, a:b], k32[:, a:b], v32[:, a:b], lg, None if S is None else S[n:n + 1])
             outs.append(o_n)

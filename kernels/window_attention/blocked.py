@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ..varlen import sequence_ids
+from ..varlen import device_offsets, host_offsets, sequence_ids
 
 # enable_gqa (torch ≥ 2.5) lets SDPA broadcast kv heads without materialising them.
 SDPA_GQA = "enable_gqa" in (F.scaled_dot_product_attention.__doc__ or "")
@@ -68,7 +68,7 @@ def window_attention_blocked(
     max(window, MIN_BLOCK); raised to the window where smaller)."""
     if cu_seqlens is not None:
         if cu_seqlens_k is None and (window is not None or torch.compiler.is_compiling()):
-            return _packed_on_device(q, k, v, window, scale, block_size, cu_seqlens)
+            return _packed_on_device(q, k, v, window, scale, block_size, device_offsets(cu_seqlens))
         cu_k = cu_seqlens if cu_seqlens_k is None else cu_seqlens_k
         return _packed(q, k, v, window, scale, block_size, cu_seqlens, cu_k)
     if window is None:
@@ -112,7 +112,7 @@ def _causal(q: Tensor, k: Tensor, v: Tensor, scale: float) -> Tensor:
 def _causal_right_padded(q: Tensor, k: Tensor, v: Tensor, scale: float, cu: Tensor, longest: int) -> Tensor:
     """Global attention of packed sequences without prefixes as one batch `(N, longest)`, each sequence
     right-padded: under the causal mask a real query never sees the padding after it, so this is exact. One
-    large SDPA call runs faster on the CPU than N small ones (docs/benchmarks.md), at N·longest² scores."""
+    large SDPA call runs faster on the CPU than N small ones (docs/research/speed-and-memory.md), at N·longest² scores."""
     T = q.shape[1]
     t = torch.arange(longest, device=q.device)
     lens = (cu[1:] - cu[:-1]).long()
@@ -138,7 +138,8 @@ def _packed_on_device(q: Tensor, k: Tensor, v: Tensor, window: int | None, scale
 def _packed(q: Tensor, k: Tensor, v: Tensor, window: int | None, scale: float, block_size: int | None,
             cu_q: Tensor, cu_k: Tensor) -> Tensor:
     """Packed sequences (B = 1): the band over the stream of each sequence's visible keys (module docstring)."""
-    off_q, off_k = cu_q.tolist(), cu_k.tolist()
+    off_q, off_k = host_offsets(cu_q), host_offsets(cu_k)  # no read back when the offsets come checked
+    cu_q, cu_k = device_offsets(cu_q), device_offsets(cu_k)
     if len(off_q) == 2:  # one sequence: the unpacked form
         return window_attention_blocked(q, k, v, window, scale, block_size)
     if window is None:

@@ -11,6 +11,8 @@ import importlib.util
 import torch
 from torch import Tensor
 
+from ..varlen import PackedOffsets, device_offsets
+
 FLASH_AVAILABLE = importlib.util.find_spec("flash_attn") is not None
 
 
@@ -36,8 +38,15 @@ def window_attention_flash(
     from flash_attn import flash_attn_varlen_func
 
     cu_k = cu_seqlens if cu_seqlens_k is None else cu_seqlens_k
-    cu_q, cu_k = cu_seqlens.to(torch.int32), cu_k.to(torch.int32)
-    max_q, max_k = (int(n) for n in torch.stack([cu_q.diff().max(), cu_k.diff().max()]).tolist())
+    max_q, max_k = _longest(cu_seqlens), _longest(cu_k)
+    cu_q, cu_k = device_offsets(cu_seqlens).to(torch.int32), device_offsets(cu_k).to(torch.int32)
     o = flash_attn_varlen_func(q[0], k[0], v[0], cu_q, cu_k, max_q, max_k, softmax_scale=scale, causal=True,
                                window_size=window_size)  # (total_q, H, D)
     return o.unsqueeze(0)  # (1, total_q, H, D)
+
+
+def _longest(cu_seqlens) -> int:
+    """The longest sequence: known on the host for offsets checked once (``PackedOffsets``), else read back."""
+    if isinstance(cu_seqlens, PackedOffsets) and cu_seqlens.max_len is not None:
+        return cu_seqlens.max_len
+    return int(device_offsets(cu_seqlens).diff().max())

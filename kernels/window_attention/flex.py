@@ -18,6 +18,7 @@ import inspect
 import torch
 from torch import Tensor
 
+from ..varlen import host_offsets
 from .varlen import query_key_positions
 
 FLEX_AVAILABLE = importlib.util.find_spec("torch.nn.attention.flex_attention") is not None
@@ -78,8 +79,8 @@ def window_attention_flex(q: Tensor, k: Tensor, v: Tensor, window: int | None, s
 
     T, H, S, G = q.shape[1], q.shape[2], k.shape[1], k.shape[2]
     if cu_seqlens is not None:
-        offsets_q = tuple(cu_seqlens.tolist())
-        offsets_k = offsets_q if cu_seqlens_k is None else tuple(cu_seqlens_k.tolist())
+        offsets_q = tuple(host_offsets(cu_seqlens))
+        offsets_k = offsets_q if cu_seqlens_k is None else tuple(host_offsets(cu_seqlens_k))
         block_mask = _document_block_mask(offsets_q, offsets_k, window, str(q.device))
     else:
         start = 0 if window is None else max(0, S - T - (window - 1))  # earlier keys: outside every window

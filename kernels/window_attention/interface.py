@@ -16,10 +16,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ..checks import check_positive_int
 from ..env import read_env
-from ..varlen import check_cu_seqlens
 from .blocked import window_attention_blocked
+from .checks import check_attention, check_packing
 from .flash import flash_supports, window_attention_flash
 from .flex import FLEX_AVAILABLE, window_attention_flex
 from .reference import window_attention_reference
@@ -54,47 +53,6 @@ def resolve_window_backend(backend: str | None, q: Tensor) -> str:
     return backend
 
 
-def _check(q: Tensor, k: Tensor, v: Tensor, window) -> None:
-    check_positive_int("window", window, allow_none=True)  # None: global
-    if q.dim() != 4:
-        raise ValueError(f"q: expected shape (B, T, H, D), got {tuple(q.shape)}")
-    B, T, H, D = q.shape
-    for name, t in (("k", k), ("v", v)):
-        if t.dim() != 4 or t.shape[0] != B or t.shape[1] < T or t.shape[3] != D or H % max(t.shape[2], 1):
-            raise ValueError(f"{name}: expected shape (B={B}, S ≥ T={T}, G dividing H={H}, D={D}), "
-                             f"got {tuple(t.shape)}")
-    if k.shape != v.shape:
-        raise ValueError(f"v: expected the shape of k {tuple(k.shape)}, got {tuple(v.shape)}")
-
-
-def _check_packing(q: Tensor, k: Tensor, cu_seqlens, cu_seqlens_k) -> None:
-    """Offsets of packed queries and keys (flash-attn's varlen convention)."""
-    if cu_seqlens is None:
-        if cu_seqlens_k is not None:
-            raise ValueError("cu_seqlens_k: expected None when cu_seqlens is None (packed keys need packed "
-                             "queries), got a tensor")
-        return
-    T, S = q.shape[1], k.shape[1]
-    check_cu_seqlens(cu_seqlens, T, q.device, "cu_seqlens", batch=q.shape[0])
-    if cu_seqlens_k is None:
-        if S != T:
-            raise ValueError(f"k: expected total_k = total_q = {T} tokens without cu_seqlens_k (no prefix), "
-                             f"got shape {tuple(k.shape)}")
-        return
-    check_cu_seqlens(cu_seqlens_k, S, q.device, "cu_seqlens_k")
-    if cu_seqlens_k.numel() != cu_seqlens.numel():
-        raise ValueError(f"cu_seqlens_k: expected {cu_seqlens.numel()} entries (N + 1, as cu_seqlens), "
-                         f"got {cu_seqlens_k.numel()}")
-    if torch.compiler.is_compiling():
-        return
-    offsets_q, offsets_k = cu_seqlens.tolist(), cu_seqlens_k.tolist()
-    for n in range(len(offsets_q) - 1):
-        lq, lk = offsets_q[n + 1] - offsets_q[n], offsets_k[n + 1] - offsets_k[n]
-        if lk < lq:
-            raise ValueError(f"cu_seqlens_k: expected each sequence to have at least as many keys as queries, "
-                             f"got sequence {n} with {lk} keys for {lq} queries")
-
-
 def window_attention(q: Tensor, k: Tensor, v: Tensor, window: int | None, *, scale: float | None = None,
                      backend: str | None = None, cu_seqlens: Tensor | None = None,
                      cu_seqlens_k: Tensor | None = None) -> Tensor:
@@ -111,7 +69,8 @@ def window_attention(q: Tensor, k: Tensor, v: Tensor, window: int | None, *, sca
         scale: softmax scale, default `D^−1/2`.
         backend: "auto" (default; or `$HYBRID_WINDOW_BACKEND`), "flash", "flex", "blocked", "reference".
         cu_seqlens: `(N+1,)` integer offsets of N query sequences packed into q (B = 1), flash-attn's
-            convention: strictly increasing from 0 to total_q, on q's device.
+            convention: strictly increasing from 0 to total_q, on q's device; or a `PackedOffsets`, checked
+            already (`hybrid.kernels.varlen`: the model checks a batch's offsets once, for every layer).
         cu_seqlens_k: `(N+1,)` offsets of their keys in k (default `cu_seqlens`: no prefix). Sequence n's
             queries are the last `len_q_n` of its `len_k_n ≥ len_q_n` keys (bottom-right aligned); no query
             sees another sequence's keys, and the window counts positions within the sequence.
@@ -119,8 +78,8 @@ def window_attention(q: Tensor, k: Tensor, v: Tensor, window: int | None, *, sca
         `(B, T, H, D)` in q's dtype. Attention's state is its keys: a prefix comes in through k, v (and
         `cu_seqlens_k`), so there is no `initial_state` / `output_final_state` (the op contract's state).
     """
-    _check(q, k, v, window)
-    _check_packing(q, k, cu_seqlens, cu_seqlens_k)
+    check_attention(q, k, v, window)
+    check_packing(q, k, cu_seqlens, cu_seqlens_k)
     scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
     if q.shape[1] == 0:
         return q.new_zeros(q.shape)

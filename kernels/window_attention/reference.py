@@ -7,6 +7,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from ..varlen import device_offsets
 from .varlen import query_key_positions
 
 
@@ -29,7 +30,9 @@ def window_attention_reference(
     if cu_seqlens is None:  # one sequence per batch row
         cu_seqlens, cu_seqlens_k = torch.tensor([0, T]), torch.tensor([0, S])
     elif cu_seqlens_k is None:
-        cu_seqlens_k = cu_seqlens
+        cu_seqlens_k = cu_seqlens = device_offsets(cu_seqlens)
+    else:
+        cu_seqlens, cu_seqlens_k = device_offsets(cu_seqlens), device_offsets(cu_seqlens_k)
     seq_q, pos_q, seq_k, pos_k = query_key_positions(cu_seqlens.to(q.device), cu_seqlens_k.to(q.device), T, S)
     i, j = pos_q[:, None], pos_k[None, :]  # (T, 1) query positions, (1, S) key positions, per sequence
     allowed = (seq_q[:, None] == seq_k[None, :]) & (j <= i)  # (T, S)

@@ -89,7 +89,7 @@ SHAPES = [  # (B, T, H, D)
 def test_torch_backend_matches_reference_float64(shape, dependent, init):
     x, ld, th, s0 = inputs(*shape, dependent=dependent, init=init)
     y, fin = complex_scan(x, ld, th, s0, output_final_state=True, backend="torch")
-    y_ref, fin_ref = complex_scan_reference(x, ld, th, s0)
+    y_ref, fin_ref = complex_scan_reference(x, ld, th, s0, output_final_state=True)
     assert y.dtype == torch.float64 and fin.dtype == torch.float64
     assert_close_scaled(y, y_ref, 1e-12, "y")
     assert_close_scaled(fin, fin_ref, 1e-12, "final_state")
@@ -99,7 +99,7 @@ def test_torch_backend_matches_reference_float64(shape, dependent, init):
 def test_torch_backend_any_block_size(block_size):
     x, ld, th, s0 = inputs(2, 97, 3, 8, dependent=True, init=True)
     y, fin = complex_scan(x, ld, th, s0, output_final_state=True, backend="torch", block_size=block_size)
-    y_ref, fin_ref = complex_scan_reference(x, ld, th, s0)
+    y_ref, fin_ref = complex_scan_reference(x, ld, th, s0, output_final_state=True)
     assert_close_scaled(y, y_ref, 1e-12, "y")
     assert_close_scaled(fin, fin_ref, 1e-12, "final_state")
 
@@ -109,7 +109,8 @@ def test_float32_within_float32_tolerance(dependent):
     x, ld, th, s0 = inputs(2, 300, 3, 16, dependent=dependent, init=True, dtype=torch.float32)
     y, fin = complex_scan(x, ld.float(), th.float(), s0.float(), output_final_state=True, backend="torch")
     assert y.dtype == torch.float32 and fin.dtype == torch.float32
-    y_ref, fin_ref = complex_scan_reference(x.double(), ld.float().double(), th.float().double(), s0.float().double())
+    y_ref, fin_ref = complex_scan_reference(x.double(), ld.float().double(), th.float().double(), s0.float().double(),
+                                            output_final_state=True)
     assert_close_scaled(y, y_ref, 2e-5, "y")
     assert_close_scaled(fin, fin_ref, 2e-5, "final_state")
 
@@ -119,7 +120,8 @@ def test_half_inputs_within_their_tolerance(dtype):
     x, ld, th, _ = inputs(2, 150, 3, 8, dependent=True, dtype=dtype)
     y, fin = complex_scan(x, ld, th, output_final_state=True, backend="torch")
     assert y.dtype == dtype and fin.dtype == torch.float32
-    y_ref, fin_ref = complex_scan_reference(x.double(), ld.float().double(), th.float().double())
+    y_ref, fin_ref = complex_scan_reference(x.double(), ld.float().double(), th.float().double(),
+                                            output_final_state=True)
     # math is fp32; the only loss is rounding y to the half type (relative 2^-8 for bf16)
     tol = 2 ** -7 if dtype == torch.bfloat16 else 2 ** -10
     assert_close_scaled(y, y_ref, tol, "y")
@@ -131,7 +133,7 @@ def test_extreme_decays(log_decay):
     x, _, th, s0 = inputs(2, 130, 3, 8, dependent=True, init=True)
     ld = torch.full_like(th, log_decay)
     y, fin = complex_scan(x, ld, th, s0, output_final_state=True, backend="torch", block_size=32)
-    y_ref, fin_ref = complex_scan_reference(x, ld, th, s0)
+    y_ref, fin_ref = complex_scan_reference(x, ld, th, s0, output_final_state=True)
     assert_close_scaled(y, y_ref, 1e-12, "y")
     assert_close_scaled(fin, fin_ref, 1e-12, "final")
 
@@ -145,7 +147,7 @@ def test_broadcast_shapes(ld_shape, th_shape):
     ld = -torch.rand(ld_shape, generator=gen(), dtype=torch.float64)
     th = torch.randn(th_shape, generator=gen(), dtype=torch.float64)
     y, fin = complex_scan(x, ld, th, s0, output_final_state=True, backend="torch", block_size=8)
-    y_ref, fin_ref = complex_scan_reference(x, ld, th, s0)
+    y_ref, fin_ref = complex_scan_reference(x, ld, th, s0, output_final_state=True)
     assert_close_scaled(y, y_ref, 1e-12, "y")
     assert_close_scaled(fin, fin_ref, 1e-12, "final")
 
@@ -158,7 +160,7 @@ def test_poisoned_buffers_are_fully_written(monkeypatch):
     x, ld, th, s0 = inputs(2, 45, 3, 6, dependent=True, init=True)
     leaves = [t.clone().requires_grad_() for t in (x, ld, th, s0)]
     y, fin = complex_scan(*leaves[:3], leaves[3], output_final_state=True, backend="torch", block_size=8)  # 5 blocks + a tail of 5
-    y_ref, fin_ref = complex_scan_reference(x, ld, th, s0)
+    y_ref, fin_ref = complex_scan_reference(x, ld, th, s0, output_final_state=True)
     assert_close_scaled(y, y_ref, 1e-12, "y")
     assert_close_scaled(fin, fin_ref, 1e-12, "final")
     grads = torch.autograd.grad(y.sum() + fin.sum(), leaves)
@@ -231,7 +233,7 @@ def test_float32_gradients_match_reference():
         return torch.autograd.grad((y * gy.to(dtype)).sum() + (fin * gf.to(dtype)).sum(), leaves)
 
     ours = grads(lambda *a: complex_scan(*a, output_final_state=True, backend="torch"), torch.float32)
-    ref = grads(complex_scan_reference, torch.float64)
+    ref = grads(lambda *a: complex_scan_reference(*a, output_final_state=True), torch.float64)
     for name, g, r in zip(("x", "log_decay", "theta", "initial_state"), ours, ref):
         assert g.dtype == torch.float32
         # relative to each tensor's own scale: an absolute floor would pass a small, wrong gradient

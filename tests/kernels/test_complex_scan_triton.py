@@ -26,7 +26,8 @@ import triton
 import triton.language as tl
 
 from hybrid.kernels.complex_scan import triton_scan
-from hybrid.kernels.complex_scan.triton_scan import complex_decay, complex_scan_triton
+from hybrid.kernels.complex_scan import complex_scan
+from hybrid.kernels.complex_scan.triton_scan import complex_decay, forced_blocks
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -84,12 +85,15 @@ def reduced_grad_scale(x, log_decay, theta, initial_state, gy, gf, which):
 # ----------------------------------------------------------------------------------------------------------
 # Helpers
 # ----------------------------------------------------------------------------------------------------------
-def scan(x, log_decay, theta, initial_state=None, **hooks):
-    """The Triton backend on DEVICE copies of the inputs (differentiable), results back on the CPU."""
+def scan(x, log_decay, theta, initial_state=None, _block_t=None, _block_p=None):
+    """The Triton backend (the custom op's one autograd path) on DEVICE copies of the inputs, differentiable,
+    results back on the CPU; ``_block_t`` / ``_block_p`` force its tiles (``forced_blocks``)."""
     def dev(t):
         return None if t is None else t.to(DEVICE)
 
-    y, f = complex_scan_triton(dev(x), dev(log_decay), dev(theta), dev(initial_state), **hooks)
+    with forced_blocks(_block_t, _block_p):
+        y, f = complex_scan(dev(x), dev(log_decay), dev(theta), dev(initial_state), output_final_state=True,
+                            backend="triton", check_values=False)
     return y.cpu(), f.cpu()
 
 

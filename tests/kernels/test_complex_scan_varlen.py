@@ -106,7 +106,7 @@ def separate(x, ld, th, s0, cu):
     for n in range(len(b) - 1):
         s, e = b[n], b[n + 1]
         y, f = complex_scan_reference(x[:, s:e], time_part(ld, s, e), time_part(th, s, e),
-                                      None if s0 is None else s0[n:n + 1])
+                                      None if s0 is None else s0[n:n + 1], output_final_state=True)
         ys.append(y)
         finals.append(f)
     return torch.cat(ys, 1), torch.cat(finals, 0)

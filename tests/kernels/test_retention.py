@@ -22,15 +22,15 @@ def gen() -> torch.Generator:
     return torch.Generator().manual_seed(next(_seed))
 
 
-def make(B, T, H, Dk, Dv, state, log_gamma=None):
+def make(B, T, H, Dk, Dv, state, log_decay=None):
     q = torch.randn(B, T, H, Dk, generator=gen(), dtype=F64)
     k = torch.randn(B, T, H, Dk, generator=gen(), dtype=F64) * Dk**-0.5
     v = torch.randn(B, T, H, Dv, generator=gen(), dtype=F64)
-    if log_gamma is None:  # RetNet's per-head decays and a strong one
-        log_gamma = torch.log1p(-torch.exp2(-5.0 - torch.arange(H, dtype=F64)))
-        log_gamma[-1] = -3.0
+    if log_decay is None:  # RetNet's per-head decays and a strong one
+        log_decay = torch.log1p(-torch.exp2(-5.0 - torch.arange(H, dtype=F64)))
+        log_decay[-1] = -3.0
     S = torch.randn(B, H, Dk, Dv, generator=gen(), dtype=F64) if state else None
-    return q, k, v, log_gamma, S
+    return q, k, v, log_decay, S
 
 
 def relative_error(got, want) -> float:

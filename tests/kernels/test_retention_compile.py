@@ -21,7 +21,7 @@ def gen() -> torch.Generator:
 
 
 def inputs(B, lens, H=2, Dk=4, Dv=6, init=True, dtype=F64):
-    """q, k, v ``(B, T, …)`` with T = sum(lens), log_gamma, cu_seqlens (None when lens is an int: plain rows)."""
+    """q, k, v ``(B, T, …)`` with T = sum(lens), log_decay, cu_seqlens (None when lens is an int: plain rows)."""
     T = lens if isinstance(lens, int) else sum(lens)
     q = torch.randn(B, T, H, Dk, generator=gen(), dtype=dtype)
     k = torch.randn(B, T, H, Dk, generator=gen(), dtype=dtype) * Dk**-0.5

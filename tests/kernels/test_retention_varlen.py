@@ -33,7 +33,7 @@ def log_decays(H: int) -> torch.Tensor:
 
 
 def packed(lens, H=3, Dk=4, Dv=6, init=True):
-    """q, k, v ``(1, T, …)``, log_gamma, cu_seqlens and initial states ``(N, …)`` (or None) for ``lens``."""
+    """q, k, v ``(1, T, …)``, log_decay, cu_seqlens and initial states ``(N, …)`` (or None) for ``lens``."""
     T = sum(lens)
     q = torch.randn(1, T, H, Dk, generator=gen(), dtype=F64)
     k = torch.randn(1, T, H, Dk, generator=gen(), dtype=F64) * Dk**-0.5
@@ -154,7 +154,7 @@ def test_gradcheck_packed():
                                                tile_size=3), leaves)
 
 
-def test_gradient_wrt_log_gamma():
+def test_gradient_wrt_log_decay():
     q, k, v, lg, cu, S = packed([3, 9, 1, 6])
     lg = lg.clone().requires_grad_()
     o, f = retention_chunkwise(q, k, v, lg, S, output_final_state=True, cu_seqlens=cu, tile_size=4)

@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file
 
-from hybrid.train.inference import load_run
+from hybrid.train.lm.inference import load_run
 
 FIXTURES = Path(__file__).parent.parent / "fixtures" / "pre_house"
 NAMES = sorted(p.name for p in FIXTURES.iterdir() if p.is_dir())

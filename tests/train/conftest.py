@@ -64,7 +64,7 @@ def one_line_error():
 def train_run(corpus, tmp_path_factory):
     """``train_run(name, steps, flags)``: ``hybrid-train --quiet`` for ``steps`` steps on ``corpus`` into a new
     ``runs*/name`` directory, which it returns."""
-    from hybrid.train.cli import train_main
+    from hybrid.train.cli.lm import train_main
 
     def train(name: str, steps: int, flags: list[str]):
         out = tmp_path_factory.mktemp("runs") / name

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from hybrid.train.cli import train_main
+from hybrid.train.cli.lm import train_main
 
 REPO = Path(__file__).resolve().parents[2]
 DOC = (REPO / "docs" / "training.md").read_text(encoding="utf-8")
@@ -27,7 +27,7 @@ def test_the_documented_tokenizer_is_trained_offline_and_trains_a_model(tmp_path
                           env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "HF_HUB_OFFLINE": "1"})
     assert proc.returncode == 0, proc.stderr[-2000:]
 
-    from hybrid.train.tokenizer import FileTokenizer
+    from hybrid.train.data.tokenizer import FileTokenizer
 
     tok = FileTokenizer(tmp_path / "tokenizer.json")
     from tokenizers import Tokenizer as HFTokenizer

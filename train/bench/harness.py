@@ -27,12 +27,12 @@ from pathlib import Path
 
 from hybrid.models import HybridConfig, HybridLM
 
-from ..checkpoint import load_checkpoint
-from ..config import TrainConfig
+from ..loop.checkpoint import load_checkpoint
+from ..lm.config import TrainConfig
 from ..data import prepare_data
 from ..suite import Budget, ResultsLog, RunSpec, run_suite
-from ..tokenizer import round_vocab_size
-from ..trainer import Trainer
+from ..data.tokenizer import round_vocab_size
+from ..lm.trainer import Trainer
 from .cost import decode_cost, training_memory
 from .quality import context_metrics, long_sequences
 from .speed import match_width, non_embedding_parameters

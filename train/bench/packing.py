@@ -243,8 +243,8 @@ def bench_overhead(args) -> list[str]:
 def bench_resets(args) -> list[str]:
     """The demo recipe (``hybrid.train.demo.RECIPE``) with ``--packing documents`` and ``stream``, per seed."""
     from hybrid.train.demo import RECIPE
-    from hybrid.train.trainer import Trainer
-    from hybrid.train.config import TrainConfig
+    from hybrid.train.lm.trainer import Trainer
+    from hybrid.train.lm.config import TrainConfig
 
     lines = ["| packing | seed | val bpb (whole split, scored as trained) | tokens/s |", "|---|---|---|---|"]
     results = {}

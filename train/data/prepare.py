@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..tokenizer import ByteTokenizer, Tokenizer, load_tokenizer
+from .tokenizer import ByteTokenizer, Tokenizer, load_tokenizer
 from . import bpb as _bpb
 from .loader import BatchLoader, eval_batches
 from .sources import Source, resolve_source

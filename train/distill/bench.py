@@ -1,10 +1,10 @@
-"""The distillation measurement (docs/benchmarks.md, "Distillation"): evaluate run directories, then tabulate them.
+"""The distillation measurement (docs/research/distillation.md, "Distillation"): evaluate run directories, then tabulate them.
 
-    python -m hybrid.train.distill.bench eval runs/teacher runs/distilled-s0 ...       # writes RUN/eval.json
-    python -m hybrid.train.distill.bench table "teacher=runs/teacher" "distilled=runs/d-s0,runs/d-s1" ...
+    python -m hybrid.train.cli.studies.distill_bench eval runs/teacher runs/distilled-s0 ...   # writes RUN/eval.json
+    python -m hybrid.train.cli.studies.distill_bench table "teacher=runs/teacher" "distilled=runs/d-s0,runs/d-s1" ...
 
 ``eval``, per run directory (``load_run``; one thread unless ``--threads``): validation bits per byte at the
-training length L over the whole validation split, packed by documents as trained (``hybrid.train.evaluate``);
+training length L over the whole validation split, packed by documents as trained (``hybrid.train.lm.evaluate``);
 ``hybrid-bench``'s long-context figures at 1, 2, 4 and 8 × L (``hybrid.train.bench.quality.context_metrics``: the
 first ``--long-seqs`` blocks of 8·L tokens of the validation stream, one forward each); decoding ms/token and
 state bytes after a ``--context``-token prompt (``hybrid.train.bench.cost.decode_cost``). ``table``: one markdown
@@ -13,15 +13,12 @@ row per label, mean ± sample std over its runs, with the training tokens and to
 """
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import time
 from pathlib import Path
 
-import torch
-
-__all__ = ["evaluate_run", "table", "main"]
+__all__ = ["evaluate_run", "table"]
 
 
 def evaluate_run(run_dir, *, seq_len: int = 256, batch_size: int = 16, long_seqs: int = 8,
@@ -29,8 +26,8 @@ def evaluate_run(run_dir, *, seq_len: int = 256, batch_size: int = 16, long_seqs
     from ..bench.cost import decode_cost
     from ..bench.quality import context_metrics, long_sequences
     from ..data import prepare_data
-    from ..evaluate import evaluate
-    from ..inference import load_run
+    from ..lm.evaluate import evaluate
+    from ..lm.inference import load_run
 
     run = load_run(run_dir)
     data = prepare_data(data, tokenizer=run.tokenizer)
@@ -83,33 +80,3 @@ def table(groups: list[tuple[str, list[Path]]], context: int = 16384) -> str:
             + f" | {_mean_std(get('bpb_full_8x_last'))} | {_mean_std([d['ms_per_token'] for d in decode], '{:.1f}')} | "
             f"{decode[0]['state_bytes'] / 1e6:.3g} MB | {_mean_std(list(speeds), '{:,.0f}')} |")
     return "\n".join(lines)
-
-
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m hybrid.train.distill.bench", description=__doc__.split("\n\n")[0])
-    sub = p.add_subparsers(dest="command", required=True)
-    e = sub.add_parser("eval", help="evaluate run directories (writes RUN/eval.json)")
-    e.add_argument("runs", nargs="+")
-    e.add_argument("--seq-len", type=int, default=256)
-    e.add_argument("--context", type=int, default=16384)
-    e.add_argument("--threads", type=int, default=1)
-    e.add_argument("--data", default=None)
-    t = sub.add_parser("table", help="markdown table of evaluated runs: LABEL=RUN[,RUN...]")
-    t.add_argument("groups", nargs="+")
-    t.add_argument("--context", type=int, default=16384)
-    args = p.parse_args(argv)
-    if args.command == "eval":
-        torch.set_num_threads(args.threads)
-        for run in args.runs:
-            print(json.dumps(evaluate_run(run, seq_len=args.seq_len, context=args.context, data=args.data)), flush=True)
-    else:
-        groups = []
-        for g in args.groups:
-            label, _, runs = g.partition("=")
-            groups.append((label, [Path(r) for r in runs.split(",")]))
-        print(table(groups, args.context))
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -1,78 +1,84 @@
-"""DistillConfig: everything one ``hybrid-distill`` run needs, validated on construction."""
+"""DistillConfig: everything one ``hybrid-distill`` run needs, validated on construction.
+
+Its options are the sections every run kind shares (``hybrid.train.options.sections``: data, optimizer, loop,
+logging, execution; the tokenizer is always the teacher's) plus its own: the teacher and the student, and the two
+stages. Where the sections' option means stage 2's (``steps``, ``lr``, ``warmup``) or has another default here, it
+is redeclared, never declared again.
+"""
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import ClassVar
 
 from hybrid import RecurrenceConfig
-from hybrid.checks import check_int
 from hybrid.models.config_names import parse
 
-from ..config_checks import check_betas, check_fraction, check_optional_str, check_real, check_text_column, tracker_list
-from ..config_record import ConfigRecord
-from ..data.packing import PACKINGS
-from ..device import check_device
-from ..schedule import default_warmup
+from ..loop.schedule import default_warmup
+from ..options.checks import OfType, check_optional_str, one_of, optional_whole, real, whole
+from ..options.fields import option, redeclare
+from ..options.record import RunConfig
+from ..options.sections import DataOptions, ExecutionOptions, LoggingOptions, LoopOptions, OptimizerOptions
 from .mapping import RNN_FIELDS
 
 __all__ = ["DistillConfig", "TRAIN_PARTS", "DECAY_INITS", "RESUMABLE"]
 
 TRAIN_PARTS = ("all", "new")  # stage 2 trains every weight, or only the replaced layers' mixers
 DECAY_INITS = ("attention", "ring")  # the R layers' decay: fitted to the attention's mean distance, or the LRU ring
-# what --resume may change (the rest defines the run: the teacher, the student, the data order, the losses)
-RESUMABLE = ("steps", "eval_every", "eval_batches", "log_every", "save_every", "keep", "device", "log")
+STUDENT, STAGES = "teacher and student", "stages (1: each R layer aligned with its attention; 2: KL to the teacher)"
+
+
+a_run_dir = OfType(str, "a run directory")
 
 
 @dataclass
-class DistillConfig(ConfigRecord):
-    KIND: ClassVar[str] = "distill config"  # how errors name it
-    teacher: str = ""  # a run directory (hybrid-train, hybrid-import, hybrid-distill)
-    out: str = "runs/distill"
-    # the student: exactly one of pattern / keep_attention
-    pattern: str | None = None  # R = replaced, A = kept; repeated and cut at the teacher's n_layers
-    keep_attention: str | None = None  # "auto:K": keep the K attention layers whose replacement costs the most
-    model: dict = field(default_factory=dict)  # HybridConfig overrides: window, the R layers' RNN_FIELDS
-    decay_init: str = "attention"  # DECAY_INITS
-    # data (as hybrid-train; the tokenizer is always the teacher's)
-    data: str | None = None
-    text_column: str = "text"
-    valid_fraction: float = 0.05
-    seq_len: int = 256
-    packing: str = "documents"
-    batch_size: int = 16
-    # stage 1: alignment
-    align_steps: int = 100
-    align_lr: float = 3e-3
-    align_warmup: int | None = None  # None: min(100, align_steps // 10)
-    # stage 2: end to end
-    steps: int = 200
-    lr: float = 1e-3
-    warmup: int | None = None  # None: min(100, steps // 10)
-    temperature: float = 1.0
-    ce_weight: float = 0.0
-    train: str = "all"
-    # both stages' AdamW
-    min_lr_ratio: float = 0.1
-    weight_decay: float = 0.1
-    betas: tuple[float, float] = (0.9, 0.95)
-    grad_clip: float | None = 1.0
-    # layer selection
-    select_batches: int = 8
-    # bookkeeping
-    eval_every: int = 100
-    eval_batches: int | None = 50
-    log_every: int = 10
-    save_every: int = 100
-    keep: int = 2
-    log: list = field(default_factory=list)
-    seed: int = 0
-    device: str = "auto"
+class DistillConfig(RunConfig, ExecutionOptions, LoggingOptions, LoopOptions, OptimizerOptions, DataOptions):
+    KIND: ClassVar[str] = "distill config"
+    # the teacher, the student, the data order and the losses define the run: a resume keeps them (the teacher may
+    # have moved: its weights are checked); the rest may change (hybrid.train.loop.resume)
+    FIXED: ClassVar[tuple[str, ...]] = (
+        "pattern", "keep_attention", "model", "decay_init", "data", "text_column", "valid_fraction", "seq_len",
+        "packing", "seed", "align_steps", "align_lr", "align_warmup", "lr", "warmup", "temperature", "ce_weight",
+        "train", "min_lr_ratio", "weight_decay", "betas", "grad_clip", "select_batches")
 
-    def __post_init__(self):
-        if self.grad_clip == 0:
-            self.grad_clip = None
-        self._validate()
+    teacher: str = option("", STUDENT, check=a_run_dir, metavar="RUN_DIR", shown_default="",
+                          help="the teacher's run directory (hybrid-train, hybrid-import or hybrid-distill)")
+    # the student: exactly one of pattern / keep_attention
+    pattern: str | None = option(None, STUDENT, check=check_optional_str, shown_default="",
+                                 help="R (replace) / A (keep) per layer, repeated and cut at the teacher's n_layers as "
+                                      "HybridConfig does (RRA on 4 layers: RRAR); at most n_layers letters")
+    keep_attention: str | None = option(None, STUDENT, check=check_optional_str, metavar="auto:K", shown_default="",
+                                        help="keep the K attention layers whose replacement costs the most KL after "
+                                             "stage 1; replace the others (the ranking goes to layer_ranking.json)")
+    model: dict = option({}, STUDENT, flag=False, help="HybridConfig overrides: window, the R layers' RNN_FIELDS")
+    decay_init: str = option("attention", STUDENT, check=one_of(DECAY_INITS), choices=DECAY_INITS,
+                             help="the new R layers' decay: attention = per head, the γ whose weights γ^k have the "
+                                  "mean distance of the replaced attention head on training text; ring = the LRU "
+                                  "ring (rnn_r_min…rnn_r_max)")
+    select_batches: int = option(8, STUDENT, check=whole(1),
+                                 help="validation batches that rank the layers for auto:K")
+    # stage 1: alignment
+    align_steps: int = option(100, STAGES, check=whole(0), help="stage 1 steps")
+    align_lr: float = option(3e-3, STAGES, check=real(0.0, low_open=True, strict=True), help="stage 1's peak learning rate")
+    align_warmup: int | None = option(None, STAGES, check=optional_whole(0), help="stage 1's warmup steps",
+                                      shown_default="min(100, align steps / 10)")
+    # stage 2: end to end
+    temperature: float = option(1.0, STAGES, check=real(0.0, low_open=True, strict=True),
+                                help="softmax temperature τ of both; the KL is scaled by τ²")
+    ce_weight: float = option(0.0, STAGES, check=real(0.0, strict=True),
+                              help="add this times the cross-entropy on the data")
+    train: str = option("all", STAGES, check=one_of(TRAIN_PARTS), choices=TRAIN_PARTS,
+                        help="all: every weight of the student; new: only the replaced layers' mixers")
+    # the sections' options that mean stage 2's here, or have another default
+    steps: int = redeclare(LoopOptions, "steps", 200, check=whole(0),
+                           help="stage 2 steps; with --resume the new total")
+    lr: float = redeclare(OptimizerOptions, "lr", 1e-3, help="stage 2's peak learning rate")
+    warmup: int | None = redeclare(OptimizerOptions, "warmup", help="stage 2's warmup steps")
+    eval_every: int = redeclare(LoopOptions, "eval_every", 100, help="steps between evaluations, 0 = at the end of "
+                                                                     "each stage only")
+    save_every: int = redeclare(LoopOptions, "save_every", 100, help="steps between checkpoints, 0 = at the end of "
+                                                                     "each stage only")
+    out: str = redeclare(LoopOptions, "out", "runs/distill")
 
     @property
     def align_warmup_steps(self) -> int:
@@ -86,11 +92,7 @@ class DistillConfig(ConfigRecord):
     def total_steps(self) -> int:
         return self.align_steps + self.steps
 
-    def _validate(self) -> None:
-        if not isinstance(self.teacher, str) or not self.teacher:
-            raise ValueError(f"teacher: expected a run directory, got {self.teacher!r}")
-        if not isinstance(self.out, str) or not self.out:
-            raise ValueError(f"out: expected a directory path, got {self.out!r}")
+    def _check(self) -> None:
         if (self.pattern is None) == (self.keep_attention is None):
             raise ValueError("--pattern / --keep-attention: expected exactly one of them (a fixed pattern such as RRA, "
                              f"or auto:K), got {'both' if self.pattern is not None else 'neither'}")
@@ -105,40 +107,12 @@ class DistillConfig(ConfigRecord):
             parse(self.model, ("recompute",), {"recurrence": RecurrenceConfig})
         except ValueError as e:
             raise ValueError(f"--set: {e}") from None
-        check_optional_str("data", self.data)
-        check_text_column("text_column", self.text_column)
-        check_fraction("valid_fraction", self.valid_fraction)
-        if self.packing not in PACKINGS:
-            raise ValueError(f"packing: expected one of {list(PACKINGS)}, got {self.packing!r}")
-        for name, low in (("seq_len", 1), ("batch_size", 1), ("log_every", 1), ("keep", 1), ("select_batches", 1),
-                          ("align_steps", 0), ("steps", 0), ("eval_every", 0), ("save_every", 0), ("seed", 0)):
-            setattr(self, name, check_int(name, getattr(self, name), low=low))
         if self.total_steps < 1:
             raise ValueError("steps: expected at least one step in all (--align-steps + --steps), got 0")
         for name, total in (("align_warmup", self.align_steps), ("warmup", self.steps)):
-            if getattr(self, name) is not None:
-                setattr(self, name, check_int(name, getattr(self, name), low=0))
-                if getattr(self, name) > total:
-                    raise ValueError(f"{name}: expected at most its stage's {total} steps, got {getattr(self, name)}")
-        for name in ("align_lr", "lr", "temperature"):
-            check_real(name, getattr(self, name), low=0.0, low_open=True)
-        check_real("ce_weight", self.ce_weight, low=0.0)
-        check_real("min_lr_ratio", self.min_lr_ratio, low=0.0, high=1.0)
-        check_real("weight_decay", self.weight_decay, low=0.0)
-        if self.decay_init not in DECAY_INITS:
-            raise ValueError(f"decay_init: expected one of {list(DECAY_INITS)}, got {self.decay_init!r}")
-        if self.train not in TRAIN_PARTS:
-            raise ValueError(f"train: expected one of {list(TRAIN_PARTS)}, got {self.train!r}")
-        self.betas = check_betas("betas", self.betas)
-        if self.grad_clip is not None:
-            check_real("grad_clip", self.grad_clip, low=0.0, low_open=True)
-        if self.eval_batches is not None:
-            self.eval_batches = check_int("eval_batches", self.eval_batches, low=1)
-        self.log = tracker_list("log", self.log)
-        check_device("device", self.device)
+            if getattr(self, name) is not None and getattr(self, name) > total:
+                raise ValueError(f"{name}: expected at most its stage's {total} steps, got {getattr(self, name)}")
 
-    def to_dict(self) -> dict:
-        d = dataclasses.asdict(self)
-        d["betas"] = list(self.betas)
-        return d
 
+# what --resume may change: the options that do not define the run (the loop's, the execution's, the batch layout)
+RESUMABLE = tuple(f.name for f in dataclasses.fields(DistillConfig) if f.name not in DistillConfig.FIXED)

@@ -35,7 +35,7 @@ from hybrid.models import HybridConfig, HybridLM
 from hybrid.models.config_names import FLAT_ALIASES, options_fields
 from hybrid.rotary import convert_projection
 
-from ..init_from import copy_matching
+from ..loop.init_from import copy_matching
 
 __all__ = ["recurrence_from_attention", "init_student", "layer_types_for_pattern", "student_config",
            "attention_mean_distance", "decay_from_attention", "RNN_FIELDS"]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..metrics import read_metrics
+from ..output.metrics import read_metrics
 
 
 def plot_stages(metrics_path, path, *, teacher_val_loss: float | None = None) -> Path:

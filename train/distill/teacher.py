@@ -9,8 +9,8 @@ from pathlib import Path
 
 from hybrid.models import HybridConfig, HybridLM
 
-from ..checkpoint import CheckpointError, load_checkpoint
-from ..saved_model import checkpoint_config, checkpoint_model
+from ..loop.checkpoint import CheckpointError, load_checkpoint
+from ..loop.saved_model import checkpoint_config, checkpoint_model
 
 @dataclass
 class Teacher:

@@ -10,7 +10,7 @@ import difflib
 import logging
 from pathlib import Path
 
-from ..checkpoint import has_checkpoint
+from ..loop.checkpoint import has_checkpoint
 
 
 def load_for_eval(path, device: str = "cpu"):
@@ -19,7 +19,7 @@ def load_for_eval(path, device: str = "cpu"):
 
     path = Path(path)
     if has_checkpoint(path):
-        from ..inference import load_run
+        from ..lm.inference import load_run
         from .export import hf_model_from_run
         from .tokenizer import to_hf_tokenizer
 

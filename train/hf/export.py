@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..inference import LoadedRun, load_run
-from ..outdir import check_output_dir, staged_output_dir
+from ..lm.inference import LoadedRun, load_run
+from ..output.outdir import check_output_dir, staged_output_dir
 from .tokenizer import to_hf_tokenizer
 
 
@@ -33,7 +33,7 @@ def export_run(run_dir, out_dir, *, overwrite: bool = False) -> Path:
     """Write the run's model and tokenizer as a transformers directory; returns ``out_dir``.
 
     An ``out_dir`` that exists and is not empty (a run directory, an earlier export) is refused unless
-    ``overwrite``; it is then replaced whole, and a failed export changes nothing (``hybrid.train.outdir``).
+    ``overwrite``; it is then replaced whole, and a failed export changes nothing (``hybrid.train.output.outdir``).
     """
     out = Path(out_dir)
     check_output_dir(out, overwrite=overwrite, inputs=(run_dir,))

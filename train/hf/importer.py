@@ -6,7 +6,7 @@ Reads ``config.json`` and the safetensors weights (one file or an index of shard
 transformers model; the conversion is ``hybrid.models.hf.convert``. A ``tokenizer.json`` beside the weights is
 copied into the run directory and recorded (its eos token from ``tokenizer_config.json`` when that names one);
 without one the run records the byte tokenizer and the import says so. The run directory is written whole or
-not at all, and an existing one is replaced only with ``overwrite`` (``hybrid.train.outdir``).
+not at all, and an existing one is replaced only with ``overwrite`` (``hybrid.train.output.outdir``).
 """
 from __future__ import annotations
 
@@ -20,9 +20,9 @@ from safetensors.torch import load_file
 
 from hybrid.models import HybridLM
 
-from ..checkpoint import capture_rng_state, save_checkpoint
-from ..outdir import check_output_dir, staged_output_dir
-from ..tokenizer import ByteTokenizer, FileTokenizer
+from ..loop.checkpoint import capture_rng_state, save_checkpoint
+from ..output.outdir import check_output_dir, staged_output_dir
+from ..data.tokenizer import ByteTokenizer, FileTokenizer
 
 
 def _load_safetensors(path: Path) -> dict[str, torch.Tensor]:
@@ -96,7 +96,7 @@ def import_checkpoint(hf_dir, out_dir, *, layout: str = "half", dtype: str = "fl
     """Write ``out_dir/checkpoint/`` (step 0) from the checkpoint in ``hf_dir``; returns (checkpoint path, notes).
 
     An ``out_dir`` that exists and is not empty is refused unless ``overwrite``; it is then replaced whole
-    (``hybrid.train.outdir``): no file of the old directory stays, and a failed import changes nothing.
+    (``hybrid.train.output.outdir``): no file of the old directory stays, and a failed import changes nothing.
     """
     from hybrid.models.hf.convert import state_dict_from_llama
 

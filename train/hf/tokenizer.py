@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from transformers import PreTrainedTokenizerFast
 
-from ..tokenizer import ByteTokenizer, FileTokenizer, Tokenizer
+from ..data.tokenizer import ByteTokenizer, FileTokenizer, Tokenizer
 
 
 def byte_alphabet() -> list[str]:

@@ -10,7 +10,6 @@ from collections.abc import Callable, Iterable, Iterator
 import numpy as np
 import torch
 
-from ..cli_parts import UsageError
 from ..data.prepare import default_cache_dir
 from ..data.sources import resolve_source
 
@@ -32,7 +31,7 @@ def token_batches(docs: Iterable[str], encode: Callable[[str], list[int]], *, se
     (when given). Stops once `tokens` tokens were yielded (the last batch may be smaller)."""
     body = seq_len - (prefix is not None)
     if body < 1:
-        raise UsageError(f"--seq-len: expected at least 2 with a BOS prefix, got {seq_len}")
+        raise ValueError(f"seq_len: expected at least 2 with a BOS prefix, got {seq_len}")
     buffer: list[int] = []
     rows, sent = [], 0
     for doc in docs:
@@ -51,4 +50,4 @@ def token_batches(docs: Iterable[str], encode: Callable[[str], list[int]], *, se
     if rows:
         yield torch.tensor(rows, dtype=torch.long)
     elif sent == 0:
-        raise ValueError(f"--data: the corpus holds fewer than one sequence of {seq_len} tokens")
+        raise ValueError(f"data: expected a corpus of at least one sequence of {seq_len} tokens, got fewer")

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from ..checkpoint import has_checkpoint
+from ..loop.checkpoint import has_checkpoint
 from .capture import RotaryLayer
 
 
@@ -48,7 +48,7 @@ def load_subject(model: str, *, device: torch.device, dtype: torch.dtype = torch
 
 
 def _our_run(path: str, *, device, include_retention: bool) -> Subject:
-    from ..inference import load_run
+    from ..lm.inference import load_run
     from .hybrid_lm import hybrid_forward, hybrid_rotary_layers
 
     run = load_run(path, device=device)

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from ..progress import progress_bar
+from ..output.progress import progress_bar
 from .records import ResultsLog, git_commit, machine, now_utc
 
 
@@ -45,7 +45,7 @@ def run_suite(out, specs: list[RunSpec], execute: Callable, *, suite: str, verbo
     todo = [s for s in specs if s.run not in done]
     commit, host = git_commit(), machine()
     total = sum(s.steps for s in specs)
-    # a tqdm bar on a terminal, plain lines in a log file (hybrid.train.progress)
+    # a tqdm bar on a terminal, plain lines in a log file (hybrid.train.output.progress)
     bar = progress_bar(total=total, initial=total - sum(s.steps for s in todo), desc=suite, unit="step",
                        disable=not verbose)
     try:

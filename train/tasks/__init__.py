@@ -13,7 +13,8 @@ from __future__ import annotations
 
 from .base import IGNORE, Batch, Task, rng_of, scaled_accuracy
 from .mqar import MQAR, ZOOLOGY_GRID
-from .passkey import Passkey, score_passkey, score_task_json
+from .passkey.scoring import score_passkey, score_task_json
+from .passkey.task import Passkey
 from .state_tracking import TEST_LENGTHS, TRAIN_LENGTHS, ModularArithmetic, Parity, evaluate_expression
 
 TASK_NAMES = ("parity", "mod5", "mod5-brackets", "mqar", "passkey", "passkey-text")

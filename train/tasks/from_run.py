@@ -14,8 +14,8 @@ import torch
 
 from hybrid.models import HybridConfig, HybridLM
 
-from ..checkpoint import CheckpointError, load_checkpoint
-from ..saved_model import checkpoint_config
+from ..loop.checkpoint import CheckpointError, load_checkpoint
+from ..loop.saved_model import checkpoint_config
 
 TASKS = ("passkey-text",)  # the tasks whose tokens are a byte-level language model's
 

@@ -18,7 +18,7 @@ The grid points are named ``"{L}x{pairs}"``; ``train_batch`` draws each batch at
 and ``curriculum_batch`` at the easiest point (the fewest pairs, then the shortest). Zoology trains one model per
 point; one model trained on the mixed grid from the start stalls at accuracy 1/pairs (it answers with some value
 of the context, not the queried key's), and a few hundred steps at the easiest point first form the recall
-circuit, which the longer points then reuse (docs/benchmarks.md).
+circuit, which the longer points then reuse (docs/research/synthetic-tasks.md).
 """
 from __future__ import annotations
 

@@ -10,7 +10,7 @@ carries
     kept  = exp(Σ_t log γ_t)                        the magnitude left of what was written at the start
 
 counted from the first token after ``<bos>``. ``parity_probe`` reports them for its carrier pair, with the share
-of bits on which the carrier holds exactly: the failure modes of the parity study (docs/benchmarks.md, "Parity,
+of bits on which the carrier holds exactly: the failure modes of the parity study (docs/research/synthetic-tasks.md, "Parity,
 reliably"), angle drift and a state that leaks through gates that never quite shut.
 """
 from __future__ import annotations
@@ -211,26 +211,3 @@ def probe_run(run_dir, length: int, n: int = 256) -> list:
             f"{p['theta_zero']:.4f}", f"{p['step_error']:+.4f}", f"{p['drift']:.3f}", f"{p['inverted']:.2f}",
             f"{p['log_gamma_one']:.4f}", f"{p['log_gamma_zero']:.4f}", f"{p['kept']:.3f}", f"{p['held']:.3f}",
             f"{p['carrier_growth']:.2f}", f"{p['most_changed_growth']:.2f}"]
-
-
-def main(argv=None) -> int:
-    """``python -m hybrid.train.tasks.recurrence_probe RUN [RUN …] [--length 256]``: a markdown table, one row per
-    parity run directory."""
-    from ..cli_parts import Parser, positive_int, run_command
-    from ..suite import markdown_table
-
-    p = Parser(prog="python -m hybrid.train.tasks.recurrence_probe",
-               description="What a parity run's recurrence does along its test sequences: its carrier pair's "
-                           "angles and decays against parity's automaton, and its accuracy with the angles rounded")
-    p.add_argument("runs", nargs="+", help="parity run directories (hybrid-synthetic --task parity --out RUN)")
-    p.add_argument("--length", type=positive_int, default=256, help="test length (default 256)")
-
-    def probe(args) -> int:
-        print(markdown_table(PROBE_COLUMNS, [probe_run(run, args.length) for run in args.runs]))
-        return 0
-
-    return run_command(p, argv, probe)
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

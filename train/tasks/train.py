@@ -16,122 +16,46 @@ Options for state tracking: ``grow_lengths_to`` (a length curriculum: the longes
 to it over the first half of the run) and ``phase_round_from`` (the fraction of the steps after which a model
 with ``recurrence.phase_round`` starts rounding its angles in training; before, it trains unrounded).
 
-The run directory holds ``checkpoint/`` (``hybrid.train.checkpoint.load_checkpoint`` opens it; the task and this
+The run directory holds ``checkpoint/`` (``hybrid.train.loop.checkpoint.load_checkpoint`` opens it; the task and this
 config ride in its ``extra``), ``task.json`` (the token map), ``results.json`` (accuracy per test point) and
 ``metrics.jsonl`` (the loss curve).
 """
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
-from hybrid.checks import check_int, check_number
-from hybrid.models import PRESETS, SIZES, HybridConfig, HybridLM
+from hybrid.models import HybridLM
 from hybrid.rotary import set_phase_rounding
 
-from ..checkpoint import load_checkpoint, save_checkpoint
-from ..device import check_device, resolve_device
-from ..optim import build_optimizer
-from ..saved_model import checkpoint_model
-from ..schedule import default_warmup, warmup_cosine
+from ..loop.checkpoint import load_checkpoint
+from ..loop.divergence import DivergenceGuard
+from ..loop.loop import Cadence, TrainingLoop
+from ..loop.optim import build_optimizer
+from ..loop.parts import Record, RNGPart
+from ..output.records import RunLog
+from ..loop.run import Run
+from ..loop.saved_model import checkpoint_model
+from ..loop.schedule import warmup_cosine
+from ..loop.stage import Stage
+from ..parallel.device import resolve_device
 from . import make_task
 from .base import IGNORE, Batch, Task, rng_of, scaled_accuracy
-from .from_run import load_source_weights, source_config
+from .config import TaskRunConfig
+from .from_run import load_source_weights
+
+__all__ = ["TaskRunConfig", "TaskStage", "train_task", "load_task_run", "evaluate_task", "accuracy", "masked_loss",
+           "scored_positions", "TEST_SEED", "VALID_SEED", "TASK_FILE", "RESULTS_FILE", "METRICS_FILE"]
 
 TEST_SEED = 1_000_003
 VALID_SEED = 2_000_003
-VALID_LENGTH_FACTOR = 2  # the long validation length: this many times the longest training length
-GROW_SPAN = 0.5  # grow_lengths_to: the fraction of the run over which the longest training length grows
 TASK_FILE, RESULTS_FILE, METRICS_FILE = "task.json", "results.json", "metrics.jsonl"
-
-
-@dataclass
-class TaskRunConfig:
-    """One training run on one task. ``model`` overrides any HybridConfig field of the preset at ``size``, or,
-    with ``init_from``, of that run's model (preset and size then do not apply)."""
-
-    task: str = "parity"
-    task_params: dict = field(default_factory=dict)
-    preset: str = "vo-rnn"
-    size: str = "tiny"
-    model: dict = field(default_factory=dict)
-    steps: int = 1000
-    batch_size: int = 64
-    lr: float = 1e-3
-    weight_decay: float = 0.1
-    warmup: int | None = None  # None = default_warmup(steps) = min(100, steps // 10)
-    curriculum_steps: int = 0  # the first steps train on the task's easiest setting (Task.curriculum_batch)
-    grow_lengths_to: int = 0  # 0: off; else the longest training length grows to this (state tracking)
-    phase_round_from: float = 0.0  # training rounds the angles (recurrence.phase_round) after this fraction of steps
-    grad_clip: float | None = 1.0
-    seed: int = 0
-    eval_size: int = 512  # test sequences per test point
-    log_every: int = 25
-    device: str = "auto"
-    init_from: str | None = None  # a trained LM's run directory: its model and weights, fine-tuned (from_run.py)
-
-    def __post_init__(self):
-        if self.init_from is not None:  # the source run's model: no preset, no size
-            if not isinstance(self.init_from, str) or not self.init_from:
-                raise ValueError(f"init_from: expected a run directory's path, got {self.init_from!r}")
-        elif self.preset not in PRESETS:
-            raise ValueError(f"preset: expected one of {sorted(PRESETS)}, got {self.preset!r}")
-        if self.init_from is None and self.size not in SIZES:
-            raise ValueError(f"size: expected one of {list(SIZES)}, got {self.size!r}")
-        for name in ("steps", "batch_size", "eval_size", "log_every"):
-            setattr(self, name, check_int(name, getattr(self, name), low=1, what="a positive int"))
-        check_number("lr", self.lr, low=0.0, low_open=True)
-        check_number("weight_decay", self.weight_decay, low=0.0)
-        check_number("grad_clip", self.grad_clip, low=0.0, allow_none=True)  # None or 0: no clipping
-        check_device("device", self.device)
-        if self.warmup is None:
-            self.warmup = default_warmup(self.steps)
-        for name in ("warmup", "curriculum_steps"):
-            value = check_int(name, getattr(self, name), low=0, high=self.steps, what=f"an int in [0, steps={self.steps}]")
-            setattr(self, name, value)
-        task = make_task(self.task, **self.task_params)  # validates the task and its parameters
-        check_number("phase_round_from", self.phase_round_from, low=0.0, high=1.0, high_open=True)
-        self.grow_lengths_to = check_int("grow_lengths_to", self.grow_lengths_to, low=0)
-        if self.grow_lengths_to:
-            longest = task.longest_train_length
-            if longest is None:
-                raise ValueError(f"grow_lengths_to: expected 0 for {self.task} (no training lengths to grow), got "
-                                 f"{self.grow_lengths_to}")
-            if self.grow_lengths_to <= longest:
-                raise ValueError(f"grow_lengths_to: expected 0 or a length > the longest training length {longest}, "
-                                 f"got {self.grow_lengths_to}")
-
-    def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
-
-    def valid_length(self, task: Task) -> int | None:
-        """The long validation length: twice the longest length trained on (after any growth); None for a task
-        that is not tested past its training lengths."""
-        longest = task.longest_train_length
-        if longest is None:
-            return None
-        return VALID_LENGTH_FACTOR * max(longest, self.grow_lengths_to)
-
-    def longest_at(self, step: int, task: Task) -> int | None:
-        """The longest training length at ``step`` (1-based) under ``grow_lengths_to``; None: the task's own."""
-        if not self.grow_lengths_to:
-            return None
-        longest = task.longest_train_length
-        done = min(1.0, step / max(1.0, GROW_SPAN * self.steps))
-        return int(round(longest + (self.grow_lengths_to - longest) * done))
-
-    def model_config(self, task: Task) -> HybridConfig:
-        if self.init_from is not None:
-            return source_config(self.init_from, task, self.model)
-        overrides = {"vocab_size": task.vocab_size, **self.model}
-        return HybridConfig.preset(self.preset, self.size, **overrides)
 
 
 def masked_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
@@ -183,80 +107,144 @@ def evaluate_task(model: HybridLM, task: Task, eval_size: int, device: torch.dev
     return out
 
 
+class Diverged(Exception):
+    """A task run's loss was not finite at the step it names: the run ends there."""
+
+
+class GeneratorState:
+    """The task's batch generator (a numpy ``Generator``) as a checkpoint part: its bit generator's state."""
+
+    def __init__(self, rng: np.random.Generator):
+        self.rng = rng
+
+    def state_dict(self) -> dict:
+        return self.rng.bit_generator.state
+
+    def load_state_dict(self, state: dict) -> None:
+        self.rng.bit_generator.state = state
+
+
+class TaskStage(Stage):
+    """A synthetic task on the one loop: the loss at the labelled positions (``masked_loss``), batches drawn from a
+    generator seeded by the run's seed alone (with the curriculum, the growing lengths and the angle rounding at
+    their steps), validation on fresh sequences (``VALID_SEED``)."""
+
+    name = "task"
+
+    def __init__(self, config: TaskRunConfig, task: Task, model: HybridLM, device: torch.device):
+        self.config, self.task, self.device = config, task, device
+        self.model = self.train_model = model
+        self.trainable = list(model.parameters())
+        self.optimizer = build_optimizer(model, lr=config.lr, weight_decay=config.weight_decay, betas=config.betas)
+        self.scheduler = warmup_cosine(self.optimizer, warmup=config.warmup, total=config.steps,
+                                       min_lr_ratio=config.min_lr_ratio)
+        self.steps, self.generator = config.steps, GeneratorState(rng_of(config.seed))
+        self.round_from = int(config.phase_round_from * config.steps)  # steps 1 … round_from train unrounded
+        set_phase_rounding(model, self.round_from == 0)
+        self.last_loss = float("nan")
+
+    def micro_batches(self, step: int) -> list[Batch]:
+        c, rng = self.config, self.generator.rng
+        self.model.train()
+        if step == self.round_from + 1 and self.round_from:
+            set_phase_rounding(self.model, True)
+        longest = c.longest_at(step, self.task)
+        if step <= c.curriculum_steps:
+            batch = self.task.curriculum_batch(c.batch_size, rng, step=step - 1, steps=c.curriculum_steps)
+        elif longest is not None:
+            batch = self.task.train_batch(c.batch_size, rng, longest=longest)
+        else:
+            batch = self.task.train_batch(c.batch_size, rng)
+        self.tokens_per_step = batch.ids.numel()
+        return [batch]
+
+    def loss(self, batch: Batch):
+        logits, _ = self.model(batch.ids.to(self.device))
+        return masked_loss(logits, batch.labels.to(self.device)), {}
+
+    def after_step(self, step: int, loss: torch.Tensor) -> None:
+        self.last_loss = loss.item()
+        if not math.isfinite(self.last_loss):
+            raise Diverged(step)
+
+    @torch.no_grad()
+    def evaluate(self) -> dict:
+        """Accuracy on fresh sequences of the training distribution (every labelled position) and, for a task
+        tested past its training lengths, at twice the longest training length (the scored position)."""
+        c, task, model = self.config, self.task, self.model
+        model.eval()
+        valid_acc, valid_loss = accuracy(model, task.train_batch(c.eval_size, rng_of(VALID_SEED)), "all", self.device)
+        out = {"valid_accuracy": valid_acc, "valid_loss": valid_loss}
+        valid_length = c.valid_length(task)
+        if valid_length is not None:  # past the training lengths, scored where the tests are
+            batch = task.test_batch(str(valid_length), c.eval_size, rng_of(VALID_SEED + 1))
+            long_acc, long_loss = accuracy(model, batch, task.score, self.device)
+            out.update(valid_length=valid_length, valid_long_accuracy=long_acc, valid_long_loss=long_loss)
+        return out
+
+    def eval_line(self, step: int, figures: dict) -> str:
+        return f"step {step:>6}  valid_accuracy {figures['valid_accuracy']:.4f}"
+
+
+class TaskRun(Run):
+    """``train_task``'s run: the task, the model, the one loop; then the test points and ``results.json``."""
+
+    Config = TaskRunConfig
+
+    def __init__(self, config: TaskRunConfig, out, on_step=None):
+        super().__init__(config, out=out, verbose=0, progress=False)
+        self.on_step = on_step
+
+    def _fit(self) -> dict:
+        c, out = self.config, self.out
+        out.mkdir(parents=True, exist_ok=True)
+        task = make_task(c.task, **c.task_params)
+        (out / TASK_FILE).write_text(json.dumps(task.to_json(), indent=1))
+        device = resolve_device(c.device)
+        torch.manual_seed(c.seed)
+        model_config = c.model_config(task)
+        model = HybridLM(model_config).to(device)
+        if c.init_from is not None:
+            load_source_weights(model, c.init_from)
+        stage = TaskStage(c, task, model, device)
+        parts = {"data": stage.generator, "rng": RNGPart(), "task": Record(task.to_json()),
+                 "task_run": Record(c.to_dict())}
+        self.loop = TrainingLoop(out, Cadence(c.log_every), grad_clip=c.grad_clip,
+                                 divergence=DivergenceGuard("stop", device=device, env=self.env, out=out, lr=c.lr,
+                                                            float16=False),
+                                 env=self.env, device=device, console=self.console, parts=parts,
+                                 model_config=model_config.to_dict, on_step=self._stepped(stage))
+        self.loop.open(RunLog(out, trackers=[], config=c.to_dict(), resume_step=None, is_main=True))
+        start, status = time.perf_counter(), "finished"
+        try:
+            valid = self.loop.train(stage)
+        except (Diverged, FloatingPointError):  # the run ends; it is scored as it is, and not saved
+            status, valid = "diverged", stage.evaluate()
+        train_seconds = time.perf_counter() - start
+        valid = {k: v for k, v in valid.items() if k != "step"}
+        results = {
+            "task": task.name, "status": status, "steps": self.loop.step, "final_loss": stage.last_loss, **valid,
+            "chance": task.chance, "score": task.score, **evaluate_task(model, task, c.eval_size, device),
+            "train_seconds": train_seconds, "parameters": model.num_parameters(exclude_embeddings=True),
+            "device": str(device),
+        }
+        (out / RESULTS_FILE).write_text(json.dumps(results, indent=1))
+        if hasattr(task, "write_figures"):  # passkey: the run's needle-in-a-haystack heatmap
+            task.write_figures(out, results)
+        return results
+
+    def _stepped(self, stage: TaskStage):
+        if self.on_step is None:
+            return None
+        return lambda step: self.on_step(step, stage.last_loss)
+
+
 def train_task(config: TaskRunConfig, out, *, on_step=None) -> dict:
     """Train, score and save into ``out``; returns the results (also written to ``out/results.json``).
 
     ``on_step(step, loss)`` is called after every optimizer step (progress bars).
     """
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    task = make_task(config.task, **config.task_params)
-    (out / TASK_FILE).write_text(json.dumps(task.to_json(), indent=1))
-    device = resolve_device(config.device)
-    torch.manual_seed(config.seed)
-    model_config = config.model_config(task)
-    model = HybridLM(model_config).to(device)
-    if config.init_from is not None:
-        load_source_weights(model, config.init_from)
-    optimizer = build_optimizer(model, lr=config.lr, weight_decay=config.weight_decay)
-    scheduler = warmup_cosine(optimizer, warmup=config.warmup, total=config.steps)
-    rng = rng_of(config.seed)
-    round_from = int(config.phase_round_from * config.steps)  # steps 1 … round_from train unrounded
-    set_phase_rounding(model, round_from == 0)
-    start, status, loss_value = time.perf_counter(), "finished", float("nan")
-    with open(out / METRICS_FILE, "w") as metrics:
-        for step in range(1, config.steps + 1):
-            model.train()
-            if step == round_from + 1 and round_from:
-                set_phase_rounding(model, True)
-            longest = config.longest_at(step, task)
-            if step <= config.curriculum_steps:
-                batch = task.curriculum_batch(config.batch_size, rng, step=step - 1, steps=config.curriculum_steps)
-            elif longest is not None:
-                batch = task.train_batch(config.batch_size, rng, longest=longest)
-            else:
-                batch = task.train_batch(config.batch_size, rng)
-            logits, _ = model(batch.ids.to(device))
-            loss = masked_loss(logits, batch.labels.to(device))
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            if config.grad_clip:
-                torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
-            optimizer.step()
-            scheduler.step()
-            loss_value = loss.detach().item()
-            if not math.isfinite(loss_value):
-                status = "diverged"
-                break
-            if step % config.log_every == 0 or step == config.steps:
-                metrics.write(json.dumps({"step": step, "loss": loss_value, "lr": scheduler.get_last_lr()[0]}) + "\n")
-                metrics.flush()  # readable while the run trains, as hybrid-train's metrics.jsonl is
-            if on_step is not None:
-                on_step(step, loss_value)
-    train_seconds = time.perf_counter() - start
-    model.eval()
-    valid_acc, valid_loss = accuracy(model, task.train_batch(config.eval_size, rng_of(VALID_SEED)), "all", device)
-    valid_long = {}
-    valid_length = config.valid_length(task)
-    if valid_length is not None:  # past the training lengths, scored where the tests are
-        batch = task.test_batch(str(valid_length), config.eval_size, rng_of(VALID_SEED + 1))
-        long_acc, long_loss = accuracy(model, batch, task.score, device)
-        valid_long = {"valid_length": valid_length, "valid_long_accuracy": long_acc, "valid_long_loss": long_loss}
-    results = {
-        "task": task.name, "status": status, "steps": step, "final_loss": loss_value,
-        "valid_accuracy": valid_acc, "valid_loss": valid_loss, **valid_long, "chance": task.chance,
-        "score": task.score,
-        **evaluate_task(model, task, config.eval_size, device),
-        "train_seconds": train_seconds, "parameters": model.num_parameters(exclude_embeddings=True),
-        "device": str(device),
-    }
-    save_checkpoint(out, model_state=model.state_dict(), config=model_config.to_dict(), optimizer_state=None,
-                    scheduler_state=None, rng_state=None, data_state=None, step=step,
-                    extra={"task": task.to_json(), "task_run": config.to_dict()})
-    (out / RESULTS_FILE).write_text(json.dumps(results, indent=1))
-    if hasattr(task, "write_figures"):  # passkey: the run's needle-in-a-haystack heatmap
-        task.write_figures(out, results)
-    return results
+    return TaskRun(config, out, on_step).fit()
 
 
 def load_task_run(run_dir, device: str | torch.device = "cpu") -> tuple[HybridLM, Task]:

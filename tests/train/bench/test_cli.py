@@ -1,10 +1,10 @@
-"""hybrid-bench end to end (hybrid.train.bench.cli): the smoke budget on a fresh directory, command-line errors."""
+"""hybrid-bench end to end (hybrid.train.cli.bench): the smoke budget on a fresh directory, command-line errors."""
 from __future__ import annotations
 
 import pytest
 
 from hybrid.train import load_run
-from hybrid.train.bench.cli import bench_main
+from hybrid.train.cli.bench import bench_main
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tiny tensors (tests/conftest.py)
 

@@ -1,14 +1,15 @@
-"""python -m hybrid.train.bench.context_compare: window_bpb of trained runs at any window, grouped over seeds."""
+"""python -m hybrid.train.cli.studies.context_compare: window_bpb of trained runs at any window, grouped over seeds."""
 from __future__ import annotations
 
 import pytest
 
-from hybrid.train.bench.context_compare import group_rows, main, parse_groups
+from hybrid.train.bench.context_compare import group_rows, parse_groups
+from hybrid.train.cli.studies.context_compare import main
 from hybrid.train.bench.window_gain import window_metrics
 from hybrid.train.data import prepare_data
-from hybrid.train.inference import load_run
+from hybrid.train.lm.inference import load_run
 
-PROG = "python -m hybrid.train.bench.context_compare"
+PROG = "python -m hybrid.train.cli.studies.context_compare"
 TINY = ["--d-model", "16", "--n-layers", "2", "--n-heads", "2", "--seq-len", "16", "--batch-size", "2"]
 
 

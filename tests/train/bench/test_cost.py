@@ -44,7 +44,8 @@ def test_decode_state_bytes_are_the_cache_and_the_recurrent_state():
 
 
 def test_decode_compare_measures_every_run_in_turn(train_run, capsys, one_line_error):
-    from hybrid.train.bench.decode_compare import compare_decoding, main, table_rows
+    from hybrid.train.bench.decode_compare import compare_decoding, table_rows
+    from hybrid.train.cli.studies.decode_compare import main
 
     tiny = ["--d-model", "16", "--n-layers", "2", "--n-heads", "2", "--seq-len", "16", "--batch-size", "2"]
     window = train_run("window", 1, ["--preset", "transformer", "--window", "8", *tiny])
@@ -61,4 +62,4 @@ def test_decode_compare_measures_every_run_in_turn(train_run, capsys, one_line_e
     results["a"]["ms_per_token"], results["b"]["ms_per_token"] = [2.0, 1.0, 4.0], [3.0, 6.0, 9.0]
     assert table_rows(results)[1][1:4] == ["6.00", "3.00–9.00", "3.00"]
     assert main([str(window), str(window)]) == 2
-    one_line_error(capsys, "python -m hybrid.train.bench.decode_compare", "runs: expected distinct run directories")
+    one_line_error(capsys, "python -m hybrid.train.cli.studies.decode_compare", "runs: expected distinct run directories")

@@ -7,7 +7,7 @@ import torch
 
 from hybrid.train.bench import harness
 from hybrid.train.bench.budgets import BUDGETS, bench_budget, with_window
-from hybrid.train.bench.cli import bench_main
+from hybrid.train.cli.bench import bench_main
 from hybrid.train.bench.harness import PARAM_TOLERANCE, suite_configs, suite_specs
 from hybrid.train.bench.speed import non_embedding_parameters
 from hybrid.models import HybridLM

@@ -11,7 +11,7 @@ import torch
 from hybrid.models import HybridConfig, HybridLM
 from hybrid.train.bench.quality import context_metrics, long_sequences, position_edges, token_losses
 from hybrid.train.data import PreparedData
-from hybrid.train.tokenizer import ByteTokenizer
+from hybrid.train.data.tokenizer import ByteTokenizer
 
 L = 6  # the "training length"
 

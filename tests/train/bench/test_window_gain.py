@@ -12,7 +12,7 @@ from hybrid.models import HybridConfig, HybridLM
 from hybrid.train.bench.window_gain import (bucket_bpb, document_blocks, gain_section, gain_share, window_edges,
                                             window_metrics)
 from hybrid.train.data import PreparedData
-from hybrid.train.tokenizer import ByteTokenizer
+from hybrid.train.data.tokenizer import ByteTokenizer
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tiny tensors (tests/conftest.py)
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from hybrid.train.data import prepare_data
-from hybrid.train.tokenizer import ByteTokenizer
+from hybrid.train.data.tokenizer import ByteTokenizer
 
 
 class CountingTokenizer(ByteTokenizer):

@@ -1,7 +1,7 @@
-"""The distillation measurement's table (python -m hybrid.train.distill.bench table) from evaluated run directories."""
+"""The distillation measurement's table (python -m hybrid.train.cli.studies.distill_bench table) from evaluated run directories."""
 import json
 
-from hybrid.train.distill.bench import main
+from hybrid.train.cli.studies.distill_bench import main
 
 
 def fake_run(path, bpb, *, distilled):

@@ -10,10 +10,10 @@ from transformers import LlamaConfig, LlamaForCausalLM  # noqa: E402
 
 from hybrid.models import HybridConfig, HybridLM  # noqa: E402
 from hybrid.train import load_checkpoint, load_run  # noqa: E402
-from hybrid.train.checkpoint import capture_rng_state, save_checkpoint  # noqa: E402
-from hybrid.train.cli import generate_main  # noqa: E402
-from hybrid.train.distill.cli import main  # noqa: E402
-from hybrid.train.hf.cli import export_main, import_main  # noqa: E402
+from hybrid.train.loop.checkpoint import capture_rng_state, save_checkpoint  # noqa: E402
+from hybrid.train.cli.lm import generate_main  # noqa: E402
+from hybrid.train.cli.distill import main  # noqa: E402
+from hybrid.train.cli.hf import export_main, import_main  # noqa: E402
 
 
 @pytest.fixture
@@ -101,7 +101,7 @@ def write_run_without_tokenizer(path):
 def test_bad_input_is_one_line_and_exit_2(tmp_path, corpus, capsys, case, args, message, one_torch_thread):
     teacher = tmp_path / "teacher"
     config = HybridConfig.preset("transformer", d_model=16, n_layers=3, n_heads=2, vocab_size=320)
-    from hybrid.train.tokenizer import ByteTokenizer
+    from hybrid.train.data.tokenizer import ByteTokenizer
 
     save_checkpoint(teacher, model_state=HybridLM(config).state_dict(), config=config.to_dict(), optimizer_state=None,
                     scheduler_state=None, rng_state=capture_rng_state(), data_state=None, step=0,

@@ -7,10 +7,10 @@ import pytest
 import torch
 
 from hybrid.models import HybridConfig, HybridLM
-from hybrid.train.checkpoint import capture_rng_state, load_checkpoint, save_checkpoint
+from hybrid.train.loop.checkpoint import capture_rng_state, load_checkpoint, save_checkpoint
 from hybrid.train.distill import DistillConfig, Distiller
-from hybrid.train.metrics import read_metrics
-from hybrid.train.tokenizer import ByteTokenizer
+from hybrid.train.output.metrics import read_metrics
+from hybrid.train.data.tokenizer import ByteTokenizer
 
 
 def write_teacher(path, *, n_layers=3, scale=None, seed=0):
@@ -88,7 +88,7 @@ def test_resume_is_exact_across_both_stages(tmp_path, corpus, one_torch_thread):
 
 
 def test_a_nonfinite_loss_never_replaces_the_last_good_checkpoint(tmp_path, corpus, one_torch_thread, monkeypatch):
-    import hybrid.train.distill.run as run_module
+    import hybrid.train.distill.stages as run_module
 
     teacher = write_teacher(tmp_path / "teacher")
     config = tiny_run(teacher, corpus, tmp_path / "out", pattern="RRA", align_steps=2, steps=4, save_every=2,
@@ -130,3 +130,17 @@ def test_set_refuses_what_is_not_an_r_layer_option_in_one_line(tmp_path, corpus,
         Distiller(tiny_run(teacher, corpus, tmp_path / "out", pattern="RRA", model=model, align_steps=1, steps=1),
                   verbose=0, progress=False)
     assert "\n" not in str(caught.value)
+
+
+def test_accumulated_micro_batches_make_the_update_of_one_batch(tmp_path, corpus, one_torch_thread):
+    """On the one loop, a distillation accumulates as hybrid-train does: 2 micro-batches of 2 sequences per step
+    make the update of one batch of 4 (the same global batches), in both stages, to float rounding."""
+    teacher = write_teacher(tmp_path / "teacher")
+    kw = dict(pattern="RRA", align_steps=2, steps=2, ce_weight=0.5)
+    one = Distiller(tiny_run(teacher, corpus, tmp_path / "one", batch_size=4, **kw), verbose=0, progress=False).fit()
+    two = Distiller(tiny_run(teacher, corpus, tmp_path / "two", batch_size=2, grad_accum=2, **kw),
+                    verbose=0, progress=False).fit()
+    a, b = load_checkpoint(tmp_path / "one"), load_checkpoint(tmp_path / "two")
+    for name, value in a.model_state.items():
+        torch.testing.assert_close(b.model_state[name], value, rtol=1e-4, atol=1e-6, msg=name)
+    assert two.val_kl == pytest.approx(one.val_kl, rel=1e-4)

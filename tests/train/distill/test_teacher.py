@@ -4,9 +4,9 @@ import pytest
 import torch
 
 from hybrid.models import HybridConfig, HybridLM
-from hybrid.train.checkpoint import capture_rng_state, load_checkpoint, save_checkpoint
+from hybrid.train.loop.checkpoint import capture_rng_state, load_checkpoint, save_checkpoint
 from hybrid.train.distill.teacher import load_teacher
-from hybrid.train.tokenizer import ByteTokenizer
+from hybrid.train.data.tokenizer import ByteTokenizer
 
 
 def write_run(path, *, tokenizer=True, dtype="float32"):

@@ -1,4 +1,4 @@
-"""hybrid-export, hybrid-import, hybrid-train --init-from and hybrid-eval (hybrid.train.hf.cli), offline, on tiny
+"""hybrid-export, hybrid-import, hybrid-train --init-from and hybrid-eval (hybrid.train.cli.hf), offline, on tiny
 models; their one-line errors."""
 import json
 import math
@@ -15,10 +15,10 @@ import hybrid.models.hf  # noqa: E402,F401
 import hybrid.train.hf.evaluate as ev  # noqa: E402
 from hybrid.models import HybridConfig, HybridLM  # noqa: E402
 from hybrid.train import TrainConfig, Trainer, load_checkpoint, load_run  # noqa: E402
-from hybrid.train.checkpoint import capture_rng_state, save_checkpoint  # noqa: E402
-from hybrid.train.hf.cli import eval_main, export_main, import_main  # noqa: E402
+from hybrid.train.loop.checkpoint import capture_rng_state, save_checkpoint  # noqa: E402
+from hybrid.train.cli.hf import eval_main, export_main, import_main  # noqa: E402
 from hybrid.train.hf.tokenizer import byte_alphabet  # noqa: E402
-from hybrid.train.tokenizer import ByteTokenizer, FileTokenizer  # noqa: E402
+from hybrid.train.data.tokenizer import ByteTokenizer, FileTokenizer  # noqa: E402
 
 DATA = Path(__file__).parent / "data"
 
@@ -159,7 +159,7 @@ def test_train_init_from_starts_from_the_imported_weights_and_tokenizer(tmp_path
 
 
 def test_train_cli_passes_init_from_to_the_train_config():
-    from hybrid.train.cli import config_from_args, train_parser
+    from hybrid.train.cli.lm import config_from_args, train_parser
 
     given = config_from_args(train_parser().parse_args(["--init-from", "runs/llama", "--window", "8"]))
     assert given == {"init_from": "runs/llama", "model": {"window": 8}}

@@ -26,8 +26,8 @@ def test_lm_evals_pretrained_warning_is_silenced_and_only_it(tmp_path, monkeypat
 
     import hybrid.train.hf.evaluate as ev
     from hybrid.models import HybridConfig, HybridLM
-    from hybrid.train.checkpoint import capture_rng_state, save_checkpoint
-    from hybrid.train.tokenizer import ByteTokenizer
+    from hybrid.train.loop.checkpoint import capture_rng_state, save_checkpoint
+    from hybrid.train.data.tokenizer import ByteTokenizer
 
     config = HybridConfig.preset("transformer", d_model=32, n_layers=2, n_heads=2, vocab_size=320)
     torch.manual_seed(0)

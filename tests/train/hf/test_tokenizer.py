@@ -4,7 +4,7 @@ import pytest
 pytest.importorskip("transformers", reason="transformers not installed (pip install -e '.[hf]' in the hybrid checkout)")
 
 from hybrid.train.hf.tokenizer import to_hf_tokenizer  # noqa: E402
-from hybrid.train.tokenizer import ByteTokenizer  # noqa: E402
+from hybrid.train.data.tokenizer import ByteTokenizer  # noqa: E402
 
 
 def test_byte_tokenizer_as_a_transformers_tokenizer_keeps_every_id():

@@ -5,7 +5,7 @@ import json
 import pytest
 import torch
 
-from hybrid.train.rotary_analysis.cli import analyze_main
+from hybrid.train.cli.rope_analyze import analyze_main
 
 TINY = ["--preset", "transformer", "--d-model", "32", "--n-layers", "2", "--n-heads", "2", "--seq-len", "24",
         "--batch-size", "4", "--lr", "1e-2", "--warmup", "2", "--eval-batches", "1", "--device", "cpu"]

@@ -1,12 +1,12 @@
-"""hybrid-synthetic (hybrid.train.tasks.cli): one task run from the command line, one-line errors."""
+"""hybrid-synthetic (hybrid.train.cli.synthetic): one task run from the command line, one-line errors."""
 from __future__ import annotations
 
 import json
 
 import pytest
 
-from hybrid.train.checkpoint import load_checkpoint
-from hybrid.train.tasks import cli
+from hybrid.train.loop.checkpoint import load_checkpoint
+from hybrid.train.cli import synthetic as cli
 
 
 def test_one_task_run_from_the_command_line(tmp_path, capsys):
@@ -31,7 +31,7 @@ def test_a_passkey_run_takes_a_staged_curriculum_from_the_command_line(tmp_path)
 def test_a_single_run_of_a_studied_model_uses_its_best_rate_and_says_so(tmp_path, capsys, monkeypatch):
     """The rate comes from BEST_LRS when the run is exactly the studied model (named by --model, or spelled with
     --preset and --set); any other configuration gets the largest rate of the grid; --lr wins. Each says which."""
-    from hybrid.train.tasks import suite
+    from hybrid.train.tasks import suites as suite
 
     monkeypatch.setitem(suite.BEST_LRS, ("smoke", "parity"), {"vo-rnn-data-selective": 1e-3})
     spelled = ["--preset", "vo-rnn", "--set", 'rnn_phase="data"', "--set", "recurrence.selective=true",
@@ -39,7 +39,7 @@ def test_a_single_run_of_a_studied_model_uses_its_best_rate_and_says_so(tmp_path
     cases = [(["--model", "vo-rnn-data-selective"], 1e-3, "vo-rnn-data-selective's best rate on parity at the smoke"),
              (spelled, 1e-3, "vo-rnn-data-selective's best rate"),
              (spelled + ["--set", "rnn_r_max=0.99"], 3e-3, "the largest of the smoke budget's grid"),
-             (["--model", "recipe+round-late"], 3e-3, "the largest of the smoke budget's grid"),
+             (["--model", "vo-rnn-recipe"], 3e-3, "the largest of the smoke budget's grid"),
              (["--model", "vo-rnn-data-selective", "--lr", "0.02"], 0.02, "--lr")]
     for i, (argv, lr, why) in enumerate(cases):
         out = tmp_path / f"run{i}"
@@ -48,7 +48,7 @@ def test_a_single_run_of_a_studied_model_uses_its_best_rate_and_says_so(tmp_path
         run = load_checkpoint(out).extra["task_run"]
         assert run["lr"] == lr
     assert run["model"]["rnn_selective_gate"] == "hardsigmoid"
-    assert load_checkpoint(tmp_path / "run3").extra["task_run"]["phase_round_from"] == 0.5  # the candidate's option
+    assert load_checkpoint(tmp_path / "run3").extra["task_run"]["phase_round_from"] == 0.5  # the recipe's option
 
 
 @pytest.mark.parametrize(
@@ -57,7 +57,9 @@ def test_a_single_run_of_a_studied_model_uses_its_best_rate_and_says_so(tmp_path
         (["--suite", "all", "--models", "gpt"], "models: expected names from"),
         (["--suite", "all", "--seeds", "x"], "--seeds: expected comma-separated integers"),
         (["--suite", "all", "--set", "rnn_phase=\"data\""], "--set, --lr, --batch-size, --model, --preset,"),
-        (["--suite", "parity-recipe", "--model", "recipe+round"], "--edge-share and --init-from: apply to one run (--task)"),
+        (["--suite", "parity-recipe", "--model", "vo-rnn"], "--edge-share and --init-from: apply to one run (--task)"),
+        (["--task", "parity", "--model", "recipe+round"], "argument --model: invalid choice: 'recipe+round'"),
+        (["--suite", "state-tracking", "--models", "recipe+round"], "models: expected names from"),
         (["--suite", "passkey", "--curriculum", "8"], "--edge-share and --init-from: apply to one run (--task)"),
         (["--task", "parity", "--curriculum", "8"], "--curriculum: expected a passkey task (a length curriculum), "
                                                     "got --task parity"),
@@ -70,7 +72,7 @@ def test_a_single_run_of_a_studied_model_uses_its_best_rate_and_says_so(tmp_path
                                                    "got --task mqar"),
         (["--task", "passkey", "--curriculum-steps", "4"], "--curriculum-steps: expected at most the run's 3 steps, "
                                                           "got 4"),
-        (["--task", "parity", "--model", "recipe+round", "--preset", "vo-rnn"],
+        (["--task", "parity", "--model", "vo-rnn-recipe", "--preset", "vo-rnn"],
          "--model: names a preset and its options; expected no --preset with it, got --preset vo-rnn"),
         (["--task", "passkey", "--model", "vo-rnn"], "--model: expected a state-tracking or MQAR task, got --task passkey"),
         (["--task", "parity", "--model", "gpt"], "argument --model: invalid choice: 'gpt'"),

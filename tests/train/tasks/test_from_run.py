@@ -5,9 +5,10 @@ import pytest
 import torch
 
 from hybrid.models import HybridConfig, HybridLM
-from hybrid.train.checkpoint import load_checkpoint, save_checkpoint
-from hybrid.train.tasks import cli, make_task
-from hybrid.train.tasks.passkey_suite import BUDGETS, task_params
+from hybrid.train.loop.checkpoint import load_checkpoint, save_checkpoint
+from hybrid.train.cli import synthetic as cli
+from hybrid.train.tasks import make_task
+from hybrid.train.tasks.passkey.suites import BUDGETS, task_params
 from hybrid.train.tasks.train import TaskRunConfig, train_task
 
 LM = ["--d-model", "32", "--n-layers", "3", "--n-heads", "2", "--window", "8", "--seq-len", "32", "--batch-size", "4",

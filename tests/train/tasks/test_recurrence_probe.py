@@ -95,7 +95,8 @@ def test_the_probe_refuses_a_model_without_a_recurrence():
 
 
 def test_the_command_prints_one_row_per_run_and_refuses_another_task_in_one_line(tmp_path, capsys):
-    from hybrid.train.tasks.recurrence_probe import PROBE_COLUMNS, main
+    from hybrid.train.cli.studies.recurrence_probe import main
+    from hybrid.train.tasks.recurrence_probe import PROBE_COLUMNS
     from hybrid.train.tasks.train import TaskRunConfig, train_task
 
     def run(task, out, **params):
@@ -112,7 +113,7 @@ def test_the_command_prints_one_row_per_run_and_refuses_another_task_in_one_line
     mod5 = run("mod5", tmp_path / "mod5", train_lengths=[3, 6], test_lengths=[6, 12])
     assert main([mod5]) == 2
     err = capsys.readouterr().err.strip()
-    assert err == ("python -m hybrid.train.tasks.recurrence_probe: error: run: expected a parity run directory, "
+    assert err == ("python -m hybrid.train.cli.studies.recurrence_probe: error: run: expected a parity run directory, "
                    f"got a mod5 run at {mod5}")
 
 

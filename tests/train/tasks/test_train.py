@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from hybrid.train.checkpoint import load_checkpoint
+from hybrid.train.loop.checkpoint import load_checkpoint
 from hybrid.train.tasks import IGNORE, MQAR
 from hybrid.train.tasks.train import TaskRunConfig, load_task_run, masked_loss, scored_positions, train_task
 
@@ -30,7 +30,7 @@ def test_a_run_trains_its_curriculum_steps_first(tmp_path, monkeypatch):
 
 
 def test_a_staged_passkey_curriculum_trains_its_lengths_in_order(tmp_path, monkeypatch):
-    from hybrid.train.tasks.passkey import Passkey
+    from hybrid.train.tasks.passkey.task import Passkey
 
     lengths = []
     original = Passkey.sample
@@ -48,11 +48,11 @@ def test_a_staged_passkey_curriculum_trains_its_lengths_in_order(tmp_path, monke
 
 
 @pytest.mark.parametrize("field, value, expected", [
-    ("lr", True, "lr: expected a number > 0, got True"),  # a bool is not a learning rate (it was taken as 1)
-    ("lr", 0, "lr: expected a number > 0, got 0"),
-    ("lr", float("nan"), "lr: expected a number > 0, got nan"),
-    ("steps", True, "steps: expected a positive int, got True"),
-    ("weight_decay", -0.1, "weight_decay: expected a number >= 0, got -0.1"),
+    ("lr", True, "lr: expected a finite number > 0, got True"),  # a bool is not a learning rate (it was taken as 1)
+    ("lr", 0, "lr: expected a finite number > 0, got 0"),
+    ("lr", float("nan"), "lr: expected a finite number > 0, got nan"),
+    ("steps", True, "steps: expected an int >= 1, got True"),
+    ("weight_decay", -0.1, "weight_decay: expected a finite number >= 0, got -0.1"),
     ("device", "gpu", "device: expected 'auto', 'cpu', 'cuda' or 'cuda:N', got 'gpu'"),
 ])
 def test_a_task_run_config_refuses_a_bad_value_in_one_line(field, value, expected):

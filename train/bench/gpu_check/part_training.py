@@ -40,7 +40,7 @@ def _command(ctx: CheckContext, run_dir: Path) -> list[str]:
 
 
 def _samples(ctx: CheckContext, run_dir: Path, new_tokens: int) -> dict:
-    from hybrid.train.inference import generate_ids, load_run
+    from hybrid.train.lm.inference import generate_ids, load_run
 
     run = load_run(run_dir, device=ctx.device)
     out = {}

@@ -1,0 +1,121 @@
+"""Every command line offers the options it offered before issue 43 (``tests/fixtures/pre_one_loop/
+cli_options.json``, captured at commit 6b41f74): the same flags, dests, actions, defaults, choices, metavars and
+nargs, and each value read (or refused, with the same one-line error) as before. The flags are generated from the
+run configs' option declarations now, so their help and --help groups are the declarations' (every option still has
+help); this is the proof that nothing a user types changed, but for the changes and additions listed here."""
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+FIXTURES = Path(__file__).parents[2] / "fixtures"
+_spec = importlib.util.spec_from_file_location("cli_options", FIXTURES / "cli_options.py")
+cli_options = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(cli_options)
+
+BEFORE = json.loads((FIXTURES / "pre_one_loop" / "cli_options.json").read_text())
+
+# the commands as a user types them -> their main at 6b41f74 (the fixtures' maker), and where each module went
+_maker_spec = importlib.util.spec_from_file_location("make_pre_one_loop", FIXTURES / "make_pre_one_loop.py")
+maker = importlib.util.module_from_spec(_maker_spec)
+_maker_spec.loader.exec_module(maker)
+MOVED = {  # issue 43: every command line in train/cli/ (the studies' in train/cli/studies/)
+    "hybrid.train.cli": "hybrid.train.cli.lm", "hybrid.train.tasks.cli": "hybrid.train.cli.synthetic",
+    "hybrid.train.hf.cli": "hybrid.train.cli.hf", "hybrid.train.rotary_analysis.cli": "hybrid.train.cli.rope_analyze",
+    "hybrid.train.bench.cli": "hybrid.train.cli.bench", "hybrid.train.distill.cli": "hybrid.train.cli.distill",
+    "hybrid.train.tasks.passkey_reach": "hybrid.train.cli.studies.passkey_reach",
+    "hybrid.train.tasks.passkey_positions": "hybrid.train.cli.studies.passkey_positions",
+    "hybrid.train.tasks.passkey_probe": "hybrid.train.cli.studies.passkey_probe",
+    "hybrid.train.tasks.recurrence_probe": "hybrid.train.cli.studies.recurrence_probe",
+    "hybrid.train.bench.context_compare": "hybrid.train.cli.studies.context_compare",
+    "hybrid.train.bench.decode_compare": "hybrid.train.cli.studies.decode_compare",
+    "hybrid.train.distill.bench": "hybrid.train.cli.studies.distill_bench",
+}
+COMMANDS = {command: MOVED.get(target.split(":")[0], target.split(":")[0]) + ":" + target.split(":")[1]
+            for command, target in maker.COMMANDS.items()}
+
+# what issue 43 changed on purpose: (command, option, field) -> why
+CHANGED = {
+    ("hybrid-synthetic", "--model", "choices"): "the models only; the parity study's candidates run from its own "
+                                                "suite (--suite parity-recipe --models CANDIDATE)",
+    ("hybrid-distill", "--lr", "type"): "one declaration of lr: read as a number and checked by the config, as "
+                                        "hybrid-train reads it (the same one-line error, from the config)",
+}
+# options a command gained: (command, option) -> why
+ADDED = {
+    ("hybrid-distill", "--grad-accum"): "the data section, shared: the loop accumulates micro-batches for every run",
+    ("hybrid-distill", "--on-nonfinite"): "the loop section, shared: the divergence policy is the loop's",
+    ("hybrid-distill", "--compile"): "the execution section, shared",
+    ("hybrid-distill", "--fsdp"): "the execution section, shared: distillation shards with FSDP2 as hybrid-train",
+}
+GENERATED = ("help", "group")  # the declarations' now
+
+
+def _changed(command: str, option: str, entry: dict) -> dict:
+    return {k: v for k, v in entry.items() if (command, option, k) not in CHANGED and k not in GENERATED}
+
+
+NOW = cli_options.option_sets(COMMANDS)
+
+
+def _types(sets: dict) -> list:
+    return sets["types"]
+
+
+@pytest.mark.parametrize("command", sorted(BEFORE["commands"]))
+def test_every_option_is_offered_and_read_as_before(command):
+    before, now = BEFORE["commands"][command], NOW["commands"][command]
+
+    def flat(described, types):
+        out = {}
+        for name, entry in described["options"].items():
+            entry = dict(entry)
+            if "type" in entry:
+                entry["type"] = types[entry["type"]]
+            out[name] = _changed(command, name, entry)
+        for sub, d in described["subcommands"].items():
+            out.update({f"{sub} {k}": v for k, v in flat(d, types).items()})
+        return out
+
+    then, today = flat(before, BEFORE["types"]), flat(now, NOW["types"])
+    assert sorted(today) == sorted([*then, *(name for cmd, name in ADDED if cmd == command)])
+    for name, entry in then.items():
+        assert today[name] == entry, (command, name)
+    assert now["exclusive"] == before["exclusive"]
+    for name, entry in now["options"].items():  # every option that said what it is still does
+        assert entry["help"] or not before["options"].get(name, {"help": "new"})["help"], (command, name)
+
+
+def test_the_changes_are_the_ones_listed():
+    """Each listed change and addition is real (a change that no longer differs is taken off the list)."""
+    for command, option, field in CHANGED:
+        before = BEFORE["commands"][command]["options"][option]
+        now = NOW["commands"][command]["options"][option]
+        if field == "type":
+            assert BEFORE["types"][before["type"]] != NOW["types"][now["type"]]
+        else:
+            assert before[field] != now[field], (command, option, field)
+    for command, option in ADDED:
+        assert option in NOW["commands"][command]["options"] and option not in BEFORE["commands"][command]["options"]
+
+
+def test_the_commands_are_the_ones_there_were():
+    assert sorted(NOW["commands"]) == sorted(BEFORE["commands"])
+
+
+@pytest.mark.parametrize("name, added", [
+    ("TrainConfig", set()),
+    ("DistillConfig", {"grad_accum", "on_nonfinite", "compile", "fsdp"}),  # the sections it now takes whole
+    ("TaskRunConfig", {"min_lr_ratio", "betas"}),  # the optimizer section's, at the values it always used
+])
+def test_the_run_configs_keep_their_fields_and_defaults(name, added):
+    from hybrid.train import TrainConfig
+    from hybrid.train.distill import DistillConfig
+    from hybrid.train.tasks.train import TaskRunConfig
+
+    config = {"TrainConfig": TrainConfig, "DistillConfig": lambda: DistillConfig(teacher="-", pattern="R"),
+              "TaskRunConfig": TaskRunConfig}[name]().to_dict()
+    before = BEFORE["configs"][name]
+    assert set(config) == set(before) | added
+    assert {k: config[k] for k in before} == before

@@ -1,0 +1,70 @@
+"""Runs saved before issue 43's one training loop (``tests/fixtures/make_pre_one_loop.py`` at commit 6b41f74) still
+resume, and give the very records and weights their uninterrupted runs gave: a hybrid-train run, a distillation
+cut in stage 1 (so the resume crosses the stage boundary) and in stage 2, and a synthetic suite with a run to go."""
+import importlib.util
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from hybrid.train.loop.checkpoint import load_checkpoint
+
+HERE = Path(__file__).parents[2] / "fixtures"
+FIXTURES = HERE / "pre_one_loop"
+_spec = importlib.util.spec_from_file_location("run_records", HERE / "run_records.py")
+run_records = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(run_records)
+digests, records = run_records.tensor_digests, run_records.records
+
+
+@pytest.fixture
+def workdir(tmp_path, monkeypatch, one_torch_thread):
+    """A directory holding the fixtures' corpus, as the runs name it (``corpus.jsonl``, relative), made current."""
+    shutil.copy(FIXTURES / "corpus.jsonl", tmp_path / "corpus.jsonl")
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+def test_a_hybrid_train_run_resumes_to_the_same_bits(workdir):
+    from hybrid.train import Trainer
+
+    shutil.copytree(FIXTURES / "train" / "run", workdir / "run")
+    expected = json.loads((FIXTURES / "train" / "expected.json").read_text())
+    Trainer.from_checkpoint("run", trainer_kwargs=dict(verbose=0, progress=False)).fit()
+    assert records(workdir / "run") == expected["records"]
+    final = load_checkpoint(workdir / "run")
+    assert final.step == expected["step"] and digests(final.model_state) == expected["weights"]
+
+
+@pytest.mark.parametrize("cut", ["align", "student"])
+def test_a_distillation_resumes_to_the_same_bits_across_the_stage_boundary(workdir, cut):
+    from hybrid.train.distill import Distiller
+
+    shutil.copytree(FIXTURES / "distill" / cut, workdir / "run")
+    shutil.copytree(FIXTURES / "distill" / "teacher", workdir / "teacher")
+    expected = json.loads((FIXTURES / "distill" / "expected.json").read_text())
+    # the teacher moved since the run was saved (its weights did not): --teacher names where it is now
+    Distiller.from_checkpoint("run", teacher=str(workdir / "teacher"),
+                              distiller_kwargs=dict(verbose=0, progress=False)).fit()
+    assert records(workdir / "run") == expected["records"]
+    final = load_checkpoint(workdir / "run")
+    assert final.step == expected["step"] and digests(final.model_state) == expected["weights"]
+    summary = json.loads((workdir / "run" / "distill.json").read_text())
+    assert {k: v for k, v in summary.items() if k in expected["summary"]} == expected["summary"]
+
+
+def test_a_synthetic_suite_continues_to_the_same_results(workdir):
+    from hybrid.train.cli.synthetic import main
+
+    shutil.copytree(FIXTURES / "suite" / "run", workdir / "suite")
+    command = json.loads((FIXTURES / "suite" / "command.json").read_text())
+    expected = json.loads((FIXTURES / "suite" / "expected.json").read_text())
+    assert main(command + ["--out", str(workdir / "suite")]) == 0
+    got = [json.loads(line) for line in (workdir / "suite" / "results.jsonl").read_text().splitlines()]
+    assert [r["run"] for r in got] == [r["run"] for r in expected]
+    for record, want in zip(got, expected):
+        assert (record["model"], record["seed"]) == (want["model"], want["seed"])
+        # the run config gained the optimizer section's min_lr_ratio and betas (at the values it always used)
+        assert {k: record["config"][k] for k in want["config"]} == want["config"]
+        assert {k: v for k, v in record["metrics"].items() if k != "train_seconds"} == want["metrics"]

@@ -1,0 +1,133 @@
+"""``hybrid-bench`` (= ``python -m hybrid.train.cli.bench``): train the suites on equal budgets and report.
+
+User errors print one line and exit 2 (``hybrid.train.cli.lm``'s conventions); an interrupted suite exits 130 and
+the next invocation continues it.
+"""
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+from pathlib import Path
+
+from ..bench.budgets import BUDGETS, bench_budget, with_window
+from ..bench.suites import SUITES
+from ..lm.config import TrainConfig
+from ..options.sections import DataOptions, LoopOptions
+from ..output.outdir import prepare_suite_dir
+from ..suite import ResultsLog, parse_int_list, parse_name_list
+from .flags import add_device_flag, add_log_flag, add_option_flags
+from .parts import Parser, add_set_flag, positive_int, run_command
+
+__all__ = ["bench_main", "bench_parser"]
+
+EPILOG = """\
+examples:
+  hybrid-bench --suite baselines --budget cpu --out runs/bench      # one suite (≤ 60 min on 2 cores)
+  hybrid-bench --suite all --budget smoke --out runs/smoke           # every suite in minutes
+  hybrid-bench --suite placements --budget cpu --seeds 0 --models qk,nope,v
+  hybrid-bench --suite baselines --out runs/bench --report-only      # rewrite report.md from the records
+  hybrid-bench --suite baselines --models hybrid,transformer-window --set rnn_r_max=0.9999 --out runs/decay
+  hybrid-bench --suite baselines --budget long --window 16 --models transformer,transformer-window --out runs/w16
+
+outputs in OUT/<suite>/: results.jsonl (one record per finished run), <model>/seed<k>/ (run directories that
+hybrid.train.load_run opens), report.md and its PNG plots. Run the same command again to continue.
+"""
+
+
+def bench_parser() -> argparse.ArgumentParser:
+    p = Parser(prog="hybrid-bench", epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
+               description="Train the hybrids and the Transformer / RetNet baselines on equal budgets; report "
+                           "quality at and beyond the training length, speed and memory.")
+    p.add_argument("--suite", required=True, choices=[*SUITES, "all"], help="which suite (or all four)")
+    p.add_argument("--budget", default="smoke", choices=list(BUDGETS),
+                   help="smoke: minutes, for tests; cpu: ≤ 60 min per suite on 2 cores; gpu: ≈ 1 GPU-hour per suite "
+                        "(default: smoke)")
+    p.add_argument("--out", default="runs/bench", help="suite directories go here (default: runs/bench)")
+    # the options a run config declares, the budget's values unless given (hybrid.train.options)
+    add_option_flags(p, LoopOptions, ["steps"], default=None, default_text="the budget's")
+    add_option_flags(p, DataOptions, ["seq_len"], default=None, default_text="the budget's L")
+    p.add_argument("--window", type=positive_int, default=None,
+                   help="override the budget's attention window: the windowed models' and the past-the-window "
+                        "buckets' (fewer tokens than L; use a fresh --out)")
+    p.add_argument("--seeds", default=None, help="override the budget's seeds, e.g. 0,1,2")
+    p.add_argument("--models", default=None, help="only these models of the suite, e.g. transformer,hybrid")
+    add_set_flag(p, help="a HybridConfig field for every model of the suite, VALUE parsed as JSON (e.g. --set "
+                         "rnn_r_max=0.9999); use a fresh --out, the records do not mix settings; repeatable")
+    add_option_flags(p, TrainConfig, ["data", "tokenizer"], default=None)
+    add_device_flag(p)
+    p.add_argument("--threads", type=positive_int, default=None,
+                   help="torch CPU threads (default: torch's choice; 1 is fastest on a machine shared with others)")
+    p.add_argument("--report-only", action="store_true", help="write the reports from the records, train nothing")
+    p.add_argument("--overwrite", action="store_true",
+                   help="start each suite over in OUT/<suite> (its records and runs removed) instead of continuing it")
+    add_log_flag(p, what="each run once it finishes: its metrics.jsonl, measurements and config")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    return p
+
+
+def _run(args: argparse.Namespace, argv: list[str]) -> int:
+    from ..output.tracking import check_trackers
+    from ..bench.harness import run_bench
+    from ..bench.report import write_bench_report
+
+    check_trackers(args.log)
+    if Path(args.out).exists() and not Path(args.out).is_dir():
+        raise ValueError(f"--out: expected a directory, got the file {args.out}")
+    if args.report_only and args.overwrite:
+        raise ValueError("--overwrite and --report-only contradict each other: one removes the records, the "
+                         "other reads them")
+    if args.threads is not None:
+        import torch
+
+        torch.set_num_threads(args.threads)
+    suites = list(SUITES) if args.suite == "all" else [args.suite]
+    if args.models is not None and len(suites) > 1:
+        raise ValueError("--models: expected a single --suite (model names differ between suites), got --suite all")
+    seeds = None if args.seeds is None else parse_int_list(args.seeds)
+    models = None if args.models is None else parse_name_list(args.models)
+    command = "hybrid-bench " + " ".join(shlex.quote(a) for a in argv)
+    for name in suites:
+        budget = bench_budget(args.budget, name).override(steps=args.steps, seq_len=args.seq_len, seeds=seeds,
+                                                          models=models, known_models=list(SUITES[name].models))
+        if args.window is not None:
+            budget = with_window(budget, args.window)
+        directory = Path(args.out) / name
+        print(f"suite {name!r} → {directory}/\n{budget.describe()}", flush=True)
+        if args.report_only:
+            records = ResultsLog(directory).records()
+            if not records:
+                raise ValueError(f"--report-only: expected records in {directory / 'results.jsonl'}, found none")
+        else:
+            prepare_suite_dir(directory, overwrite=args.overwrite, what=f"--out ({name})")
+            if not sys.stderr.isatty():  # datasets' bars are carriage-return animations: not in a log file
+                import datasets
+
+                datasets.disable_progress_bars()
+            records = run_bench(name, budget, out=args.out, data=args.data, tokenizer=args.tokenizer,
+                                device=args.device, sets=dict(args.sets), verbose=not args.quiet)
+        if args.log:
+            _log_runs(args.log, directory, name, records)
+        path = write_bench_report(directory, name, records, budget_text=budget.describe(), command=command)
+        print(f"report: {path}", flush=True)
+    return 0
+
+
+def _log_runs(kinds, directory: Path, suite: str, records: list[dict]) -> None:
+    """Each finished run of the suite to the trackers, once (hybrid.train.output.tracking.replay_run)."""
+    from ..output.tracking import replay_run
+
+    for record in records:
+        run_dir = directory / record["run"]
+        if run_dir.is_dir():
+            replay_run(kinds, run_dir, record["config"], summary=record.get("metrics") or {}, group=suite)
+
+
+def bench_main(argv: list[str] | None = None) -> int:
+    """``hybrid-bench``: returns the exit status (the console script exits with it)."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    return run_command(bench_parser(), argv, lambda args: _run(args, argv))
+
+
+if __name__ == "__main__":
+    sys.exit(bench_main())

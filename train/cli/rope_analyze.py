@@ -1,0 +1,110 @@
+"""``hybrid-rope-analyze``: the rotary outlier analysis (Jonasson, "Rotary Outliers and
+Rotary Offset Features in Large Language Models") of one of our runs or a Hugging Face model.
+
+    hybrid-rope-analyze runs/tf --tokens 200000 --out runs/tf/rope-analysis
+    hybrid-rope-analyze ./Llama-2-7b-hf --data ~/texts --tokens 1000000 --out llama2   [needs hybrid-lm[analysis]]
+
+MODEL is a run directory of ours (its checkpoint/) or a transformers causal LM (local directory or hub name).
+The corpus (``--data``, as for hybrid-train: default this Python's standard library) is read in sequences of
+``--seq-len`` tokens (default: p_max, at most 2048), documents in a fixed shuffled order, until ``--tokens``
+tokens. Outputs in ``--out``: summary.json, channels.npz, report.md and fig{1,2,5,8,10}_*.png (see
+train/rotary_analysis/report.py for the schema and docs/rotary.md for a guide).
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+
+from .flags import add_device_flag
+from .parts import Parser, UsageError, positive_int, run_command
+from ..parallel.distributed import resolve_device
+from ..output.outdir import check_output_dir, staged_output_dir
+from ..rotary_analysis.capture import capture_statistics
+from ..rotary_analysis.corpus import corpus_documents, token_batches
+from ..rotary_analysis.features import analyze
+from ..rotary_analysis.report import write_outputs
+from ..rotary_analysis.subject import load_subject
+
+DEFAULT_SEQ_CAP = 2048
+
+
+def analyze_parser() -> argparse.ArgumentParser:
+    p = Parser(prog="hybrid-rope-analyze",
+                description="Rotary offset features (Jonasson, 'Rotary Outliers and Rotary Offset Features in "
+                            "Large Language Models'): capture pre-rotation queries and keys over a corpus and "
+                            "write Table 2, the per-feature summary and the figures.",
+                epilog=__doc__.split("\n\n")[1], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("model", metavar="MODEL", help="our run directory, or a Hugging Face model directory or name")
+    p.add_argument("--data", default=None, help="corpus: a path, 'stdlib' (default) or a hub dataset name")
+    p.add_argument("--tokens", type=positive_int, default=100_000, help="tokens to read (default: 100000)")
+    p.add_argument("--out", default="rope-analysis", metavar="DIR", help="output directory (default: rope-analysis)")
+    p.add_argument("--overwrite", action="store_true", help="replace a non-empty --out whole")
+    p.add_argument("--seq-len", type=positive_int, default=None,
+                   help=f"tokens per sequence (default: p_max, at most {DEFAULT_SEQ_CAP})")
+    p.add_argument("--batch-size", type=positive_int, default=1, help="sequences per forward pass (default: 1)")
+    p.add_argument("--p-max", type=positive_int, default=None,
+                   help="context length for the bounds (default: our training seq_len, or the HF config's "
+                        "max_position_embeddings)")
+    p.add_argument("--radii", type=float, nargs="+", default=[6.0, 9.0, 12.0],
+                   help="outlier key radii for Table 2 (default: 6 9 12, the seed's)")
+    p.add_argument("--head", default=None, metavar="LAYER,HEAD",
+                   help="analysed-layer index and head for figures 5 and 10 (default: the largest key radius)")
+    p.add_argument("--include-retention", action="store_true", help="also analyse retention (M) layers")
+    p.add_argument("--no-figures", action="store_true", help="skip the PNG figures")
+    add_device_flag(p)
+    p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="float32",
+                   help="weights' dtype for Hugging Face models (default: float32)")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    return p
+
+
+def _parse_head(text: str | None):
+    if text is None:
+        return None
+    try:
+        layer, head = (int(v) for v in text.split(","))
+    except ValueError:
+        raise UsageError(f"--head: expected LAYER,HEAD (two ints), got {text!r}") from None
+    return layer, head
+
+
+def _analyze(args: argparse.Namespace) -> int:
+    if any(not r > 0 for r in args.radii):
+        raise UsageError(f"--radii: expected positive numbers, got {args.radii}")
+    head = _parse_head(args.head)
+    inputs = [args.model] if Path(args.model).exists() else []
+    try:  # before the (long) capture: a non-empty --out is refused unless --overwrite
+        check_output_dir(args.out, overwrite=args.overwrite, what="--out", inputs=inputs)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    device = resolve_device(args.device)
+    subject = load_subject(args.model, device=device, dtype=getattr(torch, args.dtype),
+                           include_retention=args.include_retention)
+    p_max = args.p_max or subject.p_max
+    if p_max is None:
+        raise UsageError(f"--p-max: the run {args.model} records no training seq_len; pass --p-max")
+    seq_len = args.seq_len or min(p_max, DEFAULT_SEQ_CAP)
+    batches = token_batches(corpus_documents(args.data), subject.encode, separator=subject.separator,
+                            prefix=subject.prefix, seq_len=seq_len, batch_size=args.batch_size, tokens=args.tokens)
+    stats = capture_statistics(subject.forward, subject.layers, batches, total_tokens=args.tokens,
+                               progress=not args.quiet, desc="hybrid-rope-analyze")
+    result = analyze(stats, p_max)
+    with staged_output_dir(args.out, overwrite=args.overwrite, what="--out", inputs=inputs) as stage:
+        summary = write_outputs(result, stage, model=subject.name, radii=args.radii, notes=subject.notes,
+                                figures=not args.no_figures, head=head)
+    t = summary["table2"]
+    print(f"{subject.name}: {t['n_features']} features, {t['pct_rof']:.0f}% under the upper bound, "
+          f"{t['n_definition_3_1']} meet Definition 3.1; wrote {args.out}/report.md")
+    return 0
+
+
+def analyze_main(argv: list[str] | None = None) -> int:
+    """``hybrid-rope-analyze``: returns the exit status."""
+    return run_command(analyze_parser(), argv, _analyze)
+
+
+if __name__ == "__main__":
+    sys.exit(analyze_main())

@@ -1,0 +1,53 @@
+"""TrainConfig: everything a language model's run needs besides the model config, validated on construction.
+
+Its options are the sections every run kind shares (``hybrid.train.options.sections``: model, data, optimizer,
+loop, logging, execution), at their defaults, plus the two only a language model has: ``tokenizer`` and
+``init_partial``. The model is ``HybridConfig.preset(preset, size, vocab_size=round_vocab_size(tokenizer.vocab_size),
+**model)`` (``model`` overrides any HybridConfig field, vocab_size included). ``batch_size`` is per rank; one
+optimizer step sees ``batch_size × grad_accum × world_size`` sequences of ``seq_len`` tokens (the global batch).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+from ..loop.divergence import MAX_SKIPS_IN_A_ROW, NONFINITE_POLICIES
+from ..loop.schedule import default_warmup
+from ..options.checks import a_bool, check_optional_str
+from ..options.fields import option
+from ..options.record import RunConfig
+from ..options.sections import (DataOptions, ExecutionOptions, LoggingOptions, LoopOptions, ModelOptions,
+                                OptimizerOptions)
+from ..output.tracking import TRACKERS
+
+__all__ = ["TrainConfig", "NONFINITE_POLICIES", "MAX_SKIPS_IN_A_ROW", "TRACKERS"]
+
+
+@dataclass
+class TrainConfig(RunConfig, ExecutionOptions, LoggingOptions, LoopOptions, OptimizerOptions, DataOptions,
+                  ModelOptions):  # the fields come in the reverse order of the bases: the model's first
+    KIND: ClassVar[str] = "train config"
+    # what a resumed run keeps: the model, the data order and the optimiser's form (hybrid.train.loop.resume)
+    FIXED: ClassVar[tuple[str, ...]] = ("preset", "size", "model", "data", "text_column", "tokenizer",
+                                        "valid_fraction", "seq_len", "packing", "seed", "min_lr_ratio", "betas")
+    OPTIMISER: ClassVar[tuple[str, ...]] = ("lr", "warmup", "weight_decay", "grad_clip")
+
+    tokenizer: str | None = option(None, "data", check=check_optional_str, metavar="PATH",
+                                   help="a tokenizer.json (or a directory holding one); default: bytes (vocab 259)",
+                                   shown_default="")
+    init_partial: bool = option(False, "model", check=a_bool, action="store_true", shown_default="",
+                                help="with --init-from: copy every weight whose name and shape match and initialise "
+                                     "the rest, e.g. a hybrid (--set pattern='\"RRA\"') started from a transformer's "
+                                     "attention, MLP and embedding weights")
+
+    @property
+    def warmup_steps(self) -> int:
+        """``warmup``, or when it is None the derived ``default_warmup(steps)`` (``min(100, steps // 10)``)."""
+        return default_warmup(self.steps) if self.warmup is None else self.warmup
+
+    def _check(self) -> None:
+        if self.init_partial and self.init_from is None:
+            raise ValueError("init_partial: expected together with init_from (the run to copy weights from), got no "
+                             "init_from")
+        if self.warmup is not None and self.warmup > self.steps:
+            raise ValueError(f"warmup: expected at most steps={self.steps}, got {self.warmup}")

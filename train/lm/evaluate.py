@@ -1,0 +1,66 @@
+"""Validation loss and bits per byte, summed over every rank's share of the validation stream."""
+from __future__ import annotations
+
+import contextlib
+import math
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from ..data import PreparedData
+from ..data.packing import pack_documents
+from ..parallel.distributed import DistEnv
+
+__all__ = ["evaluate"]
+
+
+@torch.no_grad()
+def evaluate(model: torch.nn.Module, data: PreparedData, *, seq_len: int, batch_size: int,
+             max_batches: int | None = None, device: torch.device | str = "cpu", env: DistEnv | None = None,
+             autocast=contextlib.nullcontext, packing: str = "stream") -> dict:
+    """``{"val_loss", "val_bpb", "val_tokens"}``: mean cross-entropy (nats) per target token and bits per byte.
+
+    ``max_batches`` (None = all) counts batches of ``batch_size`` over all ranks together; the ranks take
+    interleaved blocks, so the set of sequences scored does not depend on the number of ranks. With a limit,
+    ``val_bpb`` converts the loss of that prefix with the whole split's bytes per token (an estimate).
+    Every rank runs the same number of forward passes (padding with a dummy one), as FSDP needs.
+    ``packing`` ("stream" or "documents", ``hybrid.train.data.packing``) scores the windows as training sees them.
+    """
+    env = env or DistEnv()
+    per_rank = None if max_batches is None else math.ceil(max_batches / env.world_size)
+    batches = data.valid_batches(seq_len, batch_size, rank=env.rank, world_size=env.world_size,
+                                 max_batches=per_rank)
+    was_training = model.training
+    model.eval()
+    totals = torch.zeros(2, dtype=torch.float64, device=device)  # (sum of losses, number of targets)
+    dummy = torch.zeros(1, 1, dtype=torch.long, device=device)
+    try:
+        while True:
+            batch = next(batches, None)
+            if env.distributed:  # go on while any rank has a batch left
+                more = torch.tensor([batch is not None], dtype=torch.int32, device=device)
+                if not env.all_reduce(more, op=dist.ReduceOp.MAX).item():
+                    break
+            elif batch is None:
+                break
+            if batch is None:
+                with autocast():
+                    model(dummy, output_final_state=False)
+                continue
+            x, y = batch
+            cu_seqlens = None
+            if packing == "documents":
+                x, y, cu_seqlens = pack_documents(x, y, data.tokenizer.eos_id)
+                cu_seqlens = cu_seqlens.to(device, non_blocking=True)
+            x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+            with autocast():
+                logits, _ = model(x, cu_seqlens=cu_seqlens, output_final_state=False)
+            loss = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), y.reshape(-1), reduction="sum")
+            totals[0] += loss.double()
+            totals[1] += y.numel()
+    finally:
+        model.train(was_training)
+    env.all_reduce(totals)
+    mean = (totals[0] / totals[1]).item()
+    return {"val_loss": mean, "val_bpb": data.bpb(mean), "val_tokens": int(totals[1].item())}

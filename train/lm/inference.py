@@ -1,0 +1,69 @@
+"""A trained run for inference: the model and tokenizer rebuilt from its checkpoint, and text generation.
+
+    run = load_run("runs/demo")                          # verified checkpoint -> HybridLM + tokenizer
+    text = generate_text(run, "def ", max_new_tokens=200, temperature=0)
+
+The prompt is encoded as ``[eos] + prompt``: training streams are ``[eos] doc [eos] doc …``, so ``eos`` is
+the context every document starts from.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from hybrid.models import HybridLM
+
+from ..loop.checkpoint import CheckpointError, load_checkpoint
+from ..loop.saved_model import checkpoint_config, checkpoint_model
+from ..data.tokenizer import Tokenizer, tokenizer_from_dict
+
+__all__ = ["LoadedRun", "load_run", "generate_ids", "generate_text"]
+
+
+@dataclass
+class LoadedRun:
+    model: HybridLM
+    tokenizer: Tokenizer
+    step: int
+    path: Path  # the checkpoint directory
+    train_config: dict
+
+
+def load_run(run_dir, device: str | torch.device = "cpu") -> LoadedRun:
+    """The model (eval mode, on ``device``) and tokenizer of the checkpoint in ``run_dir``.
+
+    A missing checkpoint is a FileNotFoundError; a corrupt one, or one without a tokenizer record, a
+    CheckpointError.
+    """
+    ckpt = load_checkpoint(run_dir)
+    extra = ckpt.extra if isinstance(ckpt.extra, dict) else {}
+    if "tokenizer" not in extra:
+        raise CheckpointError(ckpt.path, "has no tokenizer record: it was not written by train.Trainer")
+    config = checkpoint_config(ckpt)
+    tokenizer = tokenizer_from_dict(extra["tokenizer"])
+    model = checkpoint_model(ckpt, device, config)
+    return LoadedRun(model=model, tokenizer=tokenizer, step=ckpt.step, path=ckpt.path,
+                     train_config=extra.get("train_config", {}))
+
+
+def generate_ids(run: LoadedRun, prompt: str, *, max_new_tokens: int = 200, mode: str = "recurrent",
+                 prefill: str = "parallel", temperature: float = 1.0, top_k: int | None = None,
+                 top_p: float | None = None, seed: int = 0, stop_at_eos: bool = True,
+                 chunk_size: int | None = None) -> list[int]:
+    """Token ids of ``[eos] + prompt`` and its continuation (the leading ``eos`` included)."""
+    tok = run.tokenizer
+    device = run.model.embed.weight.device
+    ids = torch.tensor([[tok.eos_id] + tok.encode(prompt)], dtype=torch.long, device=device)
+    generator = torch.Generator(device=device).manual_seed(seed)
+    out = run.model.generate(ids, max_new_tokens, mode=mode, prefill=prefill, temperature=temperature,
+                             top_k=top_k, top_p=top_p, generator=generator,
+                             eos_token_id=tok.eos_id if stop_at_eos else None, chunk_size=chunk_size,
+                             vocab_limit=min(tok.vocab_size, run.model.config.vocab_size))  # no padding ids
+    return out[0].tolist()
+
+
+def generate_text(run: LoadedRun, prompt: str, **kwargs) -> str:
+    """The prompt followed by its continuation, decoded (special tokens dropped)."""
+    return run.tokenizer.decode(generate_ids(run, prompt, **kwargs))

@@ -1,0 +1,3 @@
+"""Where a run executes: the device (``device``), the torchrun job with DDP or FSDP2 wrapping and full state dicts
+(``distributed``), and training batches laid out over the ranks so a run resumes on any number of them
+(``sharding``)."""
