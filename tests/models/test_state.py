@@ -80,14 +80,13 @@ def test_states_cat_into_one_batch(windowed_hybrid):
     assert err <= 1e-9 * scale, f"continuation from concatenated states: max error {err:.3g}, scale {scale:.3g}"
 
 
-def test_cat_needs_states_at_one_offset(windowed_hybrid):
+def test_cat_joins_states_at_any_offsets(windowed_hybrid):
+    """States at different positions join as a ragged batch (per-row positions); an empty list is refused."""
     model = windowed_hybrid
     with torch.no_grad():
         _, states = model(torch.zeros(1, 5, dtype=torch.long), cu_seqlens=torch.tensor([0, 2, 5]))
     assert [s.offset for s in states] == [2, 3]
-    with pytest.raises(ValueError, match=r"^states: expected a non-empty list of states at one offset, got offsets "
-                                         r"\[2, 3\]$"):
-        HybridState.cat(states)
-    with pytest.raises(ValueError, match=r"^states: expected a non-empty list of states at one offset, got offsets "
-                                         r"\[\]$"):
+    joined = HybridState.cat(states)
+    assert joined.ragged and joined.offset.tolist() == [2, 3] and joined.batch_size == 2
+    with pytest.raises(ValueError, match=r"^states: expected a non-empty list of HybridStates, got an empty list$"):
         HybridState.cat([])
