@@ -150,12 +150,16 @@ class RowKVCache:
         return None if self.v is None else (self.v if self.window else self.v[:, : self.span])
 
     def reserve(self, capacity: int) -> None:
-        """Room for `capacity` entries per row (global cache; copies the filled part once when it grows)."""
+        """Room for `capacity` entries per row (global cache; copies the filled part once when it grows). The new
+        slots are zeros: a row attends over every slot, masked, and a masked NaN (uninitialised memory) would
+        still poison the weighted sum (0 · NaN)."""
         if self.window or self.k.shape[1] >= capacity:
             return
         capacity = max(capacity, 2 * self.k.shape[1])
-        self.k = _with_capacity(self.k[:, : self.span], capacity)
-        self.v = None if self.v is None else _with_capacity(self.v[:, : self.span], capacity)
+        grow = lambda t: torch.cat([t[:, : self.span], t.new_zeros(t.shape[0], capacity - self.span, *t.shape[2:])],
+                                   dim=1)  # noqa: E731  (B, capacity, G, D)
+        self.k = grow(self.k)
+        self.v = None if self.v is None else grow(self.v)
 
     def attend(self, k: Tensor, v: Tensor | None, offset: Tensor) -> tuple[Tensor, Tensor | None, Tensor]:
         """Store k, v `(B, T, G, D)` of row b's positions `offset[b] … offset[b] + T − 1` and return what their
