@@ -94,8 +94,8 @@ def check_offset(offset, n_sequences: int | None = None, batch: int | None = Non
         want = "(B,)" if batch is None else f"(B,) = ({batch},)"
         if offset.dim() != 1 or offset.dtype not in (torch.int64, torch.int32) or (
                 batch is not None and offset.shape[0] != batch):
-            raise ValueError(f"offset: expected an int or an int64 tensor {want} of per-row positions, got a "
-                             f"{str(offset.dtype).removeprefix('torch.')} tensor of shape {tuple(offset.shape)}")
+            raise ValueError(f"offset: expected an int or an int64 tensor {want} of per-row positions, got a tensor "
+                             f"of shape {tuple(offset.shape)} ({str(offset.dtype).removeprefix('torch.')})")
         if offset.device.type == "cpu" and offset.numel() and int(offset.min()) < 0:  # no host sync off the CPU
             raise ValueError(f"offset: expected positions >= 0, got {offset.tolist()}")
         return offset.long()

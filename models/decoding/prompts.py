@@ -77,9 +77,13 @@ def prefill(model, prompts: list[Tensor], mode: str = "parallel", chunk_size: in
     """Run ``prompts`` (1-D, any lengths, empty ones included) as one packed forward.
 
     Returns the logits after each prompt's last token ``(N, V)`` (zeros for an empty prompt) and the batch state
-    (``HybridState``, rows in prompt order; an empty prompt's row is a fresh state at position 0).
+    (``HybridState``, rows in prompt order; an empty prompt's row is a fresh state at position 0). Prompts of one
+    length run as a plain ``(N, T)`` batch instead, and their state keeps one position.
     """
     V = model.config.vocab_size
+    if len({p.numel() for p in prompts}) == 1 and prompts[0].numel():  # one length: a plain batch, one position
+        logits, state = model(torch.stack(prompts), mode=mode, chunk_size=chunk_size)
+        return logits[:, -1], state
     filled = [i for i, p in enumerate(prompts) if p.numel()]
     device = model.embed.weight.device
     logits = model.lm_head.weight.new_zeros(len(prompts), V)

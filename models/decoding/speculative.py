@@ -28,6 +28,8 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
+from hybrid.checks import check_int
+
 from ..sampling import sampling_probs
 from ..state import HybridState
 from .prompts import prefill
@@ -47,6 +49,18 @@ class SpeculativeStats:
     def acceptance_rate(self) -> float:
         """Accepted proposals over proposals made."""
         return self.accepted / self.proposed if self.proposed else 0.0
+
+
+def draft_from_layers(model, n_layers: int):
+    """The draft "the same model with fewer layers": a ``HybridLM`` made of ``model``'s embedding, its first
+    ``n_layers`` blocks, its final norm and its head (shared, not copied; self-speculative decoding)."""
+    from ..lm import HybridLM
+
+    check_int("n_layers", n_layers, low=1, high=model.config.n_layers)
+    draft = HybridLM(model.config.replace(n_layers=n_layers, meta={**model.config.meta, "draft_of_layers": n_layers}))
+    draft.embed, draft.abs_pos, draft.norm, draft.lm_head = model.embed, model.abs_pos, model.norm, model.lm_head
+    draft.blocks = torch.nn.ModuleList(model.blocks[:n_layers])
+    return draft.train(model.training)
 
 
 def residual_distribution(p: Tensor, q: Tensor) -> Tensor:
@@ -79,8 +93,8 @@ def speculative_decode(target, draft, prompts: list[Tensor], max_new_tokens: int
     pending[:, 0] = torch.stack([p[-1] for p in prompts])
     n_pending = torch.ones(B, dtype=torch.long, device=device)
     rows = torch.arange(B, device=device)  # the prompt each batch row decodes
-    out: list[list[Tensor]] = [[] for _ in range(B)]
-    produced = [0] * B
+    out = torch.zeros(B, max_new_tokens, dtype=torch.long, device=device)  # each prompt's new tokens
+    produced = torch.zeros(B, dtype=torch.long, device=device)
     stats = SpeculativeStats(accepted_per_position=[0] * lookahead)
     while rows.numel():
         draft_fork, target_fork = draft_state.fork(), target_state.fork()
@@ -90,7 +104,7 @@ def speculative_decode(target, draft, prompts: list[Tensor], max_new_tokens: int
         keep = n_pending + n_accepted == K  # every proposal accepted: both states read exactly the row's tokens
         target_state = target_state.rewind(keep, target_fork)
         draft_state = draft_state.rewind(keep, draft_fork)
-        done = _record(out, produced, rows, chunk, n_pending, n_accepted, token, max_new_tokens, eos_token_id, stats)
+        done = _record(out, produced, rows, chunk, n_pending, n_accepted, token, eos_token_id, stats)
         # pending next round: the token alone, or (rolled back) the old pending tokens, the accepted ones and it
         reread = torch.where(keep, torch.zeros_like(n_pending), n_pending + n_accepted)  # (b,)
         position = torch.arange(K, device=device)
@@ -101,7 +115,7 @@ def speculative_decode(target, draft, prompts: list[Tensor], max_new_tokens: int
             live = (~done).nonzero().flatten()
             rows, pending, n_pending = rows[live], pending[live], n_pending[live]
             target_state, draft_state = target_state.select(live), draft_state.select(live)
-    return [torch.cat(tokens) if tokens else torch.zeros(0, dtype=torch.long, device=device) for tokens in out], stats
+    return [row[:n] for row, n in zip(out, produced.tolist())], stats
 
 
 def _propose(draft, state: HybridState, pending: Tensor, n_pending: Tensor, K: int, sampling: dict, generator):
@@ -155,25 +169,30 @@ def _verify(logits: Tensor, tokens: Tensor, q: Tensor, n_pending: Tensor, K: int
     return n_accepted, torch.multinomial(draw_from, 1, generator=generator).squeeze(-1)
 
 
-def _record(out, produced, rows, chunk, n_pending, n_accepted, token, max_new_tokens, eos, stats):
-    """Append each row's accepted proposals and its token to its output (up to ``max_new_tokens``, up to ``eos``)
-    and count the round; returns which rows are done."""
-    done = torch.zeros(rows.numel(), dtype=torch.bool)
+def _record(out: Tensor, produced: Tensor, rows: Tensor, chunk: Tensor, n_pending: Tensor, n_accepted: Tensor,
+            token: Tensor, eos, stats: SpeculativeStats) -> Tensor:
+    """Write each row's accepted proposals and its token into ``out`` ``(B, max_new_tokens)`` after the ``produced``
+    tokens of its prompt (up to the end of ``out``, up to ``eos``) and count the round; returns which rows are done."""
+    b, K = chunk.shape
+    i = torch.arange(K, device=chunk.device)
+    source = torch.clamp(n_pending[:, None] + i, max=K - 1)  # (b, K): proposals start after the pending tokens
+    new = torch.where(i[None] < n_accepted[:, None], chunk.gather(1, source), token[:, None])  # (b, K)
+    count = n_accepted + 1  # accepted proposals, then the target's token
+    hit = torch.zeros(b, dtype=torch.bool, device=chunk.device)
+    if eos is not None:
+        is_eos = (new == eos) & (i[None] < count[:, None])
+        hit = is_eos.any(1)
+        count = torch.where(hit, is_eos.long().argmax(1) + 1, count)  # up to and including the first eos
+    room = out.shape[1] - produced[rows]
+    count = torch.minimum(count, room)
+    position = produced[rows][:, None] + i  # (b, K)
+    write = i[None] < count[:, None]
+    out[rows[:, None].expand(-1, K)[write], position[write]] = new[write]
+    produced[rows] += count
     stats.rounds += 1
-    accepted, first, new_token = n_accepted.tolist(), n_pending.tolist(), token.tolist()
-    for j, prompt in enumerate(rows.tolist()):
-        proposals = chunk[j, first[j]:].tolist()
-        stats.proposed += len(proposals)
-        stats.accepted += accepted[j]
-        for position in range(accepted[j]):
-            stats.accepted_per_position[position] += 1
-        new = proposals[:accepted[j]] + [new_token[j]]
-        if eos is not None and eos in new:
-            new = new[:new.index(eos) + 1]
-            done[j] = True
-        new = new[:max_new_tokens - produced[prompt]]
-        produced[prompt] += len(new)
-        stats.produced += len(new)
-        out[prompt].append(torch.tensor(new, dtype=torch.long, device=chunk.device))
-        done[j] |= produced[prompt] >= max_new_tokens
-    return done.to(rows.device)
+    stats.proposed += int((K - n_pending).sum())
+    stats.accepted += int(n_accepted.sum())
+    stats.produced += int(count.sum())
+    for position_in_round in range(len(stats.accepted_per_position)):
+        stats.accepted_per_position[position_in_round] += int((n_accepted > position_in_round).sum())
+    return hit | (produced[rows] >= out.shape[1])
