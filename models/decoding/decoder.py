@@ -97,8 +97,8 @@ class Decoder:
             check_int("stop_token", request.stop_token, low=0, high=high, allow_none=True)
             check_int("seed", request.seed, allow_none=True)
             prompt = request.prompt if isinstance(request.prompt, Tensor) else torch.tensor(list(request.prompt))
-            return check_prompts(self.model, [prompt.long()])[0]
-        except ValueError as e:
+            return check_prompts(self.model, [prompt.long()], name=lambda _: "prompt")[0]
+        except (ValueError, TypeError, RuntimeError) as e:
             raise ValueError(f"requests[{index}].{e}") from None
 
     @torch.no_grad()

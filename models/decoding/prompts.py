@@ -59,16 +59,16 @@ def _one_prompt(prompt, index: int) -> Tensor:
         raise ValueError(f"input_ids[{index}]: expected a sequence of token ids, got {type(prompt).__name__}") from None
 
 
-def check_prompts(model, prompts: list[Tensor], allow_empty: bool = False) -> list[Tensor]:
-    """Every prompt holds ids in ``[0, vocab_size)`` (and at least one, unless ``allow_empty``); returned on the
-    model's device."""
+def check_prompts(model, prompts: list[Tensor], name=lambda i: f"input_ids[{i}]") -> list[Tensor]:
+    """Every prompt holds at least one id, each in ``[0, vocab_size)``; returned on the model's device. Errors name
+    prompt i ``name(i)``."""
     device = model.embed.weight.device
     out = []
     for i, p in enumerate(prompts):
-        if p.numel() == 0 and not allow_empty:
-            raise ValueError(f"input_ids[{i}]: expected a prompt of at least one token, got an empty sequence")
+        if p.numel() == 0:
+            raise ValueError(f"{name(i)}: expected a prompt of at least one token, got an empty sequence")
         p = p.to(device)
-        model.check_ids(p, f"input_ids[{i}]", "(T,)")
+        model.check_ids(p, name(i), "(T,)")
         out.append(p)
     return out
 

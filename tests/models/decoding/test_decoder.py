@@ -76,7 +76,7 @@ def test_slots_are_refilled_and_the_batch_shrinks(monkeypatch, model_of):
 
 
 @pytest.mark.parametrize("request_, match", [
-    (Request(prompt=[], max_new_tokens=2), r"^requests\[1\]\.input_ids\[0\]: expected a prompt of at least one token"),
+    (Request(prompt=[], max_new_tokens=2), r"^requests\[1\]\.prompt: expected a prompt of at least one token"),
     (Request(prompt=[1], max_new_tokens=-1), r"^requests\[1\]\.max_new_tokens: expected an int >= 0, got -1$"),
     (Request(prompt=[1], max_new_tokens=2, top_p=2.0), r"^requests\[1\]\.top_p: expected a number in \(0, 1\]"),
     (Request(prompt=[1], max_new_tokens=2, stop_token=VOCAB), r"^requests\[1\]\.stop_token: expected an int >= 0"),
