@@ -28,7 +28,8 @@ def _fields(state) -> list[tuple[str, Tensor]]:
 def check_rows(name: str, rows: Tensor, batch: int | None = None) -> Tensor:
     """`rows`: a 1-D integer tensor of row indices (on the CPU checked against `batch`); returned as int64."""
     if not isinstance(rows, Tensor) or rows.dim() != 1 or rows.dtype not in (torch.int64, torch.int32):
-        got = f"shape {tuple(rows.shape)} {rows.dtype}" if isinstance(rows, Tensor) else type(rows).__name__
+        got = (f"shape {tuple(rows.shape)} ({str(rows.dtype).removeprefix('torch.')})" if isinstance(rows, Tensor)
+               else type(rows).__name__)
         raise ValueError(f"{name}: expected a 1-D int64 tensor of row indices, got {got}")
     if batch is not None and rows.device.type == "cpu" and rows.numel() and not (
             0 <= int(rows.min()) and int(rows.max()) < batch):
@@ -39,7 +40,8 @@ def check_rows(name: str, rows: Tensor, batch: int | None = None) -> Tensor:
 def check_keep(keep: Tensor, batch: int) -> Tensor:
     """`keep`: a BoolTensor `(batch,)`."""
     if not isinstance(keep, Tensor) or keep.dtype != torch.bool or tuple(keep.shape) != (batch,):
-        got = f"{keep.dtype} of shape {tuple(keep.shape)}" if isinstance(keep, Tensor) else type(keep).__name__
+        got = (f"{str(keep.dtype).removeprefix('torch.')} of shape {tuple(keep.shape)}" if isinstance(keep, Tensor)
+               else type(keep).__name__)
         raise ValueError(f"keep: expected a bool tensor of shape ({batch},), got {got}")
     return keep
 
