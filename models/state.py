@@ -88,7 +88,7 @@ class HybridState:
             offset = states[0].offset
         else:
             offset = torch.cat([s.positions() for s in states])
-        layers = [type(layer).cat([s.layers[i] for s in states]) for i, layer in enumerate(states[0].layers)]
+        layers = [_op(layer, "cat")([s.layers[i] for s in states]) for i, layer in enumerate(states[0].layers)]
         if isinstance(offset, Tensor):
             offset = offset.to(_rows_and_device(layers)[1] or offset.device)
         return cls(layers=layers, offset=offset)
@@ -102,7 +102,7 @@ class HybridState:
         """Rows ``index`` ``(n,)`` as a new state (copied)."""
         index = check_rows("index", index, self.batch_size)
         offset = self.offset.index_select(0, index.to(self.offset.device)) if self.ragged else self.offset
-        return HybridState(layers=[layer.select(index) for layer in self.layers], offset=offset)
+        return HybridState(layers=[_op(layer, "select")(index) for layer in self.layers], offset=offset)
 
     def put(self, rows: Tensor, source: "HybridState") -> "HybridState":
         """This batch with rows ``rows`` ``(n,)`` replaced by ``source``'s n rows (their states written into the
@@ -113,13 +113,13 @@ class HybridState:
                              f"{type(source).__name__}")
         positions = self.positions()
         offset = positions.index_copy(0, rows.to(positions.device), source.positions().to(positions.device))
-        layers = [layer.put(rows, src) for layer, src in zip(self.layers, source.layers)]
+        layers = [_op(layer, "put")(rows, src) for layer, src in zip(self.layers, source.layers)]
         return HybridState(layers=layers, offset=offset)
 
     def fork(self) -> "HybridState":
         """A rollback point: continue this state, then ``rewind(keep, fork)`` takes rows back to here. Costs
         nothing for R and M layers and a global cache (truncated on rewind); copies a window's ring."""
-        return HybridState(layers=[layer.fork() for layer in self.layers], offset=self.offset)
+        return HybridState(layers=[_op(layer, "fork")() for layer in self.layers], offset=self.offset)
 
     def rewind(self, keep: Tensor, fork: "HybridState") -> "HybridState":
         """Rows where ``keep`` ``(B,)`` is False taken back to ``fork`` (this state's ancestor's ``fork()``), the
@@ -130,8 +130,18 @@ class HybridState:
         else:
             here, there = self.positions(), fork.positions()
             offset = torch.where(keep.to(here.device), here, there.to(here.device))
-        layers = [layer.rewind(keep, old) for layer, old in zip(self.layers, fork.layers)]
+        layers = [_op(layer, "rewind")(keep, old) for layer, old in zip(self.layers, fork.layers)]
         return HybridState(layers=layers, offset=offset)
+
+
+def _op(layer, name: str):
+    """The layer state's row operation ``name`` (``hybrid.mixer``'s state API), or a one-line error naming it."""
+    op = getattr(layer, name, None)
+    if op is None:
+        raise ValueError(f"state: expected layer states with {name}() (hybrid.mixer's decode-state API: inherit "
+                         f"hybrid.batch_state.TensorState for batch-first tensors never written in place), got a "
+                         f"{type(layer).__name__} without it")
+    return op
 
 
 def _rows_and_device(layers) -> tuple[int | None, torch.device | None]:

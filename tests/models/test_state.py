@@ -90,3 +90,19 @@ def test_cat_joins_states_at_any_offsets(windowed_hybrid):
     assert joined.ragged and joined.offset.tolist() == [2, 3] and joined.batch_size == 2
     with pytest.raises(ValueError, match=r"^states: expected a non-empty list of HybridStates, got an empty list$"):
         HybridState.cat([])
+
+
+def test_a_layer_state_without_the_row_operations_is_named(windowed_hybrid):
+    """A mixer state that does not follow the decode-state API (hybrid.mixer) fails in one line that says how."""
+    from dataclasses import dataclass
+
+    @dataclass
+    class BareState:
+        s: torch.Tensor
+
+    state = HybridState(layers=[BareState(torch.zeros(2, 3))], offset=torch.tensor([1, 4]))
+    with pytest.raises(ValueError, match=r"^state: expected layer states with select\(\) \(hybrid.mixer's "
+                                         r"decode-state API: inherit hybrid.batch_state.TensorState .*got a BareState"):
+        state.select(torch.tensor([0]))
+    with pytest.raises(ValueError, match=r"with cat\(\)"):
+        HybridState.cat([state, state])
