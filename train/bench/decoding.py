@@ -23,7 +23,6 @@ import torch
 
 from hybrid.models import HybridConfig, HybridLM, HybridState
 from hybrid.models.decoding.decoder import Decoder, Request
-from hybrid.models.decoding.prompts import prefill
 from hybrid.models.decoding.speculative import speculative_decode
 from hybrid.models.generation import generate
 
@@ -143,9 +142,15 @@ def bench_continuous(args) -> list[str]:
 
 @torch.no_grad()
 def bench_speculative(args) -> list[str]:
+    from hybrid.models.decoding.speculative import draft_from_layers
     from hybrid.train.inference import load_run
 
-    target, draft = load_run(args.target), load_run(args.draft)
+    target = load_run(args.target)
+    if args.draft.startswith("layers:"):  # the target's first N layers (weights shared)
+        draft_model, draft_name, draft_step = draft_from_layers(target.model, int(args.draft[7:])), args.draft, target.step
+    else:
+        draft = load_run(args.draft)
+        draft_model, draft_name, draft_step = draft.model, args.draft, draft.step
     tok = target.tokenizer
     prompts = [torch.tensor([tok.eos_id] + tok.encode(p)) for p in PROMPTS[:args.prompts]]
     ks = [int(k) for k in args.lookahead.split(",")]
@@ -162,7 +167,7 @@ def bench_speculative(args) -> list[str]:
                     out = generate(target.model, p[None], args.tokens, temperature=0)[0, len(p):]
                 else:
                     k = int(c.split()[-1])
-                    (out,), stats = speculative_decode(target.model, draft.model, [p], args.tokens, k, temperature=0)
+                    (out,), stats = speculative_decode(target.model, draft_model, [p], args.tokens, k, temperature=0)
                     if r == 0:
                         accepted[k][0] += stats.proposed
                         accepted[k][1] += stats.accepted
@@ -173,7 +178,7 @@ def bench_speculative(args) -> list[str]:
             seconds[c].append(total)
     alone = seconds["target alone"]
     lines = [f"target {args.target} ({target.model.num_parameters():,} parameters, step {target.step}), draft "
-             f"{args.draft} ({draft.model.num_parameters():,} parameters, step {draft.step}); {len(prompts)} prompts, "
+             f"{draft_name} ({draft_model.num_parameters():,} parameters, step {draft_step}); {len(prompts)} prompts, "
              f"{args.tokens} greedy tokens each, one prompt at a time", "",
              "| decoding | acceptance rate | tokens per target forward | tokens/s | speed-up over the target alone |",
              "|---|---|---|---|---|"]
@@ -210,7 +215,8 @@ def main(argv=None) -> int:
     cont.add_argument("--max-new", type=int, default=128)
     spec = sub.add_parser("speculative")
     spec.add_argument("--target", required=True, help="the target's run directory")
-    spec.add_argument("--draft", required=True, help="the draft's run directory")
+    spec.add_argument("--draft", required=True,
+                      help="the draft's run directory, or layers:N for the target's first N layers (self-speculative)")
     spec.add_argument("--lookahead", default="2,4,8")
     spec.add_argument("--prompts", type=int, default=len(PROMPTS))
     spec.add_argument("--tokens", type=int, default=128)
