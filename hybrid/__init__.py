@@ -21,7 +21,7 @@ import importlib
 from . import rotary
 from .attention import Attention, AttentionConfig, AttentionState
 from .conv import CausalConv1d
-from .kv_cache import KVCache, RingKVCache
+from .kv_cache import KVCache, RingKVCache, RowKVCache
 from .mixer import Mixer, MixerState
 from .mlp import SwiGLU
 from .norms import RMSNorm
@@ -55,5 +55,5 @@ def __dir__():
 __all__ = [*_LAZY,
     "Attention", "AttentionConfig", "AttentionState", "CausalConv1d", "KVCache", "Mixer", "MixerState",
     "MultiScaleRetention", "RMSNorm", "RecurrenceConfig", "RecurrenceState", "RetentionConfig", "RetentionState",
-    "RingKVCache", "RotaryConfig", "SwiGLU", "VORecurrence", "rotary",
+    "RingKVCache", "RotaryConfig", "RowKVCache", "SwiGLU", "VORecurrence", "rotary",
 ]

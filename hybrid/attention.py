@@ -29,6 +29,8 @@ from hybrid.kernels.window_attention import BACKENDS as WINDOW_BACKENDS, sdpa_bt
 from hybrid.kv_cache import KVCache, RingKVCache
 from hybrid.mixer import Mixer, check_offset
 from hybrid.packed_attention import PackedAttention
+from .attention_rows import attend_rows
+from .attention_state import AttentionState, is_rows, to_uniform
 from hybrid.rotary import PLACEMENTS, CARoPE, Rotary, RotaryConfig, apply_rotary, cos_sin_from_phases, parse_placement
 
 # shared-KV caches one tensor as key and value, so k and v must be rotated alike
@@ -90,61 +92,6 @@ class AttentionConfig:
         rotary.check_with(self.rotary_dim or head_dim)
 
 
-@dataclass
-class AttentionState:
-    """Decode state of one `Attention` layer.
-
-    k: `(B, S, G, D)` rotated keys, or with shared-KV the one tensor `R_j c_j` (key and value); None
-       before the first token. `S` = `length` without a window, `w` (ring slots) with one.
-    v: `(B, S, G, D)` rotated values; None with shared-KV.
-    length: tokens held in the cache (≤ w); with `offset` the position the caller continues at (the tokens
-       seen), they are positions `offset − length … offset − 1`. An empty state continued at `offset = c`
-       starts the sequence at position c.
-    phase: `(B, G, P)` float32 CARoPE phase after the last token; None without CARoPE.
-    cache: the `KVCache` / `RingKVCache` behind `k`, `v` (`k`, `v` are its entries), or None. `nbytes` counts
-       the cached entries; a growing `KVCache` may hold up to twice that while it grows.
-    """
-
-    k: Tensor | None = None
-    v: Tensor | None = None
-    length: int = 0
-    phase: Tensor | None = None
-    cache: KVCache | RingKVCache | None = None
-
-    @property
-    def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in (self.k, self.v, self.phase) if t is not None)
-
-    @classmethod
-    def cat(cls, states: list["AttentionState"]) -> "AttentionState":
-        """The states of several sequences at one position and cache length as one batch (rows in order); the
-        caches are copied into one new cache."""
-        first = states[0]
-        where = lambda s: (s.length, s.cache.end if isinstance(s.cache, RingKVCache) else None)  # noqa: E731
-        if any(where(s) != where(first) for s in states):
-            raise ValueError("states: expected states at one position and cache length, got (length, ring position) "
-                             f"{sorted({where(s) for s in states}, key=str)}")
-        cat = lambda ts: None if ts[0] is None else torch.cat(ts)  # noqa: E731
-        k, v, phase = cat([s.k for s in states]), cat([s.v for s in states]), cat([s.phase for s in states])
-        cache = None
-        if isinstance(first.cache, RingKVCache):
-            cache = RingKVCache(k, v, first.cache.end)
-        elif isinstance(first.cache, KVCache):
-            cache = KVCache.from_prefix(k, v)
-            k, v = cache.keys, cache.values
-        return cls(k=k, v=v, length=first.length, phase=phase, cache=cache)
-
-    def clone(self) -> "AttentionState":
-        """A copy sharing no storage: continuing it leaves this state valid, and the other way round. The copy of
-        a consumed windowed state (its ring written past it) keeps the ring's position, so continuing it raises
-        as continuing the state itself would."""
-        copy = lambda t: None if t is None else t.clone()  # noqa: E731
-        k, v, cache = copy(self.k), copy(self.v), None
-        if isinstance(self.cache, RingKVCache):
-            cache = RingKVCache(k, v, self.cache.end)
-        return AttentionState(k=k, v=v, length=self.length, phase=copy(self.phase), cache=cache)
-
-
 class Attention(PackedAttention, Mixer):
     """Causal softmax attention with rotary placement, GQA/MQA, sliding window, shared-KV and CARoPE.
 
@@ -201,7 +148,7 @@ class Attention(PackedAttention, Mixer):
         phase = None
         if self.carope is not None:
             phase = torch.zeros(batch_size, self.n_kv_heads, self.rotary_dim // 2, device=device)  # (B, G, P)
-        return AttentionState(phase=phase)
+        return AttentionState(phase=phase, batch=batch_size)
 
     def forward(self, x: Tensor, state=None, *, offset=0, cu_seqlens: Tensor | None = None,
                 output_final_state: bool = True):
@@ -213,12 +160,21 @@ class Attention(PackedAttention, Mixer):
         sequences; no query sees another sequence's keys, and rotary positions restart at each sequence's
         offset. `state` is then None or a list of N `AttentionState | None` (batch 1 each), and so is the
         returned state; `offset` is 0 or a list of N positions.
+
+        `offset` may be `(B,)` per-row positions (a ragged batch, `hybrid.attention_rows`): each row's rotary
+        angles, cache slots and masks are its own; the state returned is in the rows form.
         """
         if x.dim() != 3 or x.shape[-1] != self.d_model:
             raise ValueError(f"x: expected (B, T, d_model={self.d_model}), got shape {tuple(x.shape)}")
         check_input_dtype("x", x, self.out_proj.weight.dtype)
         if cu_seqlens is not None:
             return self._attend_packed(x, state, cu_seqlens, offset, output_final_state)
+        if isinstance(offset, Tensor) or (state is not None and is_rows(state)):  # a ragged batch
+            offset = self._row_offsets(offset, x)
+            if x.shape[1] == 0:
+                return x.new_zeros(x.shape), state
+            y, state = attend_rows(self, x, state, offset)
+            return y, (state if output_final_state else None)
         state, offset = self._continued(state, offset, x)
         if x.shape[1] == 0:
             return x.new_zeros(x.shape), (state if output_final_state else None)
@@ -228,14 +184,24 @@ class Attention(PackedAttention, Mixer):
         return y, (state if output_final_state else None)
 
     def step(self, x: Tensor, state: AttentionState | None = None, offset: int = 0) -> tuple[Tensor, AttentionState]:
-        """x `(B, d_model)`: one token at position `offset` → y `(B, d_model)` and the next state (the recurrent
-        form)."""
+        """x `(B, d_model)`: one token at position `offset` (an int, or `(B,)` per-row positions) → y `(B, d_model)`
+        and the next state (the recurrent form)."""
         if x.dim() != 2 or x.shape[-1] != self.d_model:
             raise ValueError(f"x: expected (B, d_model={self.d_model}), got shape {tuple(x.shape)}")
         check_input_dtype("x", x, self.out_proj.weight.dtype)
+        if isinstance(offset, Tensor) or (state is not None and is_rows(state)):  # a ragged batch
+            y, state = attend_rows(self, x[:, None], state, self._row_offsets(offset, x))
+            return y[:, 0], state
         state, offset = self._continued(state, offset, x)
         y, state = self._attend(x[:, None], state, offset)  # (B, 1, d_model)
         return y[:, 0], state
+
+    @staticmethod
+    def _row_offsets(offset, x: Tensor) -> Tensor:
+        """Per-row positions `(B,)`: the tensor given, or an int repeated for every row."""
+        if isinstance(offset, Tensor):
+            return check_offset(offset, batch=x.shape[0]).to(x.device)
+        return torch.full((x.shape[0],), check_offset(offset), dtype=torch.long, device=x.device)
 
     def _continued(self, state: AttentionState | None, offset, x: Tensor) -> tuple[AttentionState, int]:
         """The state to continue (a fresh one for None) and the checked position: at least the tokens it holds."""

@@ -15,19 +15,39 @@ A mixer's `Config` declares what the model needs to know about it:
 Every mixer offers
 
     forward(x (B, T, d_model), state=None, *, offset=0, cu_seqlens=None, output_final_state=True) -> (y, state)
-    step(x (B, d_model), state=None, offset=0) -> (y, state)
+    step(x (B, d_model), state=None, offset=0) -> (y, state)           offset: int, or (B,) per-row positions
     init_state(batch_size, device=None, dtype=None) -> state
 
 and its states follow `MixerState`. `offset` is the position of x's first token: the number of tokens the
 state has seen, 0 for a fresh sequence. States hold no position; the caller keeps it (`HybridState.offset`)
-and passes it in, as gpt-fast passes `input_pos`. With `cu_seqlens` (a packed batch of N sequences) it is 0
-(every sequence fresh) or a list of N ints, one per sequence (`check_offset`).
+and passes it in, as gpt-fast passes `input_pos`. It is an int (every row at one position) or an int64 tensor
+`(B,)`, one position per row (a ragged batch: rows that started at different times, vLLM's state slots), and
+`forward` and `step` take both: rotary angles, cache slots and masks are then per row. With `cu_seqlens` (a
+packed batch of N sequences) it is 0 (every sequence fresh) or a list of N ints, one per sequence
+(`check_offset`).
+
+The decode state API (`MixerState`; docs/decoding.md, "The state API"): the batch axis of every state tensor is
+the row (the slot), and
+
+    nbytes                      bytes held
+    clone()                     an independent copy (continuing one leaves the other valid)
+    cat(states)                 several states as one batch, rows in order, whatever positions they are at
+    select(index)               rows `index` (LongTensor (n,)) as a new state
+    put(rows, source)           this batch with rows `rows` replaced by `source`'s rows (a finished row's slot
+                                takes a new request); may write in place, returns the state to continue
+    fork()                      a rollback point: what `rewind` returns to, taken before continuing this state
+    rewind(keep, fork)          after continuing from the state `fork()` was taken of: rows where `keep`
+                                (BoolTensor (B,)) is False go back to `fork` (speculative decoding's rollback)
+
+A state whose fields are all batch-first tensors, never written in place (R, M), gets all of these from
+`hybrid.batch_state.TensorState`; attention's caches implement them with in-place slots.
 """
 from __future__ import annotations
 
 import dataclasses
 from typing import ClassVar, Protocol, runtime_checkable
 
+import torch
 from torch import nn
 
 from .checks import check_heads, check_int, check_number
@@ -36,7 +56,8 @@ from .rotary import RotaryConfig
 
 @runtime_checkable
 class MixerState(Protocol):
-    """A mixer's decode state: bytes held, an independent copy, and several sequences' states as one batch."""
+    """A mixer's decode state: bytes held, an independent copy, and the row operations of a batch of decode slots
+    (the module docstring's table)."""
 
     @property
     def nbytes(self) -> int: ...
@@ -45,6 +66,14 @@ class MixerState(Protocol):
 
     @classmethod
     def cat(cls, states: list) -> "MixerState": ...
+
+    def select(self, index) -> "MixerState": ...
+
+    def put(self, rows, source: "MixerState") -> "MixerState": ...
+
+    def fork(self) -> "MixerState": ...
+
+    def rewind(self, keep, fork: "MixerState") -> "MixerState": ...
 
 
 class FixedStateOptions:
@@ -55,9 +84,21 @@ class FixedStateOptions:
     cheap_to_recompute: ClassVar[bool] = True
 
 
-def check_offset(offset, n_sequences: int | None = None):
-    """The position `offset` of a call's first token, an int >= 0; with a packed batch of `n_sequences`, a list
-    of that many such ints (0 stands for all zeros). Returns the int, or the list."""
+def check_offset(offset, n_sequences: int | None = None, batch: int | None = None):
+    """The position `offset` of a call's first token: an int >= 0, or an int64 tensor `(B,)` of per-row positions
+    (`batch`: B, when known); with a packed batch of `n_sequences`, a list of that many ints (0 stands for all
+    zeros). Returns the int, the tensor (int64) or the list."""
+    if isinstance(offset, torch.Tensor):
+        if n_sequences is not None:
+            raise ValueError(f"offset: expected 0 or a list of N={n_sequences} positions with cu_seqlens, got a tensor")
+        want = "(B,)" if batch is None else f"(B,) = ({batch},)"
+        if offset.dim() != 1 or offset.dtype not in (torch.int64, torch.int32) or (
+                batch is not None and offset.shape[0] != batch):
+            raise ValueError(f"offset: expected an int or an int64 tensor {want} of per-row positions, got a tensor "
+                             f"of shape {tuple(offset.shape)} ({str(offset.dtype).removeprefix('torch.')})")
+        if offset.device.type == "cpu" and offset.numel() and int(offset.min()) < 0:  # no host sync off the CPU
+            raise ValueError(f"offset: expected positions >= 0, got {offset.tolist()}")
+        return offset.long()
     if n_sequences is None:
         return check_int("offset", offset, low=0)
     if isinstance(offset, (list, tuple)):

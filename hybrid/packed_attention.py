@@ -13,6 +13,8 @@ from hybrid.kernels.window_attention import window_attention
 from hybrid.mixer import check_offset
 from hybrid.rotary import cos_sin_from_phases
 
+from .attention_state import is_rows, to_uniform
+
 __all__ = ["PackedAttention"]
 
 
@@ -26,6 +28,8 @@ class PackedAttention:
         N = packed.num_sequences
         states = check_sequence_states(states, N, self._check_sequence_state)
         offsets = check_offset(offset, N)
+        if states is not None:  # a row of a ragged batch (rows form) continues here as a uniform state
+            states = [to_uniform(st, o) if st is not None and is_rows(st) else st for st, o in zip(states, offsets)]
         if states is not None and not any(offsets) and all(st is None or st.k is None for st in states):
             states = None  # empty caches at position 0: fresh sequences
         q, k, v = self.project(x)

@@ -46,6 +46,7 @@ from hybrid.kernels.varlen import packed_offsets
 
 from .checks import (check_bool, check_choice, check_even_dim, check_input_dtype, check_number, check_positive_int,
                      check_sequence_states)
+from .batch_state import TensorState
 from .conv import CausalConv1d
 from .mixer import FixedStateOptions, Mixer
 from .precision import at_least_float32
@@ -58,8 +59,9 @@ PHASES = ("static", "learned", "carope", "data")
 
 
 @dataclass
-class RecurrenceState:
-    """State of one R layer: fixed size, whatever the number of tokens seen.
+class RecurrenceState(TensorState):
+    """State of one R layer: fixed size, whatever the number of tokens seen; it holds no position (the rotation is
+    relative). Never written in place: its row operations (select, cat, put, fork, rewind) are `TensorState`'s.
 
     conv: ``(B, W−1, d_rnn)``, the last inputs of the causal conv (activation dtype).
     scan: ``(B, H, head_dim)`` float32, the complex state (pairs interleaved).
@@ -67,19 +69,6 @@ class RecurrenceState:
 
     conv: torch.Tensor
     scan: torch.Tensor
-
-    @property
-    def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in (self.conv, self.scan))
-
-    def clone(self) -> "RecurrenceState":
-        """The state itself: it is never written in place, so continuing it twice is safe."""
-        return self
-
-    @classmethod
-    def cat(cls, states: list["RecurrenceState"]) -> "RecurrenceState":
-        """The states of several sequences as one batch (rows in order)."""
-        return cls(conv=torch.cat([s.conv for s in states]), scan=torch.cat([s.scan for s in states]))
 
 
 @dataclass(frozen=True)
@@ -353,8 +342,8 @@ class VORecurrence(Mixer):
         return conv, scan
 
     def step(self, x: torch.Tensor, state: RecurrenceState | None = None, offset: int = 0):
-        """Recurrent form, one token. x ``(B, d_model)`` -> (y ``(B, d_model)``, new state); ``offset`` unused (see
-        ``forward``)."""
+        """Recurrent form, one token. x ``(B, d_model)`` -> (y ``(B, d_model)``, new state); ``offset`` (an int or
+        per-row positions ``(B,)``) unused (see ``forward``)."""
         if x.dim() != 2 or x.shape[-1] != self.d_model:
             raise ValueError(f"x: expected shape (B, d_model={self.d_model}), got {tuple(x.shape)}")
         check_input_dtype("x", x, self.value_proj.weight.dtype)

@@ -35,6 +35,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from hybrid.batch_state import TensorState
 from hybrid.checks import check_even_dim, check_input_dtype, check_positive_int, check_sequence_states
 from hybrid.kernels.retention import DEFAULT_TILE_SIZE, retention_chunkwise, retention_step
 from hybrid.kernels.varlen import packed_offsets
@@ -46,27 +47,15 @@ __all__ = ["MultiScaleRetention", "RetentionConfig", "RetentionState", "retentio
 
 
 @dataclass
-class RetentionState:
-    """State of one `MultiScaleRetention` layer; it holds no position (the caller passes `offset`).
+class RetentionState(TensorState):
+    """State of one `MultiScaleRetention` layer; it holds no position (the caller passes `offset`). Never written
+    in place: its row operations (select, cat, put, fork, rewind) are `TensorState`'s.
 
     S: (B, H, D, D) float32, `Σ_m γ^{p−1−m} k̃_mᵀ v_m` over the tokens seen, p the position of the next one
        (row index: key channel).
     """
 
     S: Tensor
-
-    @property
-    def nbytes(self) -> int:
-        return self.S.numel() * self.S.element_size()
-
-    def clone(self) -> "RetentionState":
-        """The state itself: it is never written in place, so continuing it twice is safe."""
-        return self
-
-    @classmethod
-    def cat(cls, states: list["RetentionState"]) -> "RetentionState":
-        """The states of several sequences as one batch (rows in order)."""
-        return cls(S=torch.cat([s.S for s in states]))
 
 
 def retention_log_decay(n_heads: int, device=None, dtype: torch.dtype = torch.float32) -> Tensor:
@@ -147,14 +136,17 @@ class MultiScaleRetention(Mixer):
         if tuple(state.S.shape) != want:
             raise ValueError(f"state: expected S of shape {want}, got {tuple(state.S.shape)}")
 
-    def _qkv(self, x: Tensor, offset: int, cdt: torch.dtype, cos_sin=None):
+    def _qkv(self, x: Tensor, offset, cdt: torch.dtype, cos_sin=None):
         """x (B, T, d_model) -> q̃, k̃, v each (B, T, H, D) in `cdt`, rotated at positions offset + arange(T)
-        (or by the given `cos_sin`, each `(T, D/2)`: a packed batch's per-sequence positions)."""
+        (`offset` an int, or `(B,)` per-row positions), or by the given `cos_sin`, each `(T, D/2)` (a packed batch's
+        per-sequence positions)."""
         B, T, _ = x.shape
         H, D = self.n_heads, self.head_dim
         q = self.q_proj(x).view(B, T, H, D).to(cdt)  # (B, T, H, D)
         k = self.k_proj(x).view(B, T, H, D).to(cdt) * D**-0.5  # (B, T, H, D)
         v = self.v_proj(x).view(B, T, H, D).to(cdt)  # (B, T, H, D)
+        if cos_sin is None and isinstance(offset, Tensor):
+            cos_sin = self.rotary.cos_sin_rows(offset, T, device=x.device)  # (B, T, 1, D/2) each
         cos, sin = cos_sin if cos_sin is not None else self.rotary.cos_sin(T, offset=offset, device=x.device)
         q = apply_rotary(q, cos, sin, layout=self.rope_layout)
         k = apply_rotary(k, cos, sin, layout=self.rope_layout)
@@ -175,7 +167,7 @@ class MultiScaleRetention(Mixer):
         `cu_seqlens` (`(N+1,)`, `hybrid.kernels.varlen`): x is a packed batch `(1, total_T, d_model)` of N
         sequences, each restarting its retention and its rotary positions; `state` is then None or a list of N
         `RetentionState | None` (batch 1 each), and so is the returned state; `offset` is 0 or a list of N
-        positions.
+        positions. Without it, `offset` may be `(B,)` per-row positions (a ragged batch).
         """
         if x.dim() != 3 or x.shape[-1] != self.d_model or x.shape[1] < 1:
             raise ValueError(f"x: expected shape (B, T>=1, {self.d_model}), got {tuple(x.shape)}")
@@ -183,7 +175,7 @@ class MultiScaleRetention(Mixer):
         if cu_seqlens is not None:
             return self._forward_packed(x, state, cu_seqlens, offset, output_final_state)
         B, T, _ = x.shape
-        offset = check_offset(offset)
+        offset = check_offset(offset, batch=B)
         cdt = torch.promote_types(x.dtype, torch.float32)
         S = None
         if state is not None:
@@ -220,9 +212,9 @@ class MultiScaleRetention(Mixer):
             return y, None
         return y, [RetentionState(S=S[n:n + 1]) for n in range(N)]
 
-    def step(self, x: Tensor, state: RetentionState | None = None, offset: int = 0) -> tuple[Tensor, RetentionState]:
-        """x (B, d_model) at position `offset` -> y (B, d_model); the recurrent form S_t = γ S_{t−1} + k̃_tᵀ v_t,
-        o_t = q̃_t S_t."""
+    def step(self, x: Tensor, state: RetentionState | None = None, offset=0) -> tuple[Tensor, RetentionState]:
+        """x (B, d_model) at position `offset` (an int, or `(B,)` per-row positions) -> y (B, d_model); the
+        recurrent form S_t = γ S_{t−1} + k̃_tᵀ v_t, o_t = q̃_t S_t."""
         if x.dim() != 2 or x.shape[-1] != self.d_model:
             raise ValueError(f"x: expected shape (B, {self.d_model}), got {tuple(x.shape)}")
         check_input_dtype("x", x, self.out_proj.weight.dtype)
@@ -231,7 +223,7 @@ class MultiScaleRetention(Mixer):
             state = self.init_state(B, x.device)
         self._check_state(state, B)
         cdt = torch.promote_types(x.dtype, torch.float32)
-        q, k, v = self._qkv(x[:, None], check_offset(offset), cdt)  # (B, 1, H, D) each
+        q, k, v = self._qkv(x[:, None], check_offset(offset, batch=B), cdt)  # (B, 1, H, D) each
         q, k, v = q[:, 0], k[:, 0], v[:, 0]  # (B, H, D)
         log_decay = retention_log_decay(self.n_heads, x.device, cdt)  # (H,)
         with torch.autocast(x.device.type, enabled=False):  # keep the retention and S in cdt

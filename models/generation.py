@@ -1,12 +1,20 @@
 """Decoding outside the model: continue a prompt with a ``HybridLM``, token by token (gpt-fast's layout).
 
     out = generate(model, input_ids, max_new_tokens=20, temperature=0)        # (B, T) -> (B, T + n)
+    outs = generate(model, [prompt_a, prompt_b], max_new_tokens=20)          # any lengths -> a list of rows
+    outs = generate(model, padded, 20, attention_mask=mask)                   # a padded (B, T) batch, likewise
+    out = generate(model, input_ids, 20, draft=small_model, lookahead=4)     # speculative decoding
 
 mode "recurrent" prefills the prompt once (``prefill`` = "parallel" or "chunked"), then feeds one token a call,
 ``model(token (B, 1), state=state)``: one token continuing a state is the model's decode step, the route that
 ``HybridLM.step`` and the Hugging Face wrapper's decoding take too. "parallel" and "chunked" recompute the whole
 sequence for every new token (no state: the slow reference the recurrent decoder must match). Each token is
 chosen by ``sampling.sample_next``. ``HybridLM.generate`` is a thin caller of ``generate``.
+
+Prompts of different lengths (a list, or a padded batch with its mask or lengths) prefill as one packed forward and
+decode as one batch, every row at its own position (``models/decoding``: a ragged batch); a draft model turns on
+speculative decoding (``models/decoding/speculative.py``). A stream of requests with their own sampling options
+and seeds: ``models/decoding/decoder.py`` (continuous batching).
 """
 from __future__ import annotations
 
@@ -14,6 +22,8 @@ import torch
 
 from hybrid.checks import check_int
 
+from .decoding.prompts import check_prompts, prefill as prefill_prompts, prompt_list
+from .decoding.speculative import speculative_decode
 from .modes import MODES
 from .sampling import check_sampling, sample_next
 
@@ -40,6 +50,12 @@ class TokenPicker:
         self.tokens.append(token)
         return token
 
+    def rows(self) -> list[torch.Tensor]:
+        """Each row's tokens chosen so far, 1-D."""
+        if not self.tokens:
+            return [torch.zeros(0, dtype=torch.long, device=self.finished.device) for _ in range(len(self.finished))]
+        return list(torch.stack(self.tokens, dim=1))
+
     @property
     def all_finished(self) -> bool:
         """Every row has produced ``eos_token_id`` (never, without one)."""
@@ -49,7 +65,7 @@ class TokenPicker:
 @torch.no_grad()
 def generate(
     model: torch.nn.Module,
-    input_ids: torch.Tensor,
+    input_ids,
     max_new_tokens: int,
     mode: str = "recurrent",
     prefill: str = "parallel",
@@ -60,9 +76,21 @@ def generate(
     eos_token_id: int | None = None,
     chunk_size: int | None = None,
     vocab_limit: int | None = None,
-) -> torch.Tensor:
+    *,
+    attention_mask: torch.Tensor | None = None,
+    lengths=None,
+    draft: torch.nn.Module | None = None,
+    lookahead: int = 4,
+):
     """Continue ``input_ids`` ``(B, T)`` by up to ``max_new_tokens`` tokens with ``model`` (a ``HybridLM``);
     returns ``(B, T + n)``.
+
+    Prompts of different lengths: ``input_ids`` a list of 1-D token sequences, or a padded ``(B, T)`` tensor with
+    ``attention_mask`` ``(B, T)`` (1 = token, padding on either side) or ``lengths`` ``(B,)`` (row b's prompt is
+    its first ``lengths[b]`` tokens). They prefill as one packed forward and decode as one batch, each row at its
+    own position; the result is a list of B 1-D tensors, each row's prompt followed by its continuation (which
+    ends at ``eos_token_id`` when the row produces it). Each row's greedy tokens and logits are those of its
+    prompt decoded alone.
 
     ``mode``: "recurrent" (prefill in ``prefill`` mode, then one decode step per token) or "parallel" /
     "chunked" (recompute everything per token; ``chunk_size`` for "chunked" and a chunked prefill). Temperature
@@ -70,22 +98,50 @@ def generate(
     ``eos_token_id`` are padded with it; generation stops when all have. ``vocab_limit``: the tokenizer's
     vocabulary size; ids from it up to ``vocab_size`` (padding rows of the embedding) are never produced, in any
     sampling mode (default: every id may be produced).
+
+    ``draft``: a smaller ``HybridLM`` over the same vocabulary (or this model with fewer layers) for speculative
+    decoding: it proposes ``lookahead`` tokens, the model verifies them in one forward, and the output is
+    exactly the model's (greedy: its tokens; sampled: its distribution). Mode "recurrent" only.
     """
-    model.check_ids(input_ids)
+    ragged = not isinstance(input_ids, torch.Tensor) or attention_mask is not None or lengths is not None
+    if ragged:
+        prompts = check_prompts(model, prompt_list(input_ids, attention_mask, lengths))
+    else:
+        model.check_ids(input_ids)
+        if input_ids.shape[1] == 0:
+            raise ValueError("input_ids: expected a prompt of at least one token, got an empty sequence")
     check_int("max_new_tokens", max_new_tokens, low=0)
     if mode not in MODES:
         raise ValueError(f"mode: expected one of {MODES}, got {mode!r}")
     if prefill not in PREFILL_MODES:
         raise ValueError(f"prefill: expected 'parallel' or 'chunked', got {prefill!r}")
-    if input_ids.shape[1] == 0:
-        raise ValueError("input_ids: expected a prompt of at least one token, got an empty sequence")
     check_sampling(temperature, top_k, top_p)
     V = model.config.vocab_size
     vocab_limit = check_int("vocab_limit", vocab_limit, low=1, high=V, allow_none=True)
     check_int("eos_token_id", eos_token_id, low=0, high=(V if vocab_limit is None else vocab_limit) - 1,
               allow_none=True)
-    pick = TokenPicker(input_ids.shape[0], input_ids.device, temperature=temperature, top_k=top_k, top_p=top_p,
-                       generator=generator, eos_token_id=eos_token_id, vocab_limit=vocab_limit)
+    if draft is not None:
+        _check_draft(model, draft, mode, lookahead)
+        rows = prompts if ragged else list(input_ids)
+        if max_new_tokens == 0:
+            new = [row[:0] for row in rows]
+        else:
+            new, _ = speculative_decode(model, draft, rows, max_new_tokens, lookahead, temperature=temperature,
+                                        top_k=top_k, top_p=top_p, generator=generator, eos_token_id=eos_token_id,
+                                        vocab_limit=vocab_limit, prefill_mode=prefill, chunk_size=chunk_size)
+        if ragged:
+            return [torch.cat([p, n]) for p, n in zip(rows, new)]
+        return torch.cat([input_ids, _pad_rows(new, max_new_tokens, eos_token_id, input_ids)], dim=1)
+    sampling = dict(temperature=temperature, top_k=top_k, top_p=top_p, generator=generator,
+                    eos_token_id=eos_token_id, vocab_limit=vocab_limit)
+    if ragged:
+        if mode != "recurrent":  # the slow reference: each row recomputed on its own
+            return [generate(model, p[None], max_new_tokens, mode=mode, chunk_size=chunk_size, **sampling)[0]
+                    for p in prompts]
+        pick = TokenPicker(len(prompts), prompts[0].device, **sampling)
+        _decode_prompts(model, prompts, max_new_tokens, pick, prefill, chunk_size)
+        return [torch.cat([p, _until_eos(tokens, eos_token_id)]) for p, tokens in zip(prompts, pick.rows())]
+    pick = TokenPicker(input_ids.shape[0], input_ids.device, **sampling)
     if mode == "recurrent":
         _decode(model, input_ids, max_new_tokens, pick, prefill, chunk_size)
     else:
@@ -93,6 +149,50 @@ def generate(
     if not pick.tokens:
         return input_ids
     return torch.cat([input_ids, torch.stack(pick.tokens, dim=1)], dim=1)
+
+
+def _check_draft(model, draft, mode: str, lookahead) -> None:
+    from .lm import HybridLM
+
+    if not isinstance(draft, HybridLM):
+        raise ValueError(f"draft: expected a HybridLM, got {type(draft).__name__}")
+    if draft.config.vocab_size != model.config.vocab_size:
+        raise ValueError(f"draft: expected a model over the same vocabulary (vocab_size={model.config.vocab_size}), "
+                         f"got vocab_size={draft.config.vocab_size}")
+    if mode != "recurrent":
+        raise ValueError(f"mode: expected 'recurrent' with a draft model (speculative decoding), got {mode!r}")
+    check_int("lookahead", lookahead, low=1)
+
+
+def _pad_rows(rows: list[torch.Tensor], n: int, eos_token_id, like: torch.Tensor) -> torch.Tensor:
+    """New tokens of each row as ``(B, n')`` (n' the longest row), shorter rows padded with ``eos_token_id`` (rows
+    end short only at it)."""
+    width = max(r.numel() for r in rows)
+    out = like.new_full((len(rows), width), 0 if eos_token_id is None else eos_token_id)
+    for b, r in enumerate(rows):
+        out[b, :r.numel()] = r
+    return out
+
+
+def _until_eos(tokens: torch.Tensor, eos_token_id) -> torch.Tensor:
+    """A row's new tokens up to and including its first ``eos_token_id``."""
+    if eos_token_id is None:
+        return tokens
+    hits = (tokens == eos_token_id).nonzero()
+    return tokens if hits.numel() == 0 else tokens[: int(hits[0]) + 1]
+
+
+def _decode_prompts(model, prompts: list[torch.Tensor], max_new_tokens: int, pick: TokenPicker, prefill: str,
+                    chunk_size) -> None:
+    """Prompts of any lengths prefilled as one packed forward, then one decode step per new token for the whole
+    batch, every row at its own position."""
+    logits, state = prefill_prompts(model, prompts, prefill, chunk_size)
+    for i in range(max_new_tokens):
+        token = pick(logits)
+        if i + 1 == max_new_tokens or pick.all_finished:
+            return
+        logits, state = model(token[:, None], state=state)  # (B, 1, V): the decode step
+        logits = logits[:, 0]
 
 
 def _decode(model: torch.nn.Module, input_ids, max_new_tokens: int, pick: TokenPicker, prefill: str, chunk_size) -> None:

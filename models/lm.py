@@ -14,7 +14,8 @@ Three modes give the same logits (to float rounding) and return a state that con
 The position is kept once, in ``HybridState.offset`` (the tokens seen), and passed down to every mixer as its
 ``offset`` (gpt-fast's ``input_pos``); layer states hold none. One token continuing a state is a decode step in
 any mode: ``step``, ``forward`` at T = 1 with a state (the Hugging Face wrapper's decoding) and ``generate``
-(``models/generation.py``) all take that one route.
+(``models/generation.py``) all take that one route. A ragged batch (``HybridState.offset`` a ``(B,)`` tensor: rows
+at their own positions, ``models/decoding``) continues in every mode alike, each row at its own position.
 """
 from __future__ import annotations
 
@@ -57,8 +58,8 @@ class Block(nn.Module):
         x = x + h
         return x + self.mlp(self.mlp_norm(x)), state
 
-    def step(self, x: torch.Tensor, state, offset: int):
-        """x ``(B, d_model)``: one token at position ``offset``."""
+    def step(self, x: torch.Tensor, state, offset):
+        """x ``(B, d_model)``: one token at position ``offset`` (an int, or ``(B,)`` per-row positions)."""
         h, state = self.mixer.step(self.mixer_norm(x), state, offset)
         x = x + h
         return x + self.mlp(self.mlp_norm(x)), state
@@ -110,12 +111,18 @@ class HybridLM(nn.Module):
                 n -= self.abs_pos.table.weight.numel()
         return n
 
-    def _embed(self, ids: torch.Tensor, offset: int) -> torch.Tensor:
-        """Token embeddings ``(B, T, d)`` (or ``(B, d)`` for one step) plus absolute positions offset … offset+T−1."""
+    def _embed(self, ids: torch.Tensor, offset) -> torch.Tensor:
+        """Token embeddings ``(B, T, d)`` (or ``(B, d)`` for one step) plus absolute positions offset … offset+T−1
+        (``offset`` an int, or ``(B,)`` per-row positions)."""
         h = self.embed(ids)
         if self.abs_pos is None:
             return h
         T = ids.shape[1] if ids.dim() == 2 else 1
+        if isinstance(offset, torch.Tensor):  # a ragged batch: each row's own positions
+            pos = offset[:, None] + torch.arange(T, device=offset.device)  # (B, T)
+            vectors = packed_positions(self.abs_pos, pos.flatten(), int(pos.max()) + 1, device=h.device,
+                                       dtype=h.dtype).unflatten(0, pos.shape)  # (B, T, d)
+            return h + (vectors if ids.dim() == 2 else vectors[:, 0])
         pos = self.abs_pos(offset, T, device=h.device, dtype=h.dtype)  # (T, d)
         return h + (pos if ids.dim() == 2 else pos[0])
 
@@ -135,6 +142,9 @@ class HybridLM(nn.Module):
             raise ValueError(f"state: expected a HybridState or None, got {type(state).__name__}")
         if len(state.layers) != len(self.blocks):
             raise ValueError(f"state: expected {len(self.blocks)} layer states, got {len(state.layers)}")
+        if state.ragged and tuple(state.offset.shape) != (batch_size,):
+            raise ValueError(f"state: expected per-row positions of shape ({batch_size},) (one per input row), got "
+                             f"{tuple(state.offset.shape)}")
         return state
 
     def check_ids(self, input_ids, name: str = "input_ids", shape: str = "(B, T)") -> None:
@@ -269,7 +279,8 @@ class HybridLM(nn.Module):
         """One packed block (``packed``: its checked offsets): ``states`` None or a list of N ``HybridState | None``;
         returns logits and the per-sequence states (or None)."""
         N = packed.num_sequences
-        offsets = None if states is None else [0 if st is None else st.offset for st in states]
+        offsets = None if states is None else [0 if st is None else (int(st.offset[0]) if st.ragged else st.offset)
+                                                for st in states]
         h = self.embed(ids)  # (1, T, d_model)
         if self.abs_pos is not None:
             max_offset = 0 if offsets is None else max(offsets)
@@ -305,11 +316,12 @@ class HybridLM(nn.Module):
 
     # ------------------------------------------------------------------------------------------ generate
 
-    def generate(self, input_ids: torch.Tensor, max_new_tokens: int, **options) -> torch.Tensor:
-        """Continue ``input_ids`` ``(B, T)`` by up to ``max_new_tokens`` tokens; returns ``(B, T + n)``.
+    def generate(self, input_ids, max_new_tokens: int, **options):
+        """Continue ``input_ids`` ``(B, T)`` by up to ``max_new_tokens`` tokens; returns ``(B, T + n)``. A list of
+        prompts of any lengths (or a padded batch with ``attention_mask`` / ``lengths``) returns a list of rows.
 
         ``options``: ``mode``, ``prefill``, ``temperature``, ``top_k``, ``top_p``, ``generator``, ``eos_token_id``,
-        ``chunk_size``, ``vocab_limit``. The decode loop lives outside the model, in
-        ``hybrid.models.generation.generate(self, input_ids, max_new_tokens, **options)``, whose docstring says
-        what each does."""
+        ``chunk_size``, ``vocab_limit``, ``attention_mask``, ``lengths``, ``draft``, ``lookahead``. The decode loop
+        lives outside the model, in ``hybrid.models.generation.generate(self, input_ids, max_new_tokens,
+        **options)``, whose docstring says what each does."""
         return generate_tokens(self, input_ids, max_new_tokens, **options)

@@ -20,6 +20,32 @@ def mask_padding(logits: torch.Tensor, vocab_limit: int | None) -> torch.Tensor:
     return logits.masked_fill(torch.arange(logits.shape[-1], device=logits.device) >= vocab_limit, float("-inf"))
 
 
+def sampling_probs(
+    logits: torch.Tensor,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    vocab_limit: int | None = None,
+) -> torch.Tensor:
+    """The distribution ``sample_next`` draws from, float32 ``(…, V)`` from logits ``(…, V)``: softmax(logits /
+    temperature) restricted to the ``top_k`` most likely ids and the smallest set reaching ``top_p``, ids
+    ``>= vocab_limit`` excluded. Temperature 0 (greedy) is the one-hot of the argmax."""
+    logits = mask_padding(logits, vocab_limit)
+    if temperature == 0:
+        return torch.nn.functional.one_hot(logits.argmax(dim=-1), logits.shape[-1]).float()
+    scores = logits.float() / temperature
+    if top_k is not None and top_k < scores.shape[-1]:
+        kth = torch.topk(scores, top_k, dim=-1).values[..., -1:]  # (…, 1)
+        scores = scores.masked_fill(scores < kth, float("-inf"))
+    if top_p is not None and top_p < 1.0:
+        sorted_scores, order = torch.sort(scores, dim=-1, descending=True)
+        cumulative = torch.softmax(sorted_scores, dim=-1).cumsum(dim=-1)
+        drop_sorted = cumulative - torch.softmax(sorted_scores, dim=-1) >= top_p  # mass before this token
+        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+        scores = scores.masked_fill(drop, float("-inf"))
+    return torch.softmax(scores, dim=-1)
+
+
 def sample_next(
     logits: torch.Tensor,
     temperature: float = 1.0,
@@ -31,21 +57,10 @@ def sample_next(
     """Pick one token per row of ``logits`` ``(B, V)``; returns ``(B,)`` int64, every id ``< vocab_limit``.
 
     The ids ``>= vocab_limit`` are masked out first (``mask_padding``). Temperature 0 is greedy (argmax);
-    otherwise softmax(logits / temperature) restricted to the ``top_k`` most likely tokens and to the
-    smallest set whose probability reaches ``top_p``.
+    otherwise a draw from ``sampling_probs``: softmax(logits / temperature) restricted to the ``top_k`` most
+    likely tokens and to the smallest set whose probability reaches ``top_p``.
     """
-    logits = mask_padding(logits, vocab_limit)
     if temperature == 0:
-        return logits.argmax(dim=-1)
-    scores = logits.float() / temperature
-    if top_k is not None and top_k < scores.shape[-1]:
-        kth = torch.topk(scores, top_k, dim=-1).values[:, -1:]  # (B, 1)
-        scores = scores.masked_fill(scores < kth, float("-inf"))
-    if top_p is not None and top_p < 1.0:
-        sorted_scores, order = torch.sort(scores, dim=-1, descending=True)
-        cumulative = torch.softmax(sorted_scores, dim=-1).cumsum(dim=-1)
-        drop_sorted = cumulative - torch.softmax(sorted_scores, dim=-1) >= top_p  # mass before this token
-        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
-        scores = scores.masked_fill(drop, float("-inf"))
-    probs = torch.softmax(scores, dim=-1)
+        return mask_padding(logits, vocab_limit).argmax(dim=-1)
+    probs = sampling_probs(logits, temperature, top_k, top_p, vocab_limit)
     return torch.multinomial(probs, 1, generator=generator).squeeze(-1)

@@ -98,6 +98,27 @@ class Rotary(nn.Module):
             self._tables[(key, device)] = table
         return table[0][offset:total], table[1][offset:total]
 
+    def cos_sin_rows(self, offsets: torch.Tensor, seq_len: int, device=None):
+        """`(cos, sin)`, each `(B, seq_len, 1, R/2)` float32 (broadcast over heads): row b at positions
+        `offsets[b] … offsets[b] + seq_len − 1` (a ragged batch, one position per row).
+
+        Each row gets exactly the rows `cos_sin(seq_len, offsets[b])` gives it: rows of the shared table, or, where
+        the frequencies depend on the length (dynamic / longrope past their threshold), its own call. Reads the
+        largest position back to the host (a sync off the CPU).
+        """
+        seq_len = _check_count("seq_len", seq_len)
+        device = offsets.device if device is None else torch.device(device)
+        positions = offsets.long()[:, None] + torch.arange(seq_len, device=offsets.device)  # (B, T)
+        bound = int(positions.max()) + 1 if positions.numel() else 0
+        if self._threshold is not None and bound > self._threshold:  # per row, at its own total length
+            parts = [self.cos_sin(seq_len, o, device) for o in offsets.tolist()]  # each (T, R/2)
+            cos, sin = torch.stack([c for c, _ in parts]), torch.stack([s for _, s in parts])  # (B, T, R/2)
+        else:
+            table_cos, table_sin = self.cos_sin(bound, 0, device)  # (bound, R/2): positions 0 … bound − 1
+            positions = positions.to(table_cos.device)
+            cos, sin = table_cos[positions], table_sin[positions]  # (B, T, R/2)
+        return cos[:, :, None], sin[:, :, None]  # (B, T, 1, R/2)
+
     def cos_sin_packed(self, cu_seqlens: torch.Tensor, total: int, offsets: torch.Tensor | None = None,
                        max_offset: int = 0, device=None):
         """`(cos, sin)`, each `(total, R/2)` float32, for a packed batch (`hybrid.kernels.varlen`): token t of

@@ -1,18 +1,16 @@
 """HybridCache: a transformers ``Cache`` that holds our ``HybridState`` (recurrent states, ring buffers, KV caches).
 
-Rows of a batch live in *streams*: a stream is a set of rows that have seen the same real tokens count, with
-one batched ``HybridState`` for them. An unpadded batch is one stream. A padded batch (``attention_mask``
-with zeros) splits into one stream per distinct mask pattern, and each stream sees only its real tokens:
-pads never enter a recurrent state or a key cache, and every row starts at position 0, so left padding gives
-exactly the logits of the unpadded rows, for every mixer and rotary placement.
+One ``HybridState`` holds every row of the batch. A padded batch (``attention_mask`` with zeros) prefills as one
+packed forward over the real tokens, each row from position 0, and its rows join as a ragged batch
+(``HybridState.cat``: every row at its own position, ``models/decoding``): pads never enter a recurrent state or a
+key cache, so left padding gives exactly the logits of the unpadded rows, for every mixer and rotary placement,
+and every new token is one forward for the whole batch.
 
 Beam search reorders rows (``reorder_cache``), contrastive search repeats and selects them
-(``batch_repeat_interleave``, ``batch_select_indices``): each is a gather along the batch axis of every tensor
-of the states (all state tensors are batch-first).
+(``batch_repeat_interleave``, ``batch_select_indices``): each is ``HybridState.select``, a gather along the batch
+axis of every state tensor.
 """
 from __future__ import annotations
-
-import copy
 
 import torch
 from transformers.cache_utils import Cache
@@ -22,42 +20,18 @@ from hybrid.models import HybridState
 from .compat import CACHE_INIT_TAKES_LAYERS
 
 
-def map_state_tensors(state, fn):
-    """A copy of ``state`` (any nesting of dataclasses, objects, lists, dicts) with every tensor ``t``
-    replaced by ``fn(t)``; objects reachable twice stay shared in the copy."""
-    memo: dict[int, object] = {}
-
-    def walk(obj):
-        if id(obj) in memo:
-            return memo[id(obj)]
-        if isinstance(obj, torch.Tensor):
-            out = fn(obj)
-        elif isinstance(obj, (list, tuple)):
-            out = type(obj)(walk(v) for v in obj)
-        elif isinstance(obj, dict):
-            out = {k: walk(v) for k, v in obj.items()}
-        elif hasattr(obj, "__dict__") and not isinstance(obj, type):
-            out = copy.copy(obj)
-            for key, value in vars(obj).items():
-                object.__setattr__(out, key, walk(value))
-        else:
-            out = obj
-        memo[id(obj)] = out
-        return out
-
-    return walk(state)
-
-
 def select_rows(state: HybridState, index: torch.Tensor) -> HybridState:
-    """The state of rows ``index`` ``(n,)`` (a gather along the batch axis of every state tensor)."""
-    return map_state_tensors(state, lambda t: t.index_select(0, index.to(t.device)))
+    """The state of rows ``index`` ``(n,)``: ``HybridState.select`` (a gather along the batch axis of every state
+    tensor)."""
+    return state.select(index.reshape(-1).long())
 
 
 class HybridCache(Cache):
-    """Decode state of ``HybridForCausalLM``: streams of rows, each with one ``HybridState``.
+    """Decode state of ``HybridForCausalLM``: one ``HybridState`` for the batch (ragged when the rows' prompts had
+    different lengths).
 
     ``columns``: input columns consumed so far (pads included), what ``get_seq_length`` reports.
-    ``streams``: list of ``(rows (n,) int64, HybridState or None)``; the rows of all streams partition the batch.
+    ``state``: the ``HybridState`` of every row, or None before the first call.
     """
 
     is_compileable = False
@@ -68,16 +42,16 @@ class HybridCache(Cache):
         else:  # pragma: no cover - transformers releases whose Cache.__init__ takes no layers
             super().__init__()
         self.columns = 0
-        self.streams: list[tuple[torch.Tensor, HybridState | None]] = []
+        self.state: HybridState | None = None
 
     # ------------------------------------------------------------------------------------------ queries
 
     def __len__(self) -> int:
-        return 0 if not self.streams else len(next(s for _, s in self.streams if s is not None).layers)
+        return 0 if self.state is None else len(self.state.layers)
 
     @property
     def batch_size(self) -> int:
-        return int(sum(rows.numel() for rows, _ in self.streams)) if self.streams else -1
+        return -1 if self.state is None else self.state.batch_size
 
     def get_seq_length(self, layer_idx: int | None = 0) -> int:
         return self.columns
@@ -94,21 +68,22 @@ class HybridCache(Cache):
 
     @property
     def is_initialized(self) -> bool:
-        return bool(self.streams)
+        return self.state is not None
 
     @property
     def nbytes(self) -> int:
-        """Bytes held by the states of all streams."""
-        return sum(state.nbytes for _, state in self.streams if state is not None)
+        """Bytes held by the batch's state."""
+        return 0 if self.state is None else self.state.nbytes
 
     # ------------------------------------------------------------------------------------------ updates
 
     def reset(self) -> None:
         self.columns = 0
-        self.streams = []
+        self.state = None
 
     def crop(self, max_length: int) -> None:
-        raise NotImplementedError("HybridCache: recurrent states cannot be cropped (assisted decoding is unsupported)")
+        raise NotImplementedError("HybridCache: recurrent states cannot be cropped (assisted decoding is unsupported; "
+                                  "hybrid's own generate(draft=...) decodes speculatively)")
 
     def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
         """Row ``i`` becomes old row ``beam_idx[i]`` (beam search)."""
@@ -122,21 +97,5 @@ class HybridCache(Cache):
 
     def _gather(self, source: torch.Tensor) -> None:
         """Rebuild the batch so that new row ``i`` is old row ``source[i]``."""
-        if not self.streams:
-            return
-        source = source.reshape(-1).cpu()
-        n_old = self.batch_size
-        stream_of = torch.empty(n_old, dtype=torch.long)
-        local_of = torch.empty(n_old, dtype=torch.long)
-        for s, (rows, _) in enumerate(self.streams):
-            stream_of[rows.cpu()] = s
-            local_of[rows.cpu()] = torch.arange(rows.numel())
-        new_streams = []
-        for s, (_, state) in enumerate(self.streams):
-            new_rows = (stream_of[source] == s).nonzero().flatten()  # (n,)
-            if new_rows.numel() == 0:
-                continue
-            local = local_of[source[new_rows]]
-            identity = local.numel() == self.streams[s][0].numel() and bool((local == torch.arange(local.numel())).all())
-            new_streams.append((new_rows, state if identity or state is None else select_rows(state, local)))
-        self.streams = new_streams
+        if self.state is not None:
+            self.state = self.state.select(source.reshape(-1).long())

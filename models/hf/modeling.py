@@ -12,8 +12,8 @@ decode route, that of ``HybridLM.generate(mode="recurrent")``.
 ``attention_mask`` (1 = token, 0 = pad) may pad rows on either side: each row sees only its own tokens, from
 position 0, so logits at real positions equal those of the unpadded row (logits at pads are 0). A padded
 batch that starts a sequence (no cache yet) runs as one packed forward over the real tokens
-(``cu_seqlens``); its rows then continue in streams of equal length (``cache.py``). With padded rows, set
-``labels`` to -100 at the pads.
+(``cu_seqlens``); its rows then continue as one ragged batch, each at its own position, one forward per new
+token for the whole batch (``cache.py``). With padded rows, set ``labels`` to -100 at the pads.
 
 ``position_ids``: padding-free batches as transformers' ``DataCollatorWithFlattening`` makes them, one row of
 several documents whose positions restart at 0, run as one packed forward in which no document sees another
@@ -34,7 +34,7 @@ from transformers.modeling_outputs import CausalLMOutputWithPast
 from hybrid.models import HybridLM, HybridState
 
 from .compat import GENERATE_CACHE_KWARG, OUTPUT_CACHE_FIELD
-from .cache import HybridCache, select_rows
+from .cache import HybridCache
 from .configuration import HybridHFConfig
 
 # Files written beside the weights for trust_remote_code: they import the installed library (pip install 'hybrid-lm[hf]').
@@ -164,12 +164,12 @@ class HybridForCausalLM(HybridPreTrainedModel, GenerationMixin):
             cache = None
         elif cache is None and mask is None:
             logits, _ = self.model(input_ids, output_final_state=False)
-        elif mask is not None and (cache is None or not cache.streams):
+        elif mask is not None and (cache is None or cache.state is None):
             logits = self._forward_packed_rows(input_ids, mask, cache)
             if cache is not None:
                 cache.columns = past + T
         else:
-            logits = self.forward_streams(input_ids, mask, cache if cache is not None else HybridCache())
+            logits = self._forward_cached(input_ids, mask, cache if cache is not None else HybridCache())
             if cache is not None:
                 cache.columns = past + T
 
@@ -191,65 +191,45 @@ class HybridForCausalLM(HybridPreTrainedModel, GenerationMixin):
 
     def _forward_packed_rows(self, input_ids: torch.Tensor, mask: torch.Tensor, cache: HybridCache | None) -> torch.Tensor:
         """A padded batch from its start as one packed forward over the real tokens of every row; returns logits
-        ``(B, T, V)`` (0 at pads) and, with a cache, leaves one stream per distinct row length."""
+        ``(B, T, V)`` (0 at pads) and, with a cache, leaves the rows' states in it as one (ragged) batch."""
         B, T = input_ids.shape
         counts = mask.sum(dim=1)  # (B,) real tokens per row
         real = (counts > 0).nonzero().flatten()  # rows holding at least one token
         logits = self.model.lm_head.weight.new_zeros(B, T, self.config.vocab_size)
-        if real.numel() == 0:
+        states = [None] * B
+        if real.numel():
+            cu_seqlens = F.pad(torch.cumsum(counts[real], dim=0), (1, 0))  # (N+1,)
+            packed = input_ids[mask].unsqueeze(0)  # (1, total): the real tokens, row after row
+            packed_logits, packed_states = self.model(packed, cu_seqlens=cu_seqlens,
+                                                      output_final_state=cache is not None)
+            logits[mask] = packed_logits[0]
             if cache is not None:
-                cache.streams = [(torch.arange(B, device=input_ids.device), None)]
-            return logits
-        cu_seqlens = F.pad(torch.cumsum(counts[real], dim=0), (1, 0))  # (N+1,)
-        packed = input_ids[mask].unsqueeze(0)  # (1, total): the real tokens, row after row
-        packed_logits, states = self.model(packed, cu_seqlens=cu_seqlens, output_final_state=cache is not None)
-        logits[mask] = packed_logits[0]
+                for row, state in zip(real.tolist(), packed_states):
+                    states[row] = state
         if cache is not None:
-            streams = []
-            lengths = counts[real].tolist()
-            for length in sorted(set(lengths)):
-                group = [i for i, n in enumerate(lengths) if n == length]
-                streams.append((real[group], HybridState.cat([states[i] for i in group])))
-            empty = (counts == 0).nonzero().flatten()
-            if empty.numel():
-                streams.append((empty, None))
-            cache.streams = streams
+            cache.state = HybridState.cat([self.model.init_state(1) if s is None else s for s in states])
         return logits
 
-    def forward_streams(self, input_ids: torch.Tensor, mask: torch.Tensor | None, cache: HybridCache) -> torch.Tensor:
-        """Run each stream of rows (``cache.streams``: row indices and their state) on its real tokens, rows of one
-        mask pattern together, and leave the new states in ``cache``; returns logits ``(B, T, V)`` (0 at pads). The
-        path ``forward`` takes to continue a cache; ``hybrid.train.bench.packing`` times it on a fresh cache."""
+    def _forward_cached(self, input_ids: torch.Tensor, mask: torch.Tensor | None, cache: HybridCache) -> torch.Tensor:
+        """Continue ``cache.state`` (None: fresh rows) with the new columns; returns logits ``(B, T, V)`` (0 at
+        pads). Without pads in them, one forward for the whole batch (a decode step at T = 1). New pads (rare in
+        generation) split the rows by mask pattern: each group runs on its real tokens and its rows' states are
+        written back (``HybridState.select`` / ``put``)."""
+        if mask is None:
+            logits, cache.state = self.model(input_ids, state=cache.state)
+            return logits
         B, T = input_ids.shape
-        if not cache.streams:
-            cache.streams = [(torch.arange(B, device=input_ids.device), None)]
-        logits = None
-        new_streams = []
-        for rows, state in cache.streams:
-            rows = rows.to(input_ids.device)
-            if mask is None:
-                patterns, inverse = None, torch.zeros(rows.numel(), dtype=torch.long, device=rows.device)
-                n_groups = 1
-            else:
-                patterns, inverse = torch.unique(mask[rows], dim=0, return_inverse=True)  # (G, T), (n,)
-                n_groups = patterns.shape[0]
-            for g in range(n_groups):
-                local = (inverse == g).nonzero().flatten()  # (n_g,)
-                group_rows = rows[local]
-                group_state = state if (state is None or n_groups == 1) else select_rows(state, local)
-                positions = torch.arange(T, device=rows.device) if patterns is None else patterns[g].nonzero().flatten()
-                if positions.numel() == 0:
-                    new_streams.append((group_rows, group_state))
-                    continue
-                ids = input_ids[group_rows][:, positions]  # (n_g, T_g)
-                group_logits, group_state = self.model(ids, state=group_state)  # T_g = 1 + a state: decode step
-                if logits is None:
-                    logits = group_logits.new_zeros(B, T, group_logits.shape[-1])
-                logits[group_rows[:, None], positions[None, :]] = group_logits
-                new_streams.append((group_rows, group_state))
-        cache.streams = new_streams
-        if logits is None:  # every new column was padding
-            logits = self.model.lm_head.weight.new_zeros(B, T, self.config.vocab_size)
+        logits = self.model.lm_head.weight.new_zeros(B, T, self.config.vocab_size)
+        patterns, inverse = torch.unique(mask, dim=0, return_inverse=True)  # (G, T), (B,)
+        for g in range(patterns.shape[0]):
+            rows = (inverse == g).nonzero().flatten()  # (n_g,)
+            positions = patterns[g].nonzero().flatten()
+            if positions.numel() == 0:
+                continue
+            state = cache.state if patterns.shape[0] == 1 else cache.state.select(rows)
+            group_logits, state = self.model(input_ids[rows][:, positions], state=state)  # T_g = 1: a decode step
+            logits[rows[:, None], positions[None, :]] = group_logits
+            cache.state = state if patterns.shape[0] == 1 else cache.state.put(rows, state)
         return logits
 
     # ------------------------------------------------------------------------------------------ generate

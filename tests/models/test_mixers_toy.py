@@ -11,9 +11,12 @@ import torch
 from torch import nn
 
 import hybrid.models.lm as lm_module
+from hybrid.batch_state import TensorState
 from hybrid.checks import check_number
 from hybrid.mixer import Mixer
 from hybrid.models import HybridConfig, HybridLM
+from hybrid.models.decoding.speculative import draft_from_layers
+from hybrid.models.generation import generate
 from hybrid.models.mixers import MIXERS, MixerRow
 
 VOCAB = 23
@@ -44,19 +47,11 @@ class ToyConfig:
 
 
 @dataclass
-class ToyState:
+class ToyState(TensorState):
+    """Batch-first tensors, never written in place: TensorState gives nbytes, clone, cat, select, put, fork and
+    rewind (the decode-state API: ragged batches, continuous batching, speculative rollback)."""
+
     s: torch.Tensor  # (B, d_model): the running sum after the tokens seen
-
-    @property
-    def nbytes(self) -> int:
-        return self.s.numel() * self.s.element_size()
-
-    def clone(self) -> "ToyState":
-        return self  # never written in place
-
-    @classmethod
-    def cat(cls, states: list["ToyState"]) -> "ToyState":
-        return cls(torch.cat([st.s for st in states]))
 
 
 class ToyMixer(Mixer):
@@ -74,7 +69,8 @@ class ToyMixer(Mixer):
 
     def forward(self, x, state=None, *, offset=0, cu_seqlens=None, output_final_state=True):
         """x (B, T, d_model): s = L v + decay^(t+1) s_0 with L[t, j] = decay^(t−j) for j ≤ t (parallel form).
-        The toy is position-free: it ignores `offset`, the position of x's first token."""
+        The toy is position-free: it ignores `offset`, the position of x's first token (an int, or `(B,)` per-row
+        positions in a ragged batch)."""
         if cu_seqlens is not None:  # a packed batch (1, total_T, d): each sequence on its own
             states = state or [None] * (cu_seqlens.numel() - 1)
             outs = [self(x[:, a:b], st) for (a, b), st in zip(pairwise(cu_seqlens.tolist()), states)]
@@ -159,3 +155,16 @@ def test_state_and_recompute_follow_its_declarations(toy_row, monkeypatch):
     assert not config_of(pattern="T").state_is_fixed
     model = HybridLM(config_of(pattern="TA", n_layers=2, recompute="linear", window=4))
     assert recomputed_mixers(model, monkeypatch) == ["Attention"]
+
+
+def test_the_toy_decodes_ragged_batches_and_speculatively(toy_row):
+    """Its state API is all a mixer needs for prompts of any lengths in one batch and for speculative decoding."""
+    torch.manual_seed(0)
+    model = HybridLM(config_of(pattern="TA", n_layers=4, window=3)).eval()
+    g = torch.Generator().manual_seed(2)
+    prompts = [torch.randint(0, VOCAB, (n,), generator=g) for n in (1, 5, 3)]
+    alone = [generate(model, p[None], 6, temperature=0)[0] for p in prompts]
+    assert [t.tolist() for t in generate(model, prompts, 6, temperature=0)] == [a.tolist() for a in alone]
+    draft = draft_from_layers(model, 2)
+    assert [t.tolist() for t in generate(model, prompts, 6, temperature=0, draft=draft, lookahead=2)] == \
+        [a.tolist() for a in alone]

@@ -80,14 +80,29 @@ def test_states_cat_into_one_batch(windowed_hybrid):
     assert err <= 1e-9 * scale, f"continuation from concatenated states: max error {err:.3g}, scale {scale:.3g}"
 
 
-def test_cat_needs_states_at_one_offset(windowed_hybrid):
+def test_cat_joins_states_at_any_offsets(windowed_hybrid):
+    """States at different positions join as a ragged batch (per-row positions); an empty list is refused."""
     model = windowed_hybrid
     with torch.no_grad():
         _, states = model(torch.zeros(1, 5, dtype=torch.long), cu_seqlens=torch.tensor([0, 2, 5]))
     assert [s.offset for s in states] == [2, 3]
-    with pytest.raises(ValueError, match=r"^states: expected a non-empty list of states at one offset, got offsets "
-                                         r"\[2, 3\]$"):
-        HybridState.cat(states)
-    with pytest.raises(ValueError, match=r"^states: expected a non-empty list of states at one offset, got offsets "
-                                         r"\[\]$"):
+    joined = HybridState.cat(states)
+    assert joined.ragged and joined.offset.tolist() == [2, 3] and joined.batch_size == 2
+    with pytest.raises(ValueError, match=r"^states: expected a non-empty list of HybridStates, got an empty list$"):
         HybridState.cat([])
+
+
+def test_a_layer_state_without_the_row_operations_is_named(windowed_hybrid):
+    """A mixer state that does not follow the decode-state API (hybrid.mixer) fails in one line that says how."""
+    from dataclasses import dataclass
+
+    @dataclass
+    class BareState:
+        s: torch.Tensor
+
+    state = HybridState(layers=[BareState(torch.zeros(2, 3))], offset=torch.tensor([1, 4]))
+    with pytest.raises(ValueError, match=r"^state: expected layer states with select\(\) \(hybrid.mixer's "
+                                         r"decode-state API: inherit hybrid.batch_state.TensorState .*got a BareState"):
+        state.select(torch.tensor([0]))
+    with pytest.raises(ValueError, match=r"with cat\(\)"):
+        HybridState.cat([state, state])

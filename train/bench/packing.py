@@ -105,7 +105,6 @@ def bench_hf(args) -> list[str]:
     """``HybridForCausalLM`` forward on a padded batch of 16 random lengths (left padding, a fresh cache, as
     ``generate``'s prefill): one forward per padding pattern (before) against one packed forward (after)."""
     from hybrid.models.hf import HybridForCausalLM, HybridHFConfig
-    from hybrid.models.hf.cache import HybridCache
 
     lines = ["| model | batch | lengths | per-pattern forward (before) | packed forward (after) | speed-up |",
              "|---|---|---|---|---|---|"]
@@ -122,8 +121,11 @@ def bench_hf(args) -> list[str]:
             mask[i, T - n:] = 1  # left padding
 
         @torch.no_grad()
-        def before():
-            hf.forward_streams(ids, mask.bool(), HybridCache())
+        def before():  # what the wrapper did before packing: one forward per distinct padding pattern
+            patterns, inverse = torch.unique(mask.bool(), dim=0, return_inverse=True)
+            for g in range(patterns.shape[0]):
+                rows, positions = (inverse == g).nonzero().flatten(), patterns[g].nonzero().flatten()
+                hf.model(ids[rows][:, positions])
 
         @torch.no_grad()
         def after():

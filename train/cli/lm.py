@@ -144,13 +144,19 @@ def generate_parser() -> argparse.ArgumentParser:
         prog="hybrid-generate",
         description="Continue a prompt with the model of a training run (its checkpoint and tokenizer). The "
                     "prompt is read as the start of a document; the prompt and its continuation are printed.",
-        epilog="example:\n  hybrid-generate --run runs/train --prompt $'import os\\n' --temperature 0.8 --top-k 40\n"
+        epilog="examples:\n  hybrid-generate --run runs/train --prompt $'import os\\n' --temperature 0.8 --top-k 40\n"
+               "  hybrid-generate --run runs/train --prompts prompts.jsonl --max-batch 16 > outputs.jsonl\n"
                "  ($'…' is bash's quoting that turns \\n into a newline; \"…\" passes a backslash and an n)",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--run", required=True, metavar="DIR",
                    help="run directory (its checkpoint/) or a checkpoint directory")
     p.add_argument("--prompt", default="", help="text to continue (default: empty: a fresh document)")
+    p.add_argument("--prompts", metavar="FILE", default=None,
+                   help="a file of prompts (.jsonl: JSON strings or objects with per-prompt options; otherwise one "
+                        "per line), decoded together with continuous batching; one JSON line per prompt on stdout")
+    p.add_argument("--max-batch", type=positive_int, default=8,
+                   help="with --prompts: prompts decoded at once (default: 8)")
     p.add_argument("--max-new-tokens", type=count, default=200, help="tokens to generate (default: 200)")
     p.add_argument("--mode", choices=["recurrent", "parallel", "chunked"], default="recurrent",
                    help="recurrent: O(1) state per token; parallel/chunked: recompute the whole sequence per "
@@ -172,6 +178,17 @@ def _generate(args: argparse.Namespace) -> int:
     from ..parallel.device import resolve_device
     from ..lm.inference import generate_text, load_run
 
+    if args.prompts is not None:
+        if args.prompt or args.mode != "recurrent":
+            raise UsageError("--prompts: expected no --prompt and --mode recurrent (the prompts of the file are "
+                             "decoded together), got " + ("--prompt" if args.prompt else f"--mode {args.mode}"))
+        from ..lm.generate_file import generate_file
+
+        run = load_run(args.run, device=resolve_device(args.device))
+        generate_file(run, args.prompts, max_batch=args.max_batch, prefill=args.prefill, chunk_size=args.chunk_size,
+                      max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
+                      top_p=args.top_p, seed=args.seed, stop_at_eos=not args.no_stop)
+        return 0
     run = load_run(args.run, device=resolve_device(args.device))
     text = generate_text(run, args.prompt, max_new_tokens=args.max_new_tokens, mode=args.mode,
                          prefill=args.prefill, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,

@@ -124,3 +124,26 @@ def test_position_ids_of_plain_rows_change_nothing(make_float64):
         plain = model(ids).logits
         given = model(ids, position_ids=torch.arange(6).expand(2, 6)).logits
     assert torch.equal(plain, given)
+
+
+@pytest.mark.parametrize("name", ["hybrid", "transformer"])
+def test_a_padded_batch_decodes_as_one_batch_per_token(name, monkeypatch, make_float64):
+    """After the packed prefill, every new token is one forward for the whole batch (rows at their own positions),
+    whatever the rows' prompt lengths; tokens unchanged from each row alone."""
+    model = make_float64(name, seed=3).float()
+    prompts = docs_of([2, 9, 5, 1], seed=6)
+    T = max(len(p) for p in prompts)
+    ids = torch.zeros(4, T, dtype=torch.long)
+    mask = torch.zeros(4, T, dtype=torch.long)
+    for i, p in enumerate(prompts):
+        ids[i, T - len(p):], mask[i, T - len(p):] = p, 1
+    batches = []
+    inner = model.model.forward
+    monkeypatch.setattr(model.model, "forward", lambda ids, *a, **k: batches.append(tuple(ids.shape)) or inner(ids, *a, **k))
+    out = model.generate(ids, attention_mask=mask, max_new_tokens=6, do_sample=False, pad_token_id=0)
+    assert batches[0] == (1, sum(len(p) for p in prompts)) and batches[1:] == [(4, 1)] * 5
+    monkeypatch.setattr(model.model, "forward", inner)
+    for i, p in enumerate(prompts):
+        alone = model.generate(p[None], attention_mask=torch.ones(1, len(p), dtype=torch.long), max_new_tokens=6,
+                               do_sample=False, pad_token_id=0)
+        assert out[i, T:].tolist() == alone[0, len(p):].tolist(), f"row {i}"

@@ -48,6 +48,8 @@ ADDED = {
     ("hybrid-distill", "--on-nonfinite"): "the loop section, shared: the divergence policy is the loop's",
     ("hybrid-distill", "--compile"): "the execution section, shared",
     ("hybrid-distill", "--fsdp"): "the execution section, shared: distillation shards with FSDP2 as hybrid-train",
+    ("hybrid-generate", "--prompts"): "issue 45: a file of prompts decoded together with continuous batching",
+    ("hybrid-generate", "--max-batch"): "issue 45: how many of those prompts are decoded at once",
 }
 GENERATED = ("help", "group")  # the declarations' now
 

@@ -1,0 +1,59 @@
+"""Row operations of the fixed-size states (hybrid/batch_state.py's TensorState: R and M) and per-row rotary angles
+(Rotary.cos_sin_rows): values row by row, and the one-line errors."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from hybrid import MixerState, RecurrenceState, RetentionState
+from hybrid.rotary import Rotary
+
+
+def recurrence_state(B: int, seed: int) -> RecurrenceState:
+    g = torch.Generator().manual_seed(seed)
+    return RecurrenceState(conv=torch.randn(B, 3, 5, generator=g), scan=torch.randn(B, 2, 4, generator=g))
+
+
+def test_tensor_states_follow_the_state_api():
+    s = recurrence_state(4, 0)
+    assert isinstance(s, MixerState) and isinstance(RetentionState(S=torch.zeros(2, 1, 3, 3)), MixerState)
+    assert s.clone() is s and s.fork() is s and s.batch_size == 4
+    picked = s.select(torch.tensor([2, 0]))
+    assert torch.equal(picked.conv, s.conv[[2, 0]]) and torch.equal(picked.scan, s.scan[[2, 0]])
+    joined = RecurrenceState.cat([s, picked])
+    assert torch.equal(joined.scan, torch.cat([s.scan, s.scan[[2, 0]]]))
+    other = recurrence_state(2, 1)
+    put = s.put(torch.tensor([3, 1]), other)
+    assert torch.equal(put.scan[[3, 1]], other.scan) and torch.equal(put.scan[[0, 2]], s.scan[[0, 2]])
+    assert torch.equal(s.scan, recurrence_state(4, 0).scan)  # out of place: the state itself is unchanged
+    later = recurrence_state(4, 2)
+    back = later.rewind(torch.tensor([True, False, True, False]), s)
+    assert torch.equal(back.conv[[0, 2]], later.conv[[0, 2]]) and torch.equal(back.conv[[1, 3]], s.conv[[1, 3]])
+
+
+@pytest.mark.parametrize("call, match", [
+    (lambda s: s.select(torch.tensor([4])), r"^index: expected row indices in \[0, 4\), got \[4\]$"),
+    (lambda s: s.select(torch.tensor([[0]])), r"^index: expected a 1-D int64 tensor of row indices, got shape \(1, 1\)"),
+    (lambda s: s.put(torch.tensor([0]), recurrence_state(2, 1)), r"^source: expected a RecurrenceState of 1 rows, "
+                                                                 r"got 2 rows$"),
+    (lambda s: s.rewind(torch.tensor([1, 0, 1, 0]), s), r"^keep: expected a bool tensor of shape \(4,\), got "
+                                                        r"int64 of shape \(4,\)$"),
+])
+def test_row_operation_errors_are_one_line(call, match):
+    with pytest.raises(ValueError, match=match):
+        call(recurrence_state(4, 0))
+
+
+@pytest.mark.parametrize("scaling", [None, {"rope_type": "dynamic", "factor": 4.0, "original_max_position_embeddings": 6},
+                                     {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 6}],
+                         ids=["plain", "dynamic", "yarn"])
+def test_cos_sin_rows_are_each_rows_own(scaling):
+    """Row b gets exactly ``cos_sin(T, offsets[b])``: table rows, or its own frequencies where they depend on the
+    length (dynamic NTK past its threshold)."""
+    rotary = Rotary(8, scaling=scaling)
+    offsets = torch.tensor([0, 3, 11, 40])
+    cos, sin = rotary.cos_sin_rows(offsets, 3)
+    assert cos.shape == (4, 3, 1, 4)
+    for b, o in enumerate(offsets.tolist()):
+        want_cos, want_sin = rotary.cos_sin(3, o)
+        assert torch.equal(cos[b, :, 0], want_cos) and torch.equal(sin[b, :, 0], want_sin)

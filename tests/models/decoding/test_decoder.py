@@ -1,0 +1,90 @@
+"""Continuous batching (models/decoding/decoder.py): every request's tokens are those of decoding it alone with its
+seed, whatever max_batch and whatever requests share its batch; slots are refilled and the batch shrinks; one-line
+errors name the request."""
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from hybrid.models import HybridConfig
+from hybrid.models.decoding.decoder import Decoder, Request, generate_many
+from hybrid.models.generation import generate
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+VOCAB = 31
+TINY = dict(d_model=16, n_heads=2, n_layers=3, vocab_size=VOCAB)
+CASES = {
+    "hybrid": HybridConfig.preset("hybrid", "tiny", **TINY, window=4),
+    "transformer": HybridConfig.preset("transformer", "tiny", **TINY),
+    "retnet": HybridConfig.preset("retnet", "tiny", **TINY),
+}
+
+
+def mixed_requests(n: int, seed: int) -> list[Request]:
+    """Prompts of 1 … 13 tokens, 0 … 8 new tokens, greedy and sampled rows (top-k, top-p), own seeds or none,
+    stop tokens or none."""
+    rng = random.Random(seed)
+    return [Request(prompt=[rng.randrange(VOCAB) for _ in range(rng.randint(1, 13))], max_new_tokens=rng.randint(0, 8),
+                    temperature=rng.choice([0, 0.8, 1.5]), top_k=rng.choice([None, 6]), top_p=rng.choice([None, 0.9]),
+                    seed=rng.randrange(1000) if i % 3 else None, stop_token=rng.choice([None, 2, 5]))
+            for i in range(n)]
+
+
+def alone(model, request: Request, seed: int) -> torch.Tensor:
+    """The request decoded by itself: generate on its prompt with its seed, cut after its stop token."""
+    prompt = torch.tensor(request.prompt)[None]
+    out = generate(model, prompt, request.max_new_tokens, temperature=request.temperature, top_k=request.top_k,
+                   top_p=request.top_p, generator=torch.Generator().manual_seed(seed),
+                   eos_token_id=request.stop_token)[0, prompt.shape[1]:]
+    hits = (out == request.stop_token).nonzero() if request.stop_token is not None else []
+    return out[: int(hits[0]) + 1] if len(hits) else out
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_outputs_equal_each_request_decoded_alone(name, float64_model_of):
+    model = float64_model_of(CASES[name])
+    requests = mixed_requests(12, seed=len(name))
+    expected = [alone(model, r, r.seed if r.seed is not None else 7 + i) for i, r in enumerate(requests)]
+    for max_batch in (1, 3, 8):
+        outputs = generate_many(model, requests, max_batch=max_batch, seed=7)
+        for i, (got, want) in enumerate(zip(outputs, expected)):
+            assert torch.equal(got, want), f"{name}, max_batch {max_batch}, request {i}: {got.tolist()} != {want.tolist()}"
+
+
+def test_slots_are_refilled_and_the_batch_shrinks(monkeypatch, model_of):
+    """Up to max_batch rows per decode step; a finished row's slot takes the next request (prefilled packed, put
+    into the slot); with the stream drained the batch shrinks to its live rows."""
+    model = model_of(CASES["hybrid"])
+    requests = [Request(prompt=[1, 2, 3][: 1 + i % 3], max_new_tokens=n, temperature=0)
+                for i, n in enumerate([2, 14, 3, 1, 6, 2, 4])]
+    widths, puts = [], []
+    forward = model.forward
+    monkeypatch.setattr(model, "forward", lambda ids, *a, **k: (widths.append(ids.shape) if k.get("state") is not None
+                                                                 else None) or forward(ids, *a, **k))
+    from hybrid.models import HybridState
+    put = HybridState.put
+    monkeypatch.setattr(HybridState, "put", lambda self, rows, src: puts.append(rows.tolist()) or put(self, rows, src))
+    done = list(Decoder(model, max_batch=3).run(requests))
+    assert sorted(c.index for c in done) == list(range(7))
+    assert [c.tokens.numel() for c in sorted(done, key=lambda c: c.index)] == [2, 14, 3, 1, 6, 2, 4]
+    assert all(shape[0] <= 3 and shape[1] == 1 for shape in widths)  # decode steps only, at most 3 rows
+    assert puts and all(len(rows) >= 1 for rows in puts)  # requests entered running batches
+    assert widths[-1][0] == 1  # the last request alone, after the batch shrank
+    assert all(c.finished >= c.started for c in done)
+
+
+@pytest.mark.parametrize("request_, match", [
+    (Request(prompt=[], max_new_tokens=2), r"^requests\[1\]\.prompt: expected a prompt of at least one token"),
+    (Request(prompt=[1], max_new_tokens=-1), r"^requests\[1\]\.max_new_tokens: expected an int >= 0, got -1$"),
+    (Request(prompt=[1], max_new_tokens=2, top_p=2.0), r"^requests\[1\]\.top_p: expected a number in \(0, 1\]"),
+    (Request(prompt=[1], max_new_tokens=2, stop_token=VOCAB), r"^requests\[1\]\.stop_token: expected an int >= 0"),
+    ("text", r"^requests\[1\]: expected a Request, got str$"),
+])
+def test_bad_requests_are_one_line_errors_naming_the_request(request_, match, model_of):
+    model = model_of(CASES["retnet"])
+    with pytest.raises(ValueError, match=match):
+        generate_many(model, [Request(prompt=[1, 2], max_new_tokens=1), request_])
+    with pytest.raises(ValueError, match=r"^max_batch: expected an int >= 1, got 0$"):
+        Decoder(model, max_batch=0)

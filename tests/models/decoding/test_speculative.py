@@ -1,0 +1,132 @@
+"""Speculative decoding (models/decoding/speculative.py): greedy output identical to the target decoding alone (every
+preset, a smaller draft and the same model with fewer layers, ragged prompts, eos); sampled output distributed as the
+target's, counted on a tiny model against its exact distribution with a bound that cannot flake, and the same count
+catching two wrong acceptance rules."""
+from __future__ import annotations
+
+import itertools
+import math
+
+import pytest
+import torch
+
+from hybrid.models import HybridConfig
+from hybrid.models.decoding import speculative
+from hybrid.models.decoding.speculative import draft_from_layers, speculative_decode
+from hybrid.models.generation import generate
+from hybrid.models.sampling import sampling_probs
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+VOCAB = 23
+TINY = dict(d_model=16, n_heads=2, vocab_size=VOCAB)
+PRESETS = {
+    "hybrid": dict(window=3),
+    "transformer": dict(),
+    "retnet": dict(),
+    "vo-rnn": dict(rnn_selective=True),
+}
+
+
+def target_and_draft(name: str, kind: str, float64_model_of):
+    target = float64_model_of(HybridConfig.preset(name, "tiny", **TINY, n_layers=4, **PRESETS[name]))
+    if kind == "fewer-layers":
+        return target, draft_from_layers(target, 2)
+    return target, float64_model_of(HybridConfig.preset(name, "tiny", **TINY, n_layers=1, **PRESETS[name]), seed=1)
+
+
+@pytest.mark.parametrize("name", list(PRESETS))
+@pytest.mark.parametrize("kind", ["smaller", "fewer-layers"])
+def test_greedy_output_is_the_targets_own(name, kind, float64_model_of):
+    target, draft = target_and_draft(name, kind, float64_model_of)
+    g = torch.Generator().manual_seed(2)
+    prompts = [torch.randint(0, VOCAB, (n,), generator=g) for n in (1, 4, 2, 7)]
+    alone = [generate(target, p[None], 9, temperature=0)[0] for p in prompts]
+    for lookahead in (1, 3, 5):
+        got = generate(target, prompts, 9, temperature=0, draft=draft, lookahead=lookahead)
+        assert [t.tolist() for t in got] == [a.tolist() for a in alone], f"lookahead {lookahead}"
+    eos = int(alone[1][6])  # a token that the second prompt produces
+    got = generate(target, torch.stack([prompts[1], prompts[1]]), 9, temperature=0, draft=draft, eos_token_id=eos)
+    want = generate(target, prompts[1][None], 9, temperature=0, eos_token_id=eos)
+    assert got.tolist() == [want[0].tolist()] * 2  # a tensor in, a tensor out, padded with eos
+
+
+def test_a_draft_that_is_the_target_is_always_accepted(float64_model_of):
+    target, _ = target_and_draft("hybrid", "smaller", float64_model_of)
+    prompts = [torch.tensor([1, 2, 3]), torch.tensor([4])]
+    _, stats = speculative_decode(target, target, prompts, 10, 4, temperature=0)
+    assert stats.acceptance_rate == 1.0 and stats.produced == 20 and stats.rounds == 2  # 5 tokens a round
+
+
+# --- sampling: the output is distributed as the target's -----------------------------------------------------------
+
+V, NEW, N = 4, 3, 20_000  # vocabulary, new tokens, samples: 4³ = 64 outcomes
+FALSE_ALARM = 1e-9
+
+
+def l1_bound(outcomes: int, samples: int, false_alarm: float) -> float:
+    """ε with P(‖p̂ − p‖₁ ≥ ε) ≤ false_alarm for the empirical distribution of ``samples`` draws over ``outcomes``
+    values: (2^m − 2)·exp(−n ε² / 2) ≤ false_alarm (Weissman et al., 2003)."""
+    return math.sqrt(2 * (outcomes * math.log(2) + math.log(1 / false_alarm)) / samples)
+
+
+@pytest.fixture(scope="module")
+def sampling_pair():
+    """A tiny target and a draft that disagree strongly (sharp logits: each far from uniform, and from each other)."""
+    def model(n_layers: int, seed: int):
+        torch.manual_seed(seed)
+        from hybrid.models import HybridLM
+
+        m = HybridLM(HybridConfig.preset("hybrid", "tiny", d_model=8, n_heads=2, n_layers=n_layers, vocab_size=V,
+                                         window=2)).eval()
+        with torch.no_grad():
+            m.embed.weight.mul_(10.0)  # tied with the head: logits of a few units (entropy 3.0 of ln 64 = 4.2 nats)
+        return m
+    return model(3, 0), model(1, 5)
+
+
+def exact_distribution(target, prompt: torch.Tensor, temperature: float) -> torch.Tensor:
+    """P(x1 x2 x3 | prompt) under the target's sampling distribution, (V, V, V), by enumeration."""
+    seqs = torch.tensor(list(itertools.product(range(V), repeat=NEW - 1)))  # (V², 2)
+    ids = torch.cat([prompt.expand(len(seqs), -1), seqs], dim=1)
+    with torch.no_grad():
+        logits, _ = target(ids)
+    p = sampling_probs(logits[:, len(prompt) - 1:], temperature)  # (V², 3, V): each step's distribution
+    first = p[0, 0]  # (V,)
+    second = p[:, 1].reshape(V, V, V)[:, 0]  # (V, V): rows x1 (any x2 column gives the same)
+    third = p[:, 2].reshape(V, V, V)  # (x1, x2, x3)
+    return first[:, None, None] * second[:, :, None] * third
+
+
+def sampled_distribution(target, draft, prompt, temperature: float, seed: int, samples: int = N) -> torch.Tensor:
+    new, _ = speculative_decode(target, draft, [prompt] * samples, NEW, 2, temperature=temperature,
+                                generator=torch.Generator().manual_seed(seed))
+    codes = torch.stack(new) @ torch.tensor([V * V, V, 1])  # (N,): the outcome of each row
+    return torch.bincount(codes, minlength=V ** NEW).double().reshape(V, V, V) / samples
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_sampled_output_is_distributed_as_the_targets(temperature, sampling_pair):
+    target, draft = sampling_pair
+    prompt = torch.tensor([1, 3])
+    exact = exact_distribution(target, prompt, temperature).double()
+    drafted = exact_distribution(draft, prompt, temperature).double()
+    assert (drafted - exact).abs().sum() > 0.5  # the draft alone would be far off
+    empirical = sampled_distribution(target, draft, prompt, temperature, seed=11)
+    eps = l1_bound(V ** NEW, N, FALSE_ALARM)
+    assert (empirical - exact).abs().sum() < eps, f"L1 {float((empirical - exact).abs().sum()):.4f} >= {eps:.4f}"
+
+
+@pytest.mark.parametrize("wrong", ["residual-is-p", "accept-by-p-alone"])
+def test_a_wrong_acceptance_rule_fails_the_count(wrong, sampling_pair, monkeypatch):
+    """The count above cannot pass a wrong rule: drawing the rejected position's token from p instead of
+    norm(max(0, p − q)), or accepting with probability p(x) instead of min(1, p(x)/q(x)), moves the output
+    distribution past the bound (with fewer samples, so a bound twice as loose)."""
+    target, draft = sampling_pair
+    if wrong == "residual-is-p":
+        monkeypatch.setattr(speculative, "residual_distribution", lambda p, q: p)
+    else:
+        monkeypatch.setattr(speculative, "accepts", lambda p_token, q_token, uniform: uniform < p_token)
+    prompt = torch.tensor([1, 3])
+    exact = exact_distribution(target, prompt, 1.0).double()
+    empirical = sampled_distribution(target, draft, prompt, 1.0, seed=11, samples=N // 4)
+    assert (empirical - exact).abs().sum() > l1_bound(V ** NEW, N // 4, FALSE_ALARM)
