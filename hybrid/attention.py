@@ -30,7 +30,7 @@ from hybrid.kv_cache import KVCache, RingKVCache
 from hybrid.mixer import Mixer, check_offset
 from hybrid.packed_attention import PackedAttention
 from .attention_rows import attend_rows
-from .attention_state import AttentionState, is_rows, to_uniform
+from .attention_state import AttentionState, is_rows
 from hybrid.rotary import PLACEMENTS, CARoPE, Rotary, RotaryConfig, apply_rotary, cos_sin_from_phases, parse_placement
 
 # shared-KV caches one tensor as key and value, so k and v must be rotated alike
