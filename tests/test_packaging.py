@@ -115,3 +115,19 @@ def test_wheel_holds_only_hybrid_and_imports_in_a_fresh_venv(tmp_path):
     assert run([str(py), "-c", IMPORT_ALL], cwd=tmp_path, env=env).strip() == "ok"
     probe = f"import importlib.util as u; print([n for n in {FOREIGN!r} if u.find_spec(n) is not None])"
     assert run([str(py), "-c", probe], cwd=tmp_path, env=env).strip() == "[]"
+
+
+def test_the_kernels_folder_reached_as_top_level_kernels_registers_nothing():
+    """From a checkout's root, ``kernels/`` is also importable as a top-level ``kernels``, a name transformers
+    imports to probe for the Hugging Face `kernels` package. That copy must stay empty: a second import of the ops
+    would register the custom ops again, and the op would then run the copy's functions, not ``hybrid.kernels``'."""
+    code = ("import sys, torch; from hybrid.kernels.complex_scan import triton_scan; import kernels; "
+            "calls = []; real = triton_scan.empty_buffer; "
+            "triton_scan.empty_buffer = lambda *a: calls.append(a) or real(*a); "
+            "from hybrid.kernels import complex_scan; "
+            "complex_scan(torch.randn(1, 5, 1, 4), -torch.rand(1, 5, 1, 2), torch.randn(1, 5, 1, 2), backend='triton'); "
+            "print(kernels.__all__, sorted(m for m in sys.modules if m.startswith('kernels.')), len(calls))")
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["[]", "[]", "2"], done.stdout  # y and the final state from hybrid.kernels' module
