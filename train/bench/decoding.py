@@ -143,7 +143,7 @@ def bench_continuous(args) -> list[str]:
 @torch.no_grad()
 def bench_speculative(args) -> list[str]:
     from hybrid.models.decoding.speculative import draft_from_layers
-    from hybrid.train.inference import load_run
+    from hybrid.train.lm.inference import load_run
 
     target = load_run(args.target)
     if args.draft.startswith("layers:"):  # the target's first N layers (weights shared)

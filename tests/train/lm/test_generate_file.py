@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from hybrid.train.cli import generate_main
-from hybrid.train.inference import generate_text, load_run
+from hybrid.train.cli.lm import generate_main
+from hybrid.train.lm.inference import generate_text, load_run
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -19,8 +19,8 @@ def run(tmp_path_factory):
     import torch
 
     from hybrid.models import HybridConfig, HybridLM
-    from hybrid.train.checkpoint import save_checkpoint
-    from hybrid.train.tokenizer import ByteTokenizer, round_vocab_size
+    from hybrid.train.loop.checkpoint import save_checkpoint
+    from hybrid.train.data.tokenizer import ByteTokenizer, round_vocab_size
 
     tokenizer = ByteTokenizer()
     config = HybridConfig.preset("transformer", "tiny", d_model=32, n_layers=2, n_heads=2, window=8,
