@@ -15,8 +15,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-import hybrid.kernels.vo_gla.fla as fla_module
-import hybrid.kernels.vo_gla.interface as interface
+from hybrid.kernels.vo_gla import fla as fla_module  # (hybrid.kernels.vo_gla is also the function's name)
+from hybrid.kernels.vo_gla import interface
 from hybrid.kernels.vo_gla import BACKEND_ENV, resolve_backend, vo_gla, vo_gla_reference, vo_gla_step
 from hybrid.kernels.vo_gla.fla import vo_gla_fla, vo_gla_step_fla
 from hybrid.kernels.vo_gla.op import vo_gla_op
