@@ -22,6 +22,11 @@ F64 = torch.float64
 _seed = itertools.count(4601)
 
 
+@pytest.fixture(autouse=True)
+def _one_thread(one_torch_thread):
+    """Tiny tensors: a second thread only contends (tests/conftest.py)."""
+
+
 def gen() -> torch.Generator:
     return torch.Generator().manual_seed(next(_seed))
 

@@ -26,6 +26,11 @@ F64 = torch.float64
 _seed = itertools.count(8801)
 
 
+@pytest.fixture(autouse=True)
+def _one_thread(one_torch_thread):
+    """Tiny tensors: a second thread only contends (tests/conftest.py)."""
+
+
 def gen() -> torch.Generator:
     return torch.Generator().manual_seed(next(_seed))
 
@@ -48,7 +53,7 @@ def relative_error(got, want) -> float:
 
 
 @pytest.mark.parametrize("packed", [False, True])
-def test_fullgraph_compile_equals_eager(packed, one_torch_thread):
+def test_fullgraph_compile_equals_eager(packed):
     torch.compiler.reset()
     lens = [1, 6, 2, 8]
     cu = torch.tensor([0, *itertools.accumulate(lens)]) if packed else None
