@@ -20,6 +20,7 @@ O(T·C + T/C·Dk·Dv), never ``(T, T)``. Computed in the state dtype (float32; f
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from .rotation import rotate
@@ -68,9 +69,15 @@ def vo_gla_chunkwise(q: Tensor, k: Tensor, v: Tensor, g: Tensor, th: Tensor, ini
     B, T, H, Dk = q.shape
     Dv = v.shape[-1]
     C = max(1, min(C, T))
-    index, valid, inverse, chunk_seq, first, last = chunk_layout(cu, T, C)
-    qc, kc, vc, gc, thc = (_gather(x, index, valid) for x in (q, k, v, g, th))  # (B, NC, C, …)
-    NC = index.shape[0]
+    if cu.numel() == 2:  # one sequence per row: the chunks are a zero-padded reshape (no gather, no scatter)
+        NC = -(-T // C)
+        chunk_seq, first, last, inverse = [0] * NC, [True] + [False] * (NC - 1), [False] * (NC - 1) + [True], None
+        qc, kc, vc, gc, thc = (F.pad(x, (0, 0) * (x.dim() - 2) + (0, NC * C - T)).unflatten(1, (NC, C))
+                               for x in (q, k, v, g, th))  # (B, NC, C, …)
+    else:
+        index, valid, inverse, chunk_seq, first, last = chunk_layout(cu, T, C)
+        qc, kc, vc, gc, thc = (_gather(x, index, valid) for x in (q, k, v, g, th))  # (B, NC, C, …)
+        NC = index.shape[0]
 
     b = gc.cumsum(2)  # (B, NC, C, H): log-decays summed within the chunk
     phi = thc.cumsum(2)  # (B, NC, C, H, P): angles summed within the chunk
@@ -107,6 +114,7 @@ def vo_gla_chunkwise(q: Tensor, k: Tensor, v: Tensor, g: Tensor, th: Tensor, ini
     entering = torch.stack(entering, dim=1)  # (B, NC, H, Dk, Dv)
     o_turned = o_turned + torch.einsum("bnchd,bnhde->bnche", qc * torch.exp(b)[..., None], entering)
     o = rotate(o_turned, cos, -sin)  # (B, NC, C, H, Dv): back to each token's own frame
-    o = o.reshape(B, NC * C, H, Dv)[:, inverse]  # (B, T, H, Dv)
+    o = o.reshape(B, NC * C, H, Dv)  # (B, NC·C, H, Dv)
+    o = o[:, :T] if inverse is None else o[:, inverse]  # (B, T, H, Dv)
     final = torch.stack([finals[n] for n in range(len(finals))], dim=1) if want_final else None
     return o, final
