@@ -148,7 +148,19 @@ def jobs(out: Path) -> list[Job]:
                 "--edge-share", "0.2", "--out", str(run), "--quiet"]
         found.append(Job(f"passkey/hybrid-gla/seed{seed}", argv, run / "results.json",
                          {"study": "passkey", "model": "hybrid-gla", "seed": seed}))
-    return found
+    return sorted(found, key=_priority)
+
+
+def _priority(job: Job) -> tuple:
+    """The order runs start in, so that a study cut short has the most of every question: per seed the parity
+    runs that answer "does G track state" and then every MQAR model; the static-phase control, the language model
+    and the passkey (the longest runs) last."""
+    study, model, seed = job.meta["study"], job.meta["model"], job.meta["seed"]
+    if study == "parity" and model != "vo-gla-static":
+        return (0, seed, 0)
+    if study == "mqar":
+        return (0, seed, 1)
+    return (1, ("parity", "lm", "passkey").index(study), seed)
 
 
 def _run(job: Job, log_dir: Path) -> int:
