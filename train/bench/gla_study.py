@@ -13,7 +13,8 @@ budget's d_model, so that no model wins by width; ``hybrid-bench`` matches its s
   rate; G, R, RetNet, each alone (2 layers) and in a hybrid with a 64-token window attention layer (3 layers).
   ``report`` scores every run again by the distance from each query back to its value: inside and beyond the window.
 - Parity: the state-tracking budget (1 layer, d_model 64, 1000 steps, lengths 3–40), lr 3e-3 (the recipe's): G with the
-  data-dependent phase, the same with the recipe's quarter-turn rounding, G with the static phase, and the R recipe.
+  data-dependent phase (``--model vo-gla-data``), the same with the recipe's quarter-turn rounding from the middle of
+  training on (``--model vo-gla-recipe``), G with the static phase, and the R recipe.
 - LM: ``hybrid-bench --suite baselines --budget long --models hybrid-gla`` (bpb by context inside documents).
 - Passkey: the recipe of docs/bench/passkey/why.md (one turning pair per head, a fifth of the keys at the edges,
   4800 steps, lr 3e-3) for the GGA hybrid.
@@ -42,12 +43,11 @@ MQAR_MODELS = {  # name -> (preset, overrides)
     "vo-rnn": ("vo-rnn", {"rnn_phase": "static"}),
 }
 PARITY_LR = 3e-3
-PARITY_MODELS = {  # name -> (preset, overrides, extra flags)
-    "vo-rnn-recipe": ("vo-rnn", {}, ["--model", "vo-rnn-recipe"]),
-    "vo-gla-data": ("vo-gla", {"gla.phase": "data"}, []),
-    "vo-gla-data-round4": ("vo-gla", {"gla.phase": "data", "gla.phase_round": 4, "gla.phase_round_at_inference": True},
-                           []),
-    "vo-gla-static": ("vo-gla", {}, []),
+PARITY_MODELS = {  # name -> (preset, overrides, the suite model it is (train/tasks/suite.py) or None)
+    "vo-rnn-recipe": ("vo-rnn", {}, "vo-rnn-recipe"),
+    "vo-gla-data": ("vo-gla", {}, "vo-gla-data"),
+    "vo-gla-recipe": ("vo-gla", {}, "vo-gla-recipe"),  # + quarter-turn rounding from the middle of training on
+    "vo-gla-static": ("vo-gla", {}, None),
 }
 REFERENCE = {"mqar": "transformer", "parity": "vo-rnn-recipe"}
 PASSKEY_R = {"rnn_selective": True, "rnn_selective_gate": "hardsigmoid", "recurrence.rotary_dim": 2}
@@ -103,17 +103,16 @@ def jobs(out: Path) -> list[Job]:
 
     found = []
     # parity
-    ref_preset, ref_over, ref_flags = PARITY_MODELS[REFERENCE["parity"]]
-    target = non_embedding_parameters(task_config("parity", ref_preset, ref_over, {"model": "vo-rnn-recipe"}))
+    ref_preset, ref_over, ref_model = PARITY_MODELS[REFERENCE["parity"]]
+    target = non_embedding_parameters(task_config("parity", ref_preset, ref_over, {"model": ref_model}))
     for seed in SEEDS:
-        for name, (preset, overrides, flags) in PARITY_MODELS.items():
+        for name, (preset, overrides, model) in PARITY_MODELS.items():
             run = out / "parity" / name / f"seed{seed}"
-            if flags:  # the R recipe as the suite defines it: the reference size
-                argv = [*_python(), "hybrid.train.tasks", "--task", "parity", "--budget", "cpu", *flags]
-            else:
-                hidden = matched_mlp_hidden("parity", preset, overrides, target)
-                argv = [*_python(), "hybrid.train.tasks", "--task", "parity", "--budget", "cpu", "--preset", preset,
-                        *_sets({**overrides, "mlp_hidden": hidden})]
+            which = ["--model", model] if model else ["--preset", preset]
+            argv = [*_python(), "hybrid.train.tasks", "--task", "parity", "--budget", "cpu", *which]
+            if name != REFERENCE["parity"]:  # the R recipe as the suite defines it is the reference size
+                hidden = matched_mlp_hidden("parity", preset, overrides, target, {"model": model})
+                argv += _sets({**overrides, "mlp_hidden": hidden})
             argv += ["--lr", str(PARITY_LR), "--seeds", str(seed), "--out", str(run), "--quiet"]
             found.append(Job(f"parity/{name}/seed{seed}", argv, run / "results.json",
                              {"study": "parity", "model": name, "seed": seed}))

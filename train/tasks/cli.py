@@ -18,8 +18,8 @@ from ..progress import progress_bar
 from ..suite import markdown_table, parse_int_list, parse_name_list
 from . import TASK_NAMES, make_task
 from . import passkey_suite
-from .suite import (BUDGETS, KNOWN_MODELS, MODELS, SUITES, budget_for, curriculum_steps, default_lr, model_entry,
-                    model_shape, run_synthetic_suite, task_lrs, task_params, task_steps)
+from .suite import (BUDGETS, G_MODELS, KNOWN_MODELS, MODELS, SUITES, budget_for, curriculum_steps, default_lr,
+                    model_entry, model_shape, run_synthetic_suite, task_lrs, task_params, task_steps)
 from .train import TaskRunConfig, train_task
 
 EPILOG = """\
@@ -36,7 +36,8 @@ examples:
 
 models of a suite: """ + ", ".join(MODELS) + """
 parity-recipe candidates (vo-rnn-data-selective with one change, or two): """ + ", ".join(
-    m for m in KNOWN_MODELS if m not in MODELS) + """
+    m for m in KNOWN_MODELS if m not in MODELS and m not in G_MODELS) + """
+the G mixer on state tracking (issue 46): """ + ", ".join(G_MODELS) + """
 outputs: a run directory per task/model/lr/seed (checkpoint/, task.json, results.json, metrics.jsonl);
 a suite adds results.jsonl (one record per finished run; a second invocation resumes) and report.md + PNGs
 """
