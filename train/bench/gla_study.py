@@ -37,9 +37,9 @@ MQAR_MODELS = {  # name -> (preset, overrides)
     "transformer": ("transformer", {}),
     "vo-gla": ("vo-gla", {}),
     "hybrid-gla": ("hybrid", {"pattern": "GGA"}),
+    "hybrid": ("hybrid", {}),
     "retnet": ("retnet", {}),
     "hybrid-mma": ("hybrid", {"pattern": "MMA"}),
-    "hybrid": ("hybrid", {}),
     "vo-rnn": ("vo-rnn", {"rnn_phase": "static"}),
 }
 PARITY_LR = 3e-3
