@@ -56,8 +56,8 @@ def _turn_state(S: Tensor, phase_last: Tensor, inverse: bool) -> Tensor:
 
 def vo_gla_fla(q: Tensor, k: Tensor, v: Tensor, g: Tensor, th: Tensor, initial_state: Tensor | None,
                cu_seqlens: Tensor | None, output_final_state: bool, ops: SimpleNamespace | None = None):
-    """q, k ``(B, T, H, Dk)``, v ``(B, T, H, Dv)``, g ``(Bd, Td, H)``, th ``(Bd, Td, H, P)`` (Bd ∈ {1, B}, Td ∈ {1, T}),
-    initial_state ``(B or N, H, Dk, Dv)`` or None, T ≥ 1; ``ops`` defaults to ``fla_ops()``. Returns
+    """q, k ``(B, T, H, Dk)``, v ``(B, T, H, Dv)``, g ``(Bd, Td, H)``, th ``(Bd, Td, H, P)`` (Bd ∈ {1, B},
+    Td ∈ {1, T}), initial_state ``(B or N, H, Dk, Dv)`` or None, T ≥ 1; ``ops`` defaults to ``fla_ops()``. Returns
     ``(o (B, T, H, Dv) in q's dtype, final (B or N, H, Dk, Dv) float32 or None)``."""
     ops = ops or fla_ops()
     B, T, H, _ = q.shape
@@ -70,9 +70,12 @@ def vo_gla_fla(q: Tensor, k: Tensor, v: Tensor, g: Tensor, th: Tensor, initial_s
                          output_final_state=output_final_state, cu_seqlens=cu_seqlens)
     o = rotate(o.float(), cos, -sin).to(q.dtype)  # R_Φᵀ
     if output_final_state:
-        ends = (cu_seqlens[1:].long() - 1) if cu_seqlens is not None else torch.full((B,), T - 1, device=q.device)
-        rows = torch.zeros_like(ends) if cu_seqlens is not None or phase.shape[0] == 1 else torch.arange(B, device=q.device)
-        final = _turn_state(final.float(), phase[rows, ends], inverse=True)
+        if cu_seqlens is not None:  # each sequence's last token, in the one packed row
+            ends = cu_seqlens[1:].long() - 1
+        else:
+            ends = torch.full((B,), T - 1, device=q.device)
+        rows = torch.arange(B, device=q.device) if phase.shape[0] == B and cu_seqlens is None else 0 * ends
+        final = _turn_state(final.float(), phase[rows, ends], inverse=True)  # (N, H, P): each one's last phase
     return o, (final if output_final_state else None)
 
 
