@@ -1,11 +1,13 @@
 """hybrid: building blocks of complex-RNN / attention hybrid language models.
 
 Token mixers (``hybrid.mixer.Mixer``s, each with a parallel/chunk ``forward``, a one-token ``step``, a fixed or
-growing state, and its options dataclass: ``RecurrenceConfig``, ``AttentionConfig``, ``RetentionConfig``):
+growing state, and its options dataclass: ``RecurrenceConfig``, ``AttentionConfig``, ``RetentionConfig``, ``GLAConfig``):
 
 - ``VORecurrence`` (R): VO-RoPE with exponential decay as a complex linear RNN (``hybrid.kernels.complex_scan``);
 - ``Attention`` (A): softmax attention with rotary on any of q, k, v, o; GQA; sliding window; shared-KV;
-- ``MultiScaleRetention`` (M): RetNet's retention, the baseline.
+- ``MultiScaleRetention`` (M): RetNet's retention, the baseline;
+- ``VOGatedLinearAttention`` (G): VO-RoPE around gated linear attention, a key-addressed matrix state whose
+  values turn (``hybrid.kernels.vo_gla``).
 
 ``hybrid.rotary`` holds the rotary toolkit (``RotaryConfig``, the options every mixer shares; schedules and
 context extension, layouts, placement, CARoPE).
@@ -21,6 +23,7 @@ import importlib
 from . import rotary
 from .attention import Attention, AttentionConfig, AttentionState
 from .conv import CausalConv1d
+from .gla import GLAConfig, GLAState, VOGatedLinearAttention
 from .kv_cache import KVCache, RingKVCache, RowKVCache
 from .mixer import Mixer, MixerState
 from .mlp import SwiGLU
@@ -53,7 +56,7 @@ def __dir__():
 
 
 __all__ = [*_LAZY,
-    "Attention", "AttentionConfig", "AttentionState", "CausalConv1d", "KVCache", "Mixer", "MixerState",
+    "Attention", "AttentionConfig", "AttentionState", "CausalConv1d", "GLAConfig", "GLAState", "KVCache", "Mixer", "MixerState",
     "MultiScaleRetention", "RMSNorm", "RecurrenceConfig", "RecurrenceState", "RetentionConfig", "RetentionState",
-    "RingKVCache", "RotaryConfig", "RowKVCache", "SwiGLU", "VORecurrence", "rotary",
+    "RingKVCache", "RotaryConfig", "RowKVCache", "SwiGLU", "VOGatedLinearAttention", "VORecurrence", "rotary",
 ]

@@ -4,6 +4,7 @@
         HYBRID_SCAN_BACKEND     complex_scan       auto | triton | cpu | torch | reference
         HYBRID_WINDOW_BACKEND   window_attention   auto | flash | flex | blocked | reference
         HYBRID_CONV_BACKEND     causal_conv1d      auto | causal_conv1d | torch | reference
+        HYBRID_GLA_BACKEND      vo_gla             auto | fla | torch | reference
     HYBRID_<OP>_<KNOB>    any other setting of an op (read once, when the Triton scan is imported)
         HYBRID_SCAN_AUTOTUNE    1 | 0: autotune the Triton scan's tiles on large problems
         HYBRID_SCAN_SHIFT       gather | load: how the Triton backward reads a_{t+1} (A/B timing)

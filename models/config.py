@@ -19,6 +19,7 @@ Presets (``HybridConfig.preset(name, size)``):
     transformer   all A, QK-RoPE, global attention
     retnet        all M
     vo-rnn        all R
+    vo-gla        all G (VO-RoPE gated linear attention: selective decay, static VO-RoPE phase)
     hybrid        "RRA": two R layers per A layer, attention QKVO-RoPE with a sliding window
 """
 from __future__ import annotations
@@ -51,6 +52,7 @@ PRESETS = {
     "transformer": dict(pattern="A", rope_placement="qk", window=None),
     "retnet": dict(pattern="M"),
     "vo-rnn": dict(pattern="R"),
+    "vo-gla": dict(pattern="G"),
     "hybrid": dict(pattern="RRA", rope_placement="qkvo", window="size"),
 }
 

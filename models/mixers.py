@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from hybrid import Attention, MultiScaleRetention, VORecurrence
+from hybrid import Attention, MultiScaleRetention, VOGatedLinearAttention, VORecurrence
 from hybrid.mixer import Mixer
 
 
@@ -31,6 +31,7 @@ MIXERS: dict[str, MixerRow] = {
     "R": MixerRow("recurrence", VORecurrence),
     "A": MixerRow("attention", Attention),
     "M": MixerRow("retention", MultiScaleRetention),
+    "G": MixerRow("gla", VOGatedLinearAttention),
 }
 
 

@@ -11,11 +11,12 @@ import pytest
 import torch
 from torch import nn
 
-from hybrid import (Attention, AttentionConfig, AttentionState, MultiScaleRetention, RecurrenceConfig,
-                    RecurrenceState, RetentionConfig, RetentionState, RotaryConfig, VORecurrence)
+from hybrid import (Attention, AttentionConfig, AttentionState, GLAConfig, GLAState, MultiScaleRetention,
+                    RecurrenceConfig, RecurrenceState, RetentionConfig, RetentionState, RotaryConfig,
+                    VOGatedLinearAttention, VORecurrence)
 from hybrid.mixer import FixedStateOptions, Mixer, MixerState, check_offset, resolve_config
 
-MIXERS = [VORecurrence, Attention, MultiScaleRetention]
+MIXERS = [VORecurrence, Attention, MultiScaleRetention, VOGatedLinearAttention]
 
 
 @pytest.mark.parametrize("cls", MIXERS)
@@ -55,13 +56,14 @@ def test_forward_and_step_take_the_position_from_the_caller(cls):
         ("output_final_state", keyword, True)]
     step = inspect.signature(cls.step).parameters.values()
     assert [(p.name, p.default) for p in step][1:] == [("x", empty), ("state", None), ("offset", 0)]
-    state_cls = {VORecurrence: RecurrenceState, Attention: AttentionState, MultiScaleRetention: RetentionState}[cls]
+    state_cls = {VORecurrence: RecurrenceState, Attention: AttentionState, MultiScaleRetention: RetentionState,
+                 VOGatedLinearAttention: GLAState}[cls]
     assert "offset" not in {f.name for f in dataclasses.fields(state_cls)}
 
 
 def test_options_declare_what_the_model_needs():
     """state_grows: only global attention; cheap_to_recompute: R, M and windowed attention."""
-    cases = [(RecurrenceConfig(), False, True), (RetentionConfig(), False, True),
+    cases = [(RecurrenceConfig(), False, True), (RetentionConfig(), False, True), (GLAConfig(), False, True),
              (AttentionConfig(), True, False), (AttentionConfig(window=8), False, True)]
     for options, grows, cheap in cases:
         assert (options.state_grows, options.cheap_to_recompute) == (grows, cheap), options
@@ -72,7 +74,7 @@ def test_options_declare_what_the_model_needs():
 def test_a_float64_input_to_float32_weights_is_one_line():
     """Either convert the module (float64 runs, for reference checks) or get a one-line error naming x."""
     x = torch.randn(2, 5, 16, dtype=torch.float64)
-    for mixer in (VORecurrence(16, 2), Attention(16, 2), MultiScaleRetention(16, 2)):
+    for mixer in (VORecurrence(16, 2), Attention(16, 2), MultiScaleRetention(16, 2), VOGatedLinearAttention(16, 2)):
         with pytest.raises(ValueError, match=r"^x: expected dtype float32 \(the module's parameters; .*got float64$"):
             mixer(x, None)
         with pytest.raises(ValueError, match=r"^x: expected dtype float32"):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hybrid import Attention, MultiScaleRetention, VORecurrence
+from hybrid import Attention, MultiScaleRetention, VOGatedLinearAttention, VORecurrence
 from hybrid.models import HybridConfig
 from hybrid.models.mixers import MIXERS, build_mixer, mixer_row
 
@@ -16,7 +16,7 @@ def test_one_row_per_letter_builds_its_class():
     config = HybridConfig(vocab_size=VOCAB, d_model=12, n_heads=2, n_layers=3, pattern="RAM", window=4,
                           rope_placement="qkvo", n_kv_heads=1)
     expected = {"R": ("recurrence", VORecurrence), "A": ("attention", Attention),
-                "M": ("retention", MultiScaleRetention)}
+                "M": ("retention", MultiScaleRetention), "G": ("gla", VOGatedLinearAttention)}
     assert set(MIXERS) == set(expected)
     for letter, (name, cls) in expected.items():
         mixer = build_mixer(config, letter)
@@ -25,10 +25,10 @@ def test_one_row_per_letter_builds_its_class():
         assert mixer.rotary_config is config.rotary
     attn = build_mixer(config, "A")
     assert (attn.window, attn.n_kv_heads, attn.placement.name) == (4, 1, "qkvo")  # the config reaches the mixer
-    with pytest.raises(ValueError, match=r"pattern: expected a mixer letter from \['A', 'M', 'R'\], got 'X'"):
+    with pytest.raises(ValueError, match=r"pattern: expected a mixer letter from \['A', 'G', 'M', 'R'\], got 'X'"):
         build_mixer(config, "X")
     assert all(mixer_row(letter) is row for letter, row in MIXERS.items())
-    with pytest.raises(ValueError, match=r"^pattern: expected a mixer letter from \['A', 'M', 'R'\], got 'r'$"):
+    with pytest.raises(ValueError, match=r"^pattern: expected a mixer letter from \['A', 'G', 'M', 'R'\], got 'r'$"):
         mixer_row("r")
 
 

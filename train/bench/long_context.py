@@ -33,7 +33,7 @@ import torch
 from hybrid.models import HybridConfig, HybridLM
 from hybrid.models.config import RECOMPUTE
 
-PRESET_NAMES = ("transformer", "hybrid", "retnet", "vo-rnn")
+PRESET_NAMES = ("transformer", "hybrid", "retnet", "vo-rnn", "vo-gla")
 DEFAULT_LENGTHS = (1024, 2048, 4096, 8192, 16384)
 
 

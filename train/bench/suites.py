@@ -6,7 +6,8 @@ budget's window; ``"seq_len"`` for its training length.
 
 - ``baselines``: the Transformer (global, QK-RoPE), a sliding-window one, RetNet, the VO-RNN (static and
   selective decay), the hybrid (RRA, window; static and selective decay) and a RetNet-attention hybrid (MMA,
-  same window). At the ``long`` budget: ``--models transformer,transformer-window,hybrid,hybrid-selective``.
+  same window), and the G mixer (VO-RoPE gated linear attention) alone and in a GGA hybrid (issue 46). At the
+  ``long`` budget: ``--models transformer,transformer-window,hybrid,hybrid-selective`` (and ``hybrid-gla``).
 - ``placements`` (Su's VO-RoPE post, "Experimental Results"): the global Transformer with each of the nine
   rotary placements; the seed's validation losses go beside ours, with the Spearman rank correlation.
 - ``positions`` (the CARoPE paper, Veisi et al., Table 1): RoPE, CARoPE, learned and sinusoidal absolute
@@ -42,6 +43,8 @@ BASELINES = Suite(
         "hybrid": {"preset": "hybrid", "pattern": "RRA", "window": "window"},
         "hybrid-selective": {"preset": "hybrid", "pattern": "RRA", "window": "window", "rnn_selective": True},
         "retnet-hybrid": {"preset": "hybrid", "pattern": "MMA", "window": "window"},
+        "vo-gla": {"preset": "vo-gla"},
+        "hybrid-gla": {"preset": "hybrid", "pattern": "GGA", "window": "window"},
     },
     about="The hybrids against a Transformer and RetNet of the same non-embedding size, data and schedule.",
 )

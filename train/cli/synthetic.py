@@ -16,8 +16,8 @@ from ..output.progress import progress_bar
 from ..suite import markdown_table, parse_int_list, parse_name_list
 from ..tasks import TASK_NAMES, make_task
 from ..tasks.passkey import suites as passkey_suite
-from ..tasks.suites import (BUDGETS, MODELS, SUITES, budget_for, curriculum_steps, default_lr, model_entry,
-                            model_shape, run_synthetic_suite, task_lrs, task_params, task_steps)
+from ..tasks.suites import (BUDGETS, G_MODELS, MODELS, SUITES, budget_for, curriculum_steps, default_lr,
+                            model_entry, model_shape, run_synthetic_suite, task_lrs, task_params, task_steps)
 from ..tasks.train import TaskRunConfig, train_task
 from .flags import add_device_flag, add_log_flag, add_option_flags
 from .parts import Parser, add_set_flag, run_command
@@ -37,6 +37,7 @@ examples:
 models: """ + ", ".join(MODELS) + """
 the parity study's candidates (vo-rnn-data-selective with one change, or two; docs/research/parity-recipe.md) run
 from the study's own suite: --suite parity-recipe [--models CANDIDATE,...]
+the G mixer (matrix-state VO-RoPE, issue 46), by --model or --models: """ + ", ".join(G_MODELS) + """
 outputs: a run directory per task/model/lr/seed (checkpoint/, task.json, results.json, metrics.jsonl);
 a suite adds results.jsonl (one record per finished run; a second invocation resumes) and report.md + PNGs
 """
@@ -66,7 +67,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     g = p.add_argument_group("one run (--task)")
     add_option_flags(g, TaskRunConfig, ["preset"], default=None, default_text="vo-rnn")
-    g.add_argument("--model", choices=list(MODELS),
+    g.add_argument("--model", choices=[*MODELS, *G_MODELS],
                    help="a suite model by name: its preset, options and run options (e.g. vo-rnn-recipe, the "
                         "state-tracking recipe); instead of --preset")
     add_set_flag(g, help="any HybridConfig field, VALUE parsed as JSON (e.g. --set rnn_phase='\"data\"'); the "

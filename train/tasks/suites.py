@@ -69,7 +69,15 @@ CANDIDATES = {
     # gates below a quarter shut, straight-through
     "recipe+round4-late+hold-0.25": STATE_RECIPE,  # kept as the recipe, vo-rnn-recipe
 }
-KNOWN_MODELS = {**MODELS, **CANDIDATES}
+# the G mixer (issue 46; not in the suites' default models): the data-dependent phase, and with the parts of the
+# state-tracking recipe that apply to it, the angles rounded to quarter turns from the middle of training on (its
+# decay gate, GLA's, has no exact hold: hold_below and the hard gate do not apply)
+G_MODELS = {
+    "vo-gla-data": ("vo-gla", {"gla.phase": "data"}),
+    "vo-gla-recipe": ("vo-gla", {"gla.phase": "data", "gla.phase_round": 4, "gla.phase_round_at_inference": True},
+                      {"phase_round_from": 0.5}),
+}
+KNOWN_MODELS = {**MODELS, **CANDIDATES, **G_MODELS}
 
 
 def model_entry(model: str) -> tuple[str, dict, dict]:
@@ -129,7 +137,7 @@ def budget_for(name: str, *, steps=None, seq_len=None, seeds=None, models=None, 
     budget = BUDGETS[name]
     if suite == "parity-recipe":  # its own models and five seeds, the rest as the budget says
         budget = dataclasses.replace(budget, **RECIPE_STUDY)
-    known = KNOWN_MODELS if suite == "parity-recipe" else MODELS  # the study's candidates: its own suite only
+    known = KNOWN_MODELS if suite == "parity-recipe" else {**MODELS, **G_MODELS}  # the candidates: their suite only
     budget = budget.override(steps=steps, seq_len=seq_len, seeds=seeds, models=models, known_models=known)
     if steps is not None and "mqar_steps" in budget.extra:
         budget = dataclasses.replace(budget, extra={k: v for k, v in budget.extra.items() if k != "mqar_steps"})

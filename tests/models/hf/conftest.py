@@ -31,6 +31,7 @@ def tiny_cases() -> dict[str, HybridConfig]:
         "transformer": HybridConfig.preset("transformer", **TINY),
         "retnet": HybridConfig.preset("retnet", **TINY),
         "vo-rnn": HybridConfig.preset("vo-rnn", **TINY),
+        "vo-gla": HybridConfig.preset("vo-gla", **TINY),
         "hybrid-gqa-carope-untied": HybridConfig.preset("hybrid", **{**TINY, "n_heads": 4}, window=4, n_kv_heads=2,
                                                         carope=True, tie_embeddings=False),
     }

@@ -117,7 +117,7 @@ def test_sampling_generate_equals_hybridlm_recurrent(name, make, ids_for):
         assert theirs.tolist() == ours.tolist()
 
 
-PRESETS = ["hybrid", "transformer", "retnet", "vo-rnn"]
+PRESETS = ["hybrid", "transformer", "retnet", "vo-rnn", "vo-gla"]
 
 
 @pytest.mark.parametrize("name", PRESETS)

@@ -41,6 +41,13 @@ CHANGED = {
                                                 "suite (--suite parity-recipe --models CANDIDATE)",
     ("hybrid-distill", "--lr", "type"): "one declaration of lr: read as a number and checked by the config, as "
                                         "hybrid-train reads it (the same one-line error, from the config)",
+    ("hybrid-train", "--preset", "choices"): "issue 46: the vo-gla preset (the G mixer) joins",
+    ("hybrid-synthetic", "--preset", "choices"): "issue 46: the vo-gla preset (the G mixer) joins",
+    ("bench-long-context", "--presets", "default"): "issue 46: vo-gla is measured beside the other presets",
+    ("hybrid-bench", "--set", "type"): "issue 46: HybridConfig gains the gla section, which --set's error names",
+    ("hybrid-distill", "--set", "type"): "issue 46: HybridConfig gains the gla section, which --set's error names",
+    ("hybrid-train", "--set", "type"): "issue 46: HybridConfig gains the gla section, which --set's error names",
+    ("hybrid-synthetic", "--set", "type"): "issue 46: HybridConfig gains the gla section, which --set's error names",
 }
 # options a command gained: (command, option) -> why
 ADDED = {

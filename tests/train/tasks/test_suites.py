@@ -175,10 +175,11 @@ def test_the_studys_candidates_are_named_from_its_own_suite_only():
     """``hybrid-synthetic --model`` offers the models; the parity study's candidates stay reproducible by name from
     the study's suite (``--suite parity-recipe --models CANDIDATE``), and only there."""
     from hybrid.train.cli.synthetic import parser
-    from hybrid.train.tasks.suites import CANDIDATES, MODELS, budget_for
+    from hybrid.train.tasks.suites import CANDIDATES, G_MODELS, MODELS, budget_for
 
     model_flag = next(a for a in parser()._actions if "--model" in a.option_strings)
-    assert list(model_flag.choices) == list(MODELS) and not (set(CANDIDATES) - set(MODELS)) & set(model_flag.choices)
+    assert list(model_flag.choices) == [*MODELS, *G_MODELS]  # the G mixer's models are models (issue 46)
+    assert not (set(CANDIDATES) - set(MODELS)) & set(model_flag.choices)
     assert tuple(budget_for("smoke", models=["recipe+round"], suite="parity-recipe").models) == ("recipe+round",)
     with pytest.raises(ValueError, match="models: expected names from"):
         budget_for("smoke", models=["recipe+round"], suite="state-tracking")

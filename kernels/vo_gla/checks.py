@@ -1,0 +1,103 @@
+"""Argument checks shared by the ways of computing vo_gla: one line each, ``name: expected …, got …``.
+
+The static checks (types, shapes, dtypes, devices) always run: they cost nothing and trace cleanly. The value
+checks (``check_values``: decays ≤ 0 and finite, angles finite; the offsets of ``cu_seqlens``) read tensors back
+(one host sync) and are skipped while torch.compile traces.
+"""
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from ..checks import check_positive_int
+from ..varlen import check_cu_seqlens as _check_cu_seqlens
+
+FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
+
+
+def state_dtype(dtype: torch.dtype) -> torch.dtype:
+    """States, decays and angles are float32, or float64 when the activations are float64."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def _tensor(name: str, x, like: Tensor | None, layout: str) -> None:
+    if not isinstance(x, Tensor):
+        raise ValueError(f"{name}: expected a torch.Tensor of shape {layout}, got {type(x).__name__}")
+    if x.dtype not in FLOAT_DTYPES:
+        raise ValueError(f"{name}: expected a floating dtype (float32, bfloat16, float16, float64), got {x.dtype}")
+    if like is not None and x.device != like.device:
+        raise ValueError(f"{name}: expected a tensor on {like.device} (the device of q), got {x.device}")
+
+
+def _broadcasts(name: str, t: Tensor, target: tuple[int, ...], layout: str) -> None:
+    shape = tuple(t.shape)
+    if len(shape) > len(target) or not all(s in (1, g) for s, g in zip(reversed(shape), reversed(target))):
+        raise ValueError(f"{name}: expected a shape that broadcasts to {layout} = {target}, got {shape}")
+
+
+def check_inputs(q, k, v, log_decay, theta, *, step: bool = False) -> None:
+    """q, k ``(B, T, H, Dk)``, v ``(B, T, H, Dv)`` with Dv even (rotary pairs), log_decay broadcastable to
+    ``(B, T, H)`` (``(H,)``: static per head), theta to ``(B, T, H, Dv/2)`` (``(H, Dv/2)``: static per pair); with
+    ``step`` the same without the time axis."""
+    lay = ("(B, H, Dk)", "(B, H, Dv)") if step else ("(B, T, H, Dk)", "(B, T, H, Dv)")
+    _tensor("q", q, None, lay[0])
+    for name, x, layout in (("k", k, lay[0]), ("v", v, lay[1])):
+        _tensor(name, x, q, layout)
+    ndim = 3 if step else 4
+    if q.dim() != ndim:
+        raise ValueError(f"q: expected shape {lay[0]}, got {tuple(q.shape)}")
+    if k.shape != q.shape:
+        raise ValueError(f"k: expected shape {tuple(q.shape)} (the shape of q), got {tuple(k.shape)}")
+    if v.dim() != ndim or v.shape[:-1] != q.shape[:-1]:
+        raise ValueError(f"v: expected shape {tuple(q.shape[:-1])} + (Dv,), got {tuple(v.shape)}")
+    if v.shape[-1] % 2:
+        raise ValueError(f"v: expected an even value head size Dv (rotary pairs), got Dv={v.shape[-1]}")
+    lead = tuple(q.shape[:-1])  # (B, T, H) or (B, H)
+    pairs = lead + (v.shape[-1] // 2,)
+    for name, t, target, layout in (
+            ("log_decay", log_decay, lead, "(B, H)" if step else "(B, T, H)"),
+            ("theta", theta, pairs, "(B, H, Dv/2)" if step else "(B, T, H, Dv/2)")):
+        _tensor(name, t, q, layout)
+        _broadcasts(name, t, target, layout)
+
+
+def check_values(log_decay: Tensor, theta: Tensor, names: tuple[str, str] = ("log_decay", "theta")) -> None:
+    """``log_decay`` finite and ≤ 0, ``theta`` finite (NaN fails both): one host sync, none while compiling."""
+    if torch.compiler.is_compiling():
+        return
+    bad_decay, bad_theta = torch.stack([(~(torch.isfinite(log_decay) & (log_decay <= 0))).any(),
+                                        (~torch.isfinite(theta)).any()]).tolist()
+    if bad_decay:
+        got = f"a maximum of {log_decay.max().item():.4g}" if not torch.isnan(log_decay).any() else "NaN"
+        if torch.isinf(log_decay).any():
+            got = "inf"
+        raise ValueError(f"{names[0]}: expected finite values <= 0 (the log of a decay in (0, 1]), got {got}")
+    if bad_theta:
+        n_nan, n_inf = int(torch.isnan(theta).sum()), int(torch.isinf(theta).sum())
+        raise ValueError(f"{names[1]}: expected finite angles, got {n_nan} NaN and {n_inf} inf")
+
+
+def check_cu_seqlens(cu_seqlens, q: Tensor) -> int:
+    """``(N+1,)`` integer offsets on q's device into ``q`` of shape ``(1, total_T, …)`` (the shared check of every
+    op, ``hybrid.kernels.varlen``). Returns N."""
+    _check_cu_seqlens(cu_seqlens, q.shape[1], q.device, "cu_seqlens", batch=q.shape[0])
+    return cu_seqlens.numel() - 1
+
+
+def check_state(state, name: str, shape: tuple[int, ...], q: Tensor, layout: str = "(B, H, Dk, Dv)") -> None:
+    """None, or a floating tensor of ``shape`` on q's device."""
+    if state is None:
+        return
+    if not isinstance(state, Tensor):
+        raise ValueError(f"{name}: expected None or a torch.Tensor of shape {layout} = {shape}, got "
+                         f"{type(state).__name__}")
+    if tuple(state.shape) != shape:
+        raise ValueError(f"{name}: expected shape {layout} = {shape}, got {tuple(state.shape)}")
+    if state.dtype not in FLOAT_DTYPES:
+        raise ValueError(f"{name}: expected a floating dtype, got {state.dtype}")
+    if state.device != q.device:
+        raise ValueError(f"{name}: expected a tensor on {q.device} (the device of q), got {state.device}")
+
+
+def check_tile_size(tile_size) -> None:
+    check_positive_int("tile_size", tile_size)

@@ -1,0 +1,120 @@
+r"""The chunkwise form of vo_gla in torch: the fast form for whole and packed sequences on any device.
+
+Each sequence is cut into chunks of C = ``tile_size`` tokens that start at its first token (fla's chunk grid for
+packed sequences: no chunk holds two sequences, so nothing inside a chunk is masked by sequence). In a chunk whose
+first token is t₀, with ``S`` the state entering it (in the frame of token t₀ − 1), everything is chunk-local:
+
+    b_c = Σ_{t₀≤s≤c} log γ_s        φ_c = Σ_{t₀≤s≤c} θ_s          (log-decays and angles summed within the chunk)
+    ṽ_m = e^{iφ_m} v_m              (values turned into the frame of token t₀ − 1)
+    o_c = e^{−iφ_c} [ Σ_{m≤c} e^{b_c − b_m} (q_c·k_m) ṽ_m  +  e^{b_c} q_c S ]
+    S'  = e^{−iφ_e} [ e^{b_e} S + Σ_m e^{b_e − b_m} k_m ⊗ ṽ_m ]        (e: the chunk's last token)
+
+so the bracket is simple GLA on the turned values, and the chunk's total rotation ``φ_e`` is carried into the state:
+every angle is a sum of at most C increments, never the sequence's whole phase, and keeps float32's precision at
+any length. Every exponent is ≤ 0 (masked entries are −∞ before the exponential), so nothing overflows.
+
+The carry across chunks is a loop over chunks that restarts the state at each sequence's first chunk (the given
+initial state, or zeros). Memory: ``(B, n_chunks, H, C, C)`` scores and ``(B, n_chunks, H, Dk, Dv)`` states:
+O(T·C + T/C·Dk·Dv), never ``(T, T)``. Computed in the state dtype (float32; float64 for float64 inputs).
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from .rotation import rotate
+
+
+def chunk_layout(cu: Tensor, T: int, C: int):
+    """The chunk grid of the sequences ``cu`` ``(N+1,)`` over T tokens.
+
+    Returns ``index`` ``(NC, C)`` (the token at each slot; 0 where the slot is past its chunk's sequence),
+    ``valid`` ``(NC, C)``, ``inverse`` ``(T,)`` (the flat slot of each token) and three lists of NC entries read
+    on the host: each chunk's sequence, whether it is its sequence's first chunk, whether its last."""
+    cu = cu.long()
+    device = cu.device
+    N = cu.numel() - 1
+    lengths = cu[1:] - cu[:-1]  # (N,)
+    per_seq = torch.div(lengths + C - 1, C, rounding_mode="floor")  # (N,): chunks of each sequence
+    first_chunk = torch.cumsum(per_seq, 0) - per_seq  # (N,): the index of each sequence's first chunk
+    chunk_seq = torch.repeat_interleave(torch.arange(N, device=device), per_seq)  # (NC,)
+    j = torch.arange(chunk_seq.numel(), device=device) - first_chunk[chunk_seq]  # (NC,): chunk within its sequence
+    start = cu[chunk_seq] + j * C  # (NC,)
+    slot = torch.arange(C, device=device)
+    pos = start[:, None] + slot  # (NC, C)
+    valid = pos < cu[chunk_seq + 1][:, None]
+    index = torch.where(valid, pos, 0)
+    t = torch.arange(T, device=device)
+    seq_t = torch.searchsorted(cu[1:].contiguous(), t, right=True)  # (T,)
+    off = t - cu[seq_t]
+    inverse = (first_chunk[seq_t] + torch.div(off, C, rounding_mode="floor")) * C + off % C  # (T,)
+    flags = torch.stack([chunk_seq, (j == 0).long(), (j == per_seq[chunk_seq] - 1).long()]).tolist()
+    return index, valid, inverse, flags[0], [bool(f) for f in flags[1]], [bool(f) for f in flags[2]]
+
+
+def _gather(x: Tensor, index: Tensor, valid: Tensor) -> Tensor:
+    """``x`` ``(B, T, …)`` -> ``(B, NC, C, …)`` in chunk slots, zeros in the slots past a sequence's end."""
+    out = x[:, index]  # (B, NC, C, …)
+    mask = valid.view(1, *valid.shape, *([1] * (x.dim() - 2)))
+    return torch.where(mask, out, torch.zeros((), dtype=x.dtype, device=x.device))
+
+
+def vo_gla_chunkwise(q: Tensor, k: Tensor, v: Tensor, g: Tensor, th: Tensor, init: Tensor | None, cu: Tensor,
+                     C: int, want_final: bool) -> tuple[Tensor, Tensor | None]:
+    """The scheme of the module docstring. q, k ``(B, T, H, Dk)``, v ``(B, T, H, Dv)``, g ``(B, T, H)`` (log γ),
+    th ``(B, T, H, Dv/2)`` (θ), T ≥ 1, all in the state dtype (g and th may be expanded views); cu ``(N+1,)``
+    (the sequences, shared by the B rows); init ``(B, N, H, Dk, Dv)`` or None (zeros).
+    Returns o ``(B, T, H, Dv)`` and, if want_final, the final states ``(B, N, H, Dk, Dv)``."""
+    B, T, H, Dk = q.shape
+    Dv = v.shape[-1]
+    C = max(1, min(C, T))
+    if cu.numel() == 2:  # one sequence per row: the chunks are a zero-padded reshape (no gather, no scatter)
+        NC = -(-T // C)
+        chunk_seq, first, last, inverse = [0] * NC, [True] + [False] * (NC - 1), [False] * (NC - 1) + [True], None
+        qc, kc, vc, gc, thc = (F.pad(x, (0, 0) * (x.dim() - 2) + (0, NC * C - T)).unflatten(1, (NC, C))
+                               for x in (q, k, v, g, th))  # (B, NC, C, …)
+    else:
+        index, valid, inverse, chunk_seq, first, last = chunk_layout(cu, T, C)
+        qc, kc, vc, gc, thc = (_gather(x, index, valid) for x in (q, k, v, g, th))  # (B, NC, C, …)
+        NC = index.shape[0]
+
+    b = gc.cumsum(2)  # (B, NC, C, H): log-decays summed within the chunk
+    phi = thc.cumsum(2)  # (B, NC, C, H, P): angles summed within the chunk
+    cos, sin = torch.cos(phi), torch.sin(phi)
+    v_turned = rotate(vc, cos, sin)  # (B, NC, C, H, Dv): ṽ_m = e^{iφ_m} v_m
+
+    # intra: Σ_{m≤c} e^{b_c − b_m} (q_c·k_m) ṽ_m
+    causal = torch.ones(C, C, dtype=torch.bool, device=q.device).tril()  # [c, m]: m ≤ c
+    gap = b[:, :, :, None] - b[:, :, None, :]  # (B, NC, C, C, H): b_c − b_m
+    decay = torch.exp(torch.where(causal[:, :, None], gap, float("-inf")))  # 0 above the diagonal
+    scores = torch.einsum("bnchd,bnmhd->bnhcm", qc, kc) * decay.permute(0, 1, 4, 2, 3)  # (B, NC, H, C, C)
+    o_turned = torch.einsum("bnhcm,bnmhe->bnche", scores, v_turned)  # (B, NC, C, H, Dv)
+
+    # each chunk's own key-value sum and gain, in the frame of its last token
+    b_end = b[:, :, -1]  # (B, NC, H) (slots past the end add log γ = 0: the last valid token's sum)
+    k_weight = torch.exp(b_end[:, :, None] - b)  # (B, NC, C, H): e^{b_e − b_m}
+    kv = torch.einsum("bnmhd,bnmhe->bnhde", kc * k_weight[..., None], v_turned)  # (B, NC, H, Dk, Dv)
+    cos_end, sin_end = cos[:, :, -1, :, None], -sin[:, :, -1, :, None]  # (B, NC, H, 1, P): e^{−iφ_e}
+    kv = rotate(kv, cos_end, sin_end)
+    gain = torch.exp(b_end)[..., None, None]  # (B, NC, H, 1, 1)
+
+    # carry across chunks; None stands for a zero state
+    zero = q.new_zeros(B, H, Dk, Dv)
+    S, entering, finals = None, [], {}
+    # unbind, not [:, n]: n selects' backward would zero-fill n full-size gradients
+    for n, (kv_n, gain_n, cos_n, sin_n) in enumerate(zip(kv.unbind(1), gain.unbind(1), cos_end.unbind(1),
+                                                        sin_end.unbind(1))):
+        if first[n]:
+            S = None if init is None else init[:, chunk_seq[n]]
+        entering.append(zero if S is None else S)
+        S = kv_n if S is None else gain_n * rotate(S, cos_n, sin_n) + kv_n
+        if last[n]:
+            finals[chunk_seq[n]] = S
+    entering = torch.stack(entering, dim=1)  # (B, NC, H, Dk, Dv)
+    o_turned = o_turned + torch.einsum("bnchd,bnhde->bnche", qc * torch.exp(b)[..., None], entering)
+    o = rotate(o_turned, cos, -sin)  # (B, NC, C, H, Dv): back to each token's own frame
+    o = o.reshape(B, NC * C, H, Dv)  # (B, NC·C, H, Dv)
+    o = o[:, :T] if inverse is None else o[:, inverse]  # (B, T, H, Dv)
+    final = torch.stack([finals[n] for n in range(len(finals))], dim=1) if want_final else None
+    return o, final
