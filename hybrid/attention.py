@@ -27,8 +27,9 @@ from torch import Tensor, nn
 from hybrid.checks import check_bool, check_even_dim, check_input_dtype, check_positive_int, check_sequence_states
 from hybrid.kernels.window_attention import BACKENDS as WINDOW_BACKENDS, sdpa_bthd, window_attention
 from hybrid.kernels.varlen import check_cu_seqlens
+from hybrid.attention_shard import attend_shard, check_attention_shard
 from hybrid.kv_cache import KVCache, RingKVCache
-from hybrid.mixer import Mixer, check_offset
+from hybrid.mixer import Mixer, check_offset, check_shard_call
 from hybrid.rotary import PLACEMENTS, CARoPE, Rotary, RotaryConfig, apply_rotary, cos_sin_from_phases, parse_placement
 
 # shared-KV caches one tensor as key and value, so k and v must be rotated alike
@@ -204,7 +205,7 @@ class Attention(Mixer):
         return AttentionState(phase=phase)
 
     def forward(self, x: Tensor, state=None, *, offset=0, cu_seqlens: Tensor | None = None,
-                output_final_state: bool = True):
+                output_final_state: bool = True, shard=None):
         """x `(B, T, d_model)` at positions `offset … offset + T − 1` → y `(B, T, d_model)` and the state after
         these T tokens (parallel / chunk); the state is None when `output_final_state` is False (training: no
         cache is built). `offset`: the tokens `state` has seen (0 for a fresh sequence).
@@ -213,10 +214,16 @@ class Attention(Mixer):
         sequences; no query sees another sequence's keys, and rotary positions restart at each sequence's
         offset. `state` is then None or a list of N `AttentionState | None` (batch 1 each), and so is the
         returned state; `offset` is 0 or a list of N positions.
+
+        `shard` (`hybrid.kernels.context_parallel.SequenceShard`): x is this rank's part of one long sequence; the
+        keys and values before it come from the earlier ranks (`hybrid.attention_shard`). No state in or out.
         """
         if x.dim() != 3 or x.shape[-1] != self.d_model:
             raise ValueError(f"x: expected (B, T, d_model={self.d_model}), got shape {tuple(x.shape)}")
         check_input_dtype("x", x, self.out_proj.weight.dtype)
+        if shard is not None:
+            check_shard_call(shard, state, cu_seqlens, output_final_state)
+            return attend_shard(self, x, shard), None
         if cu_seqlens is not None:
             return self._attend_packed(x, state, cu_seqlens, offset, output_final_state)
         state, offset = self._continued(state, offset, x)
@@ -226,6 +233,10 @@ class Attention(Mixer):
             return self._attend_stateless(x, state, offset), None
         y, state = self._attend(x, state, offset)
         return y, (state if output_final_state else None)
+
+    def check_shard(self) -> None:
+        """The context-parallel path takes every option but a length-dependent rotary scaling."""
+        check_attention_shard(self)
 
     def step(self, x: Tensor, state: AttentionState | None = None, offset: int = 0) -> tuple[Tensor, AttentionState]:
         """x `(B, d_model)`: one token at position `offset` → y `(B, d_model)` and the next state (the recurrent
