@@ -3,6 +3,7 @@ against the bytes its activations take, for one long sequence split across ``--c
 
     python -m hybrid.train.bench.context_parallel                         # CPU: T = 16K, 32K, 64K; cp 1 and 2
     python -m hybrid.train.bench.context_parallel --lengths 16384 --cp 1,2,4 --threads 2 --out table.md
+    python -m hybrid.train.bench.context_parallel --device cuda --lengths 65536,131072 --cp 1,2,4,8   # one GPU a rank
 
 One training step is forward + backward of the global token mean of the cross-entropy
 (``HybridLM.forward(ids, shard=…)`` and ``global_token_mean``): the model the long-context table measures (the
@@ -13,7 +14,9 @@ one process with 2 threads, cp 2 two processes with 1 thread each, so both use t
 
 Per cell: tokens/s = T / the median over ``--reps`` steps (after one warm-up step) of the slowest rank's step
 time; peak memory = the largest peak resident set size over the ranks (``ru_maxrss``: it includes about
-0.35 GB of interpreter and torch), and each rank's rise over its RSS before the step (``rise``). Per layer kind,
+0.35 GB of interpreter and torch), and each rank's rise over its RSS before the step (``rise``). With
+``--device cuda`` each rank takes GPU ``rank`` (NCCL) and the memory is ``torch.cuda.max_memory_allocated`` (rise:
+over the memory allocated before the step). Per layer kind,
 on one step: the bytes each rank's collectives received (forward and backward, ``count_traffic``) and the
 bytes of the tensors its layer saved for the backward (``saved_tensors_hooks``, each storage counted once).
 """
@@ -81,15 +84,19 @@ def saved_bytes_per_block(model: HybridLM, step) -> dict[int, int]:
 def measure_cell(args) -> dict:
     """One rank of one (T, cp) cell (runs in the child process)."""
     torch.set_num_threads(args.threads_per_rank)
+    device = torch.device("cuda", args.rank) if args.device == "cuda" else torch.device("cpu")
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
     group = None
     if args.world > 1:
         import torch.distributed as dist
-        dist.init_process_group("gloo", store=dist.FileStore(args.store, args.world), rank=args.rank,
-                                world_size=args.world)
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo", rank=args.rank, world_size=args.world,
+                                store=dist.FileStore(args.store, args.world))
         group = dist.group.WORLD
-    model = build(args)
+    model = build(args).to(device)
     model.train()
     ids = torch.randint(0, model.config.vocab_size, (1, args.seq_len + 1), generator=torch.Generator().manual_seed(1))
+    ids = ids.to(device)
     shard = shard_sequence(args.seq_len, group)
     inputs, targets = shard.take(ids[:, :-1]), shard.take(ids[:, 1:])
 
@@ -99,12 +106,14 @@ def measure_cell(args) -> dict:
         share, _ = global_token_mean(loss_sum, targets.numel(), shard)
         share.backward()
         model.zero_grad(set_to_none=True)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
 
     def barrier():
         if group is not None:
             torch.distributed.barrier(group)
 
-    before = _rss()
+    before = torch.cuda.memory_allocated(device) if device.type == "cuda" else _rss()
     barrier()
     with count_traffic() as traffic:
         step()  # warm-up, and the bytes exchanged
@@ -122,8 +131,12 @@ def measure_cell(args) -> dict:
     if group is not None:
         torch.distributed.barrier(group)
         torch.distributed.destroy_process_group()
+    if device.type == "cuda":
+        peak = torch.cuda.max_memory_allocated(device)
+    else:
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
     return {"rank": args.rank, "world": args.world, "seq_len": args.seq_len, "layers": layers, "times": times,
-            "peak_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, "rss_before": before,
+            "peak_bytes": peak, "rss_before": before,
             "exchanged": dict(exchanged), "saved_per_block": {str(k): v for k, v in saved.items()}}
 
 
@@ -132,7 +145,7 @@ def run_cell(args, seq_len: int, world: int) -> dict:
     with tempfile.TemporaryDirectory() as folder:
         store = os.path.join(folder, "store")
         common = [f"--{k.replace('_', '-')}={getattr(args, k)}" for k in
-                  ("d_model", "n_layers", "n_heads", "window", "reps")]
+                  ("device", "d_model", "n_layers", "n_heads", "window", "reps")]
         threads = max(1, args.threads // world)
         procs = [subprocess.Popen([sys.executable, "-m", "hybrid.train.bench.context_parallel", "--cell",
                                    f"--seq-len={seq_len}", f"--world={world}", f"--rank={rank}", f"--store={store}",
@@ -161,12 +174,21 @@ def _mb(n: float) -> str:
     return f"{n / 2**20:.3g} MB" if n >= 2**20 else f"{n / 2**10:.3g} KB"
 
 
+def _machine(args) -> str:
+    if args.device == "cuda":
+        return f"one {torch.cuda.get_device_name(0)} per rank"
+    return f"{platform.machine()} CPU, {args.threads} threads shared by the ranks"
+
+
+def _memory(args) -> str:
+    return "peak allocated" if args.device == "cuda" else "peak RSS"
+
+
 def tables(args, cells: dict) -> list[str]:
     lines = [f"Training forward+backward of the hybrid (d_model {args.d_model}, {args.n_layers} layers, "
-             f"{args.n_heads} heads, window {args.window}), B=1, fp32, {platform.machine()} CPU, {args.threads} "
-             f"threads shared by the ranks, torch {torch.__version__}; median of {args.reps} steps (slowest rank); "
-             "each cell in its own processes", "",
-             "| T | cp | tokens/s | spread (min/max ÷ median) | peak RSS per rank | rise per rank |",
+             f"{args.n_heads} heads, window {args.window}), B=1, fp32, {_machine(args)}, torch {torch.__version__}; "
+             f"median of {args.reps} steps (slowest rank); each cell in its own processes", "",
+             f"| T | cp | tokens/s | spread (min/max ÷ median) | {_memory(args)} per rank | rise per rank |",
              "|---:|---:|---:|---|---:|---:|"]
     for (t, world), c in cells.items():
         if "error" in c:
@@ -198,6 +220,7 @@ def tables(args, cells: dict) -> list[str]:
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
                                 allow_abbrev=False)
+    p.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     p.add_argument("--lengths", default=",".join(map(str, DEFAULT_LENGTHS)))
     p.add_argument("--cp", default="1,2", help="context-parallel sizes (ranks per sequence)")
     p.add_argument("--threads", type=int, default=2, help="intra-op threads in all, shared out among the ranks")
@@ -212,6 +235,8 @@ def main(argv=None):
     p.add_argument("--store", default=None, help=argparse.SUPPRESS)
     p.add_argument("--cell", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    if args.device == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("context_parallel: --device cuda asked for but no CUDA device is visible")
     if args.cell:
         print(json.dumps(measure_cell(args)))
         return
