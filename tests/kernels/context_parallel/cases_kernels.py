@@ -210,3 +210,20 @@ for _window in (3, L + 3, 2 * L + 3, None):  # inside a shard, one and two shard
         case(f"attention {_w} packed {_name}")(
             lambda g, w=_window, n=_name, i=_i: _attention_case(g, window=w, cu=packings(world_of(g))[n],
                                                                 shared=False, seed=92 + i))
+
+
+@case("scan traffic: count_traffic sees one carry exchange")
+def _scan_traffic(group):
+    from hybrid.kernels.context_parallel import count_traffic
+
+    world = world_of(group)
+    shard = shard_sequence(L * world, group)
+    x = _randn(B, L, H, D, seed=150).requires_grad_()
+    log_decay, theta = _decays(B, L, True, 151)
+    with count_traffic() as traffic:
+        y, _ = complex_scan_cp(x, log_decay, theta, shard=shard)
+        y.sum().backward()
+    n = 2 * B * H * D * 8  # the transition and the zero-start state, float64, per rank
+    return {"forward bytes": traffic.forward - (world - 1) * n,
+            "backward bytes": traffic.backward - 2 * (world - 1) * n,
+            "labelled": traffic.by_label[("scan carry", "forward")] - traffic.forward}
