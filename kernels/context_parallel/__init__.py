@@ -12,7 +12,8 @@ and the loss is the global token mean (`loss.py`). Each op takes the arguments o
     causal_conv1d_cp(x, weight, bias=None, initial_state=None, *, shard, output_final_state=False, backend=None)
     window_attention_cp(q, k, v, window, *, shard, scale=None, backend=None)
 
-All collectives are differentiable (`comm.py`) and run on gloo as on NCCL; `count_traffic()` counts their bytes.
+All collectives are differentiable (`comm.py`: all-gather / all-reduce for the carries; `halo.py`: point to point
+for the halos) and run on gloo as on NCCL; `count_traffic()` counts their bytes.
 Arguments about the whole sequence (``initial_state``, the packed offsets) are the same on every rank. No
 nn.Modules: the mixers and the model wire these in (``shard=`` of their ``forward``).
 """

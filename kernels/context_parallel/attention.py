@@ -2,8 +2,8 @@
 
 A query sees the keys up to w − 1 positions back (all of them for global attention). Each rank brings in, as a
 halo, the rotated keys and values of the w − 1 tokens before its shard (`halo.gather_halo`: several ranks back
-when the window is longer than a shard; every earlier shard for global attention, an all-gather of keys and
-values, O(T) memory per rank) and attends its own queries over ``[halo; own keys]``, bottom-right aligned: the
+when the window is longer than a shard; every earlier shard for global attention, O(T) memory per rank) and
+attends its own queries over ``[halo; own keys]``, bottom-right aligned: the
 op's carried-prefix convention (``hybrid.kernels.window_attention``), so the numbers are one rank's. With packed
 documents only the halo's tokens of the first piece's document are keys, and only for that piece
 (``cu_seqlens_k``).
