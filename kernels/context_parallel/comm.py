@@ -9,9 +9,9 @@ shard does not use what came in (rank 0 receives no carry; a shard that starts a
 joins the backward through `keep_in_graph`, which returns its first argument unchanged and sends a zero
 gradient to the others: their backward, and so the all-reduce, runs on that rank too.
 
-`count_traffic()` records, while it is open, the bytes each collective brings into this rank (point to point: what it
-receives; all-gather:
-``(world − 1)·n``; a ring all-reduce of m bytes: ``2·(world − 1)/world·m``), forward and backward apart.
+`count_traffic()` records, while it is open, the bytes each collective brings into this rank (point to point: what
+it receives; all-gather: ``(world − 1)·n``; a ring all-reduce of m bytes: ``2·(world − 1)/world·m``), forward and
+backward apart.
 """
 from __future__ import annotations
 
