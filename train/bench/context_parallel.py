@@ -3,6 +3,7 @@ against the bytes its activations take, for one long sequence split across ``--c
 
     python -m hybrid.train.bench.context_parallel                         # CPU: T = 16K, 32K, 64K; cp 1 and 2
     python -m hybrid.train.bench.context_parallel --lengths 16384 --cp 1,2,4 --threads 2 --out table.md
+    python -m hybrid.train.bench.context_parallel --rounds 3 --reps 2     # cp sizes alternated, ratios with spread
     python -m hybrid.train.bench.context_parallel --device cuda --lengths 65536,131072 --cp 1,2,4,8   # one GPU a rank
 
 One training step is forward + backward of the global token mean of the cross-entropy
@@ -13,7 +14,9 @@ collectives). ``--threads`` intra-op threads are shared out among the ranks (2 o
 one process with 2 threads, cp 2 two processes with 1 thread each, so both use the whole machine).
 
 Per cell: tokens/s = T / the median over ``--reps`` steps (after one warm-up step) of the slowest rank's step
-time; peak memory = the largest peak resident set size over the ranks (``ru_maxrss``: it includes about
+time. ``--rounds R`` measures every cell R times, the cp sizes of one T one after the other in each round, and
+reports the median tokens/s over the rounds and, per round, each cp size's speed as a ratio to the first one's
+(median and range: on a shared machine only ratios measured side by side mean something). Peak memory = the largest peak resident set size over the ranks (``ru_maxrss``: it includes about
 0.35 GB of interpreter and torch), and each rank's rise over its RSS before the step (``rise``). With
 ``--device cuda`` each rank takes GPU ``rank`` (NCCL) and the memory is ``torch.cuda.max_memory_allocated`` (rise:
 over the memory allocated before the step). Per layer kind,
@@ -184,34 +187,69 @@ def _memory(args) -> str:
     return "peak allocated" if args.device == "cuda" else "peak RSS"
 
 
+def merge_rounds(rounds: list[dict]) -> dict:
+    """One cell measured in several rounds: median tokens/s, the largest memory, the first round's traffic."""
+    good = [c for c in rounds if "error" not in c]
+    if not good:
+        return rounds[0]
+    merged = dict(good[0])
+    merged["tokens_per_s"] = statistics.median(c["tokens_per_s"] for c in good)
+    merged["per_round"] = [c["tokens_per_s"] for c in good]
+    merged["peak_bytes"] = max(c["peak_bytes"] for c in good)
+    merged["rise_bytes"] = max(c["rise_bytes"] for c in good)
+    return merged
+
+
+def ratio_rows(cells: dict) -> list[str]:
+    """Per T and cp size: its tokens/s over the first cp size's, round by round (median, min–max)."""
+    lines = []
+    for (t, world), c in cells.items():
+        first = cells[t, next(w for (tt, w) in cells if tt == t)]
+        if "per_round" not in c or "per_round" not in first or c is first:
+            continue
+        ratios = [a / b for a, b in zip(c["per_round"], first["per_round"])]
+        lines.append(f"| {t} | {world} | {statistics.median(ratios):.2f} | {min(ratios):.2f} – {max(ratios):.2f} | "
+                     f"{len(ratios)} |")
+    return lines
+
+
 def tables(args, cells: dict) -> list[str]:
     lines = [f"Training forward+backward of the hybrid (d_model {args.d_model}, {args.n_layers} layers, "
              f"{args.n_heads} heads, window {args.window}), B=1, fp32, {_machine(args)}, torch {torch.__version__}; "
-             f"median of {args.reps} steps (slowest rank); each cell in its own processes", "",
+             f"median of {args.reps} steps (slowest rank)"
+             + (f", then the median over {args.rounds} rounds" if args.rounds > 1 else "")
+             + "; each cell in its own processes", "",
              f"| T | cp | tokens/s | spread (min/max ÷ median) | {_memory(args)} per rank | rise per rank |",
              "|---:|---:|---:|---|---:|---:|"]
     for (t, world), c in cells.items():
         if "error" in c:
             lines.append(f"| {t} | {world} | failed: {c['error']} | | | |")
             continue
-        lo, hi = c["spread"]
+        lo, hi = c["spread"]  # over the steps of one run; over the rounds when there are several
+        if len(c.get("per_round", ())) > 1:
+            lo, hi = min(c["per_round"]) / c["tokens_per_s"], max(c["per_round"]) / c["tokens_per_s"]
         lines.append(f"| {t} | {world} | {c['tokens_per_s']:,.0f} | {lo:.2f} / {hi:.2f} | {_gb(c['peak_bytes'])} | "
                      f"{_gb(c['rise_bytes'])} |")
-    lines += ["", "Per layer, one step, the rank that exchanges most (the last): bytes received by its collectives "
-              "(forward + backward) against the bytes its layer saved for the backward", "",
+    ratios = ratio_rows(cells)
+    if ratios:
+        lines += ["", "tokens/s against the first cp size's, measured side by side in each round", "",
+                  "| T | cp | ratio (median) | range | rounds |", "|---:|---:|---:|---|---:|", *ratios]
+    lines += ["", "Per layer, one step: the bytes a rank's collectives received, forward and backward (each the most "
+              "over the ranks: the last rank receives the halo, the first its gradient), against the bytes the layer "
+              "saved for the backward (the most over the ranks)", "",
               "| T | cp | layer | received forward | received backward | saved activations | ratio |",
               "|---:|---:|---|---:|---:|---:|---:|"]
     kinds = {"R": ("conv halo", "scan carry"), "A": ("attention halo",), "M": ("retention carry",)}
     for (t, world), c in cells.items():
         if "error" in c or world == 1:
             continue
-        last = c["ranks"][-1]
-        layers = last["layers"]
+        layers = c["layers"]
         for kind in dict.fromkeys(layers):
             n = layers.count(kind)
-            fwd = sum(last["exchanged"].get(lbl, [0, 0])[0] for lbl in kinds[kind]) / n
-            bwd = sum(last["exchanged"].get(lbl, [0, 0])[1] for lbl in kinds[kind]) / n
-            saved = statistics.mean(last["saved_per_block"].get(str(i), 0) for i, k in enumerate(layers) if k == kind)
+            fwd, bwd = (max(sum(r["exchanged"].get(lbl, [0, 0])[d] for lbl in kinds[kind]) / n for r in c["ranks"])
+                        for d in (0, 1))
+            saved = max(statistics.mean(r["saved_per_block"].get(str(i), 0) for i, k in enumerate(layers) if k == kind)
+                        for r in c["ranks"])
             lines.append(f"| {t} | {world} | {kind} | {_mb(fwd)} | {_mb(bwd)} | {_mb(saved)} | "
                          f"{(fwd + bwd) / saved:.2e} |")
     return lines
@@ -229,6 +267,7 @@ def main(argv=None):
     p.add_argument("--n-heads", type=int, default=4)
     p.add_argument("--window", type=int, default=256)
     p.add_argument("--reps", type=int, default=3)
+    p.add_argument("--rounds", type=int, default=1, help="measure every cell this many times, cp sizes alternated")
     p.add_argument("--out", default=None, help="also write the tables (markdown) here")
     for hidden in ("--seq-len", "--world", "--rank", "--threads-per-rank"):
         p.add_argument(hidden, type=int, default=None, help=argparse.SUPPRESS)
@@ -240,12 +279,14 @@ def main(argv=None):
     if args.cell:
         print(json.dumps(measure_cell(args)))
         return
-    cells = {}
+    measured = defaultdict(list)
     for seq_len in (int(t) for t in args.lengths.split(",")):
-        for world in (int(w) for w in args.cp.split(",")):
-            cells[seq_len, world] = c = run_cell(args, seq_len, world)
-            done = f"{c['tokens_per_s']:,.0f} tok/s, {_gb(c['peak_bytes'])}" if "error" not in c else c["error"]
-            print(f"  T={seq_len:6d} cp={world}  {done}", file=sys.stderr, flush=True)
+        for round_ in range(args.rounds):
+            for world in (int(w) for w in args.cp.split(",")):
+                measured[seq_len, world].append(c := run_cell(args, seq_len, world))
+                done = f"{c['tokens_per_s']:,.0f} tok/s, {_gb(c['peak_bytes'])}" if "error" not in c else c["error"]
+                print(f"  T={seq_len:6d} cp={world} round {round_ + 1}  {done}", file=sys.stderr, flush=True)
+    cells = {key: merge_rounds(rounds) for key, rounds in measured.items()}
     lines = tables(args, cells)
     print("\n".join(lines))
     if args.out:
