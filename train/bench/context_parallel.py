@@ -236,7 +236,7 @@ def tables(args, cells: dict) -> list[str]:
                   "| T | cp | ratio (median) | range | rounds |", "|---:|---:|---:|---|---:|", *ratios]
     lines += ["", "Per layer, one step: the bytes a rank's collectives received, forward and backward (each the most "
               "over the ranks: the last rank receives the halo, the first its gradient), against the bytes the layer "
-              "saved for the backward (the most over the ranks)", "",
+              "block (norms, mixer, MLP) saved for the backward (the most over the ranks)", "",
               "| T | cp | layer | received forward | received backward | saved activations | ratio |",
               "|---:|---:|---|---:|---:|---:|---:|"]
     kinds = {"R": ("conv halo", "scan carry"), "A": ("attention halo",), "M": ("retention carry",)}
