@@ -26,8 +26,9 @@ from torch import Tensor, nn
 
 from hybrid.checks import check_bool, check_even_dim, check_input_dtype, check_positive_int
 from hybrid.kernels.window_attention import BACKENDS as WINDOW_BACKENDS, sdpa_bthd, window_attention
+from hybrid.attention_shard import attend_shard, check_attention_shard
 from hybrid.kv_cache import KVCache, RingKVCache
-from hybrid.mixer import Mixer, check_offset
+from hybrid.mixer import Mixer, check_offset, check_shard_call
 from hybrid.packed_attention import PackedAttention
 from .attention_rows import attend_rows
 from .attention_state import AttentionState, is_rows
@@ -151,7 +152,7 @@ class Attention(PackedAttention, Mixer):
         return AttentionState(phase=phase, batch=batch_size)
 
     def forward(self, x: Tensor, state=None, *, offset=0, cu_seqlens: Tensor | None = None,
-                output_final_state: bool = True):
+                output_final_state: bool = True, shard=None):
         """x `(B, T, d_model)` at positions `offset … offset + T − 1` → y `(B, T, d_model)` and the state after
         these T tokens (parallel / chunk); the state is None when `output_final_state` is False (training: no
         cache is built). `offset`: the tokens `state` has seen (0 for a fresh sequence).
@@ -163,10 +164,16 @@ class Attention(PackedAttention, Mixer):
 
         `offset` may be `(B,)` per-row positions (a ragged batch, `hybrid.attention_rows`): each row's rotary
         angles, cache slots and masks are its own; the state returned is in the rows form.
+
+        `shard` (`hybrid.kernels.context_parallel.SequenceShard`): x is this rank's part of one long sequence; the
+        keys and values before it come from the earlier ranks (`hybrid.attention_shard`). No state in or out.
         """
         if x.dim() != 3 or x.shape[-1] != self.d_model:
             raise ValueError(f"x: expected (B, T, d_model={self.d_model}), got shape {tuple(x.shape)}")
         check_input_dtype("x", x, self.out_proj.weight.dtype)
+        if shard is not None:
+            check_shard_call(shard, state, cu_seqlens, output_final_state)
+            return attend_shard(self, x, shard), None
         if cu_seqlens is not None:
             return self._attend_packed(x, state, cu_seqlens, offset, output_final_state)
         if isinstance(offset, Tensor) or (state is not None and is_rows(state)):  # a ragged batch
@@ -182,6 +189,10 @@ class Attention(PackedAttention, Mixer):
             return self._attend_stateless(x, state, offset), None
         y, state = self._attend(x, state, offset)
         return y, (state if output_final_state else None)
+
+    def check_shard(self) -> None:
+        """The context-parallel path takes every option but a length-dependent rotary scaling."""
+        check_attention_shard(self)
 
     def step(self, x: Tensor, state: AttentionState | None = None, offset: int = 0) -> tuple[Tensor, AttentionState]:
         """x `(B, d_model)`: one token at position `offset` (an int, or `(B,)` per-row positions) → y `(B, d_model)`

@@ -20,6 +20,7 @@ from torch import Tensor, nn
 from hybrid.kernels.causal_conv import BACKEND_ENV, causal_conv1d, causal_conv1d_step
 from hybrid.kernels.causal_conv import causal_conv1d_reference as _reference
 from hybrid.kernels.causal_conv import select_conv_backend
+from hybrid.kernels.context_parallel import causal_conv1d_cp
 from hybrid.kernels.varlen import device_offsets
 
 from .checks import check_positive_int
@@ -71,12 +72,17 @@ class CausalConv1d(nn.Module):
         return select_conv_backend(x.device, self.channels, self.width, x.dtype, self.weight.dtype)
 
     def forward(self, x: Tensor, conv_state: Tensor | None = None, *, cu_seqlens: Tensor | None = None,
-                output_final_state: bool = True) -> tuple[Tensor, Tensor | None]:
+                output_final_state: bool = True, shard=None) -> tuple[Tensor, Tensor | None]:
         """x (B, T, C), conv_state (B, W−1, C) or None (zeros) -> y (B, T, C), new conv_state (B, W−1, C), or
         None when `output_final_state` is False. With `cu_seqlens` (N+1,): x is (1, total_T, C) packed, the
-        states are (N, W−1, C), one per sequence, and no tap crosses a sequence boundary."""
+        states are (N, W−1, C), one per sequence, and no tap crosses a sequence boundary. With `shard` (a
+        `hybrid.kernels.context_parallel.SequenceShard`): x is this rank's part of the sequence, the W − 1 inputs
+        before it come from the earlier ranks, and the states are those of `causal_conv1d_cp`."""
         if x.dim() != 3 or x.shape[-1] != self.channels or x.shape[1] < 1:
             raise ValueError(f"x: expected shape (B, T>=1, {self.channels}), got {tuple(x.shape)}")
+        if shard is not None:
+            return causal_conv1d_cp(x, self.weight, self.bias, conv_state, shard=shard,
+                                    output_final_state=output_final_state, backend=self._backend(x))
         rows = x.shape[0] if cu_seqlens is None else device_offsets(cu_seqlens).numel() - 1
         self._check_state(conv_state, rows)
         return causal_conv1d(x, self.weight, self.bias, conv_state, output_final_state=output_final_state,

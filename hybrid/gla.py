@@ -34,6 +34,7 @@ from torch import Tensor, nn
 from hybrid.kernels.varlen import check_cu_seqlens
 from hybrid.kernels.vo_gla import DEFAULT_TILE_SIZE, vo_gla, vo_gla_step
 
+from .batch_state import TensorState
 from .checks import (check_choice, check_even_dim, check_input_dtype, check_int, check_positive_int,
                      check_sequence_states)
 from .conv import CausalConv1d
@@ -50,8 +51,9 @@ GATE_NORMALIZER = 16.0  # GLA's: log γ_t = logsigmoid(z) / 16, so a gate near 0
 
 
 @dataclass
-class GLAState:
-    """State of one G layer: fixed size, whatever the number of tokens seen; no position.
+class GLAState(TensorState):
+    """State of one G layer: fixed size, whatever the number of tokens seen; no position. Never written in place:
+    its row operations (nbytes, clone, cat, select, put, fork, rewind) are `TensorState`'s.
 
     conv: ``(B, W−1, 2·H·Dk)``, the last inputs of the short conv on q and k (activation dtype).
     S: ``(B, H, Dk, Dv)`` float32, ``Σ_j (Π γ) k_j ⊗ R_{Φ_j − Φ_t} v_j`` in the frame of the last token t seen.
@@ -59,19 +61,6 @@ class GLAState:
 
     conv: Tensor
     S: Tensor
-
-    @property
-    def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in (self.conv, self.S))
-
-    def clone(self) -> "GLAState":
-        """The state itself: it is never written in place, so continuing it twice is safe."""
-        return self
-
-    @classmethod
-    def cat(cls, states: list["GLAState"]) -> "GLAState":
-        """The states of several sequences as one batch (rows in order)."""
-        return cls(conv=torch.cat([s.conv for s in states]), S=torch.cat([s.S for s in states]))
 
 
 @dataclass(frozen=True)
@@ -230,14 +219,19 @@ class VOGatedLinearAttention(Mixer):
     # ------------------------------------------------------------------------------------------ forms
 
     def forward(self, x: Tensor, state=None, *, offset=0, cu_seqlens: Tensor | None = None,
-                output_final_state: bool = True):
+                output_final_state: bool = True, shard=None):
         """Parallel / chunk form. x ``(B, T, d_model)`` -> (y ``(B, T, d_model)``, new state or None), continuing
         ``state`` when given (it is not modified). ``offset`` is unused: the rotation is relative.
 
         ``cu_seqlens`` (``(N+1,)``, ``hybrid.kernels.varlen``): x is a packed batch ``(1, total_T, d_model)`` of N
         sequences, each restarting the conv and the state; ``state`` is then None or a list of N ``GLAState |
         None`` (batch 1 each), and so is the returned state.
+
+        ``shard`` (context parallelism): G has no context-parallel path yet; any shard is refused in one line
+        (``Mixer.check_shard``).
         """
+        if shard is not None:
+            self.check_shard()
         if x.dim() != 3 or x.shape[-1] != self.d_model or x.shape[1] < 1:
             raise ValueError(f"x: expected shape (B, T>=1, {self.d_model}), got {tuple(x.shape)}")
         check_input_dtype("x", x, self.v_proj.weight.dtype)

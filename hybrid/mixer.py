@@ -41,6 +41,11 @@ the row (the slot), and
 
 A state whose fields are all batch-first tensors, never written in place (R, M), gets all of these from
 `hybrid.batch_state.TensorState`; attention's caches implement them with in-place slots.
+
+A mixer with a context-parallel path also takes ``shard=`` in ``forward`` (a
+`hybrid.kernels.context_parallel.SequenceShard`: x is this rank's part of one long sequence, positions and
+packing come from the shard; training and scoring only, no state in or out, `check_shard_call`) and says so by
+overriding ``check_shard`` (the base refuses in one line).
 """
 from __future__ import annotations
 
@@ -111,6 +116,19 @@ def check_offset(offset, n_sequences: int | None = None, batch: int | None = Non
     return [0] * n_sequences
 
 
+def check_shard_call(shard, state, cu_seqlens, output_final_state: bool) -> None:
+    """A mixer's ``forward(x, shard=…)`` continues no state and builds none, and takes its packing from the shard."""
+    if state is not None:
+        raise ValueError(f"state: expected None with shard= (a context-parallel forward starts each sequence "
+                         f"fresh), got {type(state).__name__}")
+    if cu_seqlens is not None:
+        raise ValueError("cu_seqlens: expected None with shard= (the shard holds the packed offsets: "
+                         "shard_sequence(..., cu_seqlens=)), got a tensor")
+    if output_final_state:
+        raise ValueError("output_final_state: expected False with shard= (a context-parallel forward builds no "
+                         "decoding state), got True")
+
+
 def resolve_config(config_cls: type, config, options: dict):
     """The mixer's options: `config` (an instance of `config_cls`), or `config_cls(**options)`."""
     if config is not None:
@@ -146,6 +164,12 @@ class Mixer(nn.Module):
         self.d_model, self.n_heads, self.head_dim = int(d_model), int(n_heads), head_dim
         self.norm_eps = check_number("norm_eps", norm_eps, low=0)
         self.config, self.rotary_config = config, rotary
+
+    def check_shard(self) -> None:
+        """Refuse, in one line, a context-parallel forward this mixer (or one of its options) has no path for.
+        The base refuses: a mixer opts in by overriding this with the checks of its options."""
+        raise ValueError(f"shard: expected a mixer with a context-parallel path, got {type(self).__name__} (its "
+                         "forward takes no shard=)")
 
     def init_weights(self, std: float, depth_std: float) -> None:
         """The model's init, after every Linear and Embedding weight was drawn from N(0, std): the residual

@@ -42,13 +42,14 @@ from einops import rearrange
 from torch import nn
 
 from hybrid.kernels import complex_scan, complex_scan_step
+from hybrid.kernels.context_parallel import complex_scan_cp
 from hybrid.kernels.varlen import packed_offsets
 
 from .checks import (check_bool, check_choice, check_even_dim, check_input_dtype, check_number, check_positive_int,
                      check_sequence_states)
 from .batch_state import TensorState
 from .conv import CausalConv1d
-from .mixer import FixedStateOptions, Mixer
+from .mixer import FixedStateOptions, Mixer, check_shard_call
 from .precision import at_least_float32
 from .rotary import PHASE_INITS, PHASE_MAPS, CARoPE, DataPhase, RotaryConfig, check_phase_rounding, inv_freq
 
@@ -280,7 +281,7 @@ class VORecurrence(Mixer):
     # ------------------------------------------------------------------------------------------ forms
 
     def forward(self, x: torch.Tensor, state=None, *, offset=0, cu_seqlens: torch.Tensor | None = None,
-                output_final_state: bool = True):
+                output_final_state: bool = True, shard=None):
         """Parallel / chunk form. x ``(B, T, d_model)`` -> (y ``(B, T, d_model)``, new state or None).
 
         ``offset`` (the position of x's first token) is accepted for the common mixer signature and unused: the
@@ -290,10 +291,17 @@ class VORecurrence(Mixer):
         sequences, each restarting the conv and the scan; ``state`` is then None or a list of N
         ``RecurrenceState | None`` (one per sequence, batch 1), and so is the returned state.
         ``output_final_state=False`` builds no state (training) and returns None for it.
+
+        ``shard`` (``hybrid.kernels.context_parallel.SequenceShard``): x is this rank's part of one long sequence
+        (``(1, L, d_model)`` when the shard packs documents); the conv reads its halo and the scan its carry from
+        the earlier ranks (``causal_conv1d_cp``, ``complex_scan_cp``). No state in or out.
         """
         if x.dim() != 3 or x.shape[-1] != self.d_model:
             raise ValueError(f"x: expected shape (B, T, d_model={self.d_model}), got {tuple(x.shape)}")
         check_input_dtype("x", x, self.value_proj.weight.dtype)
+        if shard is not None:
+            check_shard_call(shard, state, cu_seqlens, output_final_state)
+            return self._forward_shard(x, shard), None
         if cu_seqlens is not None:
             return self._forward_packed(x, state, cu_seqlens, output_final_state)
         if state is not None:
@@ -310,6 +318,17 @@ class VORecurrence(Mixer):
         if not output_final_state:
             return out, None
         return out, RecurrenceState(conv=conv_state, scan=scan_state)
+
+    def check_shard(self) -> None:
+        """Every option of the R layer has a context-parallel path (`forward(x, shard=…)`)."""
+
+    def _forward_shard(self, x: torch.Tensor, shard) -> torch.Tensor:
+        """``forward`` on this rank's shard of one long sequence (see ``forward``): y ``(B, L, d_model)``."""
+        gate = F.gelu(self.gate_proj(x))
+        u, _ = self.conv(self.value_proj(x), output_final_state=False, shard=shard)
+        v, log_decay, theta = self.scan_inputs(x, u)
+        y, _ = complex_scan_cp(v, log_decay, theta, shard=shard, check_values=False)
+        return self.out_proj(gate * rearrange(self.readout(y), "b t h d -> b t (h d)").to(gate.dtype))
 
     def _forward_packed(self, x: torch.Tensor, states, cu_seqlens: torch.Tensor, output_final_state: bool):
         """``forward`` on a packed batch: per-sequence states in and out (see ``forward``)."""

@@ -37,9 +37,11 @@ from torch import Tensor, nn
 
 from hybrid.batch_state import TensorState
 from hybrid.checks import check_even_dim, check_input_dtype, check_positive_int, check_sequence_states
+from hybrid.kernels.context_parallel import retention_cp
 from hybrid.kernels.retention import DEFAULT_TILE_SIZE, retention_chunkwise, retention_step
+from hybrid.kernels.context_parallel import retention_cp
 from hybrid.kernels.varlen import packed_offsets
-from hybrid.mixer import FixedStateOptions, Mixer, check_offset
+from hybrid.mixer import FixedStateOptions, Mixer, check_offset, check_shard_call
 from hybrid.norms import head_rms_norm
 from hybrid.rotary import Rotary, RotaryConfig, apply_rotary
 
@@ -159,7 +161,7 @@ class MultiScaleRetention(Mixer):
 
     # --- forms --------------------------------------------------------------------------------------
     def forward(self, x: Tensor, state=None, *, offset=0, cu_seqlens: Tensor | None = None,
-                output_final_state: bool = True):
+                output_final_state: bool = True, shard=None):
         """x (B, T, d_model) at positions offset … offset + T − 1 -> y (B, T, d_model), state after the T tokens
         (None when `output_final_state` is False): the chunkwise form, continuing `state` when given (it is not
         modified). `offset`: the tokens `state` has seen (0 for a fresh sequence).
@@ -168,10 +170,17 @@ class MultiScaleRetention(Mixer):
         sequences, each restarting its retention and its rotary positions; `state` is then None or a list of N
         `RetentionState | None` (batch 1 each), and so is the returned state; `offset` is 0 or a list of N
         positions. Without it, `offset` may be `(B,)` per-row positions (a ragged batch).
+
+        `shard` (`hybrid.kernels.context_parallel.SequenceShard`): x is this rank's part of one long sequence, at
+        the shard's positions; the state entering it comes from the earlier ranks (`retention_cp`). No state in or
+        out.
         """
         if x.dim() != 3 or x.shape[-1] != self.d_model or x.shape[1] < 1:
             raise ValueError(f"x: expected shape (B, T>=1, {self.d_model}), got {tuple(x.shape)}")
         check_input_dtype("x", x, self.out_proj.weight.dtype)
+        if shard is not None:
+            check_shard_call(shard, state, cu_seqlens, output_final_state)
+            return self._forward_shard(x, shard), None
         if cu_seqlens is not None:
             return self._forward_packed(x, state, cu_seqlens, offset, output_final_state)
         B, T, _ = x.shape
@@ -188,6 +197,18 @@ class MultiScaleRetention(Mixer):
                                        tile_size=self.tile_size)  # (B, T, H, D)
         y = self._output(x, o)
         return y, (RetentionState(S=S) if output_final_state else None)
+
+    def check_shard(self) -> None:
+        """Retention has a context-parallel path (`forward(x, shard=…)`) for every option."""
+
+    def _forward_shard(self, x: Tensor, shard) -> Tensor:
+        """`forward` on this rank's shard of one long sequence (see `forward`): y (B, L, d_model)."""
+        cdt = torch.promote_types(x.dtype, torch.float32)
+        q, k, v = self._qkv(x, 0, cdt, self.rotary.cos_sin_shard(shard, device=x.device))
+        log_gamma = retention_log_decay(self.n_heads, x.device, cdt)
+        with torch.autocast(x.device.type, enabled=False):  # keep the retention and S in cdt
+            o, _ = retention_cp(q, k, v, log_gamma, shard=shard, tile_size=self.tile_size)
+        return self._output(x, o)
 
     def _forward_packed(self, x: Tensor, states, cu_seqlens: Tensor, offset, output_final_state: bool):
         """`forward` on a packed batch: per-sequence states and positions (see `forward`)."""

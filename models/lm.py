@@ -21,10 +21,11 @@ from __future__ import annotations
 
 import bisect
 import math
+from contextlib import nullcontext
 
 import torch
 from torch import nn
-from torch.utils.checkpoint import checkpoint
+from torch.utils.checkpoint import checkpoint, set_checkpoint_early_stop
 
 from hybrid import RMSNorm, SwiGLU
 from hybrid.abs_pos import AbsolutePositions, packed_positions, sinusoidal_scale
@@ -33,6 +34,7 @@ from hybrid.checks import check_int, check_sequence_states
 from hybrid.kernels.varlen import PackedOffsets, host_offsets, packed_offsets, positions_in_sequence
 
 from .config import HybridConfig
+from .context_parallel import forward_shard
 from .generation import generate as generate_tokens
 from .mixers import build_mixer
 from .modes import DEFAULT_CHUNK_SIZE, MODES
@@ -50,11 +52,13 @@ class Block(nn.Module):
         self.mlp = SwiGLU(config.d_model, hidden=config.mlp_hidden, mlp_ratio=config.mlp_ratio)
 
     def forward(self, x: torch.Tensor, state, offset=0, cu_seqlens: torch.Tensor | None = None,
-                output_final_state: bool = True):
+                output_final_state: bool = True, shard=None):
         """x ``(B, T, d_model)`` from position ``offset``: the parallel / chunk form (``cu_seqlens``: a packed batch,
-        ``offset`` 0 or one position per sequence; see ``HybridLM``)."""
+        ``offset`` 0 or one position per sequence; ``shard``: this rank's part of one long sequence; see
+        ``HybridLM``)."""
+        extra = {} if shard is None else {"shard": shard}  # only context-parallel mixers take a shard
         h, state = self.mixer(self.mixer_norm(x), state, offset=offset, cu_seqlens=cu_seqlens,
-                              output_final_state=output_final_state)
+                              output_final_state=output_final_state, **extra)
         x = x + h
         return x + self.mlp(self.mlp_norm(x)), state
 
@@ -172,7 +176,7 @@ class HybridLM(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, mode: str = "parallel", state: HybridState | None = None,
                 chunk_size: int | None = None, *, cu_seqlens: torch.Tensor | None = None,
-                output_final_state: bool = True):
+                output_final_state: bool = True, shard=None):
         """Logits ``(B, T, vocab_size)`` for ``input_ids`` ``(B, T)``, continuing ``state``; returns
         ``(logits, new_state)`` (``new_state`` None with ``output_final_state=False``: training builds no
         decoding state).
@@ -184,8 +188,15 @@ class HybridLM(nn.Module):
         sequences; every mixer restarts at each offset, and rotary and absolute positions restart at 0 (or at
         the sequence's state offset). ``state`` is then None or a list of N ``HybridState | None`` (batch 1
         each), and the returned state is such a list.
+
+        ``shard`` (``hybrid.kernels.context_parallel.SequenceShard``, context parallelism): ``input_ids`` is this
+        rank's part of one long sequence (``(B, L)``, or ``(1, L)`` when the shard packs documents) and the logits
+        are this part of one rank's logits (``models/context_parallel.py``): parallel mode, no state.
         """
         self.check_ids(input_ids)
+        if shard is not None:
+            return forward_shard(self, input_ids, shard, mode=mode, state=state, chunk_size=chunk_size,
+                                 cu_seqlens=cu_seqlens, output_final_state=output_final_state)
         if mode not in MODES:
             raise ValueError(f"mode: expected one of {MODES}, got {mode!r}")
         check_int("chunk_size", chunk_size, low=1, allow_none=True, what="a positive int")
@@ -252,19 +263,22 @@ class HybridLM(nn.Module):
         mode = self.config.recompute
         return mode == "all" or (mode == "linear" and mixer.config.cheap_to_recompute)
 
-    def _run_blocks(self, h: torch.Tensor, layer_states, offset, cu_seqlens, output_final_state: bool):
+    def _run_blocks(self, h: torch.Tensor, layer_states, offset, cu_seqlens, output_final_state: bool, shard=None):
         """Every block over h ``(B, T, d_model)`` from position ``offset`` (with ``cu_seqlens``: 0 or one per
-        sequence); returns the final hidden states' logits and the layer states."""
+        sequence; ``shard``: a context-parallel shard); returns the final hidden states' logits and the layer
+        states."""
         layers = []
         records = torch.is_grad_enabled() and self.training
         for block, layer_state, recompute in zip(self.blocks, layer_states, self._recompute):
             if recompute and records:
                 # activation checkpointing: keep h, run the block again in backward. Under autograd every
-                # state update is out of place (hybrid.kv_cache), so the second run sees the same inputs.
-                h, layer_state = checkpoint(block, h, layer_state, offset, cu_seqlens, output_final_state,
-                                            use_reentrant=False)
+                # state update is out of place (hybrid.kv_cache), so the second run sees the same inputs. With a
+                # shard the second run must repeat every collective of the first, on every rank: no early stop.
+                with nullcontext() if shard is None else set_checkpoint_early_stop(False):
+                    h, layer_state = checkpoint(block, h, layer_state, offset, cu_seqlens, output_final_state, shard,
+                                                use_reentrant=False)
             else:
-                h, layer_state = block(h, layer_state, offset, cu_seqlens, output_final_state)
+                h, layer_state = block(h, layer_state, offset, cu_seqlens, output_final_state, shard)
             layers.append(layer_state)
         return self.lm_head(self.norm(h)), layers
 

@@ -56,6 +56,19 @@ class Rotary(nn.Module):
         return (f"dim={self.dim}, rotary_dim={self.rotary_dim}, base={self.base:g}, "
                 f"layout={self.layout!r}{scaling}")
 
+    @property
+    def length_dependent(self) -> bool:
+        """The frequencies change with the total length (``dynamic`` / ``longrope`` scaling past their L0)."""
+        return self._threshold is not None
+
+    def cos_sin_shard(self, shard, device=None):
+        """`(cos, sin)`, each `(L, R/2)`, at the positions of a context-parallel shard's tokens
+        (`hybrid.kernels.context_parallel.SequenceShard`: from its global offset, per document when packed)."""
+        if shard.cu_seqlens is None:
+            return self.cos_sin(shard.length, offset=shard.start, device=device)
+        offsets = torch.tensor(shard.piece_offsets, device=shard.cu_seqlens.device)
+        return self.cos_sin_packed(shard.cu_seqlens, shard.length, offsets, max(shard.piece_offsets), device=device)
+
     def _frequencies(self, total: int):
         """(key, θ) for a total length; key is a string for reusable tables, an int for dynamic-per-length."""
         if self._threshold is None or total <= self._threshold:

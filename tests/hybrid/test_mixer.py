@@ -46,14 +46,15 @@ def test_constructor_is_common(cls):
 
 @pytest.mark.parametrize("cls", MIXERS)
 def test_forward_and_step_take_the_position_from_the_caller(cls):
-    """forward(x, state=None, *, offset=0, cu_seqlens=None, output_final_state=True), step(x, state=None, offset=0):
-    the caller keeps the position (HybridState.offset) and passes it; no state holds one."""
+    """forward(x, state=None, *, offset=0, cu_seqlens=None, output_final_state=True, shard=None), step(x, state=None,
+    offset=0): the caller keeps the position (HybridState.offset) and passes it; no state holds one. (shard: the
+    context-parallel path, whose shard holds the positions.)"""
     empty, positional, keyword = (inspect.Parameter.empty, inspect.Parameter.POSITIONAL_OR_KEYWORD,
                                   inspect.Parameter.KEYWORD_ONLY)
     forward = inspect.signature(cls.forward).parameters.values()
     assert [(p.name, p.kind, p.default) for p in forward][1:] == [
         ("x", positional, empty), ("state", positional, None), ("offset", keyword, 0), ("cu_seqlens", keyword, None),
-        ("output_final_state", keyword, True)]
+        ("output_final_state", keyword, True), ("shard", keyword, None)]
     step = inspect.signature(cls.step).parameters.values()
     assert [(p.name, p.default) for p in step][1:] == [("x", empty), ("state", None), ("offset", 0)]
     state_cls = {VORecurrence: RecurrenceState, Attention: AttentionState, MultiScaleRetention: RetentionState,

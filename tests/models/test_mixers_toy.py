@@ -13,6 +13,7 @@ from torch import nn
 import hybrid.models.lm as lm_module
 from hybrid.batch_state import TensorState
 from hybrid.checks import check_number
+from hybrid.kernels.varlen import host_offsets
 from hybrid.mixer import Mixer
 from hybrid.models import HybridConfig, HybridLM
 from hybrid.models.decoding.speculative import draft_from_layers
@@ -72,8 +73,9 @@ class ToyMixer(Mixer):
         The toy is position-free: it ignores `offset`, the position of x's first token (an int, or `(B,)` per-row
         positions in a ragged batch)."""
         if cu_seqlens is not None:  # a packed batch (1, total_T, d): each sequence on its own
-            states = state or [None] * (cu_seqlens.numel() - 1)
-            outs = [self(x[:, a:b], st) for (a, b), st in zip(pairwise(cu_seqlens.tolist()), states)]
+            bounds = host_offsets(cu_seqlens)  # a tensor, or the model's checked PackedOffsets
+            states = state or [None] * (len(bounds) - 1)
+            outs = [self(x[:, a:b], st) for (a, b), st in zip(pairwise(bounds), states)]
             return torch.cat([y for y, _ in outs], dim=1), ([st for _, st in outs] if output_final_state else None)
         B, T, _ = x.shape
         s0 = x.new_zeros(B, self.d_model) if state is None else state.s.to(x.dtype)

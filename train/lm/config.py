@@ -4,7 +4,8 @@ Its options are the sections every run kind shares (``hybrid.train.options.secti
 loop, logging, execution), at their defaults, plus the two only a language model has: ``tokenizer`` and
 ``init_partial``. The model is ``HybridConfig.preset(preset, size, vocab_size=round_vocab_size(tokenizer.vocab_size),
 **model)`` (``model`` overrides any HybridConfig field, vocab_size included). ``batch_size`` is per rank; one
-optimizer step sees ``batch_size × grad_accum × world_size`` sequences of ``seq_len`` tokens (the global batch).
+optimizer step sees ``batch_size × grad_accum × world_size / cp`` sequences of ``seq_len`` tokens (the global batch;
+``cp`` ranks share each sequence, ``hybrid.train.parallel.mesh``).
 """
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from ..loop.schedule import default_warmup
 from ..options.checks import a_bool, check_optional_str
 from ..options.fields import option
 from ..options.record import RunConfig
-from ..options.sections import (DataOptions, ExecutionOptions, LoggingOptions, LoopOptions, ModelOptions,
+from ..options.sections import (ContextParallelOptions, DataOptions, ExecutionOptions, LoggingOptions, LoopOptions, ModelOptions,
                                 OptimizerOptions)
 from ..output.tracking import TRACKERS
 
@@ -24,7 +25,7 @@ __all__ = ["TrainConfig", "NONFINITE_POLICIES", "MAX_SKIPS_IN_A_ROW", "TRACKERS"
 
 
 @dataclass
-class TrainConfig(RunConfig, ExecutionOptions, LoggingOptions, LoopOptions, OptimizerOptions, DataOptions,
+class TrainConfig(RunConfig, ContextParallelOptions, ExecutionOptions, LoggingOptions, LoopOptions, OptimizerOptions, DataOptions,
                   ModelOptions):  # the fields come in the reverse order of the bases: the model's first
     KIND: ClassVar[str] = "train config"
     # what a resumed run keeps: the model, the data order and the optimiser's form (hybrid.train.loop.resume)
@@ -49,5 +50,11 @@ class TrainConfig(RunConfig, ExecutionOptions, LoggingOptions, LoopOptions, Opti
         if self.init_partial and self.init_from is None:
             raise ValueError("init_partial: expected together with init_from (the run to copy weights from), got no "
                              "init_from")
+        if self.seq_len % self.cp:
+            raise ValueError(f"seq_len: expected a multiple of cp={self.cp} (each of the {self.cp} ranks of a sequence "
+                             f"holds seq_len / cp tokens), got {self.seq_len}")
+        if self.cp > 1 and self.compile:
+            raise ValueError("compile: expected False with cp > 1 (the context-parallel path's collectives are not "
+                             "traced by torch.compile), got True")
         if self.warmup is not None and self.warmup > self.steps:
             raise ValueError(f"warmup: expected at most steps={self.steps}, got {self.warmup}")

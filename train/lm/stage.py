@@ -1,10 +1,25 @@
 """A language model's stage on the one loop: next-token cross-entropy on the corpus's global batches, validation loss
-and bits per byte (``hybrid.train.lm.evaluate``)."""
+and bits per byte (``hybrid.train.lm.evaluate``).
+
+With context parallelism a micro-batch is this rank's shard of the sequences (``(x, y, shard)``,
+``hybrid.train.parallel.sharding``): the model runs its context-parallel forward (``HybridLM.forward(shard=…)``),
+and the loss is the global token mean of the ``cp`` ranks of those sequences (each rank's sum over the all-reduced
+count, ``global_token_mean``). Its value is that mean on every rank of the group (what the loop records and checks
+for divergence); its gradient is ``cp`` times this rank's share, because DDP and FSDP2 average the gradients over
+every rank of the job: the average of ``cp · share`` over the job's ``dp × cp`` ranks is the mean over the ``dp``
+groups of each group's gradient of its mean, as without context parallelism. The logits are scored in at least
+float32 (a float64 model in float64).
+"""
 from __future__ import annotations
+
+import dataclasses
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from hybrid.kernels.context_parallel import SequenceShard, global_token_mean
+from hybrid.precision import at_least_float32
 
 from ..data import PreparedData
 from ..loop.stage import Stage
@@ -32,16 +47,36 @@ class LMStage(Stage):
         return self.data_batches.next_step()
 
     def loss(self, batch) -> tuple[torch.Tensor, dict]:
-        x, y, cu_seqlens = batch
+        x, y, where = batch  # where: the packed offsets (or None), or this rank's SequenceShard
         x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
-        if cu_seqlens is not None:
-            cu_seqlens = cu_seqlens.to(self.device, non_blocking=True)
+        if isinstance(where, SequenceShard):
+            return self._shard_loss(x, y, where), {}
+        cu_seqlens = None if where is None else where.to(self.device, non_blocking=True)
         with self.autocast():
             logits, _ = self.train_model(x, cu_seqlens=cu_seqlens, output_final_state=False)
-        return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), y.reshape(-1)), {}
+        return F.cross_entropy(at_least_float32(logits).reshape(-1, logits.shape[-1]), y.reshape(-1)), {}
+
+    def _shard_loss(self, x: torch.Tensor, y: torch.Tensor, shard: SequenceShard) -> torch.Tensor:
+        """The global token mean of ``shard``'s group as its value, ``cp ×`` this rank's share as its gradient."""
+        if shard.cu_seqlens is not None:
+            shard = _on_device(shard, self.device)
+        with self.autocast():
+            logits, _ = self.train_model(x, shard=shard, output_final_state=False)
+        loss_sum = F.cross_entropy(at_least_float32(logits).reshape(-1, logits.shape[-1]), y.reshape(-1),
+                                   reduction="sum")
+        share, mean = global_token_mean(loss_sum, y.numel(), shard)
+        scaled = share * shard.world
+        return scaled + (mean.to(scaled.dtype) - scaled).detach()
 
     @torch.no_grad()
     def evaluate(self) -> dict:
         return evaluate(self.model, self.data, seq_len=self.seq_len, batch_size=self.batch_size,
                         max_batches=self.eval_batches, device=self.device, env=self.env, autocast=self.autocast,
                         packing=self.packing)
+
+
+def _on_device(shard: SequenceShard, device: torch.device) -> SequenceShard:
+    """``shard`` with its local packed offsets on ``device`` (the loader builds them on the CPU)."""
+    if shard.cu_seqlens.device == device:
+        return shard
+    return dataclasses.replace(shard, cu_seqlens=shard.cu_seqlens.to(device, non_blocking=True))

@@ -3,6 +3,11 @@
     result = Trainer(TrainConfig(steps=200, out="runs/x")).fit()        # a fresh run
     result = Trainer.from_checkpoint("runs/x", steps=400).fit()          # continue it to step 400
 
+Context parallelism (``cp``): the ranks form a data × context mesh (``hybrid.train.parallel.mesh``); each rank of a
+context group trains on its shard of the group's sequences (``hybrid.train.lm.stage``), and the global batch counts
+sequences, ``batch_size × grad_accum × WORLD_SIZE / cp``. A checkpoint holds full state dicts and a data position
+that do not depend on ``cp``, so a run saved with one ``cp`` resumes with another.
+
 One optimizer step: ``grad_accum`` micro-batches per rank (``hybrid.train.parallel.sharding``), each cross-entropy
 backpropagated (gradient sync only on the last, under DDP or FSDP2), the global gradient norm clipped, AdamW
 (``hybrid.train.loop.optim``), the warmup-cosine schedule. bf16 autocast on CUDA, none on CPU; a ``dtype=float16``
@@ -30,6 +35,7 @@ import torch
 
 from hybrid.checks import check_int
 from hybrid.models import HybridConfig, HybridLM
+from hybrid.models.context_parallel import check_shardable
 
 from ..data import prepare_data
 from ..data.tokenizer import Tokenizer, round_vocab_size
@@ -50,6 +56,7 @@ from ..output.metrics import METRICS_FILE, plot_loss_curve
 from ..output.tracking import TENSORBOARD_DIR, WANDB_DIR
 from ..parallel.device import env_int
 from ..parallel.distributed import wrap_model
+from ..parallel.mesh import build_mesh
 from ..parallel.sharding import GlobalBatches
 from .config import MAX_SKIPS_IN_A_ROW, TrainConfig
 from .stage import LMStage
@@ -119,6 +126,8 @@ class Trainer(Run):
         saved = TrainConfig.from_dict({"packing": "stream", **extra["train_config"]})
         if world_size is None:
             world_size = env_int("WORLD_SIZE", 1)
+        cp = overrides.get("cp") or saved.cp
+        world_size = world_size // cp if world_size % cp == 0 else world_size  # data-parallel groups (else refused)
         overrides.pop("out", None)
         if overrides.get("steps") is not None and overrides["steps"] < ckpt.step:
             raise ValueError(f"steps: expected the new total, at least the checkpoint's step {ckpt.step}, got "
@@ -205,14 +214,24 @@ class Trainer(Run):
             c.data, tokenizer=c.tokenizer, valid_fraction=c.valid_fraction, text_column=c.text_column))
         self.tokenizer = self.data.tokenizer
         model = self._model(init)
+        if c.cp > 1:
+            try:
+                check_shardable(model)
+            except ValueError as e:
+                raise ValueError(f"cp: expected 1 for this model (it has no context-parallel path: {e}), "
+                                 f"got {c.cp}") from None
+        self.mesh = build_mesh(self.env, c.cp, self.device)
         if c.fsdp and not self.env.distributed:
             self.notes.append("--fsdp: one process, nothing to shard; training without FSDP")
         wrapped = wrap_model(model, self.env, fsdp=c.fsdp, device=self.device)
         self.wrap = "FSDP2" if c.fsdp and self.env.distributed else ("DDP" if wrapped is not model else
                                                                      "single process")
+        if c.cp > 1:
+            self.wrap += f", {self.mesh.describe()} ranks"
         optimizer = build_optimizer(model, lr=c.lr, weight_decay=c.weight_decay, betas=c.betas)
         batches = GlobalBatches(self.data, seq_len=c.seq_len, batch_size=c.batch_size, grad_accum=c.grad_accum,
-                                seed=c.seed, rank=self.env.rank, world_size=self.env.world_size, packing=c.packing)
+                                seed=c.seed, rank=self.mesh.dp_rank, world_size=self.mesh.dp_size, packing=c.packing,
+                                cp_group=self.mesh.cp_group)
         self.stage = LMStage(model=model, train_model=torch.compile(wrapped) if c.compile else wrapped,
                              optimizer=optimizer, scheduler=warmup_cosine(optimizer, warmup=c.warmup_steps,
                                                                           total=c.steps, min_lr_ratio=c.min_lr_ratio),
@@ -273,7 +292,7 @@ class Trainer(Run):
         console.say(start_message(resumed=resumed, config=c, model_config=self.model_config,
                                   num_parameters=self.num_parameters, device=self.device, wrap=self.wrap,
                                   stats=self.data.stats, start=start, global_batch=self.stage.data_batches.global_batch,
-                                  world_size=env.world_size))
+                                  world_size=self.mesh.dp_size))
         for note in self.notes:
             console.say(f"note: {note}")
         unigram = self.data.unigram_bpb() if env.is_main else None

@@ -95,14 +95,14 @@ class TrainingLoop:
     def _optimizer_step(self, stage: Stage):
         """One optimizer step of ``stage``: (mean loss and parts on this rank, grad norm or None, lr, skipped)."""
         micro = stage.micro_batches(self.step + 1)
-        loss_sum = torch.zeros((), device=self.device)
+        loss_sum = None  # in the loss's dtype (a float64 model's losses stay float64)
         part_sums: dict[str, torch.Tensor] = {}
         for i, batch in enumerate(micro):
             with gradient_sync(stage.train_model, i == len(micro) - 1):
                 loss, parts = stage.loss(batch)
                 scaled = loss / len(micro)
                 (self.scaler.scale(scaled) if self.scaler is not None else scaled).backward()
-            loss_sum += loss.detach()
+            loss_sum = loss.detach() if loss_sum is None else loss_sum + loss.detach()
             for k, v in parts.items():
                 part_sums[k] = part_sums[k] + v.detach() if k in part_sums else v.detach()
         if self.scaler is not None:

@@ -7,7 +7,9 @@ flat so a run's config stays one dict: ``train_config.json``, a ``--config`` fil
 - ``LoopOptions``: how long, and how often the loop records, evaluates and saves; the divergence policy; the seed
   and the run directory;
 - ``LoggingOptions``: the experiment trackers;
-- ``ExecutionOptions``: where it runs (the device, torch.compile, FSDP2 under torchrun).
+- ``ExecutionOptions``: where it runs (the device, torch.compile, FSDP2 under torchrun);
+- ``ContextParallelOptions``: how many ranks share one sequence (context parallelism; the language model's runs
+  only, the one run kind with a context-parallel path).
 
 A run config is the sections it takes (``TrainConfig`` all of them, ``DistillConfig`` all but the model's, a task
 run the model's and the optimizer's) plus its own options; where it takes an option with another default it says
@@ -26,7 +28,8 @@ from .checks import (a_bool, a_path, check_betas, check_device, check_fraction, 
                      clip, one_of, optional_whole, overrides, real, tracker_list, whole)
 from .fields import option
 
-__all__ = ["ModelOptions", "DataOptions", "OptimizerOptions", "LoopOptions", "LoggingOptions", "ExecutionOptions"]
+__all__ = ["ModelOptions", "DataOptions", "OptimizerOptions", "LoopOptions", "LoggingOptions", "ExecutionOptions",
+           "ContextParallelOptions"]
 
 
 @dataclass
@@ -115,3 +118,10 @@ class ExecutionOptions:
                            shown_default="")
     fsdp: bool = option(False, "execution", check=a_bool, action="store_true", shown_default="",
                         help="under torchrun: shard with FSDP2 instead of replicating with DDP")
+
+
+@dataclass
+class ContextParallelOptions:
+    cp: int = option(1, "execution", check=whole(1), metavar="N",
+                     help="under torchrun: split each sequence across N ranks (context parallelism; the ranks form "
+                          "a data × context mesh of WORLD_SIZE / N × N; seq_len must divide by N; docs/training.md)")

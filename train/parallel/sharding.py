@@ -10,10 +10,19 @@ The data position is saved as the epoch and the number of blocks consumed in it 
 a per-rank batch index. Resuming with the same ``G`` continues with exactly the next global batch; with a
 different ``G`` it continues at batch ``consumed // G_new`` of the same epoch order (when ``G_new`` does
 not divide ``consumed``, up to ``G_new − 1`` blocks of the epoch are seen again).
+
+Context parallelism (``cp_group``): ``rank`` and ``world_size`` are then the data-parallel place
+(``hybrid.train.parallel.mesh``), so every rank of a context-parallel group reads the same micro-batches, and
+each keeps its shard of them: ``(x, y, shard)``, x and y this rank's contiguous ``seq_len / cp`` tokens of every
+sequence (``stream``) or its ``b·seq_len / cp`` tokens of the packed row (``documents``), and ``shard`` the
+``SequenceShard`` that places them (the documents' global offsets included). The order of the data, and so the
+position a checkpoint saves, does not depend on ``cp``.
 """
 from __future__ import annotations
 
 import torch
+
+from hybrid.kernels.context_parallel import shard_sequence
 
 from ..data import PreparedData
 from ..data.packing import pack_documents
@@ -23,13 +32,14 @@ __all__ = ["GlobalBatches"]
 
 class GlobalBatches:
     """``next_step()`` -> this rank's ``grad_accum`` micro-batches ``[(x, y, cu_seqlens), …]`` for one optimizer
-    step (``cu_seqlens`` None with ``packing="stream"``)."""
+    step (``cu_seqlens`` None with ``packing="stream"``); with a ``cp_group``, ``[(x, y, shard), …]``, this rank's
+    shard of them (the module docstring)."""
 
     def __init__(self, data: PreparedData, *, seq_len: int, batch_size: int, grad_accum: int, seed: int,
-                 rank: int = 0, world_size: int = 1, packing: str = "stream"):
+                 rank: int = 0, world_size: int = 1, packing: str = "stream", cp_group=None):
         self.seq_len, self.batch_size, self.grad_accum = seq_len, batch_size, grad_accum
         self.separator = data.tokenizer.eos_id if packing == "documents" else None
-        self.rank, self.world_size = rank, world_size
+        self.rank, self.world_size, self.cp_group = rank, world_size, cp_group
         self.global_batch = batch_size * grad_accum * world_size
         blocks = max(0, (len(data.train) - 1) // seq_len)
         if blocks < self.global_batch:
@@ -47,7 +57,13 @@ class GlobalBatches:
         self.samples_total += self.global_batch
         b, ws = self.batch_size, self.world_size
         rows = [(a * ws + self.rank) * b for a in range(self.grad_accum)]
-        return [self._packed(x[r:r + b], y[r:r + b]) for r in rows]
+        micro = [self._packed(x[r:r + b], y[r:r + b]) for r in rows]
+        return micro if self.cp_group is None else [self._shard(*batch) for batch in micro]
+
+    def _shard(self, x: torch.Tensor, y: torch.Tensor, cu_seqlens: torch.Tensor | None):
+        """This context-parallel rank's part of a micro-batch: ``(x, y, shard)`` (the module docstring)."""
+        shard = shard_sequence(x.shape[1], self.cp_group, cu_seqlens=cu_seqlens)
+        return shard.take(x), shard.take(y), shard
 
     def _packed(self, x: torch.Tensor, y: torch.Tensor):
         """A micro-batch ``(x, y, cu_seqlens)``: ``(b, L)`` windows and None (``stream``), or one ``(1, b·L)`` row

@@ -57,6 +57,8 @@ ADDED = {
     ("hybrid-distill", "--fsdp"): "the execution section, shared: distillation shards with FSDP2 as hybrid-train",
     ("hybrid-generate", "--prompts"): "issue 45: a file of prompts decoded together with continuous batching",
     ("hybrid-generate", "--max-batch"): "issue 45: how many of those prompts are decoded at once",
+    ("hybrid-train", "--cp"): "issue 44: context parallelism, each sequence split across N ranks of a data × context "
+                              "mesh",
 }
 GENERATED = ("help", "group")  # the declarations' now
 
@@ -114,7 +116,7 @@ def test_the_commands_are_the_ones_there_were():
 
 
 @pytest.mark.parametrize("name, added", [
-    ("TrainConfig", set()),
+    ("TrainConfig", {"cp"}),  # issue 44: context parallelism (default 1: as before)
     ("DistillConfig", {"grad_accum", "on_nonfinite", "compile", "fsdp"}),  # the sections it now takes whole
     ("TaskRunConfig", {"min_lr_ratio", "betas"}),  # the optimizer section's, at the values it always used
 ])
