@@ -8,6 +8,9 @@ up to --help, then exits 0); the main programs also start in an environment with
 `hybrid-train …` would fail in a fresh shell, so it fails here; plain shell tools (mkdir, sed) are checked for
 syntax. When the repository has no `.venv` (an install made some other way), the scripts beside the running
 interpreter stand in for `.venv/bin`.
+
+Every Python block (```python fences) runs as pasted, each in a fresh namespace: a name a block uses must be
+defined in it (the README's models are tiny, so this stays fast).
 """
 import re
 import subprocess
@@ -135,3 +138,47 @@ def test_the_readme_config_and_log_commands_do_what_they_say(tmp_path, monkeypat
             assert TrainConfig(**train_config_from_args(args)) == saved.replace(steps=4000, out="runs/again")
         if "log" in vars(args):
             check_trackers(args.log)  # tensorboard is in the test extra
+
+
+def python_blocks(text: str) -> list[str]:
+    """The README's ```python blocks, in order."""
+    return [body for info, body in re.findall(r"^```(\w*)\n(.*?)^```", text, flags=re.S | re.M) if info == "python"]
+
+
+def test_the_readme_shows_python_blocks():
+    blocks = python_blocks(README)
+    assert len(blocks) >= 3 and any("HybridLM(config)" in b for b in blocks) and any("complex_scan(" in b for b in blocks)
+
+
+@pytest.mark.parametrize("index", range(len(python_blocks(README))))
+def test_readme_python_block_runs_as_pasted(index, one_torch_thread):
+    """Each block runs alone, in a namespace of its own: every name it uses is defined in it."""
+    import torch
+
+    torch.manual_seed(0)
+    block = python_blocks(README)[index]
+    namespace: dict = {"__name__": f"readme_block_{index}"}
+    exec(compile(block, f"README.md python block {index}", "exec"), namespace)
+
+
+def test_the_readme_says_what_recurrence_phase_holds():
+    """The API tour's comment: phase None by default, which is the "static" rotation (carope with rotary.carope)."""
+    from hybrid.models import HybridConfig
+
+    config = HybridConfig.preset("hybrid", "tiny", **{"attention.window": 256})
+    assert (config.attention.window, config.recurrence.phase, config.rotary.base) == (256, None, 10000.0)
+    assert config.resolved_rnn_phase == "static"
+    assert HybridConfig.preset("hybrid", "tiny", carope=True).resolved_rnn_phase == "carope"
+    assert "(256, None, 10000.0)" in README and 'phase None: "static"' in README
+
+
+def test_the_readme_says_what_suite_all_runs():
+    """hybrid-synthetic --suite all: the state-tracking and MQAR tasks, every suite model (not the passkey suites)."""
+    from hybrid.train.tasks.suites import BUDGETS, MODELS, SUITES, build_specs
+
+    assert set(SUITES["all"]) == set(SUITES["state-tracking"]) | set(SUITES["mqar"])
+    specs = build_specs("all", BUDGETS["smoke"])
+    assert {s.model for s in specs} == set(MODELS)
+    assert {s.config["task"] for s in specs} == set(SUITES["all"])
+    line = next(c for c in COMMANDS if "--suite all" in c and "hybrid-synthetic" in c)
+    assert "state tracking + MQAR, every model" in line

@@ -82,19 +82,22 @@ def suite_configs(suite: Suite, budget: Budget, vocab_size: int, sets: dict | No
 
 
 def _train_config(budget: Budget, model: HybridConfig, seed: int, *, data, tokenizer, device, seq_len=None,
-                  steps=None, lr=None, warmup=None) -> dict:
+                  steps=None, lr=None, warmup=None, skip_rows_without_text: bool = False) -> dict:
     steps = steps or budget.steps
-    return TrainConfig(
+    config = TrainConfig(
         preset="transformer", size="tiny", model=model.to_dict(), data=data, tokenizer=tokenizer,
         seq_len=seq_len or budget.seq_len, batch_size=budget.batch_size, steps=steps, lr=lr or budget.lrs[0],
         warmup=min(budget.extra["warmup"], steps) if warmup is None else warmup, eval_every=0,
         eval_batches=budget.eval_size, log_every=max(1, steps // 50), save_every=0, seed=seed, device=device,
-        out="-",
+        out="-", skip_rows_without_text=skip_rows_without_text,
     ).to_dict()
+    if not skip_rows_without_text:  # recorded only when set: the records of earlier suites still match
+        del config["skip_rows_without_text"]
+    return config
 
 
 def suite_specs(suite_name: str, budget: Budget, *, vocab_size: int, data=None, tokenizer=None,
-                device: str = "auto", sets: dict | None = None) -> list[RunSpec]:
+                device: str = "auto", sets: dict | None = None, skip_rows_without_text: bool = False) -> list[RunSpec]:
     """One RunSpec per model and seed (and, for ``extension``, per fine-tune and seed), in run order."""
     suite = SUITES[suite_name]
     configs = suite_configs(suite, budget, vocab_size, sets)
@@ -102,7 +105,8 @@ def suite_specs(suite_name: str, budget: Budget, *, vocab_size: int, data=None, 
     specs = []
     for name, config in configs.items():
         for seed in budget.seeds:
-            train = _train_config(budget, config, seed, data=data, tokenizer=tokenizer, device=device)
+            train = _train_config(budget, config, seed, data=data, tokenizer=tokenizer, device=device,
+                                  skip_rows_without_text=skip_rows_without_text)
             specs.append(RunSpec(run=f"{name}/seed{seed}", model=name, seed=seed, steps=budget.steps,
                                  config={**common, "model": config.to_dict(), "train": train}))
     if suite_name == "extension" and "transformer" in configs:
@@ -111,7 +115,8 @@ def suite_specs(suite_name: str, budget: Budget, *, vocab_size: int, data=None, 
             config = configs["transformer"].replace(rope_scaling=scaling_for(method, 2, L))
             for seed in budget.seeds:
                 train = _train_config(budget, config, seed, data=data, tokenizer=tokenizer, device=device,
-                                      seq_len=2 * L, steps=ft_steps, lr=budget.lrs[0] * FINETUNE_LR_RATIO,
+                                      skip_rows_without_text=skip_rows_without_text, seq_len=2 * L,
+                                      steps=ft_steps, lr=budget.lrs[0] * FINETUNE_LR_RATIO,
                                       warmup=min(budget.extra["warmup"], ft_steps // 10))
                 specs.append(RunSpec(run=f"finetune-{method}/seed{seed}", model=f"finetune-{method}", seed=seed,
                                      steps=ft_steps, config={**common, "model": config.to_dict(), "train": train,
@@ -227,11 +232,15 @@ def _record_window(record: dict):
 
 
 def run_bench(suite_name: str, budget: Budget, *, out, data=None, tokenizer=None, device: str = "auto",
-              sets: dict | None = None, verbose: bool = True) -> list[dict]:
+              sets: dict | None = None, verbose: bool = True, skip_rows_without_text: bool = False) -> list[dict]:
     """Train and measure what is not finished in ``OUT/<suite>``; return the suite's records."""
-    prepared = prepare_data(data, tokenizer=tokenizer)
+    prepared = prepare_data(data, tokenizer=tokenizer, skip_rows_without_text=skip_rows_without_text)
+    if verbose:
+        s = prepared.stats
+        print(f"data: {s['source']}: {s['train_tokens']:,} train / {s['valid_tokens']:,} valid tokens "
+              f"({s['tokenizer']})", flush=True)
     vocab = round_vocab_size(prepared.tokenizer.vocab_size)
     specs = suite_specs(suite_name, budget, vocab_size=vocab, data=data, tokenizer=tokenizer, device=device,
-                        sets=sets)
+                        sets=sets, skip_rows_without_text=skip_rows_without_text)
     check_records_match(Path(out) / suite_name, specs)
     return run_suite(Path(out) / suite_name, specs, make_execute(budget), suite=suite_name, verbose=verbose)

@@ -15,8 +15,10 @@ from ..bench.suites import SUITES
 from ..lm.config import TrainConfig
 from ..options.sections import DataOptions, LoopOptions
 from ..output.outdir import prepare_suite_dir
+from ..output.paths import check_apart, data_input
+from ..output.run_lock import lock_run_dir
 from ..suite import ResultsLog, parse_int_list, parse_name_list
-from .flags import add_device_flag, add_log_flag, add_option_flags
+from .flags import add_device_flag, add_log_flag, add_option_flags, add_threads_flag
 from .parts import Parser, add_set_flag, positive_int, run_command
 
 __all__ = ["bench_main", "bench_parser"]
@@ -49,68 +51,83 @@ def bench_parser() -> argparse.ArgumentParser:
     add_option_flags(p, DataOptions, ["seq_len"], default=None, default_text="the budget's L")
     p.add_argument("--window", type=positive_int, default=None,
                    help="override the budget's attention window: the windowed models' and the past-the-window "
-                        "buckets' (fewer tokens than L; use a fresh --out)")
-    p.add_argument("--seeds", default=None, help="override the budget's seeds, e.g. 0,1,2")
-    p.add_argument("--models", default=None, help="only these models of the suite, e.g. transformer,hybrid")
+                        "buckets' (fewer tokens than L; use a fresh --out) (default: the budget's)")
+    p.add_argument("--seeds", default=None, help="seeds, e.g. 0,1,2 (default: the budget's)")
+    p.add_argument("--models", default=None,
+                   help="only these models of the suite, e.g. transformer,hybrid (default: all of them)")
     add_set_flag(p, help="a HybridConfig field for every model of the suite, VALUE parsed as JSON (e.g. --set "
-                         "rnn_r_max=0.9999); use a fresh --out, the records do not mix settings; repeatable")
-    add_option_flags(p, TrainConfig, ["data", "tokenizer"], default=None)
+                         "rnn_r_max=0.9999); use a fresh --out, the records do not mix settings; repeatable "
+                         "(default: none)")
+    add_option_flags(p, TrainConfig, ["data"], default=None)
+    add_option_flags(p, TrainConfig, ["skip_rows_without_text"], default=False)
+    add_option_flags(p, TrainConfig, ["tokenizer"], default=None)
     add_device_flag(p)
-    p.add_argument("--threads", type=positive_int, default=None,
-                   help="torch CPU threads (default: torch's choice; 1 is fastest on a machine shared with others)")
-    p.add_argument("--report-only", action="store_true", help="write the reports from the records, train nothing")
+    add_threads_flag(p)
+    p.add_argument("--report-only", action="store_true",
+                   help="write the reports from the records, train nothing (default: off)")
     p.add_argument("--overwrite", action="store_true",
-                   help="start each suite over in OUT/<suite> (its records and runs removed) instead of continuing it")
+                   help="start each suite over in OUT/<suite> (its records and runs removed) instead of continuing it "
+                        "(default: off)")
     add_log_flag(p, what="each run once it finishes: its metrics.jsonl, measurements and config")
-    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.add_argument("--quiet", action="store_true", help="no progress bar (default: off)")
     return p
 
 
 def _run(args: argparse.Namespace, argv: list[str]) -> int:
     from ..output.tracking import check_trackers
-    from ..bench.harness import run_bench
-    from ..bench.report import write_bench_report
 
     check_trackers(args.log)
+    inputs = [("--data", data_input(args.data)), ("--tokenizer", args.tokenizer)]
+    check_apart("--out", args.out, inputs)  # the output-path rule, before any suite starts
     if Path(args.out).exists() and not Path(args.out).is_dir():
         raise ValueError(f"--out: expected a directory, got the file {args.out}")
     if args.report_only and args.overwrite:
         raise ValueError("--overwrite and --report-only contradict each other: one removes the records, the "
                          "other reads them")
-    if args.threads is not None:
-        import torch
-
-        torch.set_num_threads(args.threads)
     suites = list(SUITES) if args.suite == "all" else [args.suite]
     if args.models is not None and len(suites) > 1:
         raise ValueError("--models: expected a single --suite (model names differ between suites), got --suite all")
     seeds = None if args.seeds is None else parse_int_list(args.seeds)
     models = None if args.models is None else parse_name_list(args.models)
     command = "hybrid-bench " + " ".join(shlex.quote(a) for a in argv)
-    for name in suites:
-        budget = bench_budget(args.budget, name).override(steps=args.steps, seq_len=args.seq_len, seeds=seeds,
-                                                          models=models, known_models=list(SUITES[name].models))
-        if args.window is not None:
-            budget = with_window(budget, args.window)
-        directory = Path(args.out) / name
-        print(f"suite {name!r} → {directory}/\n{budget.describe()}", flush=True)
-        if args.report_only:
-            records = ResultsLog(directory).records()
-            if not records:
-                raise ValueError(f"--report-only: expected records in {directory / 'results.jsonl'}, found none")
-        else:
-            prepare_suite_dir(directory, overwrite=args.overwrite, what=f"--out ({name})")
+    try:
+        for name in suites:
+            _run_suite(args, name, command, seeds, models, inputs)
+    except KeyboardInterrupt:  # the finished runs are in results.jsonl: the same command continues
+        again = "hybrid-bench " + " ".join(shlex.quote(a) for a in argv if a != "--overwrite")
+        raise KeyboardInterrupt(f"; the finished runs are kept in {args.out}; continue with: {again}") from None
+    return 0
+
+
+def _run_suite(args, name: str, command: str, seeds, models, inputs) -> None:
+    """Train (or continue) one suite and write its report, holding the suite directory's lock (one writer)."""
+    from ..bench.harness import run_bench
+    from ..bench.report import write_bench_report
+
+    budget = bench_budget(args.budget, name).override(steps=args.steps, seq_len=args.seq_len, seeds=seeds,
+                                                      models=models, known_models=list(SUITES[name].models))
+    if args.window is not None:
+        budget = with_window(budget, args.window)
+    directory = Path(args.out) / name
+    print(f"suite {name!r} → {directory}/\n{budget.describe()}", flush=True)
+    if args.report_only:
+        records = ResultsLog(directory).records()
+        if not records:
+            raise ValueError(f"--report-only: expected records in {directory / 'results.jsonl'}, found none")
+    with lock_run_dir(directory, command="hybrid-bench", what=f"--out ({name})", inputs=inputs):
+        if not args.report_only:
+            prepare_suite_dir(directory, overwrite=args.overwrite, what=f"--out ({name})", inputs=inputs)
             if not sys.stderr.isatty():  # datasets' bars are carriage-return animations: not in a log file
                 import datasets
 
                 datasets.disable_progress_bars()
             records = run_bench(name, budget, out=args.out, data=args.data, tokenizer=args.tokenizer,
-                                device=args.device, sets=dict(args.sets), verbose=not args.quiet)
+                                device=args.device, sets=dict(args.sets), verbose=not args.quiet,
+                                skip_rows_without_text=args.skip_rows_without_text)
         if args.log:
             _log_runs(args.log, directory, name, records)
         path = write_bench_report(directory, name, records, budget_text=budget.describe(), command=command)
         print(f"report: {path}", flush=True)
-    return 0
 
 
 def _log_runs(kinds, directory: Path, suite: str, records: list[dict]) -> None:

@@ -11,7 +11,7 @@ import shlex
 import sys
 
 from ..distill.config import STUDENT, DistillConfig
-from .flags import add_config_flags, add_model_flags, add_run_flags, config_from_args
+from .flags import add_config_flags, add_model_flags, add_run_flags, add_threads_flag, config_from_args
 from .parts import Parser, run_command
 
 __all__ = ["main", "parser"]
@@ -46,6 +46,7 @@ def parser() -> argparse.ArgumentParser:
     add_run_flags(groups["loop"], resume="continue the run in DIR (--steps, the intervals and --device may change, "
                                          "and --teacher if it moved; on any number of ranks)",
                   overwrite="replace a non-empty --out whole")
+    add_threads_flag(groups["execution"], default=argparse.SUPPRESS)
     return p
 
 

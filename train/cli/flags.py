@@ -21,16 +21,20 @@ from ..options.sections import ExecutionOptions, LoggingOptions
 from .parts import add_set_flag, count, device_name, finite_float, int_at_least, int_or, positive_int
 
 __all__ = ["add_config_flags", "add_option_flags", "add_model_flags", "add_run_flags", "add_device_flag", "add_log_flag",
-           "MODEL_FLAGS", "flag_of", "value_type", "config_from_args"]
+           "add_threads_flag", "MODEL_FLAGS", "NOT_CONFIG", "flag_of", "value_type", "config_from_args"]
 
-# HybridConfig fields with a flag of their own (everything else: --set); their help
+# HybridConfig fields with a flag of their own (everything else: --set); their help, with its default
 MODEL_FLAGS = {
-    "pattern": (None, "mixer letters repeated over the layers: R recurrence, A attention, M retention (e.g. RRA)"),
-    "d_model": (positive_int, "model width"),
-    "n_layers": (positive_int, "number of blocks"),
-    "n_heads": (positive_int, "heads per mixer"),
-    "window": (int_or("none"), "attention sliding window in tokens, or 'none' for global attention"),
+    "pattern": (None, "mixer letters repeated over the layers: R recurrence, A attention, M retention (e.g. RRA) "
+                      "(default: the preset's)"),
+    "d_model": (positive_int, "model width (default: the preset's at --size)"),
+    "n_layers": (positive_int, "number of blocks (default: the preset's at --size)"),
+    "n_heads": (positive_int, "heads per mixer (default: the preset's at --size)"),
+    "window": (int_or("none"), "attention sliding window in tokens, or 'none' for global attention (default: the "
+                               "preset's, or the teacher's)"),
 }
+# flags of a command that are no config field: how the command runs, not what the run is
+NOT_CONFIG = ("resume", "overwrite", "quiet", "config", "threads")
 
 
 def flag_of(name: str) -> str:
@@ -52,8 +56,13 @@ def value_type(declared: Option):
 
 
 def _shown(default, declared: Option) -> str:
+    """The default as --help shows it: the declaration's words, else the value (off / on, none for nothing)."""
     if declared.shown_default is not None:
         return declared.shown_default
+    if isinstance(default, bool):
+        return "on" if default else "off"
+    if default is None or default == [] or default == {}:
+        return "none"
     if isinstance(default, float):
         return f"{default:g}"
     return str(default)
@@ -102,20 +111,29 @@ def add_model_flags(group, names=tuple(MODEL_FLAGS), *, default=argparse.SUPPRES
     for name in names:
         kind, text = MODEL_FLAGS[name]
         group.add_argument(flag_of(name), default=default, help=text, **({"type": kind} if kind else {}))
-    add_set_flag(group, default=default, help=set_help)
+    add_set_flag(group, default=default, help=set_help + " (default: none)")
 
 
 def add_run_flags(group, *, resume: str, overwrite: str) -> None:
     """``--resume DIR`` (what a resumed run may change: ``resume``), ``--overwrite`` (``overwrite``: what it replaces)
     and ``--quiet``: the flags of a command that trains a run, beside its config's."""
-    group.add_argument("--resume", metavar="DIR", help=resume)
-    group.add_argument("--overwrite", action="store_true", help=overwrite)
-    group.add_argument("--quiet", action="store_true", help="print nothing but errors")
+    group.add_argument("--resume", metavar="DIR", help=resume + " (default: none, a new run)")
+    group.add_argument("--overwrite", action="store_true", help=overwrite + " (default: off)")
+    group.add_argument("--quiet", action="store_true", help="print nothing but errors (default: off)")
 
 
 def add_device_flag(group, *, default="auto") -> None:
     """``--device`` (``ExecutionOptions.device``) for a command that is not a run config's: checked as it is parsed."""
     add_option_flags(group, ExecutionOptions, ["device"], default=default)
+
+
+def add_threads_flag(group, *, default=None) -> None:
+    """``--threads N``: torch's CPU threads for this command (``hybrid.train.cli.parts.run_command`` sets them
+    before the command runs and puts them back after); no run config's field: how a command runs, not what it
+    computes."""
+    group.add_argument("--threads", type=positive_int, default=default,
+                       help="torch CPU threads (default: torch's choice, one per core; 1 is fastest on a machine "
+                            "shared with other work)")
 
 
 def add_log_flag(group, *, default=(), what: str | None = None) -> None:
@@ -128,7 +146,7 @@ def config_from_args(args: argparse.Namespace, model_flags=tuple(MODEL_FLAGS)) -
     """The config fields the command line sets (only those given), the model flags and ``--set`` pairs merged into
     one ``model`` dict of overrides."""
     given = dict(vars(args))
-    for name in ("resume", "overwrite", "quiet", "config"):
+    for name in NOT_CONFIG:
         given.pop(name, None)
     model = {name: given.pop(name) for name in model_flags if name in given}
     for key, value in given.pop("sets", []):

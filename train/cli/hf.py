@@ -4,7 +4,9 @@ from __future__ import annotations
 import argparse
 import json
 
-from .parts import Parser, positive_int, run_command
+from ..hf.evaluate import MIN_MAX_LENGTH
+from .flags import add_device_flag, add_threads_flag
+from .parts import Parser, count, int_at_least, positive_int, run_command
 
 __all__ = ["export_main", "import_main", "eval_main"]
 
@@ -19,7 +21,9 @@ def export_parser() -> argparse.ArgumentParser:
     p.add_argument("run_dir", help="run directory (its checkpoint/) or a checkpoint directory")
     p.add_argument("out_dir", help="directory to write; refused if it exists and is not empty, unless --overwrite")
     p.add_argument("--overwrite", action="store_true",
-                   help="replace a non-empty out_dir whole (no old file stays; a failed export changes nothing)")
+                   help="replace a non-empty out_dir whole (no old file stays; a failed export changes nothing) "
+                        "(default: off)")
+    add_threads_flag(p)
     return p
 
 
@@ -45,12 +49,13 @@ def import_parser() -> argparse.ArgumentParser:
     p.add_argument("out_dir", help="run directory to write; refused if it exists and is not empty, unless --overwrite")
     p.add_argument("--overwrite", action="store_true",
                    help="replace a non-empty out_dir whole, e.g. an earlier run with its checkpoints and metrics "
-                        "(no old file stays; a failed import changes nothing)")
+                        "(no old file stays; a failed import changes nothing) (default: off)")
     p.add_argument("--layout", choices=["half", "interleaved"], default="half",
                    help="rotary layout of the imported q/k projections: half (as in transformers) or this "
                         "library's interleaved pairs; the same function either way (default: half)")
     p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="float32",
                    help="parameter dtype of the run (default: float32)")
+    add_threads_flag(p)
     return p
 
 
@@ -102,16 +107,21 @@ def eval_parser() -> argparse.ArgumentParser:
                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("path", metavar="RUN_OR_HF_DIR", help="run directory or transformers directory")
     p.add_argument("--tasks", required=True, help="comma-separated lm-eval task names")
-    p.add_argument("--include-path", default=None, metavar="DIR", help="folder of extra task YAML files")
-    p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (default: cpu)")
+    p.add_argument("--include-path", default=None, metavar="DIR",
+                   help="folder of extra task YAML files (default: none, lm-eval's own tasks only)")
+    add_device_flag(p)
+    add_threads_flag(p)
     p.add_argument("--batch-size", type=positive_int, default=1, help="lm-eval batch size (default: 1)")
     p.add_argument("--limit", type=positive_int, default=None, help="documents per task (default: all)")
-    p.add_argument("--num-fewshot", type=int, default=None, help="few-shot examples (default: the task's)")
-    p.add_argument("--max-length", type=positive_int, default=None,
-                   help="longest input in tokens (default: lm-eval's, 2048)")
-    p.add_argument("--output", default=None, metavar="FILE", help="also write the results as JSON")
+    p.add_argument("--num-fewshot", type=count, default=None,
+                   help="few-shot examples, 0 or more (default: the task's)")
+    p.add_argument("--max-length", type=int_at_least(MIN_MAX_LENGTH, f"an integer >= {MIN_MAX_LENGTH}"), default=None,
+                   help=f"longest input in tokens, at least {MIN_MAX_LENGTH} (default: lm-eval's, 2048)")
+    p.add_argument("--output", default=None, metavar="FILE",
+                   help="also write the results as JSON (default: none, printed only)")
     p.add_argument("--log-samples", action="store_true",
-                   help="with --output: add every document's requests and responses (under 'samples')")
+                   help="with --output: add every document's requests and responses (under 'samples') "
+                        "(default: off)")
     return p
 
 
@@ -121,11 +131,17 @@ def _eval(args: argparse.Namespace) -> int:
     tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
     if not tasks:
         raise ValueError(f"--tasks: expected comma-separated task names, got {args.tasks!r}")
-    if args.output:
-        check_writable_file(args.output, "--output")  # before the evaluation, not after it
+    if args.log_samples and not args.output:
+        raise ValueError("--log-samples: expected together with --output (the samples are written there), got no "
+                         "--output")
+    if args.output:  # before the evaluation, not after it; never into what is read
+        from ..output.paths import check_apart
+
+        check_apart("--output", args.output, [("RUN_OR_HF_DIR", args.path), ("--include-path", args.include_path)])
+        check_writable_file(args.output, "--output")
     out = evaluate(args.path, tasks, include_path=args.include_path, device=args.device,
                    batch_size=args.batch_size, limit=args.limit, num_fewshot=args.num_fewshot,
-                   max_length=args.max_length, log_samples=args.log_samples and bool(args.output))
+                   max_length=args.max_length, log_samples=args.log_samples)
     results = out["results"]
     for task, metrics in results.items():
         shown = ", ".join(f"{k} = {v:.4f}" for k, v in metrics.items() if isinstance(v, float))

@@ -13,7 +13,10 @@ import shlex
 
 from ..lm.config import TrainConfig
 from ..parallel.device import env_int
-from .flags import MODEL_FLAGS, add_config_flags, add_device_flag, add_model_flags, add_run_flags, config_from_args
+from hybrid.models.modes import DEFAULT_CHUNK_SIZE
+
+from .flags import (MODEL_FLAGS, add_config_flags, add_device_flag, add_model_flags, add_run_flags, add_threads_flag,
+                    config_from_args)
 from .parts import Parser, UsageError, count, finite_float, positive_int, run_command
 
 __all__ = ["train_main", "generate_main", "train_parser", "generate_parser", "config_from_args",
@@ -47,7 +50,7 @@ def train_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--config", metavar="FILE",
                    help="a .toml or .json file of TrainConfig fields (a run's train_config.json is one); flags "
-                        "given here override it (docs/training.md, 'Config files')")
+                        "given here override it (docs/training.md, 'Config files') (default: none)")
     # every TrainConfig option (hybrid.train.options.sections); one left out keeps its default, or on --resume its
     # saved value
     groups = add_config_flags(p, TrainConfig)
@@ -56,8 +59,11 @@ def train_parser() -> argparse.ArgumentParser:
                                               "repeatable")
     add_run_flags(groups["loop"], resume="continue the run in DIR from its checkpoint (same data order, optimizer "
                                          "and RNG); change --steps, the intervals, --lr, --warmup, --weight-decay, "
-                                         "--grad-clip, not the model or data",
-                  overwrite="start over in an --out that already has a checkpoint")
+                                         "--grad-clip; a flag that defines the run (model, data, --init-from, …) is "
+                                         "refused (docs/training.md, 'Resume')",
+                  overwrite="start over in an --out that holds a run (its checkpoints, metrics and config are "
+                            "removed) or other files (kept beside the new run); without it such an --out is refused")
+    add_threads_flag(groups["execution"], default=argparse.SUPPRESS)
     return p
 
 
@@ -103,6 +109,11 @@ def _train(args: argparse.Namespace) -> int:
     from ..output.tracking import check_trackers
 
     given = train_config_from_args(args)
+    if "init_from" in vars(args):  # the architecture is the source run's: a --preset / --size would not apply
+        for flag in ("preset", "size"):
+            if flag in vars(args):
+                raise UsageError(f"--{flag}: the architecture comes from --init-from; expected no --{flag} with it, "
+                                 f"got --{flag} {getattr(args, flag)}")
     kwargs = dict(verbose=0 if args.quiet else 2)
     if args.quiet:
         import datasets
@@ -118,7 +129,12 @@ def _train(args: argparse.Namespace) -> int:
             raise UsageError("--overwrite and --resume contradict each other: one starts over, the other continues")
         trainer = Trainer.from_checkpoint(args.resume, trainer_kwargs=kwargs, **given)
     else:
-        trainer = Trainer(TrainConfig(**given), overwrite=args.overwrite, **kwargs)
+        config = TrainConfig(**given)
+        if args.config is not None:  # the output-path rule: the run directory never holds the file it was read from
+            from ..output.paths import check_apart
+
+            check_apart("--out", config.out, [("--config", args.config)])
+        trainer = Trainer(config, overwrite=args.overwrite, **kwargs)
     check_trackers(trainer.config.log)  # a missing tensorboard / wandb package: now, not after the data
     try:
         trainer.fit()
@@ -132,8 +148,10 @@ def train_main(argv: list[str] | None = None) -> int:
     status = run_command(train_parser(), argv, _train)
     # An FSDP2-sharded model sits in reference cycles (its hooks and state point back at it), so it outlives the
     # run until a garbage collection; left to interpreter shutdown, tearing down the gloo process group's
-    # objects there can abort the process (SIGABRT; pytorch/pytorch#179291). Collect while Python is whole.
-    gc.collect()
+    # objects there can abort the process (SIGABRT; pytorch/pytorch#179291). Collect while Python is whole (only
+    # under torchrun: one process never shards, and a full collection costs a test calling this ~0.4 s).
+    if env_int("WORLD_SIZE", 1) > 1:
+        gc.collect()
     return status
 
 # ---------------------------------------------------------------------------------------------- generate
@@ -163,14 +181,17 @@ def generate_parser() -> argparse.ArgumentParser:
                         "token (the slow reference) (default: recurrent)")
     p.add_argument("--prefill", choices=["parallel", "chunked"], default="parallel",
                    help="how the recurrent mode reads the prompt (default: parallel)")
-    p.add_argument("--chunk-size", type=positive_int, default=None, help="block size of chunked processing")
+    p.add_argument("--chunk-size", type=positive_int, default=None,
+                   help=f"block size of chunked processing (default: {DEFAULT_CHUNK_SIZE})")
     p.add_argument("--temperature", type=finite_float(0.0), default=0.8, help="0 = greedy (default: 0.8)")
-    p.add_argument("--top-k", type=positive_int, default=None, help="sample among the k most likely tokens")
+    p.add_argument("--top-k", type=positive_int, default=None,
+                   help="sample among the k most likely tokens (default: all)")
     p.add_argument("--top-p", type=finite_float(0.0, low_open=True, high=1.0), default=None,
-                   help="sample from the smallest set of mass >= p, p in (0, 1]")
+                   help="sample from the smallest set of mass >= p, p in (0, 1] (default: 1, all)")
     p.add_argument("--seed", type=count, default=0, help="sampling seed (default: 0)")
-    p.add_argument("--no-stop", action="store_true", help="keep going past the end-of-document token")
+    p.add_argument("--no-stop", action="store_true", help="keep going past the end-of-document token (default: off)")
     add_device_flag(p)
+    add_threads_flag(p)
     return p
 
 

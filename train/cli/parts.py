@@ -178,9 +178,20 @@ def guarded(prog: str, fn) -> int:
 
 def run_command(parser: argparse.ArgumentParser, argv: list[str] | None, run) -> int:
     """Parse ``argv`` (None: the command line), then ``run(args)`` under ``guarded``: the exit status. ``--help``
-    gives 0, a bad option 2 (``Parser.error`` has printed its one line)."""
+    gives 0, a bad option 2 (``Parser.error`` has printed its one line). ``--threads N`` (``cli.flags
+    .add_threads_flag``) sets torch's CPU threads for this command only."""
     try:
         args = parser.parse_args(argv)
     except SystemExit as e:
         return e.code
-    return guarded(parser.prog, lambda: run(args))
+    threads = getattr(args, "threads", None)
+    if threads is None:
+        return guarded(parser.prog, lambda: run(args))
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        return guarded(parser.prog, lambda: run(args))
+    finally:
+        torch.set_num_threads(before)

@@ -1,7 +1,7 @@
 """``hybrid-rope-analyze``: the rotary outlier analysis (Jonasson, "Rotary Outliers and
 Rotary Offset Features in Large Language Models") of one of our runs or a Hugging Face model.
 
-    hybrid-rope-analyze runs/tf --tokens 200000 --out runs/tf/rope-analysis
+    hybrid-rope-analyze runs/tf --tokens 200000 --out runs/tf-rope-analysis
     hybrid-rope-analyze ./Llama-2-7b-hf --data ~/texts --tokens 1000000 --out llama2   [needs hybrid-lm[analysis]]
 
 MODEL is a run directory of ours (its checkpoint/) or a transformers causal LM (local directory or hub name).
@@ -18,10 +18,13 @@ from pathlib import Path
 
 import torch
 
-from .flags import add_device_flag
+from .flags import add_device_flag, add_option_flags, add_threads_flag
 from .parts import Parser, UsageError, positive_int, run_command
+from ..options.sections import DataOptions
 from ..parallel.distributed import resolve_device
 from ..output.outdir import check_output_dir, staged_output_dir
+from ..output.paths import data_input
+from ..output.run_lock import RunDirLock
 from ..rotary_analysis.capture import capture_statistics
 from ..rotary_analysis.corpus import corpus_documents, token_batches
 from ..rotary_analysis.features import analyze
@@ -39,9 +42,10 @@ def analyze_parser() -> argparse.ArgumentParser:
                 epilog=__doc__.split("\n\n")[1], formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("model", metavar="MODEL", help="our run directory, or a Hugging Face model directory or name")
     p.add_argument("--data", default=None, help="corpus: a path, 'stdlib' (default) or a hub dataset name")
+    add_option_flags(p, DataOptions, ["skip_rows_without_text"], default=False)
     p.add_argument("--tokens", type=positive_int, default=100_000, help="tokens to read (default: 100000)")
     p.add_argument("--out", default="rope-analysis", metavar="DIR", help="output directory (default: rope-analysis)")
-    p.add_argument("--overwrite", action="store_true", help="replace a non-empty --out whole")
+    p.add_argument("--overwrite", action="store_true", help="replace a non-empty --out whole (default: off)")
     p.add_argument("--seq-len", type=positive_int, default=None,
                    help=f"tokens per sequence (default: p_max, at most {DEFAULT_SEQ_CAP})")
     p.add_argument("--batch-size", type=positive_int, default=1, help="sequences per forward pass (default: 1)")
@@ -52,12 +56,13 @@ def analyze_parser() -> argparse.ArgumentParser:
                    help="outlier key radii for Table 2 (default: 6 9 12, the seed's)")
     p.add_argument("--head", default=None, metavar="LAYER,HEAD",
                    help="analysed-layer index and head for figures 5 and 10 (default: the largest key radius)")
-    p.add_argument("--include-retention", action="store_true", help="also analyse retention (M) layers")
-    p.add_argument("--no-figures", action="store_true", help="skip the PNG figures")
+    p.add_argument("--include-retention", action="store_true", help="also analyse retention (M) layers (default: off)")
+    p.add_argument("--no-figures", action="store_true", help="skip the PNG figures (default: off)")
     add_device_flag(p)
+    add_threads_flag(p)
     p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="float32",
                    help="weights' dtype for Hugging Face models (default: float32)")
-    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.add_argument("--quiet", action="store_true", help="no progress bar (default: off)")
     return p
 
 
@@ -75,11 +80,17 @@ def _analyze(args: argparse.Namespace) -> int:
     if any(not r > 0 for r in args.radii):
         raise UsageError(f"--radii: expected positive numbers, got {args.radii}")
     head = _parse_head(args.head)
-    inputs = [args.model] if Path(args.model).exists() else []
+    inputs = [("MODEL", args.model)] if Path(args.model).exists() else []  # a hub name reads no local folder
+    inputs.append(("--data", data_input(args.data)))
     try:  # before the (long) capture: a non-empty --out is refused unless --overwrite
         check_output_dir(args.out, overwrite=args.overwrite, what="--out", inputs=inputs)
     except ValueError as e:
         raise UsageError(str(e)) from None
+    with RunDirLock(args.out, command="hybrid-rope-analyze", what="--out"):  # one writer, from the start
+        return _analyze_locked(args, head, inputs)
+
+
+def _analyze_locked(args: argparse.Namespace, head, inputs) -> int:
     device = resolve_device(args.device)
     subject = load_subject(args.model, device=device, dtype=getattr(torch, args.dtype),
                            include_retention=args.include_retention)
@@ -87,12 +98,14 @@ def _analyze(args: argparse.Namespace) -> int:
     if p_max is None:
         raise UsageError(f"--p-max: the run {args.model} records no training seq_len; pass --p-max")
     seq_len = args.seq_len or min(p_max, DEFAULT_SEQ_CAP)
-    batches = token_batches(corpus_documents(args.data), subject.encode, separator=subject.separator,
+    documents = corpus_documents(args.data, skip_rows_without_text=args.skip_rows_without_text,
+                                 say=None if args.quiet else print)
+    batches = token_batches(documents, subject.encode, separator=subject.separator,
                             prefix=subject.prefix, seq_len=seq_len, batch_size=args.batch_size, tokens=args.tokens)
     stats = capture_statistics(subject.forward, subject.layers, batches, total_tokens=args.tokens,
                                progress=not args.quiet, desc="hybrid-rope-analyze")
     result = analyze(stats, p_max)
-    with staged_output_dir(args.out, overwrite=args.overwrite, what="--out", inputs=inputs) as stage:
+    with staged_output_dir(args.out, overwrite=args.overwrite, what="--out", inputs=inputs, locked=True) as stage:
         summary = write_outputs(result, stage, model=subject.name, radii=args.radii, notes=subject.notes,
                                 figures=not args.no_figures, head=head)
     t = summary["table2"]

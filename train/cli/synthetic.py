@@ -12,14 +12,16 @@ from pathlib import Path
 
 from ..options.sections import DataOptions
 from ..output.outdir import check_output_dir, prepare_suite_dir, staged_output_dir
+from ..output.paths import data_input
 from ..output.progress import progress_bar
+from ..output.run_lock import lock_run_dir
 from ..suite import markdown_table, parse_int_list, parse_name_list
 from ..tasks import TASK_NAMES, make_task
 from ..tasks.passkey import suites as passkey_suite
 from ..tasks.suites import (BUDGETS, G_MODELS, MODELS, SUITES, budget_for, curriculum_steps, default_lr,
                             model_entry, model_shape, run_synthetic_suite, task_lrs, task_params, task_steps)
 from ..tasks.train import TaskRunConfig, train_task
-from .flags import add_device_flag, add_log_flag, add_option_flags
+from .flags import add_device_flag, add_log_flag, add_option_flags, add_threads_flag
 from .parts import Parser, add_set_flag, run_command
 
 EPILOG = """\
@@ -27,7 +29,7 @@ examples:
   hybrid-synthetic --task parity --model vo-rnn-recipe --out runs/parity      # the state-tracking recipe, its best rate
   hybrid-synthetic --task parity --preset vo-rnn --set rnn_phase='"data"' --out runs/parity-data
   hybrid-synthetic --suite state-tracking --budget cpu --out runs/synth
-  hybrid-synthetic --suite all --budget smoke --out runs/synth-smoke      # every task and model in seconds
+  hybrid-synthetic --suite all --budget smoke --out runs/synth-smoke      # state tracking + MQAR, every model, seconds
   hybrid-synthetic --suite mqar --budget cpu --models transformer,vo-rnn-data --seeds 0,1 --out runs/mqar
   hybrid-synthetic --task passkey --preset hybrid --seq-len 1024 --curriculum 64,256 --curriculum-steps 2400 \\
       --steps 3000 --out runs/pk-1024      # 1200 steps at 64, 1200 at 256, then 600 at 1024
@@ -49,7 +51,9 @@ def parser() -> argparse.ArgumentParser:
                            "(associative recall). Train one model on one task, or run a suite of models.")
     what = p.add_mutually_exclusive_group(required=True)
     what.add_argument("--task", choices=TASK_NAMES, help="train one model on this task")
-    what.add_argument("--suite", choices=sorted(SUITES), help="run every model of the budget on these tasks")
+    what.add_argument("--suite", choices=sorted(SUITES),
+                      help="run every model of the budget on these tasks; all = state-tracking and mqar (the "
+                           "parity-recipe study and the passkey suites run on their own)")
     p.add_argument("--budget", choices=list(BUDGETS), default="cpu",
                    help="sizes, steps, lengths, seeds and learning rates (default: cpu)")
     p.add_argument("--out", required=True, help="the run directory (--task) or the suite directory (--suite)")
@@ -57,37 +61,41 @@ def parser() -> argparse.ArgumentParser:
     add_option_flags(p, TaskRunConfig, ["steps"], default=None, default_text="the budget's")
     add_option_flags(p, DataOptions, ["seq_len"], default=None, default_text="the budget's",
                      help={"seq_len": "a task's longest training length"})
-    p.add_argument("--seeds", help="comma-separated seeds, e.g. 0,1,2 (overrides the budget)")
-    p.add_argument("--models", help="comma-separated suite models (overrides the budget): " + ", ".join(MODELS)
-                   + "; --suite parity-recipe takes its candidates too")
+    p.add_argument("--seeds", help="comma-separated seeds, e.g. 0,1,2; one with --task (default: the budget's; "
+                                   "--task takes its first)")
+    p.add_argument("--models", help="comma-separated suite models: " + ", ".join(MODELS)
+                   + "; --suite parity-recipe takes its candidates too (default: the budget's)")
     add_device_flag(p)
+    add_threads_flag(p)
     p.add_argument("--overwrite", action="store_true",
-                   help="--task: replace a non-empty --out; --suite: start the suite over instead of continuing it")
+                   help="--task: replace a non-empty --out; --suite: start the suite over instead of continuing it "
+                        "(default: off)")
     add_log_flag(p, what="each run once it finishes: its metrics.jsonl, results and config")
-    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.add_argument("--quiet", action="store_true", help="no progress bar (default: off)")
     g = p.add_argument_group("one run (--task)")
     add_option_flags(g, TaskRunConfig, ["preset"], default=None, default_text="vo-rnn")
     g.add_argument("--model", choices=[*MODELS, *G_MODELS],
                    help="a suite model by name: its preset, options and run options (e.g. vo-rnn-recipe, the "
-                        "state-tracking recipe); instead of --preset")
+                        "state-tracking recipe); instead of --preset (default: none)")
     add_set_flag(g, help="any HybridConfig field, VALUE parsed as JSON (e.g. --set rnn_phase='\"data\"'); the "
-                         "budget sets d_model, n_layers and n_heads (--set overrides them too); repeatable")
+                         "budget sets d_model, n_layers and n_heads (--set overrides them too); repeatable "
+                         "(default: none)")
     add_option_flags(g, TaskRunConfig, ["lr"], default=None, default_text="the measured best rate of the suite model "
                      "this run is, else the largest of the budget's grid; printed")
     add_option_flags(g, TaskRunConfig, ["batch_size"], default=None, default_text="the budget's")
     g.add_argument("--curriculum", metavar="LENGTHS",
                    help="passkey tasks: the curriculum's lengths, comma-separated and increasing, each a stage of "
-                        "equal steps before the training length (e.g. 64,256 before --seq-len 1024; default: a "
+                        "equal steps before the training length (e.g. 64,256 before --seq-len 1024) (default: a "
                         "quarter of the training length)")
     add_option_flags(g, TaskRunConfig, ["curriculum_steps"], default=None, default_text="the budget's share of "
                                                                                       "the steps")
-    add_option_flags(g, TaskRunConfig, ["init_from"], default=None, default_text="", help={
+    add_option_flags(g, TaskRunConfig, ["init_from"], default=None, default_text="none, a fresh model", help={
         "init_from": "passkey-text: fine-tune this trained byte-level LM (a hybrid-train or hybrid-distill run) "
                      "instead of a fresh model, as Samba's passkey test; --set may change what keeps the weights' "
                      "shapes"})
     g.add_argument("--edge-share", type=float, metavar="S",
                    help="passkey tasks: the share of training sequences whose key sits within key_digits positions "
-                        "of an edge (the sequence's start, or right before the query); default 0: uniform")
+                        "of an edge (the sequence's start, or right before the query) (default: 0, uniform)")
     return p
 
 
@@ -117,7 +125,7 @@ def _passkey_params(args, params: dict) -> dict:
     return params
 
 
-def _one_run(args, budget) -> int:
+def _one_run(args, budget, inputs) -> int:
     seed = budget.seeds[0]
     steps = task_steps(budget, args.task)
     if args.init_from is not None:
@@ -151,20 +159,20 @@ def _one_run(args, budget) -> int:
                            curriculum_steps=cur_steps, lr=lr, seed=seed,
                            eval_size=budget.eval_size, device=args.device, init_from=args.init_from,
                            **({"size": None} if preset is None else {}), **options)
-    try:
-        config.model_config(make_task(config.task, **config.task_params))  # a bad --set fails here, before training
+    try:  # a bad --set fails here, before training
+        model_config = config.model_config(make_task(config.task, **config.task_params))
     except ValueError as e:  # the source run's faults name the flag
         if not str(e).startswith("init_from:"):
             raise
         raise ValueError("--init-from:" + str(e)[len("init_from:"):]) from None
-    print(budget.describe())
-    print(f"learning rate {lr:g}: {why}")
-    print(f"run: {json.dumps(config.to_dict())}")
+    print(run_block(config, model_config, budget, lr, why), flush=True)  # the run it makes, before training
+    print(f"run: {json.dumps(config.to_dict())}", flush=True)
     bar = None
     if not args.quiet:  # a tqdm bar on a terminal, plain lines in a log file
         bar = progress_bar(total=config.steps, desc=args.task, unit="step")
     try:
-        with staged_output_dir(args.out, overwrite=args.overwrite, what="--out") as stage:  # whole or nothing
+        with staged_output_dir(args.out, overwrite=args.overwrite, what="--out", inputs=inputs,
+                               command="hybrid-synthetic") as stage:  # whole or nothing, one writer
             results = train_task(config, stage, on_step=(lambda s, loss: (bar.update(1), bar.set_postfix(loss=f"{loss:.4f}")))
                                  if bar is not None else None)
     finally:
@@ -176,10 +184,32 @@ def _one_run(args, budget) -> int:
         replay_run(args.log, args.out, config.to_dict(), summary=_summary(results))
     points = list(results["accuracy"])
     print(markdown_table(["", "valid"] + points,
-                         [["accuracy", f"{results['valid_accuracy']:.4f}"] + [f"{results['accuracy'][p]:.4f}" for p in points],
-                          ["scaled", ""] + [f"{results['scaled_accuracy'][p]:.4f}" for p in points]]))
+                         [["accuracy", score_text(results["valid_accuracy"])]
+                          + [score_text(results["accuracy"][p]) for p in points],
+                          ["scaled", ""] + [score_text(results["scaled_accuracy"][p]) for p in points]]))
     print(f"status {results['status']}; results in {Path(args.out) / 'results.json'}")
     return 0 if results["status"] == "finished" else 1
+
+
+def score_text(value: float) -> str:
+    """A score to 4 places; a value that rounds to zero shows as 0.0000, never -0.0000."""
+    return f"{round(value, 4) + 0.0:.4f}"
+
+
+def run_block(config: TaskRunConfig, model_config, budget, lr: float, why: str) -> str:
+    """What the run does, as it will run (the budget's defaults with the command line's flags applied)."""
+    shape = (f"pattern {model_config.layer_types}, d_model {model_config.d_model}, {model_config.n_layers} layer"
+             f"{'s' if model_config.n_layers != 1 else ''}, {model_config.n_heads} heads")
+    model = f"from {config.init_from} ({shape})" if config.init_from else f"{config.preset} ({shape})"
+    lines = [f"run: --task {config.task} (defaults from the {budget.name!r} budget, then the flags given)",
+             f"  model       {model}",
+             f"  steps       {config.steps} ({config.curriculum_steps} on the curriculum)",
+             f"  batch_size  {config.batch_size}",
+             f"  learning rate {lr:g}: {why}",
+             f"  seed        {config.seed}",
+             f"  eval_size   {config.eval_size}",
+             f"  task        {json.dumps(config.task_params)}"]
+    return "\n".join(lines)
 
 
 def _summary(metrics: dict) -> dict:
@@ -201,15 +231,21 @@ def _run(args: argparse.Namespace) -> int:
     from ..output.tracking import check_trackers
 
     check_trackers(args.log)
+    inputs = [("--init-from", args.init_from)]
+    if "passkey-text" in (args.task, args.suite):  # its filler: the standard library's sources
+        inputs.append(("the passkey-text corpus", data_input(None)))
     if args.task is not None:
-        check_output_dir(args.out, overwrite=args.overwrite, what="--out")
+        check_output_dir(args.out, overwrite=args.overwrite, what="--out", inputs=inputs)
     seeds = parse_int_list(args.seeds) if args.seeds is not None else None
+    if args.task is not None and seeds is not None and len(seeds) > 1:
+        raise ValueError(f"--seeds: expected one seed with --task (one run; a --suite runs several seeds), got "
+                         f"{args.seeds}")
     models = parse_name_list(args.models) if args.models is not None else None
     budget = budget_for(args.budget, steps=args.steps, seq_len=args.seq_len, seeds=seeds, models=models,
                         suite=args.suite or args.task)
     if args.suite is None:
         try:
-            return _one_run(args, budget)
+            return _one_run(args, budget, inputs)
         except KeyboardInterrupt:  # a --task run is written whole or not at all
             raise KeyboardInterrupt(f"; nothing was written to {args.out}; run the same command again to start "
                                     f"over") from None
@@ -219,10 +255,11 @@ def _run(args: argparse.Namespace) -> int:
         raise ValueError("--set, --lr, --batch-size, --model, --preset, --curriculum, --curriculum-steps, "
                          "--edge-share and --init-from: apply to one run (--task); a suite takes its models, rates, "
                          "batch and curriculum from the budget (--models picks among them)")
-    prepare_suite_dir(args.out, overwrite=args.overwrite)
-    print(budget.describe(), flush=True)
     try:
-        report = run_synthetic_suite(args.suite, budget, args.out, device=args.device, verbose=not args.quiet)
+        with lock_run_dir(args.out, command="hybrid-synthetic", what="--out", inputs=inputs):  # one writer
+            prepare_suite_dir(args.out, overwrite=args.overwrite, inputs=inputs)
+            print(budget.describe(), flush=True)
+            report = run_synthetic_suite(args.suite, budget, args.out, device=args.device, verbose=not args.quiet)
     except KeyboardInterrupt:  # finished runs are in results.jsonl; the suite continues from them
         raise KeyboardInterrupt(f"; the finished runs are kept in {args.out}; run the same command again to "
                                 f"continue the suite") from None

@@ -19,6 +19,7 @@ Cache directory: `cache_dir=`, else `$HYBRID_CACHE`, else `$XDG_CACHE_HOME/hybri
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,6 +29,7 @@ import numpy as np
 from .tokenizer import ByteTokenizer, Tokenizer, load_tokenizer
 from . import bpb as _bpb
 from .loader import BatchLoader, eval_batches
+from .shards import skipped_rows_text
 from .sources import Source, resolve_source
 
 __all__ = ["PreparedData", "prepare_data", "default_cache_dir", "tokenize_documents", "FORMAT_VERSION"]
@@ -153,14 +155,17 @@ def prepare_data(
     hub_config: str | None = None,
     max_documents: int | None = None,
     include_tests: bool = False,
+    skip_rows_without_text: bool = False,
 ) -> PreparedData:
-    """Load, tokenise (cached), split and stream the corpus `data` names (see `resolve_source`)."""
+    """Load, tokenise (cached), split and stream the corpus `data` names (see `resolve_source`;
+    `skip_rows_without_text`: train on the table rows that have `text_column`, instead of refusing a file with rows
+    that lack it)."""
     if not 0.0 < valid_fraction < 1.0:
         raise ValueError(f"valid_fraction: expected a number in (0, 1), got {valid_fraction!r}")
     tok = load_tokenizer(tokenizer) if tokenizer is None or isinstance(tokenizer, (str, os.PathLike)) else tokenizer
     source = data if isinstance(data, Source) else resolve_source(
         data, text_column=text_column, split=split, hub_config=hub_config, max_documents=max_documents,
-        include_tests=include_tests,
+        include_tests=include_tests, skip_rows_without_text=skip_rows_without_text,
     )
     cache = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
     fingerprint = hashlib.sha256(f"v{FORMAT_VERSION}|{source.key}|{tok.fingerprint}".encode()).hexdigest()[:32]
@@ -170,16 +175,24 @@ def prepare_data(
     import datasets
 
     cached = cache_file.is_file()
+    notes_file = cache_file.with_suffix(".notes.json")  # what loading found (rows skipped), for later runs' data line
     if cached:
         tokens = datasets.Dataset.from_file(str(cache_file))
+        notes = _read_notes(notes_file)
     else:
         docs = source.load(str(cache / "datasets"))
         tokens = tokenize_documents(docs, tok, cache_file=cache_file, fingerprint=fingerprint)
+        notes = dict(source.notes)
+        if notes:
+            notes_file.write_text(json.dumps(notes) + "\n")
 
     ids, lens, nbytes, hashes = _columns(tokens)
     if len(lens) == 0:
         raise ValueError(f"no non-empty documents in {source.description}")
-    stats = {"source": source.description, "tokenizer": tok.name, "fingerprint": fingerprint,
+    description = source.description
+    if skip_rows_without_text and source.kind == "files":  # the flag, and what it did, in the data line
+        description += ", " + skipped_rows_text(notes.get("rows_without_text"), text_column)
+    stats = {"source": description, "tokenizer": tok.name, "fingerprint": fingerprint,
              "cache_file": str(cache_file), "cache_hit": cached, "documents": int(len(lens))}
     start = np.asarray([tok.eos_id], dtype=ids.dtype)
     if len(lens) >= 2:
@@ -198,6 +211,14 @@ def prepare_data(
                      train_bytes=int(nbytes[0]) - vb, valid_bytes=vb)
     stats.update(train_tokens=int(len(train)), valid_tokens=int(len(valid)))
     return PreparedData(train=train, valid=valid, tokenizer=tok, stats=stats)
+
+
+def _read_notes(path: Path) -> dict:
+    try:
+        notes = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return notes if isinstance(notes, dict) else {}
 
 
 def _tail_bytes(tok: Tokenizer, ids: np.ndarray) -> int:

@@ -20,10 +20,12 @@ import re
 import socket
 import sysconfig
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 from urllib.parse import urlparse
+
+from .shards import check_missing_column, load_each_table, split_shards
 
 __all__ = [
     "Source",
@@ -55,6 +57,7 @@ class Source:
     description: str
     key: str  # changes whenever the documents may have changed
     load: Callable[[str], "object"]  # load(cache_dir) -> datasets.Dataset with a "text" column
+    notes: dict = field(default_factory=dict, compare=False)  # what load() found: {"rows_without_text": n}
 
 
 # ----------------------------------------------------------------------------------------------- stdlib
@@ -84,7 +87,7 @@ def _is_text_file(path: Path) -> bool:
 
 
 def _list_files(root: Path) -> list[Path]:
-    if root.is_file():
+    if not root.is_dir():  # a file, or something that is not one (split_shards says what)
         return [root]
     out = []
     for dirpath, dirnames, filenames in os.walk(root):
@@ -101,10 +104,15 @@ def _files_key(files: list[Path], extra: str) -> str:
     return h.hexdigest()
 
 
-def _load_files(files: list[Path], text_column: str, cache_dir: str, tables: set[str]):
-    """One `text` column: plain files one document each, files with a suffix in `tables` one per row."""
+def _load_files(files: list[Path], text_column: str, cache_dir: str, tables: set[str], skip_missing: bool = False,
+                notes: dict | None = None):
+    """One `text` column: plain files one document each, files with a suffix in `tables` one per row. A table row
+    without `text_column` is refused (``shards.check_missing_column``) unless `skip_missing`; `notes` gets how
+    many there were."""
     import datasets
 
+    if skip_missing and notes is not None:
+        notes["rows_without_text"] = 0
     groups: dict[str, list[str]] = {}
     for p in files:
         suffix = p.suffix.lower()
@@ -118,10 +126,16 @@ def _load_files(files: list[Path], text_column: str, cache_dir: str, tables: set
                 encoding="utf-8", encoding_errors="replace", cache_dir=cache_dir,
             )
         else:
+            missing = check_missing_column(paths, builder, text_column, skip=skip_missing)
+            if notes is not None:
+                notes["rows_without_text"] = notes.get("rows_without_text", 0) + missing
             verbosity = datasets.logging.get_verbosity()
             datasets.logging.set_verbosity(datasets.logging.CRITICAL)  # a malformed row is reported below, once
             try:
-                ds = datasets.load_dataset(builder, data_files=paths, split="train", cache_dir=cache_dir)
+                if missing:  # the files' columns differ: each file alone, its text column only
+                    ds = load_each_table(builder, paths, text_column, cache_dir)
+                else:
+                    ds = datasets.load_dataset(builder, data_files=paths, split="train", cache_dir=cache_dir)
             except datasets.exceptions.DatasetGenerationError as e:  # a malformed row: say which file and why
                 cause = e.__cause__ if e.__cause__ is not None else e
                 bad = _first_bad_row(paths, builder, text_column)
@@ -225,12 +239,15 @@ def _as_number(value: str | None):
     return value
 
 
-def _files_source(kind: str, description: str, files: list[Path], text_column: str, tables: set[str]) -> Source:
+def _files_source(kind: str, description: str, files: list[Path], text_column: str, tables: set[str],
+                  skip_missing: bool = False) -> Source:
+    notes: dict = {}
     return Source(
         kind=kind,
         description=description,
-        key=_files_key(files, f"{kind}|{text_column}|{sorted(tables)}"),
-        load=lambda cache_dir: _load_files(files, text_column, cache_dir, tables),
+        key=_files_key(files, f"{kind}|{text_column}|{sorted(tables)}" + ("|skip-missing" if skip_missing else "")),
+        load=lambda cache_dir: _load_files(files, text_column, cache_dir, tables, skip_missing, notes),
+        notes=notes,
     )
 
 
@@ -333,9 +350,13 @@ def resolve_source(
     hub_config: str | None = None,
     max_documents: int | None = None,
     include_tests: bool = False,
+    skip_rows_without_text: bool = False,
 ) -> Source:
     """What `data` names: `None`/`"stdlib"` → the standard library; an existing path → local files;
-    otherwise a hub dataset name. A missing path that cannot be a hub name raises `FileNotFoundError`."""
+    otherwise a hub dataset name. A missing path that cannot be a hub name raises `FileNotFoundError`.
+    Local files: only regular, non-empty ones are read (``shards.split_shards``; the description says what was
+    skipped); `skip_rows_without_text` trains on the table rows that have `text_column` instead of refusing a file
+    with rows that lack it."""
     if data is None or str(data) == "stdlib":
         files = stdlib_files(include_tests)
         root = sysconfig.get_paths()["stdlib"]
@@ -343,13 +364,21 @@ def resolve_source(
     path = Path(data).expanduser()
     if path.exists():
         path = path.resolve()
-        files = _list_files(path)
+        shards = split_shards(_list_files(path))  # regular, non-empty files only: a FIFO is never opened
+        files, skipped = shards.files, shards.skipped_text()
         tables = _DIR_TABLES if path.is_dir() else set(_TABLE_BUILDERS)
         if path.is_dir():
             files = [p for p in files if p.suffix.lower() in tables or _is_text_file(p)]
+        if not files and shards.empty:
+            raise ValueError(f"no non-empty documents in files:{path} ({skipped})")
+        if not files and shards.not_regular and not path.is_dir():
+            raise ValueError(f"data: expected a regular file or a directory, got {path} "
+                             f"({shards.not_regular[0][1]})")
         if not files:
-            raise ValueError(f"no text files found under {path}")
-        return _files_source("files", f"files:{path} ({len(files)} files)", files, text_column, tables)
+            raise ValueError(f"no text files found under {path}" + (f" ({skipped})" if skipped else ""))
+        described = f"{len(files)} file{'s' if len(files) != 1 else ''}" + (f"; {skipped}" if skipped else "")
+        return _files_source("files", f"files:{path} ({described})", files, text_column, tables,
+                             skip_rows_without_text)
     name = str(data)
     if not looks_like_hub_name(name):
         raise FileNotFoundError(

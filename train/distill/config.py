@@ -37,17 +37,21 @@ class DistillConfig(RunConfig, ExecutionOptions, LoggingOptions, LoopOptions, Op
     # the teacher, the student, the data order and the losses define the run: a resume keeps them (the teacher may
     # have moved: its weights are checked); the rest may change (hybrid.train.loop.resume)
     FIXED: ClassVar[tuple[str, ...]] = (
-        "pattern", "keep_attention", "model", "decay_init", "data", "text_column", "valid_fraction", "seq_len",
-        "packing", "seed", "align_steps", "align_lr", "align_warmup", "lr", "warmup", "temperature", "ce_weight",
-        "train", "min_lr_ratio", "weight_decay", "betas", "grad_clip", "select_batches")
+        "pattern", "keep_attention", "model", "decay_init", "data", "text_column", "skip_rows_without_text",
+        "valid_fraction", "seq_len", "packing", "seed", "align_steps", "align_lr", "align_warmup", "lr", "warmup",
+        "temperature", "ce_weight", "train", "min_lr_ratio", "weight_decay", "betas", "grad_clip", "select_batches")
 
-    teacher: str = option("", STUDENT, check=a_run_dir, metavar="RUN_DIR", shown_default="",
+    teacher: str = option("", STUDENT, check=a_run_dir, metavar="RUN_DIR",
+                          shown_default="none; required unless --resume",
                           help="the teacher's run directory (hybrid-train, hybrid-import or hybrid-distill)")
     # the student: exactly one of pattern / keep_attention
-    pattern: str | None = option(None, STUDENT, check=check_optional_str, shown_default="",
+    pattern: str | None = option(None, STUDENT, check=check_optional_str,
+                                 shown_default="none; this or --keep-attention",
                                  help="R (replace) / A (keep) per layer, repeated and cut at the teacher's n_layers as "
-                                      "HybridConfig does (RRA on 4 layers: RRAR); at most n_layers letters")
-    keep_attention: str | None = option(None, STUDENT, check=check_optional_str, metavar="auto:K", shown_default="",
+                                      "HybridConfig does (RRA on 4 layers: RRAR); at most n_layers letters; at least "
+                                      "one R where the teacher has attention")
+    keep_attention: str | None = option(None, STUDENT, check=check_optional_str, metavar="auto:K",
+                                        shown_default="none; this or --pattern",
                                         help="keep the K attention layers whose replacement costs the most KL after "
                                              "stage 1; replace the others (the ranking goes to layer_ranking.json)")
     model: dict = option({}, STUDENT, flag=False, help="HybridConfig overrides: window, the R layers' RNN_FIELDS")

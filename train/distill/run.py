@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import gc
 import json
-import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -51,7 +50,8 @@ from ..loop.run import Run, join, on_rank0_first, precision, seed_everything
 from ..loop.saved_model import checkpoint_config
 from ..loop.schedule import warmup_cosine
 from ..output.metrics import METRICS_FILE
-from ..output.outdir import check_output_dir
+from ..output.outdir import check_output_dir, clear_dir
+from ..output.paths import data_input
 from ..parallel.device import env_int
 from ..parallel.distributed import model_state_everywhere, wrap_model
 from ..parallel.sharding import GlobalBatches
@@ -136,6 +136,10 @@ class Distiller(Run):
                     raise ValueError(f"--pattern: expected {expected} at layer {i} (the teacher's layers are "
                                      f"{letters!r}), got {want!r} ({c.pattern!r} gives {types!r})")
             self.align_layers = [i for i, (have, want) in enumerate(zip(letters, types)) if want == "R" and have == "A"]
+            if not self.align_layers:  # nothing to distil: refused before anything is written
+                raise ValueError(f"--pattern: expected an R at one of the teacher's attention layers {self.candidates} "
+                                 f"(a layer to replace), got {c.pattern!r}, which gives {types!r} on the teacher's "
+                                 f"layers {letters!r}: no layer would be replaced")
             self.align_pattern = c.pattern
         else:
             self.k = parse_keep_attention(c.keep_attention, t.config.n_layers, len(self.candidates))
@@ -165,15 +169,17 @@ class Distiller(Run):
         c = self.config
         self.device, self.env = join(c.device)
         self.console.is_main = self.env.is_main
+        inputs = [("--teacher", c.teacher), ("--data", data_input(c.data))]
+        self.take_out_dir(command="hybrid-distill", inputs=inputs, what="--out")  # one writer, never into an input
         if self.checkpoint is None:  # refuse a used --out before anything slow (and before clearing it)
-            inputs = [Path(c.teacher)] + ([Path(c.data)] if c.data and Path(c.data).exists() else [])
             check_output_dir(self.out, overwrite=self.overwrite, what="--out", inputs=inputs)
         seed_everything(c.seed)
         self._load_teacher()
         self._plan()
         self.autocast, _ = precision(self.device)
         self.data = on_rank0_first(self.env, lambda: prepare_data(  # also: every rank has checked --out
-            c.data, tokenizer=self.tokenizer, valid_fraction=c.valid_fraction, text_column=c.text_column))
+            c.data, tokenizer=self.tokenizer, valid_fraction=c.valid_fraction, text_column=c.text_column,
+            skip_rows_without_text=c.skip_rows_without_text))
         self.batches = GlobalBatches(self.data, seq_len=c.seq_len, batch_size=c.batch_size, grad_accum=c.grad_accum,
                                      seed=c.seed, rank=self.env.rank, world_size=self.env.world_size,
                                      packing=c.packing)
@@ -181,7 +187,7 @@ class Distiller(Run):
         self.validation = Validation(self.data, seq_len=c.seq_len, global_batch=self.global_batch,
                                      packing=c.packing, eos_id=self.tokenizer.eos_id, env=self.env, device=self.device)
         if self.checkpoint is None and self.out.exists() and self.env.is_main:  # --overwrite: the old directory
-            shutil.rmtree(self.out)  # goes, all being checked
+            clear_dir(self.out)  # goes, all being checked (the lock stays: this run holds it)
         record = self.checkpoint.extra["distill"] if self.checkpoint is not None else {"stage": "align"}
         self.ranking, self.replaced = record.get("ranking"), record.get("replaced")
         self.align_init = record.get("align_mse_init")

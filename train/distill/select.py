@@ -28,8 +28,9 @@ def parse_keep_attention(text: str, n_layers: int, n_attention: int) -> int:
         raise ValueError(f"--keep-attention: expected auto:K (K attention layers kept, e.g. auto:2), got {text!r}")
     if not 0 <= k <= n_layers:
         raise ValueError(f"--keep-attention: expected K in 0…{n_layers} (the teacher's n_layers), got {k}")
-    if k > n_attention:
-        raise ValueError(f"--keep-attention: expected K at most the teacher's {n_attention} attention layers, got {k}")
+    if k >= n_attention:  # keeping them all replaces none: nothing to distil
+        raise ValueError(f"--keep-attention: expected K below the teacher's {n_attention} attention layers (at least "
+                         f"one is replaced), got {k}")
     return k
 
 

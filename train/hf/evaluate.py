@@ -11,6 +11,9 @@ import logging
 from pathlib import Path
 
 from ..loop.checkpoint import has_checkpoint
+from ..parallel.device import check_device, resolve_device
+
+MIN_MAX_LENGTH = 2  # the shortest input worth scoring: one token of context, one of continuation
 
 
 def load_for_eval(path, device: str = "cpu"):
@@ -93,15 +96,58 @@ def task_manager(tasks: list[str], include_path=None):
     return manager
 
 
-def evaluate(path, tasks: list[str], *, include_path=None, device: str = "cpu", batch_size: int = 1,
+def check_eval_options(device: str, max_length: int | None, num_fewshot: int | None) -> str:
+    """The torch device name ``device`` resolves to ("auto": CUDA when there is one), after checking it and
+    ``max_length`` / ``num_fewshot``: a ValueError naming the option, before lm-eval starts (where each would be
+    a bare AssertionError)."""
+    check_device("device", device)
+    if max_length is not None and (isinstance(max_length, bool) or not isinstance(max_length, int)
+                                   or max_length < MIN_MAX_LENGTH):
+        raise ValueError(f"max_length: expected an integer >= {MIN_MAX_LENGTH} (a token of context and one to "
+                         f"score), got {max_length!r}")
+    if num_fewshot is not None and (isinstance(num_fewshot, bool) or not isinstance(num_fewshot, int)
+                                    or num_fewshot < 0):
+        raise ValueError(f"num_fewshot: expected an integer >= 0, got {num_fewshot!r}")
+    return str(resolve_device(device))  # a CUDA device this machine lacks: one line now
+
+
+def checked_lm(HFLM):
+    """``HFLM`` whose requests are checked against ``max_length`` before the model scores any: a continuation
+    longer than it, or a generation budget that leaves no room for the prompt, is a ValueError naming
+    --max-length (lm-eval itself asserts, deep in its loop)."""
+
+    class CheckedLM(HFLM):
+        def _loglikelihood_tokens(self, requests, *args, **kwargs):
+            longest = max((len(r[2]) for r in requests), default=0)
+            if longest > self.max_length:
+                raise ValueError(f"max_length: expected at least the {longest} tokens of the tasks' longest "
+                                 f"continuation, got {self.max_length} (--max-length)")
+            return super()._loglikelihood_tokens(requests, *args, **kwargs)
+
+        def generate_until(self, requests, *args, **kwargs):
+            for request in requests:
+                options = request.args[1] if len(request.args) > 1 and isinstance(request.args[1], dict) else {}
+                wanted = int(options.get("max_gen_toks", self.max_gen_toks))
+                if self.max_length - wanted < 1:
+                    raise ValueError(f"max_length: expected more than the {wanted} tokens the task generates, got "
+                                     f"{self.max_length} (--max-length)")
+            return super().generate_until(requests, *args, **kwargs)
+
+    return CheckedLM
+
+
+def evaluate(path, tasks: list[str], *, include_path=None, device: str = "auto", batch_size: int = 1,
              limit: int | None = None, num_fewshot: int | None = None, max_length: int | None = None,
              log_samples: bool = False) -> dict:
     """lm-eval's output for ``tasks`` on the model at ``path``: ``out["results"][task][metric]``, and with
     ``log_samples`` the per-document requests and responses in ``out["samples"][task]``.
 
-    The include path and the task names are checked before the model is loaded (a ValueError names them)."""
+    The device, ``max_length``, ``num_fewshot``, the include path and the task names are checked before the model
+    is loaded (a ValueError names them); ``device`` "auto" is CUDA when there is one."""
+    device = check_eval_options(device, max_length, num_fewshot)
     check_include_path(include_path)  # before lm-eval's slow import and task index
     lm_eval, HFLM, _ = import_lm_eval()
+    HFLM = checked_lm(HFLM)
     manager = task_manager(tasks, include_path)
     model, tokenizer = load_for_eval(path, device)
     hf_logger = logging.getLogger("lm_eval.models.huggingface")

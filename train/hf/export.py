@@ -36,9 +36,9 @@ def export_run(run_dir, out_dir, *, overwrite: bool = False) -> Path:
     ``overwrite``; it is then replaced whole, and a failed export changes nothing (``hybrid.train.output.outdir``).
     """
     out = Path(out_dir)
-    check_output_dir(out, overwrite=overwrite, inputs=(run_dir,))
+    check_output_dir(out, overwrite=overwrite, inputs=[("run_dir", run_dir)])
     run = load_run(run_dir)
-    with staged_output_dir(out, overwrite=overwrite, inputs=(run_dir,)) as stage:
+    with staged_output_dir(out, overwrite=overwrite, inputs=[("run_dir", run_dir)], command="hybrid-export") as stage:
         hf_model_from_run(run).save_pretrained(stage)
         to_hf_tokenizer(run.tokenizer).save_pretrained(stage)
     return out

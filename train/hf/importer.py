@@ -101,7 +101,7 @@ def import_checkpoint(hf_dir, out_dir, *, layout: str = "half", dtype: str = "fl
     from hybrid.models.hf.convert import state_dict_from_llama
 
     hf_dir, out = Path(hf_dir), Path(out_dir)
-    check_output_dir(out, overwrite=overwrite, inputs=(hf_dir,))  # before the slow part
+    check_output_dir(out, overwrite=overwrite, inputs=[("hf_dir", hf_dir)])  # before the slow part
     hf_config, config = _hf_config(hf_dir, layout, dtype)
     try:
         state = state_dict_from_llama(read_hf_weights(hf_dir), config)
@@ -127,7 +127,7 @@ def import_checkpoint(hf_dir, out_dir, *, layout: str = "half", dtype: str = "fl
     if isinstance(tokenizer, FileTokenizer):  # the run's own copy, at the path it will have once in place
         record["path"] = str(out.resolve() / "tokenizer.json")
     extra = {"tokenizer": record, "imported_from": {"path": str(hf_dir.resolve()), "model_type": hf_config.model_type}}
-    with staged_output_dir(out, overwrite=overwrite, inputs=(hf_dir,)) as stage:
+    with staged_output_dir(out, overwrite=overwrite, inputs=[("hf_dir", hf_dir)], command="hybrid-import") as stage:
         if isinstance(tokenizer, FileTokenizer):
             shutil.copyfile(tokenizer.path, stage / "tokenizer.json")
         save_checkpoint(stage, model_state=state, config=config.to_dict(), optimizer_state=None,

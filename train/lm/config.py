@@ -29,14 +29,21 @@ class TrainConfig(RunConfig, ContextParallelOptions, ExecutionOptions, LoggingOp
                   ModelOptions):  # the fields come in the reverse order of the bases: the model's first
     KIND: ClassVar[str] = "train config"
     # what a resumed run keeps: the model, the data order and the optimiser's form (hybrid.train.loop.resume)
-    FIXED: ClassVar[tuple[str, ...]] = ("preset", "size", "model", "data", "text_column", "tokenizer",
-                                        "valid_fraction", "seq_len", "packing", "seed", "min_lr_ratio", "betas")
+    # (a resumed run starts from its own checkpoint, never from another run's weights: init_from is fixed too)
+    FIXED: ClassVar[tuple[str, ...]] = ("preset", "size", "model", "data", "text_column", "skip_rows_without_text",
+                                        "tokenizer", "valid_fraction", "seq_len", "packing", "seed", "min_lr_ratio",
+                                        "betas", "init_from", "init_partial")
     OPTIMISER: ClassVar[tuple[str, ...]] = ("lr", "warmup", "weight_decay", "grad_clip")
+    # what a resume may change (docs/training.md, "Resume", lists these; tests/train/loop/test_resume.py checks
+    # the list): every field is FIXED, CHANGEABLE, or `out` (which must name the resumed run's own directory)
+    CHANGEABLE: ClassVar[tuple[str, ...]] = ("steps", *OPTIMISER, "batch_size", "grad_accum", "eval_every",
+                                             "eval_batches", "log_every", "save_every", "keep", "on_nonfinite", "log",
+                                             "device", "compile", "fsdp")
 
     tokenizer: str | None = option(None, "data", check=check_optional_str, metavar="PATH",
-                                   help="a tokenizer.json (or a directory holding one); default: bytes (vocab 259)",
-                                   shown_default="")
-    init_partial: bool = option(False, "model", check=a_bool, action="store_true", shown_default="",
+                                   help="a tokenizer.json (or a directory holding one)",
+                                   shown_default="bytes, vocab 259")
+    init_partial: bool = option(False, "model", check=a_bool, action="store_true", shown_default="off: every weight must match",
                                 help="with --init-from: copy every weight whose name and shape match and initialise "
                                      "the rest, e.g. a hybrid (--set pattern='\"RRA\"') started from a transformer's "
                                      "attention, MLP and embedding weights")

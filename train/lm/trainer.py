@@ -49,10 +49,12 @@ from ..loop.parts import Record, RNGPart
 from ..output.records import RunLog
 from ..loop.resume import resume_config
 from ..loop.run import Run, join, on_rank0_first, precision, seed_everything
+from ..loop.run_dir import ABANDONED_PREFIX, check_run_out, run_inputs
 from ..loop.saved_model import checkpoint_config
 from ..loop.schedule import warmup_cosine
 from ..output.console import end_message, start_message
 from ..output.metrics import METRICS_FILE, plot_loss_curve
+from ..output.paths import data_input
 from ..output.tracking import TENSORBOARD_DIR, WANDB_DIR
 from ..parallel.device import env_int
 from ..parallel.distributed import wrap_model
@@ -162,12 +164,15 @@ class Trainer(Run):
     # ------------------------------------------------------------------------------------------ setup
 
     def _clear_out_dir(self) -> None:
-        """A fresh run: refuse an --out that holds a checkpoint (unless ``overwrite``), then clear the old run's files."""
+        """A fresh run: refuse an --out that holds a checkpoint, or is not empty and not a run of ours
+        (``hybrid.train.loop.run_dir``), unless ``overwrite``; then clear the old run's files (no others)."""
         if has_checkpoint(self.out) and not self.overwrite:
             raise ValueError(
                 f"out: {self.out} already holds a checkpoint; continue it with --resume {self.out}, start over "
                 f"with --overwrite, or pick another --out"
             )
+        check_run_out(self.out, overwrite=self.overwrite, kind="hybrid-train", record=CONFIG_FILE,
+                      reads_record=lambda text: TrainConfig.from_dict(json.loads(text)), names=(PLOT_FILE,))
         self.env.barrier()  # every rank has looked before rank 0 clears anything
         if self.env.is_main:
             for name in ("checkpoint", "checkpoint.old"):
@@ -178,6 +183,8 @@ class Trainer(Run):
                 (self.out / name).unlink(missing_ok=True)
             for name in (TENSORBOARD_DIR, WANDB_DIR):  # the old run's tracker logs
                 shutil.rmtree(self.out / name, ignore_errors=True)
+            for branch in self.out.glob(ABANDONED_PREFIX + "*"):  # and its abandoned branches
+                shutil.rmtree(branch, ignore_errors=True)
 
     def _model(self, init) -> None:
         """The model config (checked against a resumed checkpoint's), the model, its initial weights."""
@@ -204,6 +211,8 @@ class Trainer(Run):
     def _setup(self) -> None:
         c = self.config
         self.device, self.env = join(c.device)
+        self.take_out_dir(command="hybrid-train", inputs=[  # one writer; never into what the run reads
+            ("data", data_input(c.data)), *run_inputs(tokenizer=c.tokenizer, init_from=c.init_from)])
         if self.checkpoint is None:
             self._clear_out_dir()
         seed_everything(c.seed)
@@ -211,7 +220,8 @@ class Trainer(Run):
         if init is not None and c.tokenizer is None:  # the source run's tokenizer, recorded in train_config.json
             self.config = c = c.replace(tokenizer=init.tokenizer)
         self.data = on_rank0_first(self.env, lambda: prepare_data(
-            c.data, tokenizer=c.tokenizer, valid_fraction=c.valid_fraction, text_column=c.text_column))
+            c.data, tokenizer=c.tokenizer, valid_fraction=c.valid_fraction, text_column=c.text_column,
+            skip_rows_without_text=c.skip_rows_without_text))
         self.tokenizer = self.data.tokenizer
         model = self._model(init)
         if c.cp > 1:
@@ -284,10 +294,11 @@ class Trainer(Run):
         console.is_main = env.is_main
         start = loop.step
         resumed = self.checkpoint is not None
+        if env.is_main:  # the record first: a folder with a run's files and no record is not a run of ours
+            self.out.mkdir(parents=True, exist_ok=True)
+            self._write_config()
         loop.open(RunLog(self.out, trackers=c.log, config=c.to_dict(), resume_step=start if resumed else None,
                          is_main=env.is_main, on_log=self.on_log, on_eval=self.on_eval))
-        if env.is_main:
-            self._write_config()
         console.open_bar(total=c.steps, initial=start, desc="train")
         console.say(start_message(resumed=resumed, config=c, model_config=self.model_config,
                                   num_parameters=self.num_parameters, device=self.device, wrap=self.wrap,

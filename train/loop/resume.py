@@ -2,11 +2,12 @@
 for every run kind.
 
 A resumed run is its saved config (a ``RunConfig``) with overrides. Fields that define the run (the kind's
-``FIXED``: the model, the data order, the optimiser's form; a distillation's teacher and student too) must keep their
-saved values; the others may change: ``steps`` (the new total), the optimiser hyper-parameters the kind names
-(``OPTIMISER``: a language model's lr, warmup, weight decay, gradient clipping; a note names each change, e.g. to
-recover from a divergence), evaluation / logging / checkpoint intervals, the non-finite policy, device, compile,
-fsdp, and the batch layout. A warmup that was never set (None) stays derived, so it follows the new ``steps``.
+``FIXED``: the model, the data order, the optimiser's form, the run it started from; a distillation's teacher and
+student too) must keep their saved values, and a flag that names one with another value is refused in one line;
+the others (the kind's ``CHANGEABLE``: every field is one or the other, or ``out``) may change: ``steps`` (the new
+total), the optimiser hyper-parameters the kind names (``OPTIMISER``: a language model's lr, warmup, weight decay,
+gradient clipping; a note names each change, e.g. to recover from a divergence), evaluation / logging / checkpoint
+intervals, the non-finite policy, the trackers, device, compile, fsdp, and the batch layout. A warmup that was never set (None) stays derived, so it follows the new ``steps``.
 
 The batch layout keeps the saved global batch ``G = batch_size × grad_accum × world_size`` when it can, so
 the run continues with the same sequences per optimizer step: with neither ``batch_size`` nor

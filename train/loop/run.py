@@ -16,8 +16,10 @@ import numpy as np
 import torch
 
 from ..output.console import Console
+from ..output.run_lock import hold_run_dir
 from ..parallel.device import resolve_device
 from ..parallel.distributed import DistEnv, init_distributed
+from .run_dir import set_aside_later_checkpoints
 
 __all__ = ["Run", "join", "seed_everything", "on_rank0_first", "precision"]
 
@@ -45,6 +47,7 @@ class Run:
         self.console = Console(verbose, progress)
         self.verbose, self.progress = verbose, self.console.progress
         self.env, self.loop, self.stage = DistEnv(), None, None
+        self.lock = None  # the run directory's lock while fit() runs (take_out_dir)
 
     def write(self, msg: str) -> None:
         """Print ``msg`` on rank 0, above the progress bar when there is one (for ``on_log`` / ``on_eval``)."""
@@ -65,6 +68,23 @@ class Run:
             else:
                 self.console.close_bar()
                 self.env.close(finished=finished)
+            if self.lock is not None:
+                self.lock.release()
+                self.lock = None
+
+    def take_out_dir(self, *, command: str, inputs, what: str = "out") -> None:
+        """Lock ``out`` for the run's life (one writer: ``hybrid.train.output.run_lock``; under torchrun rank 0 holds
+        it and every rank fails together), after the output-path rule against ``inputs`` (what the run reads). A
+        resumed run: the checkpoints saved after the one it resumes from belong to an abandoned branch, moved into
+        ``abandoned-after-step-N/`` before anything is written (``hybrid.train.loop.run_dir``), and a note says so."""
+        self.lock = hold_run_dir(self.out, command=command, env=self.env, device=self.device, what=what,
+                                 inputs=inputs)
+        if self.checkpoint is not None and self.env.is_main:
+            aside = set_aside_later_checkpoints(self.out, self.checkpoint.step, self.checkpoint.path)
+            if aside is not None:
+                self.notes.append(f"resumed at step {self.checkpoint.step}, before the run's later checkpoints "
+                                  f"(steps {', '.join(map(str, aside[1]))}): that branch is abandoned, its "
+                                  f"checkpoints and metrics moved to {aside[0]}")
 
     def _fit(self):
         raise NotImplementedError

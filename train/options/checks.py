@@ -88,9 +88,14 @@ def check_real(name: str, value, *, low: float, high: float | None = None, low_o
 
 
 def check_fraction(name: str, value) -> float:
-    """A number strictly between 0 and 1 (a held-out fraction)."""
-    check_real(name, value, low=0.0, high=1.0, low_open=True)
-    if value >= 1.0:
+    """A number strictly between 0 and 1 (a held-out fraction); one message, "in (0, 1)", for every value outside."""
+    try:
+        check_real(name, value, low=0.0, high=1.0, low_open=True)
+    except ValueError:
+        value_ok = False
+    else:
+        value_ok = value < 1.0
+    if not value_ok:
         raise ValueError(f"{name}: expected a number in (0, 1), got {value!r}")
     return float(value)
 

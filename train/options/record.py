@@ -6,8 +6,9 @@ is built, read from and written to a plain dict (``train_config.json``, a checkp
 
 ``from_dict`` and ``replace`` refuse unknown fields in one line naming the config (``KIND``) and the fields it knows.
 A run kind adds the rules that tie its fields together in ``_check`` (``warmup`` at most ``steps``, …), and names
-``FIXED``: the fields that define a run, which a resumed run may not change (``hybrid.train.loop.resume``), and
-``OPTIMISER``: the ones it may change with a note.
+``FIXED``: the fields that define a run, which a resumed run may not change (``hybrid.train.loop.resume``),
+``CHANGEABLE``: the ones it may (every field is one or the other, or ``out``), and ``OPTIMISER``: those of them a
+note names when they change.
 """
 from __future__ import annotations
 
@@ -23,6 +24,14 @@ class RunConfig:
     KIND: ClassVar[str]  # how errors name it: "train config", "distill config"
     FIXED: ClassVar[tuple[str, ...]] = ()
     OPTIMISER: ClassVar[tuple[str, ...]] = ()
+    CHANGEABLE: ClassVar[tuple[str, ...] | None] = None  # what a resume may change; None: every field not FIXED
+
+    @classmethod
+    def changeable(cls) -> tuple[str, ...]:
+        """The fields a resumed run may change (``CHANGEABLE``, else every field but ``FIXED`` and ``out``)."""
+        if cls.CHANGEABLE is not None:
+            return cls.CHANGEABLE
+        return tuple(f.name for f in dataclasses.fields(cls) if f.name not in (*cls.FIXED, "out"))
 
     def __post_init__(self):
         for f in dataclasses.fields(self):

@@ -44,17 +44,21 @@ class ModelOptions:
     init_from: str | None = option(None, "model", check=check_optional_str, metavar="RUN_DIR",
                                    help="start from the weights and model config of another run (e.g. one written "
                                         "by hybrid-import); not its optimizer or step; --preset/--size are then "
-                                        "ignored", shown_default="")
+                                        "refused", shown_default="none, a fresh model")
 
 
 @dataclass
 class DataOptions:
     data: str | None = option(None, "data", check=check_optional_str, metavar="PATH_OR_DATASET",
                               help="a text file, a .jsonl/.parquet/.csv file with a 'text' column, a directory of "
-                                   "text files, or a Hugging Face dataset name (needs internet); default: this "
-                                   "Python's stdlib sources", shown_default="")
+                                   "text files, or a Hugging Face dataset name (needs internet)",
+                              shown_default="this Python's stdlib sources")
     text_column: str = option("text", "data", check=check_text_column, metavar="NAME",
                               help="the column holding the text in .jsonl / .parquet / .csv data")
+    skip_rows_without_text: bool = option(False, "data", check=a_bool, action="store_true",
+                                          help="train on the rows of .jsonl / .parquet / .csv data that have the text "
+                                               "column; without it a file with rows that lack it is refused, naming "
+                                               "the file")
     valid_fraction: float = option(0.05, "data", check=check_fraction, type=float,
                                    help="fraction of documents held out for validation")
     seq_len: int = option(256, "data", check=whole(1), help="tokens per sequence")
@@ -104,7 +108,7 @@ class LoopOptions:
 
 @dataclass
 class LoggingOptions:
-    log: list = option([], "logging", check=tracker_list, choices=TRACKERS, action="append", shown_default="",
+    log: list = option([], "logging", check=tracker_list, choices=TRACKERS, action="append",
                        help="experiment trackers that also get the metrics records and the config: TensorBoard "
                             "(RUN/tensorboard/) or Weights & Biases (WANDB_MODE=offline works offline); repeatable; "
                             "extras [tensorboard], [wandb]")
@@ -114,9 +118,8 @@ class LoggingOptions:
 class ExecutionOptions:
     device: str = option("auto", "execution", check=check_device,
                          help="auto (cuda when available), cpu, cuda or cuda:N")
-    compile: bool = option(False, "execution", check=a_bool, action="store_true", help="torch.compile the model",
-                           shown_default="")
-    fsdp: bool = option(False, "execution", check=a_bool, action="store_true", shown_default="",
+    compile: bool = option(False, "execution", check=a_bool, action="store_true", help="torch.compile the model")
+    fsdp: bool = option(False, "execution", check=a_bool, action="store_true",
                         help="under torchrun: shard with FSDP2 instead of replicating with DDP")
 
 

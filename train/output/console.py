@@ -69,8 +69,11 @@ def start_message(*, resumed: bool, config, model_config, num_parameters: int, d
     c = config
     what = "resuming" if resumed else "training"
     layout = f"{c.batch_size} × {c.grad_accum} accum × {world_size} rank(s)"
+    # with init_from the architecture is the source run's: preset and size do not apply, so they are not named
+    model = (f"from {c.init_from}{' (partial)' if c.init_partial else ''}" if c.init_from
+             else f"{c.preset}/{c.size}")
     return (
-        f"{what} {c.preset}/{c.size} (pattern {model_config.pattern}, {num_parameters:,} parameters, "
+        f"{what} {model} (pattern {model_config.pattern}, {num_parameters:,} parameters, "
         f"vocab {model_config.vocab_size}) on {device} [{wrap}]\n"
         f"data: {stats['source']}: {stats['train_tokens']:,} train / {stats['valid_tokens']:,} valid tokens "
         f"({stats['tokenizer']})\n"

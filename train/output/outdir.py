@@ -12,36 +12,73 @@ keeps its own, for a run directory it resumes into):
   that renamed to the target (an old target is first renamed aside, then removed), so the target holds either
   the old files or the new ones, never a mix;
 - a command that fails leaves nothing behind: the staging directory is removed, and so are the parent
-  directories it had to create.
+  directories it had to create;
+- the target's lock (``hybrid.train.output.run_lock``) is held while it is written: one writer at a time.
+
+The output-path rule, one check for every command (``check_apart``, ``hybrid.train.output.paths``): no output
+path equals, holds or lies inside any input path, with or without ``--overwrite``.
+
+A run of ours (``foreign_entries``): a directory is one when every entry in it is a name that kind of run writes,
+and its record file (``train_config.json`` for hybrid-train), when present, reads back as that run's config. A
+directory that is not empty and not a run of ours is refused without ``--overwrite`` (hybrid-train).
 """
 from __future__ import annotations
 
 import os
 import shutil
 import tempfile
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
-__all__ = ["check_output_dir", "staged_output_dir"]
+from .paths import LOCK_FILE, check_apart, check_not_a_file, data_input
+from .run_lock import RunDirLock
+
+__all__ = ["check_output_dir", "staged_output_dir", "check_apart", "data_input", "check_not_a_file",
+           "foreign_entries", "clear_dir", "prepare_suite_dir", "LOCK_FILE"]
+
+def foreign_entries(path, *, names, prefixes=(), record: str | None = None, reads_record=None) -> list[str]:
+    """The entries of the directory ``path`` that a run of ours would not have written: names not in ``names``
+    (or starting with one of ``prefixes``), and the ``record`` file when ``reads_record(its text)`` raises (it is
+    someone else's file of that name). [] for a missing or empty directory, or a run of ours."""
+    path = Path(path)
+    if not path.is_dir():
+        return []
+    entries = sorted(p.name for p in path.iterdir() if p.name != LOCK_FILE)
+    foreign = [n for n in entries if n not in names and not n.startswith(tuple(prefixes))]
+    if record is not None and record in entries and reads_record is not None:
+        try:
+            reads_record((path / record).read_text(encoding="utf-8"))
+        except Exception:  # noqa: BLE001 - any failure to read it back means it is not our record
+            foreign.append(record)
+    if entries and not foreign and record is not None and record not in entries and reads_record is not None:
+        foreign = entries  # our file names, but no record of ours says who wrote them
+    return foreign
+
+
+def clear_dir(path) -> None:
+    """Remove everything inside the directory ``path`` but the lock file (a writer holds it)."""
+    for p in Path(path).iterdir():
+        if p.name == LOCK_FILE:
+            continue
+        if p.is_dir() and not p.is_symlink():
+            shutil.rmtree(p)
+        else:
+            p.unlink()
 
 
 def check_output_dir(path, *, overwrite: bool, what: str = "out_dir", flag: str = "--overwrite",
                      inputs=()) -> Path:
     """``path`` as a Path, or a ValueError if it is a file, or a non-empty directory without ``overwrite``, or
-    the working directory, or it is (or holds) one of ``inputs`` (what the command reads)."""
+    the working directory, or it is, holds or lies inside one of ``inputs`` (what the command reads:
+    ``check_apart``)."""
     path = Path(path)
     resolved = path.resolve()
     if resolved == Path.cwd().resolve() or resolved in Path.cwd().resolve().parents or not path.name:
         raise ValueError(f"{what}: expected a directory to create or replace, got {str(path)!r}, the working "
                          f"directory or one above it")
-    for source in inputs:
-        source = Path(source).resolve()
-        if source == resolved or resolved in source.parents:
-            raise ValueError(f"{what}: expected a directory apart from the input {source}, got {path}, which "
-                             f"{'is' if source == resolved else 'holds'} it")
-    if path.exists() and not path.is_dir():
-        raise ValueError(f"{what}: expected a directory, got the file {path}")
-    if path.is_dir() and any(path.iterdir()) and not overwrite:
+    check_apart(what, path, inputs)
+    check_not_a_file(what, path)
+    if path.is_dir() and any(p.name != LOCK_FILE for p in path.iterdir()) and not overwrite:
         raise ValueError(f"{what}: expected a new or empty directory, got {path}, which is not empty; pass {flag} to "
                          f"replace it whole, or choose another directory")
     return path
@@ -54,9 +91,21 @@ def _umask() -> int:
 
 
 @contextmanager
-def staged_output_dir(path, *, overwrite: bool, what: str = "out_dir", flag: str = "--overwrite", inputs=()):
-    """Yield an empty staging directory beside ``path``; on success it replaces ``path`` (see the module)."""
+def staged_output_dir(path, *, overwrite: bool, what: str = "out_dir", flag: str = "--overwrite", inputs=(),
+                      command: str | None = None, locked: bool = False):
+    """Yield an empty staging directory beside ``path``; on success it replaces ``path`` (see the module). The
+    target's lock (``hybrid.train.output.run_lock``) is held throughout: a second writer of the same target is refused,
+    naming this process (``command``: how; default the program's name). ``locked``: the caller holds it already
+    (taken before a long computation, so a second writer is refused at once)."""
     path = check_output_dir(path, overwrite=overwrite, what=what, flag=flag, inputs=inputs)
+    with nullcontext() if locked else RunDirLock(path, command=command, what=what):
+        check_output_dir(path, overwrite=overwrite, what=what, flag=flag)  # again: a writer may have finished
+        with _staged(path) as stage:
+            yield stage
+
+
+@contextmanager
+def _staged(path: Path):
     parent = path.absolute().parent
     created = []  # parents this call creates, deepest last
     for p in reversed([parent, *parent.parents]):
@@ -91,18 +140,21 @@ def staged_output_dir(path, *, overwrite: bool, what: str = "out_dir", flag: str
 SUITE_MARK = ".hybrid-suite"  # written into a suite directory when the suite starts, so a rerun knows it
 
 
-def prepare_suite_dir(path, *, overwrite: bool, what: str = "--out", marker: str = "results.jsonl") -> Path:
+def prepare_suite_dir(path, *, overwrite: bool, what: str = "--out", marker: str = "results.jsonl",
+                      inputs=()) -> Path:
     """The directory of a resumable suite (``hybrid-bench``, ``hybrid-synthetic --suite``), created: a new or
     empty one, or one this suite started (its ``marker`` records, or the mark left when it started: the same
-    command continues it). A file, or another non-empty directory, is refused; ``overwrite`` removes the
-    directory first, so the suite starts over."""
+    command continues it). A file, a path apart from ``inputs`` (``check_apart``), or another non-empty directory,
+    is refused; ``overwrite`` empties the directory first (the lock of its writer stays), so the suite starts
+    over."""
     path = Path(path)
-    if path.exists() and not path.is_dir():
-        raise ValueError(f"{what}: expected a directory, got the file {path}")
+    check_apart(what, path, inputs)
+    check_not_a_file(what, path)
     if overwrite:
         check_output_dir(path, overwrite=True, what=what)  # never the working directory itself
-        shutil.rmtree(path, ignore_errors=True)
-    elif (path.is_dir() and any(path.iterdir()) and not (path / marker).is_file()
+        if path.is_dir():
+            clear_dir(path)
+    elif (path.is_dir() and any(p.name != LOCK_FILE for p in path.iterdir()) and not (path / marker).is_file()
           and not (path / SUITE_MARK).is_file()):
         raise ValueError(f"{what}: expected a new directory or one this suite started, got {path}, which is not "
                          f"empty and holds no suite ({marker}); pass --overwrite to replace it, or choose another "

@@ -11,13 +11,18 @@ import numpy as np
 import torch
 
 from ..data.prepare import default_cache_dir
+from ..data.shards import skipped_rows_text
 from ..data.sources import resolve_source
 
 
-def corpus_documents(data) -> Iterator[str]:
+def corpus_documents(data, *, skip_rows_without_text: bool = False, say=None) -> Iterator[str]:
     """The non-empty documents of `data` (as for hybrid-train's --data: None is the standard library), as
-    strings, in a fixed shuffled order."""
-    docs = resolve_source(data).load(str(default_cache_dir() / "datasets"))
+    strings, in a fixed shuffled order. ``say``: prints the data line (what was read, what was skipped)."""
+    source = resolve_source(data, skip_rows_without_text=skip_rows_without_text)
+    docs = source.load(str(default_cache_dir() / "datasets"))
+    if say is not None:  # the data line: what was read, what was skipped
+        rows = source.notes.get("rows_without_text")
+        say(f"data: {source.description}" + (", " + skipped_rows_text(rows, "text") if skip_rows_without_text else ""))
     order = np.random.default_rng(0).permutation(len(docs))
     for i in order:
         text = docs[int(i)]["text"]

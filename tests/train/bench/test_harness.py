@@ -50,15 +50,16 @@ def test_resume_after_a_run_interrupted_halfway(tmp_path, corpus, monkeypatch, r
 def test_a_run_measured_at_another_window_is_refused(tmp_path, corpus, records_of, smoke_flags, capsys):
     """The global Transformer's config has no window, but its window_bpb buckets do: --window on its directory
     must not reuse a record measured at the budget's window."""
-    argv = ["--suite", "baselines", "--models", "transformer", "--out", str(tmp_path), "--data", str(corpus),
+    out = tmp_path / "bench"  # beside the corpus: an --out holding the --data is refused
+    argv = ["--suite", "baselines", "--models", "transformer", "--out", str(out), "--data", str(corpus),
             *smoke_flags]
     assert bench_main(argv) == 0
-    records = records_of(tmp_path / "baselines")
+    records = records_of(out / "baselines")
     capsys.readouterr()
     assert bench_main([*argv, "--window", "4"]) == 2
     err = capsys.readouterr().err
     assert "was measured at window 8, this command asks for 4 (--window)" in err and err.count("\n") == 1
-    assert records_of(tmp_path / "baselines") == records
+    assert records_of(out / "baselines") == records
 
 
 def test_set_overrides_every_model_before_sizing():

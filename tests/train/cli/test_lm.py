@@ -120,7 +120,7 @@ def test_user_errors_are_one_line_exit_2(corpus, tmp_path, capsys, one_line_erro
         (["--data", str(bad_rows), *common, "--out", str(tmp_path / "r1")], ["data: expected json files", "bad.jsonl"]),
         (["--data", str(corpus), "--tokenizer", str(not_a_tokenizer), *common, "--out", str(tmp_path / "r2")],
          ["tokenizer: expected a tokenizer.json", "tokenizer.json"]),
-        (["--data", str(corpus), *common, "--out", str(a_file / "run")], ["a-file", "Not a directory"]),
+        (["--data", str(corpus), *common, "--out", str(a_file / "run")], ["out: expected a directory, got the file", "a-file"]),
         (["--data", str(corpus), *common, "--set", "rope_base=0.5", "--out", str(tmp_path / "r3")],
          ["rope_base: expected a number > 1, got 0.5"]),
         (["--data", str(corpus), *common, "--keep", "0", "--out", str(tmp_path / "r4")], ["--keep", "got '0'"]),

@@ -48,6 +48,11 @@ CHANGED = {
     ("hybrid-distill", "--set", "type"): "issue 46: HybridConfig gains the gla section, which --set's error names",
     ("hybrid-train", "--set", "type"): "issue 46: HybridConfig gains the gla section, which --set's error names",
     ("hybrid-synthetic", "--set", "type"): "issue 46: HybridConfig gains the gla section, which --set's error names",
+    ("hybrid-eval", "--device", "default"): "issue 47: auto, as every other command (CUDA when there is one)",
+    ("hybrid-eval", "--device", "type"): "issue 47: the shared --device flag, checked as it is parsed",
+    ("hybrid-eval", "--num-fewshot", "type"): "issue 47: 0 or more (-1 was accepted and handed to lm-eval)",
+    ("hybrid-eval", "--max-length", "type"): "issue 47: at least 2, a token of context and one to score (1 was "
+                                             "lm-eval's AssertionError)",
 }
 # options a command gained: (command, option) -> why
 ADDED = {
@@ -59,6 +64,13 @@ ADDED = {
     ("hybrid-generate", "--max-batch"): "issue 45: how many of those prompts are decoded at once",
     ("hybrid-train", "--cp"): "issue 44: context parallelism, each sequence split across N ranks of a data × context "
                               "mesh",
+    **{(command, "--skip-rows-without-text"): "issue 47: the data section's, shared by every command that reads "
+                                              "--data: a table file with rows that lack the text column is refused "
+                                              "unless this flag trains on the rows that have it"
+       for command in ("hybrid-train", "hybrid-distill", "hybrid-bench", "hybrid-rope-analyze")},
+    **{(command, "--threads"): "issue 47: every command that runs torch work takes --threads (only hybrid-bench did)"
+       for command in ("hybrid-train", "hybrid-generate", "hybrid-distill", "hybrid-synthetic", "hybrid-export",
+                       "hybrid-import", "hybrid-eval", "hybrid-rope-analyze")},
 }
 GENERATED = ("help", "group")  # the declarations' now
 
@@ -103,8 +115,9 @@ def test_the_changes_are_the_ones_listed():
     for command, option, field in CHANGED:
         before = BEFORE["commands"][command]["options"][option]
         now = NOW["commands"][command]["options"][option]
-        if field == "type":
-            assert BEFORE["types"][before["type"]] != NOW["types"][now["type"]]
+        if field == "type":  # a flag read as text before has no type
+            then = BEFORE["types"][before["type"]] if "type" in before else None
+            assert then != (NOW["types"][now["type"]] if "type" in now else None), (command, option)
         else:
             assert before[field] != now[field], (command, option, field)
     for command, option in ADDED:
@@ -116,8 +129,10 @@ def test_the_commands_are_the_ones_there_were():
 
 
 @pytest.mark.parametrize("name, added", [
-    ("TrainConfig", {"cp"}),  # issue 44: context parallelism (default 1: as before)
-    ("DistillConfig", {"grad_accum", "on_nonfinite", "compile", "fsdp"}),  # the sections it now takes whole
+    # issue 44: context parallelism (default 1: as before); issue 47: the data section's new option
+    ("TrainConfig", {"cp", "skip_rows_without_text"}),
+    ("DistillConfig", {"grad_accum", "on_nonfinite", "compile", "fsdp",  # the sections it now takes whole
+                       "skip_rows_without_text"}),
     ("TaskRunConfig", {"min_lr_ratio", "betas"}),  # the optimizer section's, at the values it always used
 ])
 def test_the_run_configs_keep_their_fields_and_defaults(name, added):

@@ -91,6 +91,12 @@ def write_run_without_tokenizer(path):
      "--keep-attention: expected K in 0…3 (the teacher's n_layers), got 4"),
     ("K negative", ["--teacher", "{teacher}", "--keep-attention", "auto:-1"], "expected K in 0…3"),
     ("not auto", ["--teacher", "{teacher}", "--keep-attention", "2"], "--keep-attention: expected auto:K"),
+    ("keeps every attention layer", ["--teacher", "{teacher}", "--keep-attention", "auto:3"],
+     "--keep-attention: expected K below the teacher's 3 attention layers (at least one is replaced), got 3"),
+    ("replaces no layer", ["--teacher", "{teacher}", "--pattern", "AAA"],
+     "--pattern: expected an R at one of the teacher's attention layers [0, 1, 2]"),
+    ("replaces no layer of a hybrid", ["--teacher", "{tmp}/hybrid", "--pattern", "RA"],
+     "no layer would be replaced"),
     ("no tokenizer", ["--teacher", "{tmp}/bare", "--pattern", "RA"], "expected a checkpoint with a tokenizer record"),
     ("vocabulary", ["--teacher", "{teacher}", "--pattern", "RRA", "--set", "vocab_size=512"],
      "--set: expected one of the R layers' fields"),
@@ -107,6 +113,10 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, corpus, capsys, case, args, 
                     scheduler_state=None, rng_state=capture_rng_state(), data_state=None, step=0,
                     extra={"tokenizer": ByteTokenizer().to_dict()})
     write_run_without_tokenizer(tmp_path / "bare")
+    hybrid = HybridConfig.preset("hybrid", d_model=16, n_layers=2, n_heads=2, vocab_size=320, pattern="RA")
+    save_checkpoint(tmp_path / "hybrid", model_state=HybridLM(hybrid).state_dict(), config=hybrid.to_dict(),
+                    optimizer_state=None, scheduler_state=None, rng_state=capture_rng_state(), data_state=None, step=0,
+                    extra={"tokenizer": ByteTokenizer().to_dict()})
     (tmp_path / "used").mkdir()
     (tmp_path / "used" / "notes.txt").write_text("mine")
     argv = [a.format(tmp=tmp_path, teacher=teacher) for a in args]

@@ -106,7 +106,8 @@ def test_import_writes_a_run_that_load_run_opens_with_transformers_logits(tmp_pa
 
 
 def test_import_errors_are_one_line(tmp_path, capsys):
-    assert import_main([str(tmp_path), str(tmp_path / "run")]) == 2
+    (tmp_path / "empty").mkdir()
+    assert import_main([str(tmp_path / "empty"), str(tmp_path / "run")]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("hybrid-import: error: hf_dir: expected a transformers directory") and "\n" not in err
 
@@ -222,7 +223,8 @@ def test_eval_checks_the_include_path_and_the_output_before_it_evaluates(tmp_pat
                    "/nonexistent", "no such directory")
     assert eval_main([str(tmp_path), "--tasks", "hybrid_tiny_mc", "--output", "/proc/x/r.json"]) == 2
     one_line_error(capsys, "hybrid-eval", "--output", "/proc/x does not exist")
-    assert eval_main([str(tmp_path), "--tasks", "t", "--output", str(tmp_path)]) == 2
+    (tmp_path / "a-folder").mkdir()
+    assert eval_main([str(tmp_path / "run"), "--tasks", "t", "--output", str(tmp_path / "a-folder")]) == 2
     one_line_error(capsys, "hybrid-eval", "--output: expected a file to write, got the directory")
 
 

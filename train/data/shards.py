@@ -1,0 +1,179 @@
+"""Which files of a local corpus are read, and the rows of its table files that lack the text column.
+
+Sharded corpora often hold empty shards, and a folder may hold things that are not files at all; both are
+skipped and said (``Shards.skipped_text``, shown in the data line):
+
+- only regular files are read (a symlink to one counts): a FIFO, a socket or a device inside a ``--data`` folder
+  would block or stream forever when opened, so it is listed and never opened;
+- an empty file is skipped: zero bytes, or (a JSON-lines table) nothing but white space. It holds no document,
+  and ``datasets`` cannot load an empty table shard. A corpus that is all empty keeps the one-line
+  "no non-empty documents" error.
+
+Table files (``.jsonl`` / ``.ndjson`` / ``.json``, ``.parquet``, ``.csv``) are checked for rows without the text
+column (``missing_column_rows``), e.g. a ``.jsonl`` whose rows alternate ``{"text": …}`` and ``{"txt": …}``:
+``datasets`` fills the missing column with null, so those rows would be dropped without a word. A file with any
+is refused, naming the file, the first such row and the count, unless the user allows it
+(``skip_rows_without_text``, ``--skip-rows-without-text``); the data line then says so.
+"""
+from __future__ import annotations
+
+import json
+import os
+import stat
+from dataclasses import dataclass, field
+from pathlib import Path
+
+__all__ = ["Shards", "split_shards", "missing_column_rows", "check_missing_column", "skipped_rows_text",
+           "load_each_table", "SKIP_FLAG"]
+
+SKIP_FLAG = "--skip-rows-without-text"
+_JSON_LINES = {".jsonl", ".ndjson"}
+
+
+@dataclass
+class Shards:
+    files: list[Path]  # the files to read
+    empty: list[Path] = field(default_factory=list)
+    not_regular: list[tuple[Path, str]] = field(default_factory=list)  # (path, what it is: "FIFO", …)
+
+    def skipped_text(self) -> str:
+        """"skipped 2 empty files, 1 FIFO (fifo.jsonl)", or "" when nothing was skipped."""
+        parts = []
+        if self.empty:
+            names = ", ".join(p.name for p in self.empty[:3]) + (", …" if len(self.empty) > 3 else "")
+            parts.append(f"{len(self.empty)} empty file{'s' if len(self.empty) != 1 else ''} ({names})")
+        if self.not_regular:
+            kinds = ", ".join(f"{p.name}: {what}" for p, what in self.not_regular[:3])
+            more = ", …" if len(self.not_regular) > 3 else ""
+            n = len(self.not_regular)
+            parts.append(f"{n} entr{'ies' if n != 1 else 'y'} that {'are' if n != 1 else 'is'} not a regular file "
+                         f"({kinds}{more})")
+        return ("skipped " + "; ".join(parts)) if parts else ""
+
+
+def skipped_rows_text(count: int | None, column: str) -> str:
+    """What the data line says with SKIP_FLAG: "3 table rows without 'text' skipped (--skip-rows-without-text)"."""
+    n = "the" if count is None else str(count)
+    return f"{n} table row{'' if count == 1 else 's'} without {column!r} skipped ({SKIP_FLAG})"
+
+
+def _kind(mode: int) -> str:
+    for test, name in ((stat.S_ISFIFO, "FIFO"), (stat.S_ISSOCK, "socket"), (stat.S_ISCHR, "character device"),
+                       (stat.S_ISBLK, "block device"), (stat.S_ISDIR, "directory")):
+        if test(mode):
+            return name
+    return "not a regular file"
+
+
+def _blank(path: Path, size: int) -> bool:
+    """Zero bytes, or a JSON-lines file of white space only (read until its first other byte)."""
+    if size == 0:
+        return True
+    if path.suffix.lower() not in _JSON_LINES:
+        return False
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 16):
+            if chunk.strip():
+                return False
+    return True
+
+
+def split_shards(paths: list[Path]) -> Shards:
+    """``paths`` sorted into the regular, non-empty files to read, the empty ones and the rest (never opened)."""
+    shards = Shards(files=[])
+    for p in paths:
+        try:
+            st = os.stat(p)  # follows a symlink: a link to a regular file is read
+        except OSError as e:
+            shards.not_regular.append((p, f"unreadable ({e.strerror})"))
+            continue
+        if not stat.S_ISREG(st.st_mode):
+            shards.not_regular.append((p, _kind(st.st_mode)))
+        elif _blank(p, st.st_size):
+            shards.empty.append(p)
+        else:
+            shards.files.append(p)
+    return shards
+
+
+def missing_column_rows(path: Path, builder: str, column: str) -> tuple[int, str | None, int]:
+    """(rows of the table file ``path`` without ``column``, where the first one is ("line 4" / "row 2" / None),
+    rows in all). A row that is not a JSON object counts as one without it; a line that does not parse is left to
+    the loader, which names it."""
+    if builder == "json":
+        with open(path, encoding="utf-8", errors="replace") as f:
+            head = f.read(4096).lstrip()[:1]
+        if head == "[":  # one JSON array
+            try:
+                rows = json.loads(path.read_text(encoding="utf-8", errors="replace"))
+            except ValueError:
+                return 0, None, 0
+            rows = rows if isinstance(rows, list) else []
+            missing = [i for i, row in enumerate(rows) if not (isinstance(row, dict) and column in row)]
+            return len(missing), (f"row {missing[0] + 1}" if missing else None), len(rows)
+        count, first, total = 0, None, 0
+        with open(path, encoding="utf-8", errors="replace") as f:
+            for n, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                try:
+                    row = json.loads(line)
+                except ValueError:
+                    continue
+                total += 1
+                if not (isinstance(row, dict) and column in row):
+                    count += 1
+                    first = first or f"line {n}"
+        return count, first, total
+    if builder == "parquet":
+        import pyarrow.parquet as pq
+
+        try:
+            meta = pq.read_metadata(path)
+        except Exception as e:  # noqa: BLE001 - arrow's errors name no file: say which one
+            raise ValueError(f"data: expected a parquet file, got {path} ({' '.join(str(e).split())})") from None
+        rows = meta.num_rows
+        if column in meta.schema.to_arrow_schema().names:
+            return 0, None, rows
+        return rows, ("row 1" if rows else None), rows
+    if builder == "csv":
+        import csv
+
+        with open(path, encoding="utf-8", errors="replace", newline="") as f:
+            reader = csv.reader(f)
+            has = column in next(reader, [])
+            rows = sum(1 for _ in reader)
+        return (0, None, rows) if has else (rows, "line 2" if rows else None, rows)
+    return 0, None, 0
+
+
+def check_missing_column(paths: list[str], builder: str, column: str, *, skip: bool) -> int:
+    """The rows of ``paths`` without ``column``, in all; a ValueError naming the first file that has any, its first
+    such row and the count, unless ``skip``. When no row of any file has the column, 0 is returned: the loader's
+    own message lists the columns there are."""
+    found = [(path, *missing_column_rows(Path(path), builder, column)) for path in paths]
+    missing, total = sum(f[1] for f in found), sum(f[3] for f in found)
+    if missing == total:
+        return 0
+    for path, count, first, _ in found:
+        if count and not skip:
+            rows = f"{count} row{'s' if count != 1 else ''}"
+            raise ValueError(f"data: expected a {column!r} field in every row, got {rows} without it in {path} (the "
+                             f"first at {first}); name the column with --text-column, or pass {SKIP_FLAG} to train on "
+                             f"the rows that have it")
+    return missing
+
+
+def load_each_table(builder: str, paths: list[str], column: str, cache_dir: str):
+    """The table files one by one, each cut to ``column`` (null where a row lacks it), concatenated: files whose
+    columns differ cannot be loaded as one table (``datasets`` casts every file to the first one's columns)."""
+    import datasets
+
+    parts = []
+    for path in paths:
+        ds = datasets.load_dataset(builder, data_files=[path], split="train", cache_dir=cache_dir)
+        if column in ds.column_names:
+            parts.append(ds.select_columns([column]))
+    if not parts:
+        return datasets.Dataset.from_dict({column: []}, features=datasets.Features({column: datasets.Value("string")}))
+    return datasets.concatenate_datasets(parts)
