@@ -172,7 +172,8 @@ def generate_parser() -> argparse.ArgumentParser:
     p.add_argument("--prompt", default="", help="text to continue (default: empty: a fresh document)")
     p.add_argument("--prompts", metavar="FILE", default=None,
                    help="a file of prompts (.jsonl: JSON strings or objects with per-prompt options; otherwise one "
-                        "per line), decoded together with continuous batching; one JSON line per prompt on stdout")
+                        "per line), decoded together with continuous batching; one JSON line per prompt on stdout "
+                        "(default: none, --prompt)")
     p.add_argument("--max-batch", type=positive_int, default=8,
                    help="with --prompts: prompts decoded at once (default: 8)")
     p.add_argument("--max-new-tokens", type=count, default=200, help="tokens to generate (default: 200)")

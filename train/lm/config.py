@@ -38,7 +38,7 @@ class TrainConfig(RunConfig, ContextParallelOptions, ExecutionOptions, LoggingOp
     # the list): every field is FIXED, CHANGEABLE, or `out` (which must name the resumed run's own directory)
     CHANGEABLE: ClassVar[tuple[str, ...]] = ("steps", *OPTIMISER, "batch_size", "grad_accum", "eval_every",
                                              "eval_batches", "log_every", "save_every", "keep", "on_nonfinite", "log",
-                                             "device", "compile", "fsdp")
+                                             "device", "compile", "fsdp", "cp")
 
     tokenizer: str | None = option(None, "data", check=check_optional_str, metavar="PATH",
                                    help="a tokenizer.json (or a directory holding one)",

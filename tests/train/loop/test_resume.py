@@ -48,7 +48,7 @@ REFUSED_FLAGS = {
 # a new value for every field a resume may change
 CHANGED = {"steps": 10, "lr": 1e-3, "warmup": 1, "weight_decay": 0.0, "grad_clip": 0.5, "batch_size": 8,
            "grad_accum": 2, "eval_every": 1, "eval_batches": 1, "log_every": 1, "save_every": 1, "keep": 3,
-           "on_nonfinite": "skip", "log": ["tensorboard"], "device": "cpu", "compile": True, "fsdp": True}
+           "on_nonfinite": "skip", "log": ["tensorboard"], "device": "cpu", "compile": True, "fsdp": True, "cp": 2}
 
 
 def test_every_field_is_either_fixed_or_changeable_on_resume():
