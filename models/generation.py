@@ -152,9 +152,7 @@ def generate(
 
 
 def _check_draft(model, draft, mode: str, lookahead) -> None:
-    from .lm import HybridLM
-
-    if not isinstance(draft, HybridLM):
+    if not isinstance(draft, type(model)):  # a HybridLM, as the model is (no import back up to models/lm.py)
         raise ValueError(f"draft: expected a HybridLM, got {type(draft).__name__}")
     if draft.config.vocab_size != model.config.vocab_size:
         raise ValueError(f"draft: expected a model over the same vocabulary (vocab_size={model.config.vocab_size}), "

@@ -54,10 +54,8 @@ class SpeculativeStats:
 def draft_from_layers(model, n_layers: int):
     """The draft "the same model with fewer layers": a ``HybridLM`` made of ``model``'s embedding, its first
     ``n_layers`` blocks, its final norm and its head (shared, not copied; self-speculative decoding)."""
-    from ..lm import HybridLM
-
     check_int("n_layers", n_layers, low=1, high=model.config.n_layers)
-    draft = HybridLM(model.config.replace(n_layers=n_layers, meta={**model.config.meta, "draft_of_layers": n_layers}))
+    draft = type(model)(model.config.replace(n_layers=n_layers, meta={**model.config.meta, "draft_of_layers": n_layers}))
     draft.embed, draft.abs_pos, draft.norm, draft.lm_head = model.embed, model.abs_pos, model.norm, model.lm_head
     draft.blocks = torch.nn.ModuleList(model.blocks[:n_layers])
     return draft.train(model.training)
