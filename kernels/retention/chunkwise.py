@@ -32,6 +32,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from ..matrix_state import empty_input_result
 from .checks import check_cu_seqlens, check_qkv, check_state, check_tile_size, decay_argument, state_dtype
 
 DEFAULT_TILE_SIZE = 64
@@ -127,17 +128,10 @@ def _chunkwise(q: Tensor, k: Tensor, v: Tensor, log_decay: Tensor, init: Tensor 
 def _forward(q, k, v, log_decay, initial_state, cu_seqlens, tile_size: int, output_final_state: bool):
     """Public shapes in and out: initial / final ``(N, H, Dk, Dv)`` with cu_seqlens, ``(B, H, Dk, Dv)`` without."""
     B, T, H, Dk = q.shape
-    Dv = v.shape[-1]
     sdt = state_dtype(q.dtype)
     packed = cu_seqlens is not None
-    if T == 0:  # nothing to mix: the state passes through (a copy: outputs never alias inputs)
-        o = q.new_zeros(B, 0, H, Dv)
-        if not output_final_state:
-            return o, None
-        n = cu_seqlens.shape[0] - 1 if packed else B
-        if initial_state is None:
-            return o, q.new_zeros(n, H, Dk, Dv, dtype=sdt)
-        return o, initial_state.to(sdt, copy=True)
+    if T == 0:  # nothing to mix: the state passes through
+        return empty_input_result(q, v, initial_state, cu_seqlens, output_final_state)
     cu = cu_seqlens.to(torch.long) if packed else torch.tensor([0, T], device=q.device)
     init = None
     if initial_state is not None:

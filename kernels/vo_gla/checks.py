@@ -9,15 +9,10 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ..checks import check_positive_int
+from ..matrix_state import FLOAT_DTYPES, check_state, check_tile_size, state_dtype  # noqa: F401 (this op's names)
 from ..varlen import check_cu_seqlens as _check_cu_seqlens
 
-FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
 
-
-def state_dtype(dtype: torch.dtype) -> torch.dtype:
-    """States, decays and angles are float32, or float64 when the activations are float64."""
-    return torch.float64 if dtype == torch.float64 else torch.float32
 
 
 def _tensor(name: str, x, like: Tensor | None, layout: str) -> None:
@@ -84,20 +79,3 @@ def check_cu_seqlens(cu_seqlens, q: Tensor) -> int:
     return cu_seqlens.numel() - 1
 
 
-def check_state(state, name: str, shape: tuple[int, ...], q: Tensor, layout: str = "(B, H, Dk, Dv)") -> None:
-    """None, or a floating tensor of ``shape`` on q's device."""
-    if state is None:
-        return
-    if not isinstance(state, Tensor):
-        raise ValueError(f"{name}: expected None or a torch.Tensor of shape {layout} = {shape}, got "
-                         f"{type(state).__name__}")
-    if tuple(state.shape) != shape:
-        raise ValueError(f"{name}: expected shape {layout} = {shape}, got {tuple(state.shape)}")
-    if state.dtype not in FLOAT_DTYPES:
-        raise ValueError(f"{name}: expected a floating dtype, got {state.dtype}")
-    if state.device != q.device:
-        raise ValueError(f"{name}: expected a tensor on {q.device} (the device of q), got {state.device}")
-
-
-def check_tile_size(tile_size) -> None:
-    check_positive_int("tile_size", tile_size)

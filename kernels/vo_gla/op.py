@@ -12,6 +12,7 @@ from typing import Optional
 import torch
 from torch import Tensor
 
+from ..matrix_state import empty_input_result
 from ..recompute import recompute_vjp
 from .checks import state_dtype
 from .chunkwise import vo_gla_chunkwise
@@ -26,14 +27,8 @@ def forward(q: Tensor, k: Tensor, v: Tensor, log_decay: Tensor, theta: Tensor, i
     Dv = v.shape[-1]
     sdt = state_dtype(q.dtype)
     packed = cu_seqlens is not None
-    if T == 0:  # nothing to mix: the state passes through (a copy: outputs never alias inputs)
-        o = q.new_zeros(B, 0, H, Dv)
-        if not output_final_state:
-            return o, None
-        n = cu_seqlens.shape[0] - 1 if packed else B
-        if initial_state is None:
-            return o, q.new_zeros(n, H, Dk, Dv, dtype=sdt)
-        return o, initial_state.to(sdt, copy=True)
+    if T == 0:  # nothing to mix: the state passes through
+        return empty_input_result(q, v, initial_state, cu_seqlens, output_final_state)
     if backend == "fla":
         return vo_gla_fla(q, k, v, log_decay, theta, initial_state, cu_seqlens, output_final_state)
     cu = cu_seqlens.long() if packed else torch.tensor([0, T], device=q.device)
