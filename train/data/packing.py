@@ -17,7 +17,9 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["PACKINGS", "pack_documents"]
+from hybrid.kernels.varlen import PackedOffsets
+
+__all__ = ["PACKINGS", "pack_documents", "packed_on_device"]
 
 PACKINGS = ("documents", "stream")
 
@@ -31,3 +33,15 @@ def pack_documents(x: torch.Tensor, y: torch.Tensor, separator: int):
     flat = starts.reshape(-1).nonzero().flatten()  # (N,) offsets in the flattened batch
     cu = torch.cat([flat, flat.new_tensor([B * L])]).to(torch.int64)
     return x.reshape(1, B * L), y.reshape(1, B * L), cu
+
+
+def packed_on_device(cu_seqlens: torch.Tensor, device: torch.device, compiled: bool):
+    """The loader's offsets (on the CPU) for the model on ``device``: eager, a ``PackedOffsets`` built from the
+    host values, so that the model reads nothing back from the device (one host sync a step less, found on an H100
+    by the GPU check); compiled, the tensor, since a ``PackedOffsets``'s host tuple would be a guard that changes
+    with every batch (a recompile a step)."""
+    if compiled or cu_seqlens.device.type != "cpu":
+        return cu_seqlens.to(device, non_blocking=True)
+    bounds = tuple(cu_seqlens.tolist())  # read on the host, where the loader made them
+    on_device = cu_seqlens.to(device, non_blocking=True)  # no stream sync (torch.tensor(list, device=…) has one)
+    return PackedOffsets(on_device, bounds, max(b - a for a, b in zip(bounds, bounds[1:])))

@@ -9,7 +9,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from ..data import PreparedData
-from ..data.packing import pack_documents
+from ..data.packing import pack_documents, packed_on_device
 from ..parallel.distributed import DistEnv
 
 __all__ = ["evaluate"]
@@ -52,7 +52,7 @@ def evaluate(model: torch.nn.Module, data: PreparedData, *, seq_len: int, batch_
             cu_seqlens = None
             if packing == "documents":
                 x, y, cu_seqlens = pack_documents(x, y, data.tokenizer.eos_id)
-                cu_seqlens = cu_seqlens.to(device, non_blocking=True)
+                cu_seqlens = packed_on_device(cu_seqlens, device, compiled=False)
             x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
             with autocast():
                 logits, _ = model(x, cu_seqlens=cu_seqlens, output_final_state=False)

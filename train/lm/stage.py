@@ -22,6 +22,7 @@ from hybrid.kernels.context_parallel import SequenceShard, global_token_mean
 from hybrid.precision import at_least_float32
 
 from ..data import PreparedData
+from ..data.packing import packed_on_device
 from ..loop.stage import Stage
 from ..parallel.distributed import DistEnv
 from ..parallel.sharding import GlobalBatches
@@ -35,12 +36,12 @@ class LMStage(Stage):
 
     def __init__(self, *, model: nn.Module, train_model: nn.Module, optimizer, scheduler, batches: GlobalBatches,
                  data: PreparedData, steps: int, seq_len: int, batch_size: int, eval_batches: int | None,
-                 packing: str, device: torch.device, env: DistEnv, autocast):
+                 packing: str, device: torch.device, env: DistEnv, autocast, compiled: bool = False):
         self.model, self.train_model, self.optimizer, self.scheduler = model, train_model, optimizer, scheduler
         self.trainable = [p for p in model.parameters() if p.requires_grad]
         self.data_batches, self.data, self.steps = batches, data, steps
         self.seq_len, self.batch_size, self.eval_batches, self.packing = seq_len, batch_size, eval_batches, packing
-        self.device, self.env, self.autocast = device, env, autocast
+        self.device, self.env, self.autocast, self.compiled = device, env, autocast, compiled
         self.tokens_per_step = batches.global_batch * seq_len
 
     def micro_batches(self, step: int) -> list:
@@ -51,7 +52,7 @@ class LMStage(Stage):
         x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
         if isinstance(where, SequenceShard):
             return self._shard_loss(x, y, where), {}
-        cu_seqlens = None if where is None else where.to(self.device, non_blocking=True)
+        cu_seqlens = None if where is None else packed_on_device(where, self.device, self.compiled)
         with self.autocast():
             logits, _ = self.train_model(x, cu_seqlens=cu_seqlens, output_final_state=False)
         return F.cross_entropy(at_least_float32(logits).reshape(-1, logits.shape[-1]), y.reshape(-1)), {}

@@ -247,7 +247,7 @@ class Trainer(Run):
                                                                           total=c.steps, min_lr_ratio=c.min_lr_ratio),
                              batches=batches, data=self.data, steps=c.steps, seq_len=c.seq_len,
                              batch_size=c.batch_size, eval_batches=c.eval_batches, packing=c.packing,
-                             device=self.device, env=self.env, autocast=self.autocast)
+                             device=self.device, env=self.env, autocast=self.autocast, compiled=c.compile)
         divergence = DivergenceGuard(c.on_nonfinite, device=self.device, env=self.env, out=self.out, lr=c.lr,
                                      float16=self.scaler is not None)
         self.loop = TrainingLoop(self.out, Cadence(c.log_every, c.eval_every, c.save_every, c.keep),

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 import hybrid.train.loop.checkpoint as ck
+from hybrid.kernels.varlen import PackedOffsets
 from hybrid.models import HybridConfig, HybridLM
 from hybrid.train.loop.checkpoint import CheckpointError, load_checkpoint
 from hybrid.train.lm.config import TrainConfig
@@ -221,12 +222,15 @@ def test_resume_keeps_the_global_batch_on_a_new_rank_count():
 
 def test_documents_packing_feeds_document_offsets_to_training_and_validation(corpus, tmp_path, monkeypatch):
     """packing="documents": every forward of training and validation gets the windows as one packed row with
-    an offset at each window start and each eos, and builds no decoding state; "stream" passes no offsets."""
+    an offset at each window start and each eos, with their host values (``PackedOffsets``: the model reads
+    nothing back from the device), and builds no decoding state; "stream" passes no offsets."""
     seen = []
     original = HybridLM.forward
 
     def spy(self, ids, *args, cu_seqlens=None, output_final_state=True, **kw):
-        seen.append((tuple(ids.shape), None if cu_seqlens is None else cu_seqlens.tolist(), output_final_state,
+        if cu_seqlens is not None:
+            assert isinstance(cu_seqlens, PackedOffsets) and list(cu_seqlens.bounds) == cu_seqlens.cu_seqlens.tolist()
+        seen.append((tuple(ids.shape), None if cu_seqlens is None else list(cu_seqlens.bounds), output_final_state,
                      ids[0].tolist()))
         return original(self, ids, *args, cu_seqlens=cu_seqlens, output_final_state=output_final_state, **kw)
 
