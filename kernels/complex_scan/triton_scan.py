@@ -20,6 +20,7 @@ Triton scan. ``forced_blocks`` forces its tiles (tests of tile edges, tuning). K
 from __future__ import annotations
 
 import contextlib
+import inspect
 import os
 
 import torch
@@ -444,9 +445,14 @@ def _prune(configs, named_args, **kwargs):
 
 
 def _tuned(kernel, configs, key):
+    """Autotuned over ``configs`` per ``key``. The timings are kept in Triton's cache folder where this Triton can
+    (``cache_results``, Triton ≥ 3.2): a later process then compiles the chosen tile only, instead of every tile.
+    On the H100 a process's first hybrid step took 72 s at T = 8K, against 2 s for the Transformer; compiling and
+    timing up to 21 tiles is one suspect, FlexAttention's compile the other (docs/gpu.md)."""
+    extra = {"cache_results": True} if "cache_results" in inspect.signature(triton.autotune).parameters else {}
     return triton.autotune(
         configs=[triton.Config({"BT": bt, "BP": bp}, num_warps=w) for bt, bp, w in configs],
-        key=key, prune_configs_by={"early_config_prune": _prune})(kernel)
+        key=key, prune_configs_by={"early_config_prune": _prune}, **extra)(kernel)
 
 
 _FLAG_KEY = ["T_BUCKET", "P", "LD_STATIC", "TH_STATIC"]

@@ -5,7 +5,8 @@ import torch
 
 from hybrid.models import HybridConfig, HybridLM
 from hybrid.train.bench.gpu_check.context import CheckContext, rel_error
-from hybrid.train.bench.gpu_check.part_correctness import COMPILE_TOL, _batches, _loss_and_grads, count_syncs
+from hybrid.train.bench.gpu_check.part_correctness import (COMPILE_TOL, _batches, _loss_and_grads, count_syncs,
+                                                           training_step_phases)
 
 
 def context(tmp_path):
@@ -36,18 +37,11 @@ def test_training_step_makes_no_host_sync(cuda, tmp_path, selective, kind):
     m = model(selective)
     opt = torch.optim.AdamW(m.parameters(), lr=1e-3, fused=True)
     ids, cu = _batches(context(tmp_path), m, 256)[kind]
-
-    def step():
-        with torch.autocast("cuda", dtype=torch.bfloat16):
-            logits, _ = m(ids, cu_seqlens=cu, output_final_state=False) if cu is not None else \
-                m(ids, output_final_state=False)
-        torch.nn.functional.cross_entropy(logits[:, :-1].flatten(0, 1).float(), ids[:, 1:].flatten()).backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-
-    step()
+    phases = training_step_phases(m, opt, ids, None if cu is None else cu.cpu(), ids.device)
+    for run in phases.values():
+        run()
     torch.cuda.synchronize()
-    syncs = count_syncs(step)
+    syncs = count_syncs(phases)
     assert not syncs, f"{len(syncs)} host syncs: {syncs[:8]}"
 
 

@@ -44,6 +44,9 @@ def parser() -> argparse.ArgumentParser:
                    help="every part on the CPU at tiny sizes, Triton under TRITON_INTERPRET=1 (what CI runs)")
     p.add_argument("--work", default=None, help="scratch folder (default: a temporary one, removed at the end)")
     p.add_argument("--commit", default=None, help="commit to print in the report (default: git's HEAD, if any)")
+    p.add_argument("--skip-measured", default=None, metavar="RESULTS_JSON[,...]",
+                   help="earlier runs' results.json files: the models and decoding rows they measured are not run "
+                        "again (a later GPU session measures the rest)")
     p.add_argument("--child", help=argparse.SUPPRESS)
     p.add_argument("--seconds", type=float, help=argparse.SUPPRESS)
     return p
@@ -134,6 +137,8 @@ def _run_part(name: str, limit: float, args, work: Path) -> tuple[dict, list[dic
         env["TRITON_INTERPRET"] = "1"
     cmd = [sys.executable, "-m", "hybrid.train.bench.gpu_check", "--out", str(work), "--child", name,
            "--seconds", str(limit), "--work", str(work)] + (["--dry-run"] if args.dry_run else [])
+    if args.skip_measured:
+        cmd += ["--skip-measured", str(args.skip_measured)]
     print(f"\n=== part {name}: limit {limit:.0f} s ===", flush=True)
     start = time.monotonic()
     try:
@@ -149,13 +154,14 @@ def _run_part(name: str, limit: float, args, work: Path) -> tuple[dict, list[dic
 def _child(args) -> int:
     import torch
 
-    from .context import CheckContext
+    from .context import CheckContext, measured_rows
 
     work = Path(args.work)
     device = torch.device("cuda" if torch.cuda.is_available() and not args.dry_run else "cpu")
     ctx = CheckContext(part=args.child, device=device, dry_run=args.dry_run,
                        deadline=time.monotonic() + args.seconds, log=work / f"{args.child}.jsonl",
-                       work=work, repo=_repo())
+                       work=work, repo=_repo(),
+                       measured=measured_rows(args.skip_measured) if args.skip_measured else None)
     module = importlib.import_module(f"{__package__}.part_{args.child}")
     try:
         module.run(ctx)
@@ -178,6 +184,13 @@ def main(argv: list[str] | None = None) -> int:
         return _fail(str(exc))
     if args.budget is not None and args.budget <= 0:
         return _fail(f"--budget: expected seconds > 0, got {args.budget}")
+    if args.skip_measured:
+        from .context import measured_rows
+
+        try:
+            print(f"--skip-measured: {len(measured_rows(args.skip_measured))} rows measured earlier are skipped")
+        except ValueError as exc:
+            return _fail(str(exc))
     import torch
 
     if not args.dry_run and not torch.cuda.is_available():

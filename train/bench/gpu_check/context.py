@@ -11,7 +11,32 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["CheckContext", "rel_error", "median_time"]
+__all__ = ["CheckContext", "rel_error", "median_time", "measured_rows", "ROW_KEYS"]
+
+# The fields that name a row of the parts that can skip what an earlier run measured (``--skip-measured``).
+ROW_KEYS = {"models": ("model", "execution", "batch", "T", "B", "size"),
+            "decoding": ("model", "size", "context", "batch")}
+
+
+def _row_key(section: str, row: dict) -> str:
+    return json.dumps([section, *(row.get(k) for k in ROW_KEYS[section])])
+
+
+def measured_rows(paths: str | Path) -> dict[str, str]:
+    """The rows that earlier runs' ``results.json`` files (comma-separated paths) measured (no error, not skipped)
+    in the sections of ``ROW_KEYS``, by key, each with its run's commit. One-line ``ValueError`` for a file that is
+    no such report."""
+    found = {}
+    for path in [p for p in str(paths).split(",") if p.strip()]:
+        try:
+            data = json.loads(Path(path.strip()).read_text())
+            rows, commit = data["rows"], data.get("header", {}).get("commit", "?")
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise ValueError(f"--skip-measured: expected a results.json written by this check, got {path!r} "
+                             f"({type(exc).__name__}: {exc})") from None
+        found.update({_row_key(r["section"], r): commit for r in rows
+                      if r.get("section") in ROW_KEYS and "skipped" not in r and "error" not in r})
+    return found
 
 
 @dataclass
@@ -23,6 +48,7 @@ class CheckContext:
     log: Path  # one JSON object per line: {"section": ..., **row}
     work: Path  # scratch space (not returned)
     repo: Path | None  # the repository root when the check runs from a checkout (tests/ beside it)
+    measured: dict[str, str] | None = None  # rows an earlier run measured (``measured_rows``): skipped here
 
     def record(self, section: str, **row) -> dict:
         row = {"section": section, **row}
@@ -42,6 +68,14 @@ class CheckContext:
         self.record(section, skipped=what, reason=f"time: {self.left():.0f} s left of the part's limit, "
                                                   f"{seconds:.0f} s wanted")
         return False
+
+    def measured_before(self, section: str, row: dict) -> bool:
+        """True if an earlier run measured ``row`` (``--skip-measured``); then it is recorded as skipped."""
+        commit = (self.measured or {}).get(_row_key(section, row))
+        if commit is None:
+            return False
+        self.record(section, skipped=f"{row}", reason=f"measured by the earlier run at commit {commit}")
+        return True
 
     def sync(self) -> None:
         if self.device.type == "cuda":

@@ -1,5 +1,5 @@
-"""Part 1, correctness: every CUDA path against its float64 reference, the compiled hybrid against eager, the
-host syncs of a training step, then the CUDA test suite (``pytest -m cuda``) and the Triton test files."""
+"""Part 1, correctness: the host syncs of a training step, the compiled hybrid against eager, every CUDA path
+against its float64 reference, the CUDA test suite (``pytest -m cuda``) and the Triton test files."""
 from __future__ import annotations
 
 import os
@@ -11,6 +11,7 @@ import warnings
 import torch
 
 from .context import CheckContext, rel_error
+from .importable import child_env
 from .numerics import conv_errors, scan_errors, tolerance_for, window_errors
 
 WINDOW_TOL = {torch.float32: 1e-4, torch.bfloat16: 1e-2, torch.float16: 2e-3}
@@ -191,28 +192,62 @@ def _caller(stack: list, roots: tuple[str, ...]) -> str:
 
 
 def count_syncs(step, roots: tuple[str, ...] | None = None) -> list[str]:
-    """Run ``step()`` under ``torch.cuda.set_sync_debug_mode("warn")``; returns one call site per host sync
-    (the innermost frame under ``roots``, default the library's folders)."""
+    """Run ``step`` under ``torch.cuda.set_sync_debug_mode("warn")``; returns one call site per host sync (the
+    innermost frame under ``roots``, default the library's folders).
+
+    ``step`` is a callable, or a dict of named phases run in order, each under its own debug mode, with sites
+    named ``"phase: site"``. A sync raised where no Python frame of ours is on the stack (torch's C++ code, the
+    autograd engine) surfaces at the next call back into Python: on the H100 of 2026-11-27 one was named at
+    ``set_sync_debug_mode`` itself, so the phase is what places it."""
     roots = _library_roots() if roots is None else roots
+    phases = step if isinstance(step, dict) else {"": step}
     sites = []
     shown = warnings.showwarning
+    phase = ""
 
     def hook(message, category, filename, lineno, file=None, line=None):
         if "synchroniz" in str(message):
-            sites.append(_caller(traceback.extract_stack()[:-1], roots))
+            site = _caller(traceback.extract_stack()[:-1], roots)
+            sites.append(f"{phase}: {site}" if phase else site)
         else:
             shown(message, category, filename, lineno, file, line)
 
     with warnings.catch_warnings():
         warnings.simplefilter("always")
         warnings.showwarning = hook
-        torch.cuda.set_sync_debug_mode("warn")
         try:
-            step()
+            for phase, run in phases.items():
+                torch.cuda.set_sync_debug_mode("warn")
+                try:
+                    run()
+                finally:
+                    torch.cuda.set_sync_debug_mode("default")
         finally:
-            torch.cuda.set_sync_debug_mode("default")
             warnings.showwarning = shown
     return sites
+
+
+def training_step_phases(model, opt, ids, cu, device):
+    """One bf16 training step as the trainer runs it (packed offsets handed over with their host values,
+    ``packed_on_device``), as the phases ``count_syncs`` times: forward and loss, backward, optimizer."""
+    from hybrid.train.data.packing import packed_on_device
+
+    held = {}
+
+    def forward():
+        kwargs = {} if cu is None else {"cu_seqlens": packed_on_device(cu, device, compiled=False)}
+        with torch.autocast(device.type, dtype=torch.bfloat16):
+            logits, _ = model(ids, output_final_state=False, **kwargs)
+        held["loss"] = torch.nn.functional.cross_entropy(logits[:, :-1].flatten(0, 1).float(), ids[:, 1:].flatten())
+
+    def backward():
+        held.pop("loss").backward()
+
+    def optimizer():
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    return {"forward": forward, "backward": backward, "optimizer": optimizer}
 
 
 def check_syncs(ctx: CheckContext) -> None:
@@ -227,57 +262,54 @@ def check_syncs(ctx: CheckContext) -> None:
         for kind, (ids, cu) in _batches(ctx, model, 256).items():
             if not ctx.has_time(20, "syncs", f"selective={selective} {kind}"):
                 return
-
-            def step():
-                with torch.autocast("cuda", dtype=torch.bfloat16):
-                    logits, _ = model(ids, cu_seqlens=cu, output_final_state=False) if cu is not None else \
-                        model(ids, output_final_state=False)
-                loss = torch.nn.functional.cross_entropy(logits[:, :-1].flatten(0, 1).float(), ids[:, 1:].flatten())
-                loss.backward()
-                opt.step()
-                opt.zero_grad(set_to_none=True)
-            step()  # warm-up: first-call work (autotuning, lazy init) is not a step's
+            phases = training_step_phases(model, opt, ids, None if cu is None else cu.cpu(), ctx.device)
+            for run in phases.values():  # warm-up: first-call work (autotuning, lazy init) is not a step's
+                run()
             ctx.sync()
-            sites = count_syncs(step)
+            sites = count_syncs(phases)
             counts = {s: sites.count(s) for s in dict.fromkeys(sites)}
             ctx.record("syncs", selective=selective, batch=kind, syncs_per_step=len(sites),
                        sites=[f"{s} ×{n}" for s, n in counts.items()][:12], ok=len(sites) == 0)
 
 
-def run_pytest(ctx: CheckContext) -> None:
-    """``pytest -m cuda`` over tests/ (the CUDA-only tests) and the Triton test files, which run on the GPU when
-    there is one. Its log goes back as pytest.log."""
+CUDA_TESTS = ["-m", "cuda", "tests/cuda"]
+TRITON_TEST_FILES = ["tests/kernels/test_complex_scan_triton.py", "tests/kernels/test_complex_scan_varlen.py",
+                     "tests/kernels/test_window_attention.py", "tests/kernels/test_causal_conv.py"]
+
+
+def run_pytest(ctx: CheckContext, args: list[str], reserve: float = 0.0) -> None:
+    """``pytest args`` in a child process (the CUDA-only tests, or test files that run on the GPU when there is
+    one), leaving ``reserve`` seconds of the part for what follows. Its log goes back as pytest.log."""
     if ctx.repo is None or not (ctx.repo / "tests").is_dir():
-        ctx.record("pytest", skipped="pytest", reason="no tests/ folder beside the package (not a checkout)")
+        ctx.record("pytest", skipped=" ".join(args), reason="no tests/ folder beside the package (not a checkout)")
         return
-    targets = [["-m", "cuda", "tests/cuda"]]
-    if not ctx.dry_run:
-        targets.append(["tests/kernels/test_complex_scan_triton.py", "tests/kernels/test_complex_scan_varlen.py",
-                        "tests/kernels/test_window_attention.py", "tests/kernels/test_causal_conv.py"])
-    log = ctx.work / "pytest.log"
-    for args in targets:
-        limit = ctx.left() - 5
-        if limit < 20:
-            ctx.record("pytest", skipped=" ".join(args), reason=f"time: {ctx.left():.0f} s left")
-            continue
-        cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rfE", *args]
-        try:
-            done = subprocess.run(cmd, cwd=ctx.repo, capture_output=True, text=True, timeout=limit)
-            out, rc = done.stdout + done.stderr, done.returncode
-        except subprocess.TimeoutExpired as exc:
-            out, rc = (exc.stdout or b"").decode(errors="replace") if isinstance(exc.stdout, bytes) else (exc.stdout or ""), "timeout"
-        with open(log, "a") as fh:
-            fh.write(f"$ {' '.join(cmd)}\n{out}\n")
-        summary = out.strip().splitlines()[-1] if out.strip() else ""
-        failed = [line.split(" ", 1)[1].split(" - ")[0] for line in out.splitlines() if line.startswith("FAILED ")]
-        ctx.record("pytest", target=" ".join(args), returncode=rc, summary=summary, failed=failed[:20],
-                   ok=rc == 0)
+    limit = ctx.left() - 5 - reserve
+    if limit < 20:
+        ctx.record("pytest", skipped=" ".join(args), reason=f"time: {ctx.left():.0f} s left")
+        return
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rfE", *args]
+    try:
+        done = subprocess.run(cmd, cwd=ctx.repo, env=child_env(ctx.work), capture_output=True, text=True,
+                              timeout=limit)
+        out, rc = done.stdout + done.stderr, done.returncode
+    except subprocess.TimeoutExpired as exc:
+        out = exc.stdout.decode(errors="replace") if isinstance(exc.stdout, bytes) else (exc.stdout or "")
+        rc = "timeout"
+    with open(ctx.work / "pytest.log", "a") as fh:
+        fh.write(f"$ {' '.join(cmd)}\n{out}\n")
+    summary = out.strip().splitlines()[-1] if out.strip() else ""
+    failed = [line.split(" ", 1)[1].split(" - ")[0] for line in out.splitlines() if line.startswith("FAILED ")]
+    ctx.record("pytest", target=" ".join(args), returncode=rc, summary=summary, failed=failed[:20], ok=rc == 0)
 
 
 def run(ctx: CheckContext) -> None:
-    check_scan(ctx)
+    """What has not yet run on a GPU first (docs/gpu.md): the syncs, the compiled model and the CUDA tests; the
+    scan grid, which passed on the H100 twice, after them."""
     check_syncs(ctx)
-    check_conv(ctx)
-    check_windows(ctx)
     check_compile(ctx)
-    run_pytest(ctx)
+    check_windows(ctx)
+    check_conv(ctx)
+    run_pytest(ctx, CUDA_TESTS, reserve=0 if ctx.dry_run else 90)
+    check_scan(ctx)
+    if not ctx.dry_run:
+        run_pytest(ctx, TRITON_TEST_FILES)

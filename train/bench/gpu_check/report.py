@@ -108,7 +108,9 @@ def _sections(rows: list[dict]) -> list[str]:
         lines += _table(decoding, [("context", "context"), ("batch", "batch"), ("model", "model"),
                                    ("ms / step", "ms_per_step"), ("tokens/s", "tokens_per_s"),
                                    ("× transformer", _ratio(decoding, "tokens_per_s", match, "transformer")),
-                                   ("state bytes", "state_bytes"), ("prefill s", "prefill_s"), ("error", "error")])
+                                   ("state bytes", "state_bytes"), ("prefill s", "prefill_s"),
+                                   ("prefill tok/s", "prefill_tokens_per_s"), ("warm-up s", "warm_up_s"),
+                                   ("error", "error")])
     for r in _measured(rows, "training"):
         curve = r.get("loss_curve") or []
         lines += ["### The training run", "", f"`{r['command']}`: exit {r['returncode']} after {_fmt(r.get('seconds'))} s; "

@@ -49,6 +49,7 @@ def test_a_part_past_its_limit_stops_and_the_report_says_so(tmp_path):
     (["--parts", "scan,gpu"], "--parts: expected names among"),
     (["--dry-run", "--limits", "scan=0"], "--limits: expected PART=SECONDS"),
     (["--dry-run", "--budget", "-1"], "--budget: expected seconds > 0, got -1.0"),
+    (["--dry-run", "--skip-measured", "no-such/results.json"], "--skip-measured: expected a results.json"),
 ])
 def test_bad_arguments_get_one_line(tmp_path, args, message):
     done = run_check(tmp_path, *args)

@@ -25,6 +25,66 @@ def test_sync_counter_names_our_frame(monkeypatch):
     assert [str(w.message) for w in passed] == ["something else"]
 
 
+def test_sync_counter_names_the_phase(monkeypatch):
+    """Each phase runs under its own debug mode, so a sync that surfaces only at the next call back into Python
+    (no frame of ours on the stack) is still placed by its phase."""
+    modes = []
+    monkeypatch.setattr(torch.cuda, "set_sync_debug_mode", modes.append)
+    ran = []
+
+    def sync():
+        warnings.warn("called a synchronizing CUDA operation")
+
+    sites = part_correctness.count_syncs({"forward": lambda: ran.append("f"), "backward": sync,
+                                          "optimizer": lambda: ran.append("o")}, roots=(os.path.dirname(__file__),))
+    assert ran == ["f", "o"] and modes == ["warn", "default"] * 3
+    assert len(sites) == 1 and sites[0].startswith("backward: ") and "(sync)" in sites[0], sites
+
+
+def test_training_step_phases_run_one_step_on_the_cpu():
+    """The phases the counter times are one whole training step, packed offsets as the trainer hands them over."""
+    from hybrid.models import HybridConfig, HybridLM
+
+    torch.manual_seed(0)
+    model = HybridLM(HybridConfig(vocab_size=32, d_model=16, n_heads=2, n_layers=2, pattern="RA", window=4))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    ids = torch.randint(0, 32, (1, 20))
+    before = [p.detach().clone() for p in model.parameters()]
+    for run in part_correctness.training_step_phases(model, opt, ids, torch.tensor([0, 7, 20]),
+                                                     torch.device("cpu")).values():
+        run()
+    assert all(p.grad is None for p in model.parameters())  # zeroed after the step
+    assert any(not torch.equal(a, b) for a, b in zip(before, model.parameters()))
+
+
+def test_rows_an_earlier_run_measured_are_skipped(tmp_path):
+    """``--skip-measured``: the models and decoding rows an earlier results.json measured are recorded as skipped,
+    naming that run's commit; rows it skipped or that failed there run again."""
+    import json
+    import time
+
+    from hybrid.train.bench.gpu_check import part_models
+    from hybrid.train.bench.gpu_check.context import CheckContext, measured_rows
+
+    def ctx(measured, log):
+        return CheckContext(part="models", device=torch.device("cpu"), dry_run=True, deadline=time.monotonic() + 60,
+                            log=tmp_path / log, work=tmp_path, repo=None, measured=measured)
+
+    rows = part_models.plan(ctx(None, "plan.jsonl"))
+    earlier = [{"part": "models", "section": "models", **r, "tokens_per_s": 1.0} for r in rows[:-2]]
+    earlier += [{"part": "models", "section": "models", **rows[-2], "error": "out of memory"},
+                {"part": "models", "section": "models", "skipped": f"{rows[-1]}", "reason": "time"}]
+    (tmp_path / "results.json").write_text(json.dumps({"header": {"commit": "abc1234"}, "rows": earlier}))
+    measured = measured_rows(tmp_path / "results.json")
+    assert len(measured) == len(rows) - 2
+
+    check = ctx(measured, "models.jsonl")
+    assert [check.measured_before("models", r) for r in rows] == [True] * (len(rows) - 2) + [False, False]
+    logged = [json.loads(line) for line in (tmp_path / "models.jsonl").read_text().splitlines()]
+    assert len(logged) == len(rows) - 2
+    assert all(r["reason"] == "measured by the earlier run at commit abc1234" for r in logged)
+
+
 def _row(section, **kw):
     return {"section": section, **kw}
 
