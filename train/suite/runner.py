@@ -5,7 +5,8 @@
 
 ``execute(spec, run_dir, advance)`` trains one run into ``run_dir`` and returns its metrics (a JSON-able dict);
 it calls ``advance(n)`` as it makes progress (n of ``spec.steps`` units). A run already in ``results.jsonl`` is
-skipped; a run directory without a record (a run interrupted halfway) is removed and the run starts over.
+skipped; a run directory without a record (a run interrupted halfway) is removed and the run starts over. With a
+``TimeLimit``, a run starts only if it fits in the time left (``time_limit.py``); the runs left are counted there.
 """
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from typing import Callable
 
 from ..output.progress import progress_bar
 from .records import ResultsLog, git_commit, machine, now_utc
+from .time_limit import TimeLimit
 
 
 @dataclass(frozen=True)
@@ -36,8 +38,10 @@ def check_unique(specs: list[RunSpec]) -> None:
         seen.add(s.run)
 
 
-def run_suite(out, specs: list[RunSpec], execute: Callable, *, suite: str, verbose: bool = True) -> list[dict]:
-    """Run what is not finished; return the records of ``specs``, in their order."""
+def run_suite(out, specs: list[RunSpec], execute: Callable, *, suite: str, verbose: bool = True,
+              time_limit: TimeLimit | None = None) -> list[dict]:
+    """Run what is not finished; return the records of ``specs``, in their order (those finished, when
+    ``time_limit`` stopped the suite)."""
     out = Path(out)
     check_unique(specs)
     log = ResultsLog(out)
@@ -48,8 +52,15 @@ def run_suite(out, specs: list[RunSpec], execute: Callable, *, suite: str, verbo
     # a tqdm bar on a terminal, plain lines in a log file (hybrid.train.output.progress)
     bar = progress_bar(total=total, initial=total - sum(s.steps for s in todo), desc=suite, unit="step",
                        disable=not verbose)
+    if time_limit is not None:
+        time_limit.left_runs = 0
     try:
-        for spec in todo:
+        for i, spec in enumerate(todo):
+            if time_limit is not None:
+                if not time_limit.fits():
+                    time_limit.left_runs = len(todo) - i
+                    break
+                time_limit.begin()
             run_dir = out / spec.run
             if run_dir.exists():  # interrupted halfway: no record, so it starts over
                 shutil.rmtree(run_dir)
@@ -68,7 +79,9 @@ def run_suite(out, specs: list[RunSpec], execute: Callable, *, suite: str, verbo
             log.append({"run": spec.run, "suite": suite, "model": spec.model, "seed": spec.seed,
                         "config": spec.config, "metrics": metrics, "commit": commit, "machine": host,
                         "finished_at": now_utc(), "seconds": round(time.perf_counter() - start, 3)})
+            if time_limit is not None:
+                time_limit.end()
     finally:
         bar.close()
     records = log.by_run()
-    return [records[s.run] for s in specs]
+    return [records[s.run] for s in specs if s.run in records]
