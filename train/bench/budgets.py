@@ -6,13 +6,39 @@
 | ``cpu`` | each suite ≤ 60 minutes on 2 CPU cores | d 128, 4 layers, 4 heads | 300 steps of 16 × 128 | 3 |
 | ``long`` | past the window: L 1024, window 64, on 2 CPU cores (≈ 25 min per seed of the four long-context models) | d 128, 4 layers, 4 heads | 600 steps of 8 × 1024 | 2 |
 | ``gpu`` | about one GPU-hour per suite (an estimate: not yet timed on a GPU) | d 384, 8 layers, 6 heads | 3000 steps of 32 × 512 | 3 |
+| ``gpu-long`` | past the window on one H100 (issue 42): the four long-context models, one seed in ≤ 8 minutes of one command (an estimate, below) | d 512, 8 layers, 8 heads | 300 steps of 32 × 2048 | 2 |
 
 ``extra`` holds what only this harness needs: the attention ``window`` of the windowed models, ``warmup``
 steps, ``long_seqs`` (validation sequences of 8 × the training length for the long-context figures),
 ``decode_contexts`` and ``decode_tokens`` (the decoding cost), and ``finetune_steps`` (the extension suite's
 fine-tune at 2×), ``window_blocks`` (validation blocks inside one document for ``window_bpb``, default 32).
 ``eval_size`` is the number of validation batches behind ``val_bpb``. Every budget has at
-least 3 layers, so that the RRA and MMA hybrids hold an attention layer.
+least 3 layers, so that the RRA and MMA hybrids hold an attention layer. ``match: "mlp"`` sizes the models by
+their SwiGLU width at the budget's d_model (``speed.match_mlp``), keeping head_dim 64, the size the GPU's
+attention kernels take; without it a model that misses the reference by more than 5 % gets another d_model.
+
+``gpu-long``: ``hybrid-bench --suite baselines --budget gpu-long --models
+transformer,transformer-window,hybrid,hybrid-selective --compile --max-minutes 8`` (docs/gpu.md, "The
+long-context budget"), bf16 autocast on CUDA. The models are the H100's measured ``small`` size (d_model 512,
+8 layers, 25.3M non-embedding parameters; the hybrids at 25.2–25.3M through their MLP width), and a step is
+the measured 65,536 tokens (32 × 2048). The sizing is an estimate from the H100 figures of 2026-11-27
+(docs/research/gpu.md: eager bf16, one AdamW step, 65,536 tokens, T = 8K: hybrid 581k tokens/s, Transformer
+480k, selective hybrid 469k; first steps up to 71.5 s), not a timing of this budget:
+
+| one command, one seed | seconds |
+|---|---:|
+| start, imports, the carried corpus read and tokenised (48 MiB: 10 s on this 2-core machine) | 30 |
+| the process's first step: compile and Triton tuning, at most the 70 s measured | 70 |
+| each later model's compile (three more models) | 3 × 30 = 90 |
+| training, each model 300 × 65,536 = 19.7M tokens at 450k tokens/s (slowest measured 469k; packing unmeasured) | 4 × 44 = 175 |
+| measuring, each model (validation, 8 sequences of 8 × L, 128 document blocks, decoding at 4K and 16K): the Transformers 10, the hybrids 45 (new Triton tunings at the evaluation's lengths, in fp32) | 2 × 10 + 2 × 45 = 110 |
+| in all | 475 (≤ 480) |
+
+``--max-minutes 8`` starts a run only while the time left holds the longest run so far (``suite.TimeLimit``),
+so a command that is slower than this estimate stops between runs, inside the device's 10 minutes, with its
+records written; the same command continues. Two seeds: ``--seeds 0``, then ``--seeds 0,1``. Each model sees
+19.7M tokens, 4.0 × the ``long`` budget's 4.9M and 0.41 of the carried corpus's training split (48.3M tokens:
+no token seen twice). lr 1e-3 as the ``gpu`` budget's; warmup a tenth of the steps.
 """
 from __future__ import annotations
 
@@ -21,7 +47,7 @@ import dataclasses
 from ..suite import Budget
 from .suites import SUITES
 
-__all__ = ["BUDGETS", "bench_budget", "with_window"]
+__all__ = ["BUDGETS", "bench_budget", "with_window", "dry_run"]
 
 BUDGETS = {
     "smoke": Budget(name="smoke", models=("-",), steps=12, seq_len=32, seeds=(0,), batch_size=4, d_model=64,
@@ -40,6 +66,10 @@ BUDGETS = {
                   n_layers=8, n_heads=6, lrs=(1e-3,), eval_size=100,
                   extra={"window": 128, "warmup": 200, "long_seqs": 32, "decode_contexts": [4096, 16384],
                          "decode_tokens": 64, "finetune_steps": 400}),
+    "gpu-long": Budget(name="gpu-long", models=("-",), steps=300, seq_len=2048, seeds=(0, 1), batch_size=32,
+                       d_model=512, n_layers=8, n_heads=8, lrs=(1e-3,), eval_size=16,
+                       extra={"window": 64, "warmup": 30, "long_seqs": 8, "window_blocks": 128, "match": "mlp",
+                              "decode_contexts": [4096, 16384], "decode_tokens": 16, "finetune_steps": 60}),
 }
 
 
@@ -59,3 +89,17 @@ def with_window(budget: Budget, window: int) -> Budget:
         raise ValueError(f"--window: expected 1 … {budget.seq_len - 1} tokens (fewer than the training length "
                          f"{budget.seq_len}), got {window}")
     return dataclasses.replace(budget, extra={**budget.extra, "window": window})
+
+
+# the fields of a budget that say how big and how long, which ``dry_run`` takes from ``smoke``
+SIZES = ("steps", "seq_len", "batch_size", "d_model", "n_layers", "n_heads", "eval_size")
+EXTRA_SIZES = ("window", "warmup", "long_seqs", "window_blocks", "decode_contexts", "decode_tokens", "finetune_steps")
+
+
+def dry_run(budget: Budget) -> Budget:
+    """``budget`` at the ``smoke`` budget's sizes (``--dry-run``): the same models, seeds, learning rates and
+    ways (``match``), so that a suite meant for a GPU is rehearsed on the CPU in seconds."""
+    smoke = BUDGETS["smoke"]
+    extra = {k: v for k, v in budget.extra.items() if k not in EXTRA_SIZES}
+    return dataclasses.replace(budget, name=f"{budget.name} (dry run)", **{k: getattr(smoke, k) for k in SIZES},
+                               extra={**extra, **{k: v for k, v in smoke.extra.items() if k in EXTRA_SIZES}})

@@ -30,18 +30,19 @@ from hybrid.models import HybridConfig, HybridLM
 from ..loop.checkpoint import load_checkpoint
 from ..lm.config import TrainConfig
 from ..data import prepare_data
-from ..suite import Budget, ResultsLog, RunSpec, run_suite
+from ..suite import Budget, ResultsLog, RunSpec, TimeLimit, run_suite
 from ..data.tokenizer import round_vocab_size
 from ..lm.trainer import Trainer
 from .cost import decode_cost, training_memory
 from .quality import context_metrics, long_sequences
-from .speed import match_width, non_embedding_parameters
+from .speed import match_mlp, match_width, non_embedding_parameters
 from .suites import FINETUNES, SCALINGS, SUITES, Suite, scaling_for
 from .window_gain import window_metrics
 
 __all__ = ["suite_configs", "suite_specs", "measure_run", "run_bench", "PARAM_TOLERANCE"]
 
 PARAM_TOLERANCE = 0.05
+MLP_MULTIPLE = 32  # the SwiGLU widths of match "mlp": a multiple of 32, as HybridConfig rounds mlp_ratio's
 FINETUNE_LR_RATIO = 0.1
 
 
@@ -52,8 +53,10 @@ def _resolve(value, budget: Budget):
 
 def suite_configs(suite: Suite, budget: Budget, vocab_size: int, sets: dict | None = None) -> dict[str, HybridConfig]:
     """The model configs of ``budget.models``, each sized to the suite's first model at the budget's width: a model
-    within ±5% of it at that width keeps it, any other gets ``match_width``'s d_model (and SwiGLU width).
-    ``sets`` (``--set``) overrides HybridConfig fields of every model, after the suite's own."""
+    within ±5% of it at that width keeps it, any other gets ``match_width``'s d_model (and SwiGLU width). With the
+    budget's ``match: "mlp"``, every model of another size than the reference keeps the budget's d_model and heads
+    and gets the SwiGLU width nearest the reference's size (``match_mlp``). ``sets`` (``--set``) overrides
+    HybridConfig fields of every model, after the suite's own."""
     def config_of(name):
         overrides = {k: _resolve(v, budget) for k, v in suite.models[name].items() if k != "preset"}
         overrides.update(sets or {})
@@ -64,11 +67,15 @@ def suite_configs(suite: Suite, budget: Budget, vocab_size: int, sets: dict | No
 
     reference = config_of(next(iter(suite.models)))
     target = non_embedding_parameters(reference)
+    by_mlp = budget.extra.get("match") == "mlp"
     configs = {}
     for name in budget.models:
         config = config_of(name)
         n = non_embedding_parameters(config)
-        if abs(n - target) > PARAM_TOLERANCE * target:  # the budget's width unless it misses the reference
+        if by_mlp and n != target:  # the budget's width and head size, the MLP's width for the size
+            config = match_mlp(config, target, multiple=MLP_MULTIPLE)
+            n = non_embedding_parameters(config)
+        elif abs(n - target) > PARAM_TOLERANCE * target:  # the budget's width unless it misses the reference
             config = match_width(config, target, PARAM_TOLERANCE)
             n = non_embedding_parameters(config)
         if abs(n - target) > PARAM_TOLERANCE * target:
@@ -82,14 +89,15 @@ def suite_configs(suite: Suite, budget: Budget, vocab_size: int, sets: dict | No
 
 
 def _train_config(budget: Budget, model: HybridConfig, seed: int, *, data, tokenizer, device, seq_len=None,
-                  steps=None, lr=None, warmup=None, skip_rows_without_text: bool = False) -> dict:
+                  steps=None, lr=None, warmup=None, skip_rows_without_text: bool = False,
+                  compile: bool = False) -> dict:
     steps = steps or budget.steps
     config = TrainConfig(
         preset="transformer", size="tiny", model=model.to_dict(), data=data, tokenizer=tokenizer,
         seq_len=seq_len or budget.seq_len, batch_size=budget.batch_size, steps=steps, lr=lr or budget.lrs[0],
         warmup=min(budget.extra["warmup"], steps) if warmup is None else warmup, eval_every=0,
         eval_batches=budget.eval_size, log_every=max(1, steps // 50), save_every=0, seed=seed, device=device,
-        out="-", skip_rows_without_text=skip_rows_without_text,
+        out="-", skip_rows_without_text=skip_rows_without_text, compile=compile,
     ).to_dict()
     if not skip_rows_without_text:  # recorded only when set: the records of earlier suites still match
         del config["skip_rows_without_text"]
@@ -97,8 +105,10 @@ def _train_config(budget: Budget, model: HybridConfig, seed: int, *, data, token
 
 
 def suite_specs(suite_name: str, budget: Budget, *, vocab_size: int, data=None, tokenizer=None,
-                device: str = "auto", sets: dict | None = None, skip_rows_without_text: bool = False) -> list[RunSpec]:
-    """One RunSpec per model and seed (and, for ``extension``, per fine-tune and seed), in run order."""
+                device: str = "auto", sets: dict | None = None, skip_rows_without_text: bool = False,
+                compile: bool = False) -> list[RunSpec]:
+    """One RunSpec per model and seed (and, for ``extension``, per fine-tune and seed), in run order; ``compile``:
+    each run's training step under ``torch.compile`` (``--compile``; the measurements run the model eager)."""
     suite = SUITES[suite_name]
     configs = suite_configs(suite, budget, vocab_size, sets)
     common = {"suite": suite_name, "budget": budget.to_dict(), "factors": [1, *suite.factors]}
@@ -106,7 +116,7 @@ def suite_specs(suite_name: str, budget: Budget, *, vocab_size: int, data=None, 
     for name, config in configs.items():
         for seed in budget.seeds:
             train = _train_config(budget, config, seed, data=data, tokenizer=tokenizer, device=device,
-                                  skip_rows_without_text=skip_rows_without_text)
+                                  skip_rows_without_text=skip_rows_without_text, compile=compile)
             specs.append(RunSpec(run=f"{name}/seed{seed}", model=name, seed=seed, steps=budget.steps,
                                  config={**common, "model": config.to_dict(), "train": train}))
     if suite_name == "extension" and "transformer" in configs:
@@ -115,7 +125,7 @@ def suite_specs(suite_name: str, budget: Budget, *, vocab_size: int, data=None, 
             config = configs["transformer"].replace(rope_scaling=scaling_for(method, 2, L))
             for seed in budget.seeds:
                 train = _train_config(budget, config, seed, data=data, tokenizer=tokenizer, device=device,
-                                      skip_rows_without_text=skip_rows_without_text, seq_len=2 * L,
+                                      skip_rows_without_text=skip_rows_without_text, compile=compile, seq_len=2 * L,
                                       steps=ft_steps, lr=budget.lrs[0] * FINETUNE_LR_RATIO,
                                       warmup=min(budget.extra["warmup"], ft_steps // 10))
                 specs.append(RunSpec(run=f"finetune-{method}/seed{seed}", model=f"finetune-{method}", seed=seed,
@@ -232,8 +242,10 @@ def _record_window(record: dict):
 
 
 def run_bench(suite_name: str, budget: Budget, *, out, data=None, tokenizer=None, device: str = "auto",
-              sets: dict | None = None, verbose: bool = True, skip_rows_without_text: bool = False) -> list[dict]:
-    """Train and measure what is not finished in ``OUT/<suite>``; return the suite's records."""
+              sets: dict | None = None, verbose: bool = True, skip_rows_without_text: bool = False,
+              compile: bool = False, time_limit: TimeLimit | None = None) -> list[dict]:
+    """Train and measure what is not finished in ``OUT/<suite>``; return the suite's records (with ``time_limit``,
+    those finished when it stopped the suite: ``run_suite``)."""
     prepared = prepare_data(data, tokenizer=tokenizer, skip_rows_without_text=skip_rows_without_text)
     if verbose:
         s = prepared.stats
@@ -241,6 +253,7 @@ def run_bench(suite_name: str, budget: Budget, *, out, data=None, tokenizer=None
               f"({s['tokenizer']})", flush=True)
     vocab = round_vocab_size(prepared.tokenizer.vocab_size)
     specs = suite_specs(suite_name, budget, vocab_size=vocab, data=data, tokenizer=tokenizer, device=device,
-                        sets=sets, skip_rows_without_text=skip_rows_without_text)
+                        sets=sets, skip_rows_without_text=skip_rows_without_text, compile=compile)
     check_records_match(Path(out) / suite_name, specs)
-    return run_suite(Path(out) / suite_name, specs, make_execute(budget), suite=suite_name, verbose=verbose)
+    return run_suite(Path(out) / suite_name, specs, make_execute(budget), suite=suite_name, verbose=verbose,
+                     time_limit=time_limit)

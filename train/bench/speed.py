@@ -93,6 +93,20 @@ def match_width(config: HybridConfig, target: int, tolerance: float | None = Non
     return min(scored, key=lambda s: s[:3])[3]
 
 
+def match_mlp(config: HybridConfig, target: int, multiple: int = 64) -> HybridConfig:
+    """``config`` at its own width and head size, with the SwiGLU width (a multiple of ``multiple``, up to 8 ×
+    d_model) whose non-embedding size is closest to ``target``. On a GPU the head size must stay what the attention
+    kernels take (FlexAttention a power of two, SDPA's fused kernels a multiple of 8), which ``match_width``'s
+    d_model may not keep (it gave the hybrid d_model 528 and head_dim 66 on the H100, docs/research/gpu.md)."""
+    size = lambda u: non_embedding_parameters(config.replace(mlp_hidden=u * multiple))  # noqa: E731
+    lo, hi = 1, 8 * config.d_model // multiple
+    while lo < hi:  # the size grows with the MLP width: the smallest width that reaches the target (or the widest)
+        mid = (lo + hi) // 2
+        lo, hi = (mid + 1, hi) if size(mid) < target else (lo, mid)
+    units = min((u for u in (lo - 1, lo) if u >= 1), key=lambda u: abs(size(u) - target))
+    return config.replace(mlp_hidden=units * multiple)
+
+
 def matched_config(name: str, target: int, n_layers: int, n_heads: int, vocab: int, window: int) -> HybridConfig:
     """The preset with the d_model (a multiple of 2·n_heads) whose non-embedding size is closest to target."""
     config = HybridConfig.preset(name, "tiny", n_layers=n_layers, n_heads=n_heads, vocab_size=vocab,

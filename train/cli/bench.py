@@ -1,7 +1,7 @@
 """``hybrid-bench`` (= ``python -m hybrid.train.cli.bench``): train the suites on equal budgets and report.
 
 User errors print one line and exit 2 (``hybrid.train.cli.lm``'s conventions); an interrupted suite exits 130 and
-the next invocation continues it.
+the next invocation continues it, as does one that ``--max-minutes`` stopped between runs (it exits 0 and says so).
 """
 from __future__ import annotations
 
@@ -10,16 +10,16 @@ import shlex
 import sys
 from pathlib import Path
 
-from ..bench.budgets import BUDGETS, bench_budget, with_window
+from ..bench.budgets import BUDGETS, bench_budget, dry_run, with_window
 from ..bench.suites import SUITES
 from ..lm.config import TrainConfig
 from ..options.sections import DataOptions, LoopOptions
 from ..output.outdir import prepare_suite_dir
 from ..output.paths import check_apart, data_input
 from ..output.run_lock import lock_run_dir
-from ..suite import ResultsLog, parse_int_list, parse_name_list
+from ..suite import ResultsLog, TimeLimit, parse_int_list, parse_name_list
 from .flags import add_device_flag, add_log_flag, add_option_flags, add_threads_flag
-from .parts import Parser, add_set_flag, positive_int, run_command
+from .parts import Parser, add_set_flag, finite_float, positive_int, run_command
 
 __all__ = ["bench_main", "bench_parser"]
 
@@ -31,6 +31,9 @@ examples:
   hybrid-bench --suite baselines --out runs/bench --report-only      # rewrite report.md from the records
   hybrid-bench --suite baselines --models hybrid,transformer-window --set rnn_r_max=0.9999 --out runs/decay
   hybrid-bench --suite baselines --budget long --window 16 --models transformer,transformer-window --out runs/w16
+  hybrid-bench --suite baselines --budget gpu-long --models transformer,transformer-window,hybrid,hybrid-selective
+               --data .corpus --compile --max-minutes 8 --seeds 0 --out runs/gpu-long   # one H100 command
+  hybrid-bench --suite baselines --budget gpu-long --dry-run --out runs/dry    # the same suite, tiny, on the CPU
 
 outputs in OUT/<suite>/: results.jsonl (one record per finished run), <model>/seed<k>/ (run directories that
 hybrid.train.load_run opens), report.md and its PNG plots. Run the same command again to continue.
@@ -43,8 +46,9 @@ def bench_parser() -> argparse.ArgumentParser:
                            "quality at and beyond the training length, speed and memory.")
     p.add_argument("--suite", required=True, choices=[*SUITES, "all"], help="which suite (or all four)")
     p.add_argument("--budget", default="smoke", choices=list(BUDGETS),
-                   help="smoke: minutes, for tests; cpu: ≤ 60 min per suite on 2 cores; gpu: ≈ 1 GPU-hour per suite "
-                        "(default: smoke)")
+                   help="smoke: minutes, for tests; cpu: ≤ 60 min per suite on 2 cores; long: L 1024 on 2 cores; "
+                        "gpu: ≈ 1 GPU-hour per suite; gpu-long: L 2048, one seed of the four long-context models in "
+                        "≤ 8 min of an H100 (hybrid.train.bench.budgets) (default: smoke)")
     p.add_argument("--out", default="runs/bench", help="suite directories go here (default: runs/bench)")
     # the options a run config declares, the budget's values unless given (hybrid.train.options)
     add_option_flags(p, LoopOptions, ["steps"], default=None, default_text="the budget's")
@@ -62,7 +66,16 @@ def bench_parser() -> argparse.ArgumentParser:
     add_option_flags(p, TrainConfig, ["skip_rows_without_text"], default=False)
     add_option_flags(p, TrainConfig, ["tokenizer"], default=None)
     add_device_flag(p)
+    add_option_flags(p, TrainConfig, ["compile"], default=False, help={"compile": "in each run's training steps (the measurements run eager)"})
     add_threads_flag(p)
+    p.add_argument("--dry-run", action="store_true",
+                   help="rehearse the suite on the CPU at the smoke budget's sizes, eager: the budget's models, "
+                        "seeds and sizing rule, the measurements and the report, in seconds (use a fresh --out) "
+                        "(default: off)")
+    p.add_argument("--max-minutes", type=finite_float(0.0, low_open=True), default=None, metavar="M",
+                   help="start a run only while the minutes left (counted from the command's start) hold the "
+                        "longest run so far; the command then ends with the finished runs' records written, and "
+                        "the same command continues (default: no limit)")
     p.add_argument("--report-only", action="store_true",
                    help="write the reports from the records, train nothing (default: off)")
     p.add_argument("--overwrite", action="store_true",
@@ -87,25 +100,36 @@ def _run(args: argparse.Namespace, argv: list[str]) -> int:
     suites = list(SUITES) if args.suite == "all" else [args.suite]
     if args.models is not None and len(suites) > 1:
         raise ValueError("--models: expected a single --suite (model names differ between suites), got --suite all")
+    if args.dry_run and args.device not in ("auto", "cpu"):
+        raise ValueError(f"--dry-run: expected --device auto or cpu (the rehearsal runs on the CPU), got {args.device}")
+    if args.dry_run:
+        args.device = "cpu"
+        if args.compile:
+            print("--dry-run: eager on the CPU (--compile is left to the real run)", flush=True)
+            args.compile = False
     seeds = None if args.seeds is None else parse_int_list(args.seeds)
     models = None if args.models is None else parse_name_list(args.models)
     command = "hybrid-bench " + " ".join(shlex.quote(a) for a in argv)
+    time_limit = None if args.max_minutes is None else TimeLimit(60 * args.max_minutes)
     try:
         for name in suites:
-            _run_suite(args, name, command, seeds, models, inputs)
+            _run_suite(args, name, command, seeds, models, inputs, time_limit)
     except KeyboardInterrupt:  # the finished runs are in results.jsonl: the same command continues
         again = "hybrid-bench " + " ".join(shlex.quote(a) for a in argv if a != "--overwrite")
         raise KeyboardInterrupt(f"; the finished runs are kept in {args.out}; continue with: {again}") from None
     return 0
 
 
-def _run_suite(args, name: str, command: str, seeds, models, inputs) -> None:
+def _run_suite(args, name: str, command: str, seeds, models, inputs, time_limit: TimeLimit | None) -> None:
     """Train (or continue) one suite and write its report, holding the suite directory's lock (one writer)."""
     from ..bench.harness import run_bench
     from ..bench.report import write_bench_report
 
-    budget = bench_budget(args.budget, name).override(steps=args.steps, seq_len=args.seq_len, seeds=seeds,
-                                                      models=models, known_models=list(SUITES[name].models))
+    budget = bench_budget(args.budget, name)
+    if args.dry_run:
+        budget = dry_run(budget)
+    budget = budget.override(steps=args.steps, seq_len=args.seq_len, seeds=seeds, models=models,
+                             known_models=list(SUITES[name].models))
     if args.window is not None:
         budget = with_window(budget, args.window)
     directory = Path(args.out) / name
@@ -123,9 +147,14 @@ def _run_suite(args, name: str, command: str, seeds, models, inputs) -> None:
                 datasets.disable_progress_bars()
             records = run_bench(name, budget, out=args.out, data=args.data, tokenizer=args.tokenizer,
                                 device=args.device, sets=dict(args.sets), verbose=not args.quiet,
-                                skip_rows_without_text=args.skip_rows_without_text)
+                                skip_rows_without_text=args.skip_rows_without_text, compile=args.compile,
+                                time_limit=time_limit)
         if args.log:
             _log_runs(args.log, directory, name, records)
+        if time_limit is not None and time_limit.left_runs:
+            print(f"--max-minutes: {time_limit.describe()}; the same command continues", flush=True)
+        if not records:
+            return
         path = write_bench_report(directory, name, records, budget_text=budget.describe(), command=command)
         print(f"report: {path}", flush=True)
 

@@ -68,7 +68,7 @@ def test_set_overrides_every_model_before_sizing():
     assert all(c.rnn_r_max == 0.9999 and c.window == 4 for c in configs.values())
 
 
-@pytest.mark.parametrize("budget", ["smoke", "cpu", "long"])
+@pytest.mark.parametrize("budget", ["smoke", "cpu", "long", "gpu-long"])
 @pytest.mark.parametrize("suite", list(SUITES))
 def test_equal_parameters_and_training_budgets_across_a_suite(suite, budget):
     b = bench_budget(budget, suite)

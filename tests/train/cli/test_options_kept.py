@@ -53,6 +53,7 @@ CHANGED = {
     ("hybrid-eval", "--num-fewshot", "type"): "issue 47: 0 or more (-1 was accepted and handed to lm-eval)",
     ("hybrid-eval", "--max-length", "type"): "issue 47: at least 2, a token of context and one to score (1 was "
                                              "lm-eval's AssertionError)",
+    ("hybrid-bench", "--budget", "choices"): "issue 42: the gpu-long budget joins (L 2048 on one H100)",
 }
 # options a command gained: (command, option) -> why
 ADDED = {
@@ -68,6 +69,11 @@ ADDED = {
                                               "--data: a table file with rows that lack the text column is refused "
                                               "unless this flag trains on the rows that have it"
        for command in ("hybrid-train", "hybrid-distill", "hybrid-bench", "hybrid-rope-analyze")},
+    ("hybrid-bench", "--compile"): "issue 42: the execution section's, shared: each run's training step compiled "
+                                   "(the gpu-long budget on CUDA)",
+    ("hybrid-bench", "--dry-run"): "issue 42: a suite meant for a GPU rehearsed on the CPU at the smoke budget's sizes",
+    ("hybrid-bench", "--max-minutes"): "issue 42: a suite stopped between runs inside a device's time limit, its "
+                                       "records written; the same command continues",
     **{(command, "--threads"): "issue 47: every command that runs torch work takes --threads (only hybrid-bench did)"
        for command in ("hybrid-train", "hybrid-generate", "hybrid-distill", "hybrid-synthetic", "hybrid-export",
                        "hybrid-import", "hybrid-eval", "hybrid-rope-analyze")},

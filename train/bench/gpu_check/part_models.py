@@ -52,15 +52,11 @@ def plan(ctx: CheckContext) -> list[dict]:
 
 
 def matched(config, target: int):
-    """``config`` at the Transformer's width and head size (head_dim 64 in ``small``: the sizes the GPU's
-    attention kernels take; FlexAttention wants a power of two, SDPA's fused kernels a multiple of 8), with the
-    SwiGLU width (a multiple of 64) whose non-embedding size is closest to ``target``. (Matching by d_model, as
-    the CPU benchmarks do, gave the hybrid d_model 528 and head_dim 66, which no fused kernel takes.)"""
-    from ..speed import non_embedding_parameters
+    """``config`` at the Transformer's width and head size (head_dim 64 in ``small``), with the SwiGLU width (a
+    multiple of 64) whose non-embedding size is closest to ``target`` (``speed.match_mlp``)."""
+    from ..speed import match_mlp
 
-    widths = range(64, 8 * config.d_model + 1, 64)
-    hidden = min(widths, key=lambda h: abs(non_embedding_parameters(config.replace(mlp_hidden=h)) - target))
-    return config.replace(mlp_hidden=hidden)
+    return match_mlp(config, target)
 
 
 def build(name: str, size: str, device, dry_run: bool):
