@@ -89,7 +89,6 @@ def gather_halo(x: Tensor, size: int | None, shard, *, before: Tensor | None = N
         without ``before``), and the exchanged part for `comm.keep_in_graph` (None on one rank): every rank must
         take part in the exchange's backward.
     """
-    L = x.shape[1]
     want = shard.start if size is None else min(size, shard.total)
     token = None
     pieces = []

@@ -1,6 +1,7 @@
 """`hybrid-train --cp N` on the CPU (torchrun, gloo): a 2-rank context-parallel run's losses equal a 1-rank run's for
 10 steps, and a run resumes across cp sizes (saved with --cp 1, resumed with --cp 2 under FSDP2; saved with --cp 2,
-resumed with --cp 1) like the uninterrupted run; what has no context-parallel path is refused in one line.
+resumed with --cp 1) like the uninterrupted run, with documents packed or as one stream; what has no
+context-parallel path is refused in one line.
 
 The model trains in float64 with packed documents crossing the shard edges (the default packing), so every loss
 recorded by the context-parallel runs equals the one-rank run's to the arithmetic's order: the tolerance, 1e-12
@@ -65,6 +66,15 @@ def test_two_context_ranks_train_and_resume_like_one(corpus, tmp_path):
     assert_equal_losses({s: v for s, v in losses(two).items() if s > 5}, resumed_mean, [10])
     assert sorted(losses(two)) == [1, 2, 3, 4, 5, 10]
     assert load_checkpoint(one).step == load_checkpoint(two).step == 10
+
+
+def test_stream_packing_on_two_context_ranks_trains_like_one(corpus, tmp_path):
+    """``--packing stream``: each window is one sequence whose recurrences and attention read across the eos, so the
+    shards carry every state across their edges (no document boundary stops a carry)."""
+    common = ["--data", str(corpus), "--steps", "4", "--save-every", "0", "--packing", "stream", *ARGS]
+    assert train_main([*common, "--out", str(tmp_path / "one")]) == 0
+    torchrun(*common, "--out", str(tmp_path / "two"), "--cp", "2")
+    assert_equal_losses(losses(tmp_path / "two"), losses(tmp_path / "one"), range(1, 5))
 
 
 @pytest.mark.parametrize("flags, needles", [

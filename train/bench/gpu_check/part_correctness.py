@@ -191,14 +191,15 @@ def _caller(stack: list, roots: tuple[str, ...]) -> str:
     return f"{'/'.join(frame.filename.split(os.sep)[-2:])}:{frame.lineno} ({frame.name})"
 
 
-def count_syncs(step, roots: tuple[str, ...] | None = None) -> list[str]:
+def count_syncs(step, roots: tuple[str, ...] | None = None, stacks: dict | None = None) -> list[str]:
     """Run ``step`` under ``torch.cuda.set_sync_debug_mode("warn")``; returns one call site per host sync (the
     innermost frame under ``roots``, default the library's folders).
 
     ``step`` is a callable, or a dict of named phases run in order, each under its own debug mode, with sites
     named ``"phase: site"``. A sync raised where no Python frame of ours is on the stack (torch's C++ code, the
     autograd engine) surfaces at the next call back into Python: on the H100 of 2026-11-27 one was named at
-    ``set_sync_debug_mode`` itself, so the phase is what places it."""
+    ``set_sync_debug_mode`` itself, so the phase is what places it. ``stacks``, if given, receives each site's
+    innermost frames (the first time it is seen), to read where a site outside the library came from."""
     roots = _library_roots() if roots is None else roots
     phases = step if isinstance(step, dict) else {"": step}
     sites = []
@@ -207,8 +208,13 @@ def count_syncs(step, roots: tuple[str, ...] | None = None) -> list[str]:
 
     def hook(message, category, filename, lineno, file=None, line=None):
         if "synchroniz" in str(message):
-            site = _caller(traceback.extract_stack()[:-1], roots)
-            sites.append(f"{phase}: {site}" if phase else site)
+            frames = traceback.extract_stack()[:-1]
+            site = _caller(frames, roots)
+            site = f"{phase}: {site}" if phase else site
+            sites.append(site)
+            if stacks is not None and site not in stacks:
+                shown_frames = [f for f in frames if not f.filename.endswith("warnings.py")][-8:]
+                stacks[site] = [f"{'/'.join(f.filename.split(os.sep)[-2:])}:{f.lineno} ({f.name})" for f in shown_frames]
         else:
             shown(message, category, filename, lineno, file, line)
 
@@ -266,10 +272,11 @@ def check_syncs(ctx: CheckContext) -> None:
             for run in phases.values():  # warm-up: first-call work (autotuning, lazy init) is not a step's
                 run()
             ctx.sync()
-            sites = count_syncs(phases)
+            stacks = {}
+            sites = count_syncs(phases, stacks=stacks)
             counts = {s: sites.count(s) for s in dict.fromkeys(sites)}
             ctx.record("syncs", selective=selective, batch=kind, syncs_per_step=len(sites),
-                       sites=[f"{s} ×{n}" for s, n in counts.items()][:12], ok=len(sites) == 0)
+                       sites=[f"{s} ×{n}" for s, n in counts.items()][:12], stacks=stacks, ok=len(sites) == 0)
 
 
 CUDA_TESTS = ["-m", "cuda", "tests/cuda"]

@@ -35,10 +35,13 @@ def test_sync_counter_names_the_phase(monkeypatch):
     def sync():
         warnings.warn("called a synchronizing CUDA operation")
 
+    stacks = {}
     sites = part_correctness.count_syncs({"forward": lambda: ran.append("f"), "backward": sync,
-                                          "optimizer": lambda: ran.append("o")}, roots=(os.path.dirname(__file__),))
+                                          "optimizer": lambda: ran.append("o")}, roots=(os.path.dirname(__file__),),
+                                         stacks=stacks)
     assert ran == ["f", "o"] and modes == ["warn", "default"] * 3
     assert len(sites) == 1 and sites[0].startswith("backward: ") and "(sync)" in sites[0], sites
+    assert list(stacks) == sites and stacks[sites[0]][-1].endswith("(sync)")  # innermost frame last
 
 
 def test_training_step_phases_run_one_step_on_the_cpu():
