@@ -70,12 +70,15 @@ def test_two_context_ranks_train_and_resume_like_one(corpus, tmp_path):
 @pytest.mark.parametrize("flags, needles", [
     (["--cp", "2", "--seq-len", "25"], ["seq_len: expected a multiple of cp=2", "got 25"]),
     (["--cp", "2", "--compile"], ["compile: expected False with cp > 1"]),
-    (["--cp", "2", "--preset", "vo-gla"], ["cp: expected 1 for this model", "VOGatedLinearAttention", "got 2"]),
+    (["--cp", "2", "--preset", "transformer", "--set", 'rope_scaling={"rope_type": "dynamic", "factor": 2.0, '
+      '"original_max_position_embeddings": 8}'], ["cp: expected 1 for this model", "rotary.scaling", "got 2"]),
     (["--cp", "2"], ["cp: expected a divisor of WORLD_SIZE=1", "got 2"]),
+    # every preset has a context-parallel path: vo-gla (the G mixer) passes the model check and meets the job's
+    (["--cp", "2", "--preset", "vo-gla"], ["cp: expected a divisor of WORLD_SIZE=1", "got 2"]),
 ])
 def test_refusals_are_one_line(corpus, tmp_path, capsys, one_line_error, flags, needles):
-    """A length that does not divide into the shards, an option or a mixer without a context-parallel path, and a
-    job that does not divide into context groups."""
+    """A length that does not divide into the shards, an option without a context-parallel path, and a job that
+    does not divide into context groups."""
     base = ["--data", str(corpus), "--out", str(tmp_path / "run"), "--steps", "1", "--device", "cpu", "--d-model",
             "16", "--n-layers", "1", "--n-heads", "2", "--quiet"]
     assert train_main([*base, *flags]) == 2
