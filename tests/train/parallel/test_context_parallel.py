@@ -2,7 +2,8 @@
 10 steps, and a run resumes across cp sizes (saved with --cp 1, resumed with --cp 2 under FSDP2; saved with --cp 2,
 resumed with --cp 1) like the uninterrupted run; what has no context-parallel path is refused in one line.
 
-The model trains in float64 with packed documents crossing the shard edges (the default packing), so every loss
+The model, one R, one G and one windowed A layer (the scan's and the G mixer's carries, the conv's and the window's
+halos), trains in float64 with packed documents crossing the shard edges (the default packing), so every loss
 recorded by the context-parallel runs equals the one-rank run's to the arithmetic's order: the tolerance, 1e-12
 relative, is float64 rounding through 10 AdamW steps (the errors measured are below 1e-14)."""
 import json
@@ -18,7 +19,7 @@ from hybrid.train.loop.checkpoint import load_checkpoint
 TOLERANCE = 1e-12
 ARGS = ["--d-model", "16", "--n-layers", "3", "--n-heads", "2", "--window", "6", "--seq-len", "24", "--batch-size", "2",
         "--lr", "1e-2", "--warmup", "2", "--log-every", "1", "--eval-every", "0", "--eval-batches", "2", "--device",
-        "cpu", "--set", 'dtype="float64"', "--quiet"]
+        "cpu", "--set", 'dtype="float64"', "--set", 'pattern="RGA"', "--quiet"]
 
 
 def torchrun(*args, timeout=120):
