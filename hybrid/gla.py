@@ -31,6 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from hybrid.kernels.context_parallel import vo_gla_cp
 from hybrid.kernels.varlen import check_cu_seqlens
 from hybrid.kernels.vo_gla import DEFAULT_TILE_SIZE, vo_gla, vo_gla_step
 
@@ -38,7 +39,7 @@ from .batch_state import TensorState
 from .checks import (check_choice, check_even_dim, check_input_dtype, check_int, check_positive_int,
                      check_sequence_states)
 from .conv import CausalConv1d
-from .mixer import FixedStateOptions, Mixer
+from .mixer import FixedStateOptions, Mixer, check_shard_call
 from .norms import rms_norm
 from .precision import at_least_float32
 from .rotary import DataPhase, RotaryConfig, check_phase_rounding, inv_freq
@@ -191,8 +192,9 @@ class VOGatedLinearAttention(Mixer):
             return self.data_phase.increments(x)
         return at_least_float32(self.theta)
 
-    def _keys(self, x: Tensor, conv_state, cu_seqlens=None, output_final_state=True, step=False):
-        """q, k ``(B, T, H, Dk)`` after the short conv (q scaled by 1/√Dk), and the conv's new state."""
+    def _keys(self, x: Tensor, conv_state, cu_seqlens=None, output_final_state=True, step=False, shard=None):
+        """q, k ``(B, T, H, Dk)`` after the short conv (q scaled by 1/√Dk), and the conv's new state. ``shard``: the
+        conv reads the W − 1 inputs before this rank's shard (``causal_conv1d_cp``)."""
         qk = torch.cat([self.q_proj(x), self.k_proj(x)], dim=-1)  # (B, T, 2·H·Dk) or (B, 2·H·Dk)
         if self.conv is None:  # no conv: an empty tail, one row per sequence
             rows = qk.shape[0] if cu_seqlens is None else cu_seqlens.numel() - 1
@@ -200,7 +202,8 @@ class VOGatedLinearAttention(Mixer):
         elif step:
             qk, new = self.conv.step(qk, conv_state)
         else:
-            qk, new = self.conv(qk, conv_state, cu_seqlens=cu_seqlens, output_final_state=output_final_state)
+            qk, new = self.conv(qk, conv_state, cu_seqlens=cu_seqlens, output_final_state=output_final_state,
+                                shard=shard)
         qk = F.silu(qk).unflatten(-1, (2, self.n_heads, self.key_dim))  # (…, 2, H, Dk)
         return qk.select(-3, 0) * self.key_dim ** -0.5, qk.select(-3, 1), new
 
@@ -227,14 +230,16 @@ class VOGatedLinearAttention(Mixer):
         sequences, each restarting the conv and the state; ``state`` is then None or a list of N ``GLAState |
         None`` (batch 1 each), and so is the returned state.
 
-        ``shard`` (context parallelism): G has no context-parallel path yet; any shard is refused in one line
-        (``Mixer.check_shard``).
+        ``shard`` (``hybrid.kernels.context_parallel.SequenceShard``): x is this rank's part of one long sequence
+        (``(1, L, d_model)`` when the shard packs documents); the conv reads its halo and the state its carry from
+        the earlier ranks (``causal_conv1d_cp``, ``vo_gla_cp``). No state in or out.
         """
-        if shard is not None:
-            self.check_shard()
         if x.dim() != 3 or x.shape[-1] != self.d_model or x.shape[1] < 1:
             raise ValueError(f"x: expected shape (B, T>=1, {self.d_model}), got {tuple(x.shape)}")
         check_input_dtype("x", x, self.v_proj.weight.dtype)
+        if shard is not None:
+            check_shard_call(shard, state, cu_seqlens, output_final_state)
+            return self._forward_shard(x, shard), None
         N = None
         if cu_seqlens is not None:
             cu_seqlens = check_cu_seqlens(cu_seqlens, x.shape[1], x.device, batch=x.shape[0])
@@ -259,6 +264,21 @@ class VOGatedLinearAttention(Mixer):
         if N is None:
             return y, GLAState(conv=conv_state, S=S)
         return y, [GLAState(conv=conv_state[n:n + 1], S=S[n:n + 1]) for n in range(N)]
+
+    def check_shard(self) -> None:
+        """Every option of the G layer has a context-parallel path (`forward(x, shard=…)`)."""
+
+    def _forward_shard(self, x: Tensor, shard) -> Tensor:
+        """``forward`` on this rank's shard of one long sequence (see ``forward``): y ``(B, L, d_model)``. The decay
+        and the angles are per token (or static), so each rank computes its own."""
+        cdt = torch.promote_types(x.dtype, torch.float32)
+        q, k, _ = self._keys(x, None, output_final_state=False, shard=shard)
+        v = self.v_proj(x).unflatten(-1, (self.n_heads, self.value_dim))  # (B, L, H, Dv)
+        log_decay, theta = self.log_decay(x), self.angles(x)
+        with torch.autocast(x.device.type, enabled=False):  # keep the op and S in cdt
+            o, _ = vo_gla_cp(q.to(cdt), k.to(cdt), v.to(cdt), log_decay.to(cdt), theta.to(cdt), shard=shard,
+                             tile_size=self.tile_size, check_values=False)
+        return self._output(x, o)
 
     def _stack_states(self, states, N: int, x: Tensor):
         """Per-sequence states (None or a list of N ``GLAState | None``) as ``conv (N, W−1, C)``, ``S (N, H, Dk, Dv)``

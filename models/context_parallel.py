@@ -3,7 +3,7 @@ one rank's logits (``HybridLM.forward(ids, shard=…)``).
 
 Every rank holds a contiguous shard of the token ids (``hybrid.kernels.context_parallel.shard_sequence``). The
 embedding and the absolute positions are per token (positions from the shard's global offset, per document when
-packed); each mixer runs its context-parallel path (``forward(x, shard=…)``: a carry for R and M, a halo for the
+packed); each mixer runs its context-parallel path (``forward(x, shard=…)``: a carry for R, M and G, a halo for the
 conv and windowed attention, every earlier shard's keys for global attention); the MLPs and norms are per token.
 The loss is the global token mean (``global_token_mean``); the parameters' gradients, summed over the ranks of
 the shard's group, are one rank's.

@@ -2,13 +2,14 @@
 
 Every rank holds a contiguous shard of the sequence (`SequenceShard`, from `shard_sequence`). The linear
 recurrences exchange one carry per shard (`carry.py`: the complex scan's complex state per channel,
-retention's matrix per head, a cumulative phase), the mixers that look back a fixed distance exchange a halo
-(`halo.py`: the conv's W − 1 inputs, a window's w − 1 keys and values; global attention: every earlier shard),
-and the loss is the global token mean (`loss.py`). Each op takes the arguments of its one-rank op plus
+retention's and the G mixer's matrix per head, a cumulative phase), the mixers that look back a fixed distance
+exchange a halo (`halo.py`: the conv's W − 1 inputs, a window's w − 1 keys and values; global attention: every
+earlier shard), and the loss is the global token mean (`loss.py`). Each op takes the arguments of its one-rank op plus
 ``shard=``::
 
     complex_scan_cp(x, log_decay, theta, initial_state=None, *, shard, output_final_state=False, ...)
     retention_cp(q, k, v, log_gamma, initial_state=None, *, shard, output_final_state=False, tile_size=64)
+    vo_gla_cp(q, k, v, log_decay, theta, initial_state=None, *, shard, output_final_state=False, tile_size=64, ...)
     causal_conv1d_cp(x, weight, bias=None, initial_state=None, *, shard, output_final_state=False, backend=None)
     window_attention_cp(q, k, v, window, *, shard, scale=None, backend=None)
 
@@ -21,6 +22,7 @@ from .attention import window_attention_cp
 from .carry import carry_in, running_sum_in
 from .comm import Traffic, count_traffic, gather_shards, keep_in_graph
 from .conv import causal_conv1d_cp
+from .gla import vo_gla_cp
 from .halo import gather_halo
 from .loss import global_token_mean
 from .retention import retention_cp
@@ -29,4 +31,4 @@ from .shard import SequenceShard, shard_sequence
 
 __all__ = ["SequenceShard", "Traffic", "carry_in", "causal_conv1d_cp", "complex_scan_cp", "count_traffic",
            "gather_halo", "gather_shards", "global_token_mean", "keep_in_graph", "retention_cp", "running_sum_in",
-           "shard_sequence", "window_attention_cp"]
+           "shard_sequence", "vo_gla_cp", "window_attention_cp"]

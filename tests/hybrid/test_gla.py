@@ -1,7 +1,8 @@
 """The G mixer (hybrid/gla.py): its three modes agree across hand-offs, packed equals separate, chunked prefill at
 every chunk length, gradients to every parameter, its options and their errors; all in float64.
 
-The op underneath is checked against its formula in tests/kernels/test_vo_gla.py.
+The op underneath is checked against its formula in tests/kernels/test_vo_gla.py; the context-parallel path on 2
+and 3 ranks in tests/kernels/context_parallel.
 """
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import pytest
 import torch
 
 from hybrid import GLAConfig, GLAState, VOGatedLinearAttention
+from hybrid.kernels.context_parallel import shard_sequence
 from hybrid.models import HybridConfig, HybridLM
 
 F64 = torch.float64
@@ -117,6 +119,23 @@ def test_packed_equals_separate(options):
         assert_close(s.S, w.S) and assert_close(s.conv, w.conv)
     for g, w in zip(grads, want):
         assert_close(g, w)
+
+
+@pytest.mark.parametrize("cu", [None, [0, 3, 9, 10, 14]])
+def test_a_one_rank_shard_is_the_plain_forward_and_takes_no_state(cu):
+    """``forward(x, shard=…)`` with the whole sequence on one rank is the plain forward (the numbers on 2 and 3
+    ranks: tests/kernels/context_parallel); a shard takes no state in and builds none."""
+    m = mixer(phase="data")
+    cu = None if cu is None else torch.tensor(cu)
+    x = x_of(1 if cu is not None else 2, 14)
+    shard = shard_sequence(14, cu_seqlens=cu)
+    want, _ = m(x, cu_seqlens=cu, output_final_state=False)
+    got, state = m(x, shard=shard, output_final_state=False)
+    assert state is None and torch.equal(got, want)
+    with pytest.raises(ValueError, match=r"^output_final_state: expected False with shard="):
+        m(x, shard=shard)
+    with pytest.raises(ValueError, match=r"^state: expected None with shard="):
+        m(x, m.init_state(x.shape[0]), shard=shard, output_final_state=False)
 
 
 @pytest.mark.parametrize("options", OPTIONS.values(), ids=OPTIONS.keys())

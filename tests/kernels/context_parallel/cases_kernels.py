@@ -6,8 +6,9 @@ import torch
 from common import F64, L, case, compare, packings, rel_err, summed, world_of
 from hybrid.kernels import causal_conv1d, complex_scan, window_attention
 from hybrid.kernels.context_parallel import (causal_conv1d_cp, complex_scan_cp, retention_cp, shard_sequence,
-                                             window_attention_cp)
+                                             vo_gla_cp, window_attention_cp)
 from hybrid.kernels.retention import retention_chunkwise
+from hybrid.kernels.vo_gla import vo_gla
 
 B, H, D = 2, 2, 6  # D/2 = 3 rotary pairs
 
@@ -65,6 +66,12 @@ def _final_states(group, T: int, cu, seq: dict, whole: dict, op: str) -> dict:
                                output_final_state=True, cu_seqlens=prefix_cu)
         y, got = complex_scan_cp(*args(local), whole["s0"], shard=shard, output_final_state=True)
         alone, _ = complex_scan(*args(local), None, cu_seqlens=shard.cu_seqlens)
+    elif op == "gla":
+        args = lambda d: tuple(d.get(n, whole.get(n)) for n in ("q", "k", "v", "log_decay", "theta"))  # noqa: E731
+        s0 = whole["s0"][: (len(prefix_cu) - 1)] if cu else whole["s0"]
+        _, want = vo_gla(*args(prefix), s0, output_final_state=True, cu_seqlens=prefix_cu, tile_size=3)
+        y, got = vo_gla_cp(*args(local), whole["s0"], shard=shard, output_final_state=True, tile_size=3)
+        alone, _ = vo_gla(*args(local), None, cu_seqlens=shard.cu_seqlens, tile_size=3)
     else:
         lg = whole["log_gamma"]
         s0 = whole["s0"][: (len(prefix_cu) - 1)] if cu else whole["s0"]
@@ -141,6 +148,82 @@ case("retention, initial state")(lambda g: _retention_case(g, cu=None, seed=50))
 for _i, _name in enumerate(("near-edges", "at-edges", "across-all")):
     case(f"retention packed {_name}, per-document initial states")(
         lambda g, n=_name, i=_i: _retention_case(g, cu=packings(world_of(g))[n], seed=60 + i))
+
+
+# ------------------------------------------------------------------------------------------ vo_gla (the G mixer's op)
+
+DK, DV = 3, 4  # Dv/2 = 2 value pairs
+
+
+def _gla_inputs(rows: int, T: int, *, data_decay: bool, data_phase: bool, seed: int) -> tuple[dict, dict]:
+    """q, k, v per token; log γ (γ in about 0.7 … 0.999) and θ ∈ [0, 2) static per head (and pair) or per token.
+    Returns ``(per-token inputs, whole-sequence inputs)`` without the initial state."""
+    seq = {"q": _randn(rows, T, H, DK, seed=seed), "k": _randn(rows, T, H, DK, seed=seed + 1) / 2,
+           "v": _randn(rows, T, H, DV, seed=seed + 2)}
+    whole = {}
+    decay_shape = (rows, T, H) if data_decay else (H,)
+    phase_shape = (rows, T, H, DV // 2) if data_phase else (H, DV // 2)
+    (seq if data_decay else whole)["log_decay"] = torch.log(
+        0.7 + 0.299 * torch.rand(decay_shape, dtype=F64, generator=_gen(seed + 3)))
+    (seq if data_phase else whole)["theta"] = 2.0 * torch.rand(phase_shape, dtype=F64, generator=_gen(seed + 4))
+    return seq, whole
+
+
+def _gla_case(group, *, data_decay: bool, data_phase: bool, cu: list[int] | None, seed: int) -> dict:
+    T = L * world_of(group)
+    rows = 1 if cu is not None else B
+    n_init = rows if cu is None else len(cu) - 1
+    seq, whole = _gla_inputs(rows, T, data_decay=data_decay, data_phase=data_phase, seed=seed)
+    whole["s0"] = _randn(n_init, H, DK, DV, seed=seed + 5)
+    cu_t = None if cu is None else torch.tensor(cu)
+
+    def one(q, k, v, log_decay, theta, s0):
+        return vo_gla(q, k, v, log_decay, theta, s0, cu_seqlens=cu_t, tile_size=3)[0]
+
+    def cp(shard, q, k, v, log_decay, theta, s0):
+        return vo_gla_cp(q, k, v, log_decay, theta, s0, shard=shard, tile_size=3)[0]
+
+    errors = compare(group, T, one, cp, seq, whole, cu=cu, seed=seed)
+    errors.update(_final_states(group, T, cu, seq, whole, "gla"))
+    return errors
+
+
+def _kinds(data_decay: bool, data_phase: bool) -> str:
+    return f"{'data-dependent' if data_decay else 'static'} decay, {'data-dependent' if data_phase else 'static'} phase"
+
+
+for _dd in (False, True):
+    for _dp in (False, True):
+        case(f"gla {_kinds(_dd, _dp)}, initial state")(
+            lambda g, dd=_dd, dp=_dp: _gla_case(g, data_decay=dd, data_phase=dp, cu=None, seed=160 + 2 * dd + dp))
+for _i, _name in enumerate(("near-edges", "at-edges", "across-all")):
+    case(f"gla packed {_name}, {_kinds(True, True)}, per-document initial states")(
+        lambda g, n=_name, i=_i: _gla_case(g, data_decay=True, data_phase=True, cu=packings(world_of(g))[n],
+                                           seed=170 + i))
+    case(f"gla packed {_name}, {_kinds(False, False)}")(
+        lambda g, n=_name, i=_i: _gla_case(g, data_decay=False, data_phase=False, cu=packings(world_of(g))[n],
+                                           seed=180 + i))
+
+
+@case("gla final state gradient on the last rank")
+def _gla_final_grad(group):
+    T = L * world_of(group)
+    seq, _ = _gla_inputs(B, T, data_decay=True, data_phase=True, seed=190)
+    names = ("q", "k", "v", "log_decay", "theta")
+    s0, gf = _randn(B, H, DK, DV, seed=196), _randn(B, H, DK, DV, seed=197)
+    ref = [seq[n].clone().requires_grad_() for n in names] + [s0.clone().requires_grad_()]
+    o, f = vo_gla(*ref, output_final_state=True, tile_size=3)
+    g = _randn(*o.shape, seed=198)
+    want = torch.autograd.grad((o * g).sum() + (f * gf).sum(), ref)
+    shard = shard_sequence(T, group)
+    cp = [shard.take(seq[n]).clone().requires_grad_() for n in names] + [s0.clone().requires_grad_()]
+    o, f = vo_gla_cp(*cp, shard=shard, output_final_state=True, tile_size=3)
+    last = shard.rank == shard.world - 1
+    got = torch.autograd.grad((o * shard.take(g)).sum() + (f * gf).sum() * last, cp, allow_unused=True)
+    got = [torch.zeros_like(t) if d is None else d for t, d in zip(cp, got)]  # s0 is read on rank 0 only
+    errors = {f"grad {n}": rel_err(got[i], shard.take(want[i])) for i, n in enumerate(names)}
+    errors["grad s0"] = rel_err(summed(got[-1], group), want[-1])
+    return errors
 
 
 # ------------------------------------------------------------------------------------------ causal conv

@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 
 from common import F64, L, case, compare_module, packings, rel_err, summed, world_of
-from hybrid import Attention, MultiScaleRetention, RotaryConfig, VORecurrence
+from hybrid import Attention, MultiScaleRetention, RotaryConfig, VOGatedLinearAttention, VORecurrence
 from hybrid.kernels.context_parallel import global_token_mean, shard_sequence
 from hybrid.models import HybridConfig, HybridLM
 
@@ -54,6 +54,15 @@ ATTENTIONS = {
     "carope window 5, GQA": dict(carope=True, window=5, n_kv_heads=1),
 }
 
+GLAS = {
+    "selective decay, static phase": dict(),
+    "static decay, learned phase, partial rotary_dim": dict(decay="static", phase="learned", rotary_dim=2),
+    "selective decay, data phase, no conv": dict(phase="data", conv_width=0),
+    "static decay, data phase rounded": dict(decay="static", phase="data", phase_round=8),
+    f"key_dim 3, value_dim 6, conv width {2 * L - 2} (halo two shards back)": dict(key_dim=3, value_dim=6,
+                                                                                   conv_width=2 * L - 2),
+}
+
 
 def _recurrence(options):
     return lambda: VORecurrence(D_MODEL, HEADS, rotary=RotaryConfig(base=100.0), r_min=0.8, **options)
@@ -65,6 +74,17 @@ def _attention(options):
     return lambda: Attention(D_MODEL, 4, 4, rotary=rotary, **options)
 
 
+def _gla(options):
+    def make():
+        layer = VOGatedLinearAttention(D_MODEL, HEADS, rotary=RotaryConfig(base=100.0), tile_size=3, **options)
+        with torch.no_grad():  # the data-dependent decay and phase start static (zero weights): make them vary
+            for name, p in layer.named_parameters():
+                if name in ("decay_weight", "data_phase.weight"):
+                    p.normal_(0.0, 0.5)
+        return layer
+    return make
+
+
 for _name, _opts in RECURRENCES.items():
     for _cu in (None, "near-edges", "across-all"):
         case(f"R {_name}" + ("" if _cu is None else f", packed {_cu}"))(
@@ -73,6 +93,10 @@ for _name, _opts in ATTENTIONS.items():
     for _cu in (None, "near-edges", "across-all"):
         case(f"A {_name}" + ("" if _cu is None else f", packed {_cu}"))(
             lambda g, o=_opts, c=_cu: _mixer_case(g, _attention(o), cu_name=c, seed=110))
+for _name, _opts in GLAS.items():
+    for _cu in (None, "near-edges", "across-all"):
+        case(f"G {_name}" + ("" if _cu is None else f", packed {_cu}"))(
+            lambda g, o=_opts, c=_cu: _mixer_case(g, _gla(o), cu_name=c, seed=125))
 for _cu in (None, "near-edges", "at-edges", "across-all"):
     case("M" + ("" if _cu is None else f", packed {_cu}"))(
         lambda g, c=_cu: _mixer_case(g, lambda: MultiScaleRetention(D_MODEL, HEADS, tile_size=3,
@@ -123,6 +147,9 @@ MODELS = {
     "transformer": _config("transformer"),
     "retnet": _config("retnet"),
     "vo-rnn": _config("vo-rnn"),
+    "vo-gla": _config("vo-gla"),
+    "vo-gla, static decay, data phase, pattern GRA": _config(
+        "vo-gla", pattern="GRA", window=5, **{"gla.decay": "static", "gla.phase": "data"}),
     "hybrid, window 5": _config("hybrid", window=5),
     f"hybrid, window {L + 4}, learned absolute positions, recompute linear": _config(
         "hybrid", window=L + 4, abs_pos="learned", abs_pos_max_len=64, recompute="linear"),
@@ -139,3 +166,5 @@ for _cu in ("near-edges", "across-all"):
         lambda g, c=_cu: _model_case(g, _config("hybrid", window=L + 4), cu_name=c, seed=140))
     case(f"model transformer, packed {_cu}")(
         lambda g, c=_cu: _model_case(g, _config("transformer"), cu_name=c, seed=141))
+    case(f"model vo-gla, packed {_cu}")(
+        lambda g, c=_cu: _model_case(g, _config("vo-gla"), cu_name=c, seed=142))

@@ -5,10 +5,12 @@ global attention, packed documents with boundaries before, at and after the shar
 initial and final states. The cases are in `cases_kernels.py` and `cases_layers.py`; `conftest.py` runs them."""
 import pytest
 
+from hybrid.models import PRESETS
+
 TOLERANCE = 1e-12  # float64; the errors measured are below 1e-14
 LAYERS = {
-    "ops": lambda name: name.split()[0] in ("scan", "retention", "retention,", "conv", "attention"),
-    "mixers": lambda name: name.split()[0].rstrip(",") in ("R", "A", "M"),
+    "ops": lambda name: name.split()[0] in ("scan", "retention", "retention,", "gla", "conv", "attention"),
+    "mixers": lambda name: name.split()[0].rstrip(",") in ("R", "A", "M", "G"),
     "models": lambda name: name.startswith("model "),
 }
 
@@ -16,6 +18,13 @@ LAYERS = {
 def test_every_case_belongs_to_a_layer(cp_results):
     names = {name for cases in cp_results.values() for name in cases}
     assert names and all(sum(belongs(name) for belongs in LAYERS.values()) == 1 for name in names)
+
+
+def test_every_preset_has_a_model_case(cp_results):
+    """Every preset runs context-parallel (none is refused) and is compared with one rank."""
+    names = {name for cases in cp_results.values() for name in cases}
+    missing = [preset for preset in PRESETS if not any(name.startswith(f"model {preset}") for name in names)]
+    assert not missing, f"presets without a context-parallel model case: {missing}"
 
 
 @pytest.mark.parametrize("size", [2, 3])

@@ -3,7 +3,8 @@
 resumed with --cp 1) like the uninterrupted run, with documents packed or as one stream; what has no
 context-parallel path is refused in one line.
 
-The model trains in float64 with packed documents crossing the shard edges (the default packing), so every loss
+The model, one R, one G and one windowed A layer (the scan's and the G mixer's carries, the conv's and the window's
+halos), trains in float64 with packed documents crossing the shard edges (the default packing), so every loss
 recorded by the context-parallel runs equals the one-rank run's to the arithmetic's order: the tolerance, 1e-12
 relative, is float64 rounding through 10 AdamW steps (the errors measured are below 1e-14)."""
 import json
@@ -19,7 +20,7 @@ from hybrid.train.loop.checkpoint import load_checkpoint
 TOLERANCE = 1e-12
 ARGS = ["--d-model", "16", "--n-layers", "3", "--n-heads", "2", "--window", "6", "--seq-len", "24", "--batch-size", "2",
         "--lr", "1e-2", "--warmup", "2", "--log-every", "1", "--eval-every", "0", "--eval-batches", "2", "--device",
-        "cpu", "--set", 'dtype="float64"', "--quiet"]
+        "cpu", "--set", 'dtype="float64"', "--set", 'pattern="RGA"', "--quiet"]
 
 
 def torchrun(*args, timeout=120):
@@ -80,12 +81,15 @@ def test_stream_packing_on_two_context_ranks_trains_like_one(corpus, tmp_path):
 @pytest.mark.parametrize("flags, needles", [
     (["--cp", "2", "--seq-len", "25"], ["seq_len: expected a multiple of cp=2", "got 25"]),
     (["--cp", "2", "--compile"], ["compile: expected False with cp > 1"]),
-    (["--cp", "2", "--preset", "vo-gla"], ["cp: expected 1 for this model", "VOGatedLinearAttention", "got 2"]),
+    (["--cp", "2", "--preset", "transformer", "--set", 'rope_scaling={"rope_type": "dynamic", "factor": 2.0, '
+      '"original_max_position_embeddings": 8}'], ["cp: expected 1 for this model", "rotary.scaling", "got 2"]),
     (["--cp", "2"], ["cp: expected a divisor of WORLD_SIZE=1", "got 2"]),
+    # every preset has a context-parallel path: vo-gla (the G mixer) passes the model check and meets the job's
+    (["--cp", "2", "--preset", "vo-gla"], ["cp: expected a divisor of WORLD_SIZE=1", "got 2"]),
 ])
 def test_refusals_are_one_line(corpus, tmp_path, capsys, one_line_error, flags, needles):
-    """A length that does not divide into the shards, an option or a mixer without a context-parallel path, and a
-    job that does not divide into context groups."""
+    """A length that does not divide into the shards, an option without a context-parallel path, and a job that
+    does not divide into context groups."""
     base = ["--data", str(corpus), "--out", str(tmp_path / "run"), "--steps", "1", "--device", "cpu", "--d-model",
             "16", "--n-layers", "1", "--n-heads", "2", "--quiet"]
     assert train_main([*base, *flags]) == 2
