@@ -1,7 +1,7 @@
 """`hybrid-train --cp N` on the CPU (torchrun, gloo): a 2-rank context-parallel run's losses equal a 1-rank run's for
 10 steps, and a run resumes across cp sizes (saved with --cp 1, resumed with --cp 2 under FSDP2; saved with --cp 2,
-resumed with --cp 1) like the uninterrupted run, with documents packed or as one stream; what has no
-context-parallel path is refused in one line.
+resumed with --cp 1) like the uninterrupted run, with documents packed or as one stream, and 4 ranks as 2 data
+groups × 2 context ranks train like one process; what has no context-parallel path is refused in one line.
 
 The model, one R, one G and one windowed A layer (the scan's and the G mixer's carries, the conv's and the window's
 halos), trains in float64 with packed documents crossing the shard edges (the default packing), so every loss
@@ -23,9 +23,9 @@ ARGS = ["--d-model", "16", "--n-layers", "3", "--n-heads", "2", "--window", "6",
         "cpu", "--set", 'dtype="float64"', "--set", 'pattern="RGA"', "--quiet"]
 
 
-def torchrun(*args, timeout=120):
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "-m", "hybrid.train",
-           *args]
+def torchrun(*args, timeout=120, nproc=2):
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}", "-m",
+           "hybrid.train", *args]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return proc
@@ -76,6 +76,21 @@ def test_stream_packing_on_two_context_ranks_trains_like_one(corpus, tmp_path):
     assert train_main([*common, "--out", str(tmp_path / "one")]) == 0
     torchrun(*common, "--out", str(tmp_path / "two"), "--cp", "2")
     assert_equal_losses(losses(tmp_path / "two"), losses(tmp_path / "one"), range(1, 5))
+
+
+def test_two_data_groups_of_two_context_ranks_train_like_one(corpus, tmp_path):
+    """4 ranks as a 2 data × 2 context mesh under FSDP2 (the parameters sharded over all four, torchtitan's
+    ``dp_shard_cp``): each data group reads half the global batch and splits its sequences in two, and the losses
+    are one process's with the whole batch."""
+    batch = ARGS.index("--batch-size") + 1
+    common = ["--data", str(corpus), "--steps", "4", "--save-every", "4", *ARGS]
+    one = list(common)
+    one[len(common) - len(ARGS) + batch] = "4"  # one process: the global batch of 2 groups × 2
+    assert train_main([*one, "--out", str(tmp_path / "one")]) == 0
+    torchrun(*common, "--out", str(tmp_path / "four"), "--cp", "2", "--fsdp", nproc=4, timeout=240)
+    assert_equal_losses(losses(tmp_path / "four"), losses(tmp_path / "one"), range(1, 5))
+    ckpt = load_checkpoint(tmp_path / "four")
+    assert ckpt.extra["global_batch"] == 4 and ckpt.extra["world_size"] == 4
 
 
 @pytest.mark.parametrize("flags, needles", [
