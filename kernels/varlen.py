@@ -37,10 +37,12 @@ class PackedOffsets:
 
     @classmethod
     def from_bounds(cls, bounds, *, device, dtype=torch.int64) -> "PackedOffsets":
-        """Offsets known on the host (a chunk of a packed batch): no check, no read back."""
+        """Offsets known on the host (a chunk of a packed batch, the loader's offsets): no check, no read back, and
+        no stream sync: they reach the device by a non-blocking copy (``torch.tensor(list, device=…)`` waits for
+        the stream)."""
         bounds = tuple(int(b) for b in bounds)
-        return cls(torch.tensor(bounds, dtype=dtype, device=device), bounds,
-                   max(b - a for a, b in zip(bounds, bounds[1:])))
+        on_device = torch.tensor(bounds, dtype=dtype).to(device, non_blocking=True)
+        return cls(on_device, bounds, max(b - a for a, b in zip(bounds, bounds[1:])))
 
 
 def packed_offsets(cu_seqlens, total: int, device, name: str = "cu_seqlens",

@@ -42,6 +42,4 @@ def packed_on_device(cu_seqlens: torch.Tensor, device: torch.device, compiled: b
     with every batch (a recompile a step)."""
     if compiled or cu_seqlens.device.type != "cpu":
         return cu_seqlens.to(device, non_blocking=True)
-    bounds = tuple(cu_seqlens.tolist())  # read on the host, where the loader made them
-    on_device = cu_seqlens.to(device, non_blocking=True)  # no stream sync (torch.tensor(list, device=…) has one)
-    return PackedOffsets(on_device, bounds, max(b - a for a, b in zip(bounds, bounds[1:])))
+    return PackedOffsets.from_bounds(cu_seqlens.tolist(), device=device, dtype=cu_seqlens.dtype)
