@@ -11,8 +11,12 @@ query); G is ``a_ij = γ^{i−j} · q_iᵀk_j``: a ``Dk × Dv`` state per head, 
 (recall), with the seed's relative rotation on the value side. Options (`GLAConfig`):
 
 - ``decay``: "static", a learnable γ_h per head (``log γ = −exp(ν)``, starting on RetNet's schedule
-  ``1 − 2^{−5−h}``), or "selective", ``log γ_t = logsigmoid(w_h·x_t + b_h) / 16`` per token and head (GLA's gate,
-  starting at the same schedule);
+  ``1 − 2^{−5−h}``), or "selective", a gate per token and head, starting at the same schedule;
+- ``gate``: the selective decay's gate. "logsigmoid", GLA's ``log γ_t = logsigmoid(w_h·x_t + b_h) / 16``, never
+  reaches γ_t = 1. "hardsigmoid", R's hard gate (the state-tracking recipe's): ``log γ_t = c·r_t·log γ_h`` with
+  ``r_t = hardsigmoid(w_h·x_t + b_h)`` ∈ [0, 1], c = 8 and a learnable γ_h per head, so a token can hold the state
+  exactly (r_t = 0, γ_t = 1). ``hold_below`` (hardsigmoid only): 0 (off), or a gate value in (0, 1) below which
+  r_t is 0, straight-through (the value 0, the gradient r_t's), in training and at inference;
 - ``phase``: "static", the VO-RoPE frequencies ``hybrid.rotary.inv_freq`` per value pair; "learned", the same as a
   parameter; "data", ``θ_t = π·σ(W x_t + b)`` ∈ (0, π) per token and pair (``hybrid.rotary.DataPhase``; a token can
   flip a pair's sign), with ``phase_round`` / ``phase_round_at_inference`` as the R mixer's;
@@ -36,17 +40,19 @@ from hybrid.kernels.varlen import check_cu_seqlens
 from hybrid.kernels.vo_gla import DEFAULT_TILE_SIZE, vo_gla, vo_gla_step
 
 from .batch_state import TensorState
-from .checks import (check_choice, check_even_dim, check_input_dtype, check_int, check_positive_int,
+from .checks import (check_choice, check_even_dim, check_input_dtype, check_int, check_number, check_positive_int,
                      check_sequence_states)
 from .conv import CausalConv1d
 from .mixer import FixedStateOptions, Mixer, check_shard_call
 from .norms import rms_norm
 from .precision import at_least_float32
+from .recurrence import SELECTIVE_C
 from .rotary import DataPhase, RotaryConfig, check_phase_rounding, inv_freq
 
-__all__ = ["GLAConfig", "GLAState", "VOGatedLinearAttention", "DECAYS", "PHASES", "GATE_NORMALIZER"]
+__all__ = ["GLAConfig", "GLAState", "VOGatedLinearAttention", "DECAYS", "GATES", "PHASES", "GATE_NORMALIZER"]
 
 DECAYS = ("static", "selective")
+GATES = ("logsigmoid", "hardsigmoid")  # the selective decay's gate: GLA's, or R's hard gate (can hold γ_t = 1)
 PHASES = ("static", "learned", "data")
 GATE_NORMALIZER = 16.0  # GLA's: log γ_t = logsigmoid(z) / 16, so a gate near 0.5 keeps γ near 0.96
 
@@ -70,6 +76,8 @@ class GLAConfig(FixedStateOptions):
     module docstring for each)."""
 
     decay: str = "selective"
+    gate: str = "logsigmoid"
+    hold_below: float = 0.0
     phase: str = "static"
     phase_round: int = 0
     phase_round_at_inference: bool = False
@@ -81,6 +89,13 @@ class GLAConfig(FixedStateOptions):
 
     def __post_init__(self):
         check_choice("decay", self.decay, DECAYS)
+        check_choice("gate", self.gate, GATES)
+        if self.gate != "logsigmoid" and self.decay != "selective":
+            raise ValueError(f"gate: applies to decay='selective' only, got {self.gate!r} with decay={self.decay!r}")
+        check_number("hold_below", self.hold_below, low=0.0, high=1.0, high_open=True)
+        if self.hold_below and self.gate != "hardsigmoid":
+            raise ValueError(f"hold_below: applies to gate='hardsigmoid' only, got {self.hold_below} with "
+                             f"gate={self.gate!r}")
         check_choice("phase", self.phase, PHASES)
         check_phase_rounding("pi-sigmoid", self.phase_round, self.phase_round_at_inference)
         if self.phase_round and self.phase != "data":
@@ -127,7 +142,8 @@ class VOGatedLinearAttention(Mixer):
         self.key_dim, self.value_dim = c.dims(self.head_dim)
         Dk, Dv = self.key_dim, self.value_dim
         P = Dv // 2
-        self.decay, self.phase, self.tile_size = c.decay, c.phase, c.tile_size
+        self.decay, self.gate, self.hold_below = c.decay, c.gate, c.hold_below
+        self.phase, self.tile_size = c.phase, c.tile_size
         self.q_proj = nn.Linear(d_model, H * Dk, bias=False)
         self.k_proj = nn.Linear(d_model, H * Dk, bias=False)
         self.v_proj = nn.Linear(d_model, H * Dv, bias=False)
@@ -136,9 +152,9 @@ class VOGatedLinearAttention(Mixer):
         self.conv = CausalConv1d(2 * H * Dk, c.conv_width) if c.conv_width else None
         self.norm_weight = nn.Parameter(torch.ones(Dv))  # the output norm's weight, shared by the heads
         # decays: plain Parameters (the model's Linear init leaves them on their schedule)
-        if self.decay == "static":
-            self.decay_nu = nn.Parameter(torch.empty(H))  # log γ = −exp(ν)
-        else:
+        if self.decay == "static" or self.gate == "hardsigmoid":
+            self.decay_nu = nn.Parameter(torch.empty(H))  # log γ = −exp(ν): γ_h, scaled by c·r_t when hard-gated
+        if self.decay == "selective":
             self.decay_weight = nn.Parameter(torch.empty(H, d_model))
             self.decay_bias = nn.Parameter(torch.empty(H))
         R = c.rotary_dim or Dv
@@ -156,17 +172,23 @@ class VOGatedLinearAttention(Mixer):
 
     @torch.no_grad()
     def reset_parameters(self) -> None:
-        """Decays on RetNet's schedule γ_h = 1 − 2^{−5−h} (selective: the gate's bias there, its weight 0)."""
+        """Decays on RetNet's schedule γ_h = 1 − 2^{−5−h} at every token (selective: the gate's weight 0, and its
+        bias where the gate gives that γ; the hard gate's bias 0, r = 1/2, and γ_h where c·r·log γ_h is there)."""
         log_gamma = torch.log1p(-torch.exp2(-5.0 - torch.arange(self.n_heads, dtype=torch.float64)))  # (H,)
         if self.decay == "static":
             self.decay_nu.copy_(torch.log(-log_gamma))
+            return
+        self.decay_weight.zero_()
+        if self.gate == "hardsigmoid":
+            self.decay_bias.zero_()  # hardsigmoid(0) = 1/2
+            self.decay_nu.copy_(torch.log(-log_gamma / (0.5 * SELECTIVE_C)))
         else:
-            self.decay_weight.zero_()
             self.decay_bias.copy_(torch.logit(torch.exp(GATE_NORMALIZER * log_gamma)))  # logsigmoid(b)/16 = log γ
 
     def extra_repr(self) -> str:
+        gate = f", gate={self.gate!r}" if self.gate != "logsigmoid" else ""
         return (f"d_model={self.d_model}, n_heads={self.n_heads}, key_dim={self.key_dim}, "
-                f"value_dim={self.value_dim}, decay={self.decay!r}, phase={self.phase!r}")
+                f"value_dim={self.value_dim}, decay={self.decay!r}{gate}, phase={self.phase!r}")
 
     def init_state(self, batch_size: int, device=None, dtype: torch.dtype | None = None) -> GLAState:
         """A zero state; S is float32 whatever ``dtype`` (the conv tail's dtype)."""
@@ -184,7 +206,12 @@ class VOGatedLinearAttention(Mixer):
             return -torch.exp(at_least_float32(self.decay_nu))
         x32 = at_least_float32(x)
         z = F.linear(x32, self.decay_weight.to(x32.dtype), self.decay_bias.to(x32.dtype))  # (B, T, H)
-        return F.logsigmoid(z) / GATE_NORMALIZER
+        if self.gate == "logsigmoid":
+            return F.logsigmoid(z) / GATE_NORMALIZER
+        r = F.hardsigmoid(z)
+        if self.hold_below:  # small gates shut: the value 0, the gradient r's (straight-through)
+            r = r + (r.masked_fill(r < self.hold_below, 0.0) - r).detach()
+        return SELECTIVE_C * r * -torch.exp(self.decay_nu.to(x32.dtype))  # (B, T, H)
 
     def angles(self, x: Tensor) -> Tensor:
         """θ: ``(H, P)`` (static, learned) or ``(B, T, H, P)`` from x (data); float32 at least."""

@@ -13,6 +13,7 @@ import torch
 
 from hybrid import GLAConfig, GLAState, VOGatedLinearAttention
 from hybrid.kernels.context_parallel import shard_sequence
+from hybrid.kernels.vo_gla import vo_gla_reference
 from hybrid.models import HybridConfig, HybridLM
 
 F64 = torch.float64
@@ -22,6 +23,8 @@ OPTIONS = {
     "static decay, learned phase, partial rotary": {"decay": "static", "phase": "learned", "rotary_dim": 4},
     "data phase, rounded": {"phase": "data", "phase_round": 4, "phase_round_at_inference": True},
     "no conv, own key and value sizes": {"conv_width": 0, "key_dim": 3, "value_dim": 6, "tile_size": 3},
+    # gates near 1/2 at random weights: a threshold there shuts about half of them (γ_t = 1) and leaves the rest open
+    "hard gate held below 0.45, data phase": {"gate": "hardsigmoid", "hold_below": 0.45, "phase": "data"},
 }
 _seed = itertools.count(4646)
 
@@ -93,7 +96,8 @@ def test_chunked_prefill_at_every_chunk_length():
             assert_close(torch.cat([got, tail], 1), want)
 
 
-@pytest.mark.parametrize("options", [{}, {"phase": "data", "decay": "static"}, {"conv_width": 0}])
+@pytest.mark.parametrize("options", [{}, {"phase": "data", "decay": "static"}, {"conv_width": 0},
+                                     {"gate": "hardsigmoid", "hold_below": 0.45}])
 def test_packed_equals_separate(options):
     """A packed batch (lengths 1 and 2, across the op's chunk edges) with per-sequence states and positions equals
     each sequence run alone: outputs, states and the gradients of every parameter and of the input."""
@@ -179,6 +183,37 @@ def test_the_init_starts_on_retnets_schedule_and_static_vo_rope():
     assert_close(m.angles(x), m.theta.double().expand(2, 3, 4, 2), 1e-6)  # float32 schedule
     static = VOGatedLinearAttention(16, 4, decay="static")
     torch.testing.assert_close(static.log_decay(x.float()), want.float())
+    hard = VOGatedLinearAttention(16, 4, gate="hardsigmoid").double()
+    assert_close(hard.log_decay(x), want.expand(2, 3, 4), 1e-6)  # c·(1/2)·log γ_h, γ_h stored in float32
+
+
+def test_the_hard_gate_holds_the_state_exactly():
+    """With gate="hardsigmoid" a gate at 0 (z ≤ −3, or below hold_below) gives log γ_t = 0 exactly, so the
+    state is kept whole: S_t = S_{t−1} turned, plus the write. A held gate's gradient is r's (straight-through):
+    d log γ_t / d b_h = c · hardsigmoid'(z) · log γ_h = (8/6) log γ_h inside (−3, 3), and 0 past it."""
+    m = mixer(gate="hardsigmoid", hold_below=0.25)
+    x = x_of(1, 6)
+    with torch.no_grad():
+        m.decay_weight.zero_()
+        m.decay_bias.copy_(torch.tensor([-5.0, -1.0]))  # r = 0 (hard zero), r = 1/3 (open)
+    log_decay = m.log_decay(x)
+    assert torch.equal(log_decay[..., 0], torch.zeros(1, 6, dtype=F64))
+    log_gamma_h = -torch.exp(m.decay_nu.detach())
+    assert_close(log_decay[..., 1], (8 / 3 * log_gamma_h[1]).expand(1, 6))
+    with torch.no_grad():
+        m.decay_bias.copy_(torch.tensor([-2.0, -1.0]))  # r = 1/6: below 0.25, held (straight-through)
+    log_decay = m.log_decay(x)
+    assert torch.equal(log_decay[..., 0], torch.zeros(1, 6, dtype=F64))
+    (grad,) = torch.autograd.grad(log_decay.sum(), [m.decay_bias])
+    assert_close(grad, 6 * 8 / 6 * log_gamma_h, 1e-7)  # six tokens; torch's hardsigmoid backward takes 1/6 in fp32
+    # every head held over the whole sequence: the layer's state is the op's with γ = 1, every write kept whole
+    with torch.no_grad():
+        m.decay_bias.fill_(-5.0)
+        _, state = m(x)
+        q, k, _ = m._keys(x, None)
+        v = m.v_proj(x).unflatten(-1, (HEADS, m.value_dim))  # (1, T, H, Dv)
+        _, want = vo_gla_reference(q, k, v, torch.zeros(HEADS, dtype=F64), m.theta.double(), output_final_state=True)
+    assert_close(state.S, want)
 
 
 def test_options_and_their_errors():
@@ -186,6 +221,11 @@ def test_options_and_their_errors():
     assert (GLAConfig.state_grows, GLAConfig.cheap_to_recompute) == (False, True)
     cases = [
         (dict(decay="dynamic"), r"^decay: expected one of \['static', 'selective'\], got 'dynamic'$"),
+        (dict(gate="relu"), r"^gate: expected one of \['logsigmoid', 'hardsigmoid'\], got 'relu'$"),
+        (dict(decay="static", gate="hardsigmoid"),
+         r"^gate: applies to decay='selective' only, got 'hardsigmoid' with decay='static'$"),
+        (dict(hold_below=0.25), r"^hold_below: applies to gate='hardsigmoid' only, got 0.25 with gate='logsigmoid'$"),
+        (dict(gate="hardsigmoid", hold_below=1.0), r"^hold_below: expected a number in \[0, 1\), got 1.0$"),
         (dict(phase="carope"), r"^phase: expected one of \['static', 'learned', 'data'\], got 'carope'$"),
         (dict(phase_round=4), r"^phase_round: applies to phase='data' only, got 4 with phase='static'$"),
         (dict(phase="data", rotary_dim=2), r"^rotary_dim: applies to the 'static' and 'learned' phases, got 2"),

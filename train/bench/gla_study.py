@@ -14,7 +14,8 @@ budget's d_model, so that no model wins by width; ``hybrid-bench`` matches its s
   ``report`` scores every run again by the distance from each query back to its value: inside and beyond the window.
 - Parity: the state-tracking budget (1 layer, d_model 64, 1000 steps, lengths 3–40), lr 3e-3 (the recipe's): G with the
   data-dependent phase (``--model vo-gla-data``), the same with the recipe's quarter-turn rounding from the middle of
-  training on (``--model vo-gla-recipe``), G with the static phase, and the R recipe.
+  training on (``--model vo-gla-recipe``), with R's hard decay gate as well (``--model vo-gla-recipe-hard``: the
+  whole recipe), G with the static phase, and the R recipe.
 - LM: ``hybrid-bench --suite baselines --budget long --models hybrid-gla`` (bpb by context inside documents).
 - Passkey: the recipe of docs/research/passkey/why.md (one turning pair per head, a fifth of the keys at the edges,
   4800 steps, lr 3e-3) for the GGA hybrid.
@@ -47,6 +48,7 @@ PARITY_MODELS = {  # name -> (preset, overrides, the suite model it is (train/ta
     "vo-rnn-recipe": ("vo-rnn", {}, "vo-rnn-recipe"),
     "vo-gla-data": ("vo-gla", {}, "vo-gla-data"),
     "vo-gla-recipe": ("vo-gla", {}, "vo-gla-recipe"),  # + quarter-turn rounding from the middle of training on
+    "vo-gla-recipe-hard": ("vo-gla", {}, "vo-gla-recipe-hard"),  # + R's hard gate, shut below a quarter
     "vo-gla-static": ("vo-gla", {}, None),
 }
 REFERENCE = {"mqar": "transformer", "parity": "vo-rnn-recipe"}

@@ -69,13 +69,15 @@ CANDIDATES = {
     # gates below a quarter shut, straight-through
     "recipe+round4-late+hold-0.25": STATE_RECIPE,  # kept as the recipe, vo-rnn-recipe
 }
-# the G mixer (issue 46; not in the suites' default models): the data-dependent phase, and with the parts of the
-# state-tracking recipe that apply to it, the angles rounded to quarter turns from the middle of training on (its
-# decay gate, GLA's, has no exact hold: hold_below and the hard gate do not apply)
+# the G mixer (issue 46; not in the suites' default models): the data-dependent phase; with the recipe's angles, rounded
+# to quarter turns from the middle of training on (GLA's decay gate, which has no exact hold); and with the whole
+# recipe, R's hard gate too, whose gates below a quarter shut (γ_t = 1, straight-through)
+G_ROUNDED = {"gla.phase": "data", "gla.phase_round": 4, "gla.phase_round_at_inference": True}
 G_MODELS = {
     "vo-gla-data": ("vo-gla", {"gla.phase": "data"}),
-    "vo-gla-recipe": ("vo-gla", {"gla.phase": "data", "gla.phase_round": 4, "gla.phase_round_at_inference": True},
-                      {"phase_round_from": 0.5}),
+    "vo-gla-recipe": ("vo-gla", G_ROUNDED, {"phase_round_from": 0.5}),
+    "vo-gla-recipe-hard": ("vo-gla", {**G_ROUNDED, "gla.gate": "hardsigmoid", "gla.hold_below": 0.25},
+                           {"phase_round_from": 0.5}),
 }
 KNOWN_MODELS = {**MODELS, **CANDIDATES, **G_MODELS}
 
