@@ -4,7 +4,7 @@ r"""The "G" mixer: VO-RoPE around gated linear attention, a key-addressed matrix
     v     = W_v x
     o_t   = Σ_{j≤t} (Π_{j<s≤t} γ_s) (q_t · k_j) R_{Φ_j − Φ_t} v_j           (hybrid.kernels.vo_gla)
     S_t   = γ_t · (S_{t−1} turned by e^{−iθ_t} on the value pairs) + k_t ⊗ v_t,      o_t = q_t S_t
-    y     = W_o( silu(W_g x) ⊙ rmsnorm_head(o) )
+    y     = W_o( silu(W_g x) ⊙ rmsnorm_head(o) )         (output_norm=False: o itself)
 
 The R mixer is the case ``a_ij = γ^{i−j}`` of VO-RoPE attention (one complex number per value pair, read with no
 query); G is ``a_ij = γ^{i−j} · q_iᵀk_j``: a ``Dk × Dv`` state per head, written by keys and read by queries
@@ -22,7 +22,10 @@ query); G is ``a_ij = γ^{i−j} · q_iᵀk_j``: a ``Dk × Dv`` state per head, 
   flip a pair's sign), with ``phase_round`` / ``phase_round_at_inference`` as the R mixer's;
 - ``rotary_dim``: the first rotary_dim/2 value pairs turn, the rest keep θ = 0 (static and learned phases);
 - ``key_dim``, ``value_dim``: the per-head key and value sizes (default head_dim; value_dim even);
-- ``conv_width``: the short conv on q and k (0: none); ``tile_size``: the op's chunk length.
+- ``conv_width``: the short conv on q and k (0: none); ``tile_size``: the op's chunk length;
+- ``output_norm``: RMS-normalise each head's read-out before the gate (GLA's; default), or not (False): the norm
+  divides a pair by the whole head's size, so pairs whose sums grow with length (an exactly held head) shrink the
+  others' share.
 
 The state is kept in the frame of the last token seen, so it holds no position: `offset` is accepted for the common
 signature and unused, as the R mixer's.
@@ -40,8 +43,8 @@ from hybrid.kernels.varlen import check_cu_seqlens
 from hybrid.kernels.vo_gla import DEFAULT_TILE_SIZE, vo_gla, vo_gla_step
 
 from .batch_state import TensorState
-from .checks import (check_choice, check_even_dim, check_input_dtype, check_int, check_number, check_positive_int,
-                     check_sequence_states)
+from .checks import (check_bool, check_choice, check_even_dim, check_input_dtype, check_int, check_number,
+                     check_positive_int, check_sequence_states)
 from .conv import CausalConv1d
 from .mixer import FixedStateOptions, Mixer, check_shard_call
 from .norms import rms_norm
@@ -86,6 +89,7 @@ class GLAConfig(FixedStateOptions):
     value_dim: int | None = None
     conv_width: int = 4
     tile_size: int = DEFAULT_TILE_SIZE
+    output_norm: bool = True
 
     def __post_init__(self):
         check_choice("decay", self.decay, DECAYS)
@@ -110,6 +114,7 @@ class GLAConfig(FixedStateOptions):
             check_even_dim("value_dim", self.value_dim)
         check_int("conv_width", self.conv_width, low=0, what="0 (no conv) or a positive int")
         check_positive_int("tile_size", self.tile_size)
+        check_bool("output_norm", self.output_norm)
 
     def dims(self, head_dim: int) -> tuple[int, int]:
         """(key size, value size) per head."""
@@ -150,7 +155,9 @@ class VOGatedLinearAttention(Mixer):
         self.g_proj = nn.Linear(d_model, H * Dv, bias=False)
         self.out_proj = nn.Linear(H * Dv, d_model, bias=False)
         self.conv = CausalConv1d(2 * H * Dk, c.conv_width) if c.conv_width else None
-        self.norm_weight = nn.Parameter(torch.ones(Dv))  # the output norm's weight, shared by the heads
+        self.output_norm = c.output_norm
+        if self.output_norm:
+            self.norm_weight = nn.Parameter(torch.ones(Dv))  # the output norm's weight, shared by the heads
         # decays: plain Parameters (the model's Linear init leaves them on their schedule)
         if self.decay == "static" or self.gate == "hardsigmoid":
             self.decay_nu = nn.Parameter(torch.empty(H))  # log γ = −exp(ν): γ_h, scaled by c·r_t when hard-gated
@@ -236,7 +243,9 @@ class VOGatedLinearAttention(Mixer):
 
     def _output(self, x: Tensor, o: Tensor) -> Tensor:
         """x ``(…, d_model)``, o ``(…, H, Dv)`` -> ``W_o(silu(W_g x) ⊙ rmsnorm_head(o))`` ``(…, d_model)``."""
-        o = rms_norm(o, self.norm_weight, self.norm_eps).flatten(-2).to(x.dtype)  # (…, H·Dv)
+        if self.output_norm:
+            o = rms_norm(o, self.norm_weight, self.norm_eps)
+        o = o.flatten(-2).to(x.dtype)  # (…, H, Dv) -> (…, H·Dv)
         return self.out_proj(F.silu(self.g_proj(x)) * o)
 
     def _check_state(self, state: GLAState, batch: int) -> None:

@@ -22,7 +22,8 @@ OPTIONS = {
     "selective, static phase": {},
     "static decay, learned phase, partial rotary": {"decay": "static", "phase": "learned", "rotary_dim": 4},
     "data phase, rounded": {"phase": "data", "phase_round": 4, "phase_round_at_inference": True},
-    "no conv, own key and value sizes": {"conv_width": 0, "key_dim": 3, "value_dim": 6, "tile_size": 3},
+    "no conv, own key and value sizes, no output norm": {"conv_width": 0, "key_dim": 3, "value_dim": 6, "tile_size": 3,
+                                                         "output_norm": False},
     # gates near 1/2 at random weights: a threshold there shuts about half of them (γ_t = 1) and leaves the rest open
     "hard gate held below 0.45, data phase": {"gate": "hardsigmoid", "hold_below": 0.45, "phase": "data"},
 }
@@ -232,6 +233,7 @@ def test_options_and_their_errors():
         (dict(value_dim=5), r"^value_dim: expected an even int >= 2 \(rotary pairs\), got 5$"),
         (dict(conv_width=-1), r"^conv_width: expected 0 \(no conv\) or a positive int, got -1$"),
         (dict(tile_size=0), r"^tile_size: expected a positive int, got 0$"),
+        (dict(output_norm=0), r"^output_norm: expected True or False, got 0$"),
     ]
     for options, match in cases:
         with pytest.raises(ValueError, match=match):

@@ -15,7 +15,8 @@ budget's d_model, so that no model wins by width; ``hybrid-bench`` matches its s
 - Parity: the state-tracking budget (1 layer, d_model 64, 1000 steps, lengths 3–40), lr 3e-3 (the recipe's): G with the
   data-dependent phase (``--model vo-gla-data``), the same with the recipe's quarter-turn rounding from the middle of
   training on (``--model vo-gla-recipe``), with R's hard decay gate as well (``--model vo-gla-recipe-hard``: the
-  whole recipe), G with the static phase, and the R recipe.
+  whole recipe), the last without the output norm (``--model vo-gla-recipe-hard-no-norm``), G with the static phase,
+  and the R recipe.
 - LM: ``hybrid-bench --suite baselines --budget long --models hybrid-gla`` (bpb by context inside documents).
 - Passkey: the recipe of docs/research/passkey/why.md (one turning pair per head, a fifth of the keys at the edges,
   4800 steps, lr 3e-3) for the GGA hybrid.
@@ -49,8 +50,11 @@ PARITY_MODELS = {  # name -> (preset, overrides, the suite model it is (train/ta
     "vo-gla-data": ("vo-gla", {}, "vo-gla-data"),
     "vo-gla-recipe": ("vo-gla", {}, "vo-gla-recipe"),  # + quarter-turn rounding from the middle of training on
     "vo-gla-recipe-hard": ("vo-gla", {}, "vo-gla-recipe-hard"),  # + R's hard gate, shut below a quarter
+    "vo-gla-recipe-hard-no-norm": ("vo-gla", {}, "vo-gla-recipe-hard-no-norm"),  # + no output norm
     "vo-gla-static": ("vo-gla", {}, None),
 }
+# the G recipes decide one answer (does G keep R's state tracking?) and run in a minute or two: two more seeds each
+RECIPE_SEEDS = {name: (0, 1, 2, 3) for name in ("vo-gla-recipe", "vo-gla-recipe-hard", "vo-gla-recipe-hard-no-norm")}
 REFERENCE = {"mqar": "transformer", "parity": "vo-rnn-recipe"}
 PASSKEY_R = {"rnn_selective": True, "rnn_selective_gate": "hardsigmoid", "recurrence.rotary_dim": 2}
 
@@ -107,8 +111,10 @@ def jobs(out: Path) -> list[Job]:
     # parity
     ref_preset, ref_over, ref_model = PARITY_MODELS[REFERENCE["parity"]]
     target = non_embedding_parameters(task_config("parity", ref_preset, ref_over, {"model": ref_model}))
-    for seed in SEEDS:
+    for seed in sorted({*SEEDS, *(s for seeds in RECIPE_SEEDS.values() for s in seeds)}):
         for name, (preset, overrides, model) in PARITY_MODELS.items():
+            if seed not in RECIPE_SEEDS.get(name, SEEDS):
+                continue
             run = out / "parity" / name / f"seed{seed}"
             which = ["--model", model] if model else ["--preset", preset]
             argv = [*_python(), "hybrid.train.cli.synthetic", "--task", "parity", "--budget", "cpu", *which]

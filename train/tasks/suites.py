@@ -73,11 +73,13 @@ CANDIDATES = {
 # to quarter turns from the middle of training on (GLA's decay gate, which has no exact hold); and with the whole
 # recipe, R's hard gate too, whose gates below a quarter shut (γ_t = 1, straight-through)
 G_ROUNDED = {"gla.phase": "data", "gla.phase_round": 4, "gla.phase_round_at_inference": True}
+G_HARD = {**G_ROUNDED, "gla.gate": "hardsigmoid", "gla.hold_below": 0.25}
 G_MODELS = {
     "vo-gla-data": ("vo-gla", {"gla.phase": "data"}),
     "vo-gla-recipe": ("vo-gla", G_ROUNDED, {"phase_round_from": 0.5}),
-    "vo-gla-recipe-hard": ("vo-gla", {**G_ROUNDED, "gla.gate": "hardsigmoid", "gla.hold_below": 0.25},
-                           {"phase_round_from": 0.5}),
+    "vo-gla-recipe-hard": ("vo-gla", G_HARD, {"phase_round_from": 0.5}),
+    # the same without the output norm, which divides a pair by its whole head (docs/research/gla.md, "parity")
+    "vo-gla-recipe-hard-no-norm": ("vo-gla", {**G_HARD, "gla.output_norm": False}, {"phase_round_from": 0.5}),
 }
 KNOWN_MODELS = {**MODELS, **CANDIDATES, **G_MODELS}
 
