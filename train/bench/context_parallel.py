@@ -5,10 +5,12 @@ against the bytes its activations take, for one long sequence split across ``--c
     python -m hybrid.train.bench.context_parallel --lengths 16384 --cp 1,2,4 --threads 2 --out table.md
     python -m hybrid.train.bench.context_parallel --rounds 3 --reps 2     # cp sizes alternated, ratios with spread
     python -m hybrid.train.bench.context_parallel --device cuda --lengths 65536,131072 --cp 1,2,4,8   # one GPU a rank
+    python -m hybrid.train.bench.context_parallel --pattern GGAG --lengths 16384    # the G mixer in place of R
 
 One training step is forward + backward of the global token mean of the cross-entropy
 (``HybridLM.forward(ids, shard=…)`` and ``global_token_mean``): the model the long-context table measures (the
-hybrid preset, d_model 256, 4 layers "RRAR", 4 heads, window 256, byte vocabulary, B = 1, fp32). Every (T, cp)
+hybrid preset, d_model 256, 4 layers "RRAR", 4 heads, window 256, byte vocabulary, B = 1, fp32); ``--pattern``
+sets the layers (e.g. "GGAG": the G mixer, whose carry is a ``Dk × Dv`` matrix per head). Every (T, cp)
 cell runs in its own processes, one per rank (a gloo group over a file store; ``--cp 1`` is one process, no
 collectives). ``--threads`` intra-op threads are shared out among the ranks (2 on a 2-core machine: cp 1 runs
 one process with 2 threads, cp 2 two processes with 1 thread each, so both use the whole machine).
@@ -47,8 +49,9 @@ DEFAULT_LENGTHS = (16384, 32768, 65536)
 
 
 def build(args) -> HybridLM:
+    pattern = {"pattern": args.pattern} if args.pattern else {}
     config = HybridConfig.preset("hybrid", "tiny", d_model=args.d_model, n_layers=args.n_layers,
-                                 n_heads=args.n_heads, window=args.window)
+                                 n_heads=args.n_heads, window=args.window, **pattern)
     torch.manual_seed(0)
     return HybridLM(config)
 
@@ -149,6 +152,7 @@ def run_cell(args, seq_len: int, world: int) -> dict:
         store = os.path.join(folder, "store")
         common = [f"--{k.replace('_', '-')}={getattr(args, k)}" for k in
                   ("device", "d_model", "n_layers", "n_heads", "window", "reps")]
+        common += [f"--pattern={args.pattern}"] if args.pattern else []
         threads = max(1, args.threads // world)
         procs = [subprocess.Popen([sys.executable, "-m", "hybrid.train.bench.context_parallel", "--cell",
                                    f"--seq-len={seq_len}", f"--world={world}", f"--rank={rank}", f"--store={store}",
@@ -214,7 +218,8 @@ def ratio_rows(cells: dict) -> list[str]:
 
 
 def tables(args, cells: dict) -> list[str]:
-    lines = [f"Training forward+backward of the hybrid (d_model {args.d_model}, {args.n_layers} layers, "
+    lines = [f"Training forward+backward of the hybrid (d_model {args.d_model}, {args.n_layers} layers"
+             + (f" \"{args.pattern}\"" if args.pattern else "") + ", "
              f"{args.n_heads} heads, window {args.window}), B=1, fp32, {_machine(args)}, torch {torch.__version__}; "
              f"median of {args.reps} steps (slowest rank)"
              + (f", then the median over {args.rounds} rounds" if args.rounds > 1 else "")
@@ -239,15 +244,17 @@ def tables(args, cells: dict) -> list[str]:
               "block (norms, mixer, MLP) saved for the backward (the most over the ranks)", "",
               "| T | cp | layer | received forward | received backward | saved activations | ratio |",
               "|---:|---:|---|---:|---:|---:|---:|"]
-    kinds = {"R": ("conv halo", "scan carry"), "A": ("attention halo",), "M": ("retention carry",)}
+    kinds = {"R": ("conv halo", "scan carry"), "A": ("attention halo",), "M": ("retention carry",),
+             "G": ("conv halo", "gla carry")}
     for (t, world), c in cells.items():
         if "error" in c or world == 1:
             continue
         layers = c["layers"]
+        # a label's bytes are the model's total: shared out among the layers that exchange it (R and G: conv halo)
+        sharing = {lbl: sum(lbl in kinds[k] for k in layers) for k in set(layers) for lbl in kinds[k]}
         for kind in dict.fromkeys(layers):
-            n = layers.count(kind)
-            fwd, bwd = (max(sum(r["exchanged"].get(lbl, [0, 0])[d] for lbl in kinds[kind]) / n for r in c["ranks"])
-                        for d in (0, 1))
+            fwd, bwd = (max(sum(r["exchanged"].get(lbl, [0, 0])[d] / sharing[lbl] for lbl in kinds[kind])
+                            for r in c["ranks"]) for d in (0, 1))
             saved = max(statistics.mean(r["saved_per_block"].get(str(i), 0) for i, k in enumerate(layers) if k == kind)
                         for r in c["ranks"])
             lines.append(f"| {t} | {world} | {kind} | {_mb(fwd)} | {_mb(bwd)} | {_mb(saved)} | "
@@ -266,6 +273,7 @@ def main(argv=None):
     p.add_argument("--n-layers", type=int, default=4)
     p.add_argument("--n-heads", type=int, default=4)
     p.add_argument("--window", type=int, default=256)
+    p.add_argument("--pattern", default=None, help="the layers' pattern (default the hybrid preset's, RRAR)")
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--rounds", type=int, default=1, help="measure every cell this many times, cp sizes alternated")
     p.add_argument("--out", default=None, help="also write the tables (markdown) here")
