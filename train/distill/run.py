@@ -249,7 +249,8 @@ class Distiller(Run):
     def _stage_kwargs(self, steps: int) -> dict:
         c = self.config
         return dict(teacher=self.teacher, batches=self.batches, validation=self.validation, steps=steps,
-                    eval_batches=c.eval_batches, autocast=self.autocast, device=self.device, seq_len=c.seq_len)
+                    eval_batches=c.eval_batches, autocast=self.autocast, device=self.device, seq_len=c.seq_len,
+                    compiled=c.compile)
 
     def _align_stage(self) -> AlignStage:
         """Stage 1's model (the teacher with an R layer at every layer to align), its R layers initialised from the
