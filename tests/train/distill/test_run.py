@@ -144,3 +144,20 @@ def test_accumulated_micro_batches_make_the_update_of_one_batch(tmp_path, corpus
     for name, value in a.model_state.items():
         torch.testing.assert_close(b.model_state[name], value, rtol=1e-4, atol=1e-6, msg=name)
     assert two.val_kl == pytest.approx(one.val_kl, rel=1e-4)
+
+
+def test_packed_offsets_reach_the_device_with_their_host_values_unless_compiled():
+    """An eager stage hands the mixers ``PackedOffsets`` carrying the host bounds (no read-back a micro-batch); a
+    compiled one the tensor (a host tuple would be a guard that changes every batch)."""
+    import torch
+
+    from hybrid.kernels.varlen import PackedOffsets
+    from hybrid.train.distill.stages import to_device
+
+    x = y = torch.zeros(1, 7, dtype=torch.long)
+    cu = torch.tensor([0, 3, 7])
+    _, _, eager = to_device(x, y, cu, torch.device("cpu"), compiled=False)
+    assert isinstance(eager, PackedOffsets) and eager.bounds == (0, 3, 7) and torch.equal(eager.cu_seqlens, cu)
+    _, _, compiled = to_device(x, y, cu, torch.device("cpu"), compiled=True)
+    assert isinstance(compiled, torch.Tensor) and torch.equal(compiled, cu)
+    assert to_device(x, y, None, torch.device("cpu"), compiled=False)[2] is None
