@@ -57,6 +57,7 @@ PARITY_MODELS = {  # name -> (preset, overrides, the suite model it is (train/ta
 RECIPE_SEEDS = {name: (0, 1, 2, 3) for name in ("vo-gla-recipe", "vo-gla-recipe-hard", "vo-gla-recipe-hard-no-norm")}
 REFERENCE = {"mqar": "transformer", "parity": "vo-rnn-recipe"}
 PASSKEY_R = {"rnn_selective": True, "rnn_selective_gate": "hardsigmoid", "recurrence.rotary_dim": 2}
+LM_REFERENCES = ("hybrid-selective", "transformer-window")
 PASSKEY_G = {
     "hybrid-gla-hard": {"pattern": "GGA", "gla.rotary_dim": 2, "gla.gate": "hardsigmoid"},
     "hybrid-gla-hard-no-norm": {"pattern": "GGA", "gla.rotary_dim": 2, "gla.gate": "hardsigmoid",
@@ -149,6 +150,14 @@ def jobs(out: Path) -> list[Job]:
                 "hybrid-gla", "--seeds", str(seed), "--out", str(lm / f"seed{seed}"), "--threads", "1", "--quiet"]
         found.append(Job(f"lm/hybrid-gla/seed{seed}", argv, lm / f"seed{seed}" / "baselines" / "report.md",
                          {"study": "lm", "model": "hybrid-gla", "seed": seed}))
+    # R (the selective RRA hybrid) and the windowed Transformer again, seed 0, with this code: their two-seed tables
+    # (docs/research/beyond-the-window.md) were trained before the one training loop and at two threads
+    for model in LM_REFERENCES:
+        run = lm / model / "seed0"
+        argv = [*_python(), "hybrid.train.cli.bench", "--suite", "baselines", "--budget", "long", "--models", model,
+                "--seeds", "0", "--out", str(run), "--threads", "1", "--quiet"]
+        found.append(Job(f"lm/{model}/seed0", argv, run / "baselines" / "report.md",
+                         {"study": "lm", "model": model, "seed": 0}))
     # passkey with the recipe's settings, the GGA hybrid beside the RRA one of docs/research/passkey/why.md: one
     # turning pair per head and R's hard gate (GLA's gate cannot hold a key over thousands of tokens), with and
     # without the output norm (which parity found shrinks an exactly held pair's share as the head's other pairs grow)
