@@ -11,6 +11,11 @@ Two things can still fail at a length the model never saw:
   (``output_norm``) divides the carrier by the whole head, so the carrier's share falls although it is exact.
 
 ``gla_parity_probe`` reads both off a run's checkpoint, in float64 from the layer's own inputs.
+
+On passkey the same split asks whether the key is still what the query reads: ``gla_passkey_probe`` divides each G
+head's read-out at the query marker into the writes of the key (its marker and digits) and of everything else.
+A head that holds the key exactly (γ_t = 1 on the filler) also keeps every filler write, so the filler's part
+grows with the length while the key's stays.
 """
 from __future__ import annotations
 
@@ -24,26 +29,41 @@ from hybrid.gla import VOGatedLinearAttention
 from .base import rng_of
 from .train import TEST_SEED
 
-__all__ = ["GLA_PROBE_COLUMNS", "gla_parity_probe", "gla_probe_run", "last_token_parts"]
+__all__ = ["GLA_PROBE_COLUMNS", "PASSKEY_PROBE_COLUMNS", "gla_parity_probe", "gla_passkey_probe", "gla_probe_run",
+           "last_token_parts"]
 
 TURN_ABOVE = 0.4  # a pair counts the ones when its mean angle on ``1`` is above this many π (π: parity itself;
 # π/2, a quarter turn: the count mod 4, from which parity reads as well)
 
 
 @torch.no_grad()
-def _layer_inputs(model: torch.nn.Module, ids: torch.Tensor, layer: int) -> tuple[VOGatedLinearAttention, torch.Tensor]:
-    """G layer ``layer`` of ``model`` and its input ``(B, T, d_model)`` along ``ids`` in parallel mode."""
+def _g_layers(model: torch.nn.Module) -> list[VOGatedLinearAttention]:
     layers = [m for m in model.modules() if isinstance(m, VOGatedLinearAttention)]
     if not layers:
         raise ValueError("model: expected a model with a G layer (VOGatedLinearAttention), got none")
-    seen = []
-    hook = layers[layer].register_forward_pre_hook(lambda m, args, kwargs: seen.append(args[0]), with_kwargs=True)
+    return layers
+
+
+@torch.no_grad()
+def _all_layer_inputs(model: torch.nn.Module, ids: torch.Tensor) -> tuple[list, list[torch.Tensor], torch.Tensor]:
+    """Every G layer of ``model``, its input ``(B, T, d_model)`` along ``ids`` in parallel mode, and the logits."""
+    layers = _g_layers(model)
+    seen: dict[int, torch.Tensor] = {}
+    hooks = [g.register_forward_pre_hook(lambda m, args, kwargs, i=i: seen.__setitem__(i, args[0]), with_kwargs=True)
+             for i, g in enumerate(layers)]
     try:
         model.eval()
-        model(ids)
+        logits, _ = model(ids)
     finally:
-        hook.remove()
-    return layers[layer], seen[0]
+        for hook in hooks:
+            hook.remove()
+    return layers, [seen[i] for i in range(len(layers))], logits
+
+
+def _layer_inputs(model: torch.nn.Module, ids: torch.Tensor, layer: int) -> tuple[VOGatedLinearAttention, torch.Tensor]:
+    """G layer ``layer`` of ``model`` and its input ``(B, T, d_model)`` along ``ids`` in parallel mode."""
+    layers, inputs, _ = _all_layer_inputs(model, ids)
+    return layers[layer], inputs[layer]
 
 
 @torch.no_grad()
@@ -117,6 +137,36 @@ def gla_parity_probe(model: torch.nn.Module, task, length: int, n: int = 64, *, 
     return result
 
 
+@torch.no_grad()
+def gla_passkey_probe(model: torch.nn.Module, task, length: int, depth: float = 0.5, n: int = 8) -> list[dict]:
+    """Every G head's read-out at the query marker of ``n`` passkey sequences of ``length`` with the key at
+    ``depth`` (fresh validation filler and keys, seed ``TEST_SEED``), split into the writes of the key (its marker
+    and digits) and of everything else before the query. One dict per layer and head: ``exact`` (the share of
+    the sequences whose key the model returns whole), ``key`` and ``other`` (medians of |the part|), ``share``
+    (key / (key + other)) and ``held`` (the share of filler tokens on which the head's γ_t is exactly 1)."""
+    rng = rng_of(TEST_SEED)
+    where = task.key_position(length, depth)
+    batch = task.build(task.haystacks(length, n, rng, "valid"), rng.integers(0, 10, size=(n, task.k)), where)
+    query = task.query_position(length)
+    layers, inputs, logits = _all_layer_inputs(model, batch.ids.to(next(model.parameters()).device))
+    exact = float((logits.argmax(-1).cpu() == batch.labels)[:, -task.k:].all(1).double().mean())
+    is_key = torch.zeros(query + 1, dtype=torch.bool)
+    is_key[where:where + task.k + 1] = True  # the marker and the digits
+    rows = []
+    for i, (g, x) in enumerate(zip(layers, inputs)):
+        parts = last_token_parts(g, x[:, :query + 1].cpu())  # the read-out at the query marker
+        key, other = parts["parts"][:, is_key].sum(1), parts["parts"][:, ~is_key].sum(1)  # (n, H, Dv) each
+        held = (parts["log_decay"][:, ~is_key] == 0).double().mean((0, 1))  # (H,)
+        for h in range(key.shape[1]):
+            k_, o_ = float(key[:, h].norm(dim=-1).median()), float(other[:, h].norm(dim=-1).median())
+            rows.append({"length": length, "depth": depth, "exact": exact, "layer": i, "head": h, "key": k_,
+                         "other": o_, "share": k_ / max(k_ + o_, 1e-300), "held": float(held[h])})
+    return rows
+
+
+PASSKEY_PROBE_COLUMNS = ["run", "length", "exact", "layer, head", "key", "other", "key share", "held on filler"]
+
+
 GLA_PROBE_COLUMNS = ["run", "acc", "pair", "θ on 1 / 0 (π)", "held on 1 / 0", "γ on 1 / 0", "kept",
                      "anchor / writes / others (train)", "anchor / writes / others (long)"]
 
@@ -137,3 +187,16 @@ def gla_probe_run(run_dir, length: int, n: int = 256) -> list:
     return [str(run_dir), f"{acc:.3f}", f"{p['pair'][0]}, {p['pair'][1]}",
             f"{p['theta_one']:.3f} / {p['theta_zero']:.3f}", f"{p['held_one']:.2f} / {p['held_zero']:.2f}",
             f"{p['gamma_one']:.4f} / {p['gamma_zero']:.4f}", f"{p['kept']:.3f}", parts("train"), parts("long")]
+
+
+def gla_passkey_rows(run_dir, lengths, depth: float = 0.5, n: int = 8) -> list[list]:
+    """Rows of ``PASSKEY_PROBE_COLUMNS`` for a passkey run directory whose model has a G layer, one per length,
+    layer and head (`gla_passkey_probe`)."""
+    from .train import load_task_run
+
+    model, task = load_task_run(run_dir)
+    if task.name != "passkey":
+        raise ValueError(f"run: expected a passkey run directory, got a {task.name} run at {run_dir}")
+    return [[str(run_dir), str(r["length"]), f"{r['exact']:.2f}", f"{r['layer']}, {r['head']}", f"{r['key']:.2f}",
+             f"{r['other']:.2f}", f"{r['share']:.3f}", f"{r['held']:.3f}"]
+            for length in lengths for r in gla_passkey_probe(model, task, length, depth, n)]

@@ -80,3 +80,35 @@ def test_the_command_prints_one_row_per_run_and_refuses_a_model_without_g_in_one
     err = capsys.readouterr().err.strip()
     assert err == ("python -m hybrid.train.cli.studies.gla_probe: error: model: expected a model with a G layer "
                    "(VOGatedLinearAttention), got none")
+
+
+def test_the_passkey_probe_splits_each_g_heads_read_out_at_the_query(tmp_path, capsys):
+    """A tiny GGA passkey run: one row per length, G layer and head; the key's and the rest's parts are the two
+    sides of the read-out at the query marker (their sum is `last_token_parts`', tested above), the share between 0
+    and 1; the command refuses a parity run in one line."""
+    from hybrid.train.cli.studies.gla_probe import main
+    from hybrid.train.tasks.gla_probe import PASSKEY_PROBE_COLUMNS, gla_passkey_probe
+    from hybrid.train.tasks.train import TaskRunConfig, load_task_run, train_task
+
+    config = TaskRunConfig(task="passkey", task_params={"train_length": 64, "test_lengths": [64, 128], "depths": 3,
+                                                        "samples": 1},
+                           preset="hybrid", steps=2, batch_size=4, eval_size=4,
+                           model={"d_model": 16, "n_layers": 3, "n_heads": 2, "pattern": "GGA", "window": 8,
+                                  "gla.gate": "hardsigmoid"})
+    train_task(config, tmp_path / "pk")
+    model, task = load_task_run(tmp_path / "pk")
+    rows = gla_passkey_probe(model, task, 128, depth=0.25, n=3)
+    assert [(r["layer"], r["head"]) for r in rows] == [(0, 0), (0, 1), (1, 0), (1, 1)]
+    for r in rows:
+        assert r["key"] > 0 and r["other"] > 0 and 0 < r["share"] < 1 and 0 <= r["held"] <= 1
+        assert r["share"] == r["key"] / (r["key"] + r["other"]) and r["exact"] in (0.0, 1 / 3, 2 / 3, 1.0)
+    assert main(["--passkey", str(tmp_path / "pk"), "--lengths", "64,128"]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert lines[0] == "| " + " | ".join(PASSKEY_PROBE_COLUMNS) + " |" and len(lines) == 2 + 2 * 4
+    parity = TaskRunConfig(task="parity", task_params={"train_lengths": [3, 6], "test_lengths": [6, 12]},
+                           preset="vo-gla", steps=1, batch_size=4, eval_size=4, model={"d_model": 16, "n_layers": 1,
+                                                                                       "n_heads": 2})
+    train_task(parity, tmp_path / "parity")
+    assert main(["--passkey", str(tmp_path / "parity")]) == 2
+    assert capsys.readouterr().err.strip() == ("python -m hybrid.train.cli.studies.gla_probe: error: run: expected a "
+                                               f"passkey run directory, got a parity run at {tmp_path / 'parity'}")
