@@ -11,7 +11,10 @@ first token is t₀, with ``S`` the state entering it (in the frame of token t�
 
 so the bracket is simple GLA on the turned values, and the chunk's total rotation ``φ_e`` is carried into the state:
 every angle is a sum of at most C increments, never the sequence's whole phase, and keeps float32's precision at
-any length. Every exponent is ≤ 0 (masked entries are −∞ before the exponential), so nothing overflows.
+any length. Static angles (one θ per pair for every token, the VO-RoPE frequencies) make ``φ_c = (c − t₀ + 1)·θ``
+the same in every chunk: one ``(C, H, P)`` table of cosines and sines, and ``φ_e`` from each chunk's token count,
+instead of a cumulative sum and two transcendentals per token. Every exponent is ≤ 0 (masked entries are −∞
+before the exponential), so nothing overflows.
 
 The carry across chunks is a loop over chunks that restarts the state at each sequence's first chunk (the given
 initial state, or zeros). Memory: ``(B, n_chunks, H, C, C)`` scores and ``(B, n_chunks, H, Dk, Dv)`` states:
@@ -60,28 +63,46 @@ def _gather(x: Tensor, index: Tensor, valid: Tensor) -> Tensor:
     return torch.where(mask, out, torch.zeros((), dtype=x.dtype, device=x.device))
 
 
+def _static_turns(th: Tensor, counts: Tensor, C: int) -> tuple[Tensor, Tensor, Tensor]:
+    """Chunk-local angles for one θ per pair at every token: ``th`` ``(Bd, 1, H, P)``, ``counts`` ``(NC,)`` the
+    tokens of each chunk. Returns cos φ_c and sin φ_c ``(Bd, 1, C, H, P)`` (``φ_c = (c + 1)·θ``, the same in every
+    chunk) and φ_e ``(Bd, NC, H, P)``, the angle at each chunk's last token (``count·θ``)."""
+    slots = torch.arange(1, C + 1, dtype=th.dtype, device=th.device)  # (C,)
+    phi = th[:, :, None] * slots[:, None, None]  # (Bd, 1, C, H, P)
+    return torch.cos(phi), torch.sin(phi), th * counts.to(th.dtype)[None, :, None, None]
+
+
 def vo_gla_chunkwise(q: Tensor, k: Tensor, v: Tensor, g: Tensor, th: Tensor, init: Tensor | None, cu: Tensor,
                      C: int, want_final: bool) -> tuple[Tensor, Tensor | None]:
-    """The scheme of the module docstring. q, k ``(B, T, H, Dk)``, v ``(B, T, H, Dv)``, g ``(B, T, H)`` (log γ),
-    th ``(B, T, H, Dv/2)`` (θ), T ≥ 1, all in the state dtype (g and th may be expanded views); cu ``(N+1,)``
-    (the sequences, shared by the B rows); init ``(B, N, H, Dk, Dv)`` or None (zeros).
-    Returns o ``(B, T, H, Dv)`` and, if want_final, the final states ``(B, N, H, Dk, Dv)``."""
+    """The scheme of the module docstring. q, k ``(B, T, H, Dk)``, v ``(B, T, H, Dv)``, g ``(B, T, H)`` (log γ;
+    may be an expanded view), th ``(Bd, Td, H, Dv/2)`` (θ; Bd ∈ {1, B}, Td ∈ {1, T}: Td = 1 is one angle per pair
+    at every token), T ≥ 1, all in the state dtype; cu ``(N+1,)`` (the sequences, shared by the B rows); init
+    ``(B, N, H, Dk, Dv)`` or None (zeros). Returns o ``(B, T, H, Dv)`` and, if want_final, the final states
+    ``(B, N, H, Dk, Dv)``."""
     B, T, H, Dk = q.shape
     Dv = v.shape[-1]
     C = max(1, min(C, T))
+    static = th.shape[1] == 1
+    per_token = () if static else (th.expand(B, T, H, Dv // 2),)
     if cu.numel() == 2:  # one sequence per row: the chunks are a zero-padded reshape (no gather, no scatter)
         NC = -(-T // C)
         chunk_seq, first, last, inverse = [0] * NC, [True] + [False] * (NC - 1), [False] * (NC - 1) + [True], None
-        qc, kc, vc, gc, thc = (F.pad(x, (0, 0) * (x.dim() - 2) + (0, NC * C - T)).unflatten(1, (NC, C))
-                               for x in (q, k, v, g, th))  # (B, NC, C, …)
+        qc, kc, vc, gc, *thc = (F.pad(x, (0, 0) * (x.dim() - 2) + (0, NC * C - T)).unflatten(1, (NC, C))
+                                for x in (q, k, v, g, *per_token))  # (B, NC, C, …)
+        counts = (T - torch.arange(NC, device=q.device) * C).clamp(max=C)  # (NC,)
     else:
         index, valid, inverse, chunk_seq, first, last = chunk_layout(cu, T, C)
-        qc, kc, vc, gc, thc = (_gather(x, index, valid) for x in (q, k, v, g, th))  # (B, NC, C, …)
+        qc, kc, vc, gc, *thc = (_gather(x, index, valid) for x in (q, k, v, g, *per_token))  # (B, NC, C, …)
         NC = index.shape[0]
+        counts = valid.sum(1)  # (NC,)
 
     b = gc.cumsum(2)  # (B, NC, C, H): log-decays summed within the chunk
-    phi = thc.cumsum(2)  # (B, NC, C, H, P): angles summed within the chunk
-    cos, sin = torch.cos(phi), torch.sin(phi)
+    if static:  # cos φ, sin φ (Bd, 1, C, H, P), shared by the chunks; φ_e (Bd, NC, H, P)
+        cos, sin, phi_end = _static_turns(th, counts, C)
+    else:
+        phi = thc[0].cumsum(2)  # (B, NC, C, H, P): angles summed within the chunk
+        cos, sin = torch.cos(phi), torch.sin(phi)
+        phi_end = phi[:, :, -1]  # (B, NC, H, P) (slots past the end add θ = 0: the last valid token's sum)
     v_turned = rotate(vc, cos, sin)  # (B, NC, C, H, Dv): ṽ_m = e^{iφ_m} v_m
 
     # intra: Σ_{m≤c} e^{b_c − b_m} (q_c·k_m) ṽ_m
@@ -95,7 +116,7 @@ def vo_gla_chunkwise(q: Tensor, k: Tensor, v: Tensor, g: Tensor, th: Tensor, ini
     b_end = b[:, :, -1]  # (B, NC, H) (slots past the end add log γ = 0: the last valid token's sum)
     k_weight = torch.exp(b_end[:, :, None] - b)  # (B, NC, C, H): e^{b_e − b_m}
     kv = torch.einsum("bnmhd,bnmhe->bnhde", kc * k_weight[..., None], v_turned)  # (B, NC, H, Dk, Dv)
-    cos_end, sin_end = cos[:, :, -1, :, None], -sin[:, :, -1, :, None]  # (B, NC, H, 1, P): e^{−iφ_e}
+    cos_end, sin_end = torch.cos(phi_end)[..., None, :], -torch.sin(phi_end)[..., None, :]  # e^{−iφ_e} (·, NC, H, 1, P)
     kv = rotate(kv, cos_end, sin_end)
     gain = torch.exp(b_end)[..., None, None]  # (B, NC, H, 1, 1)
 

@@ -24,7 +24,6 @@ def forward(q: Tensor, k: Tensor, v: Tensor, log_decay: Tensor, theta: Tensor, i
     """log_decay ``(Bd, Td, H)``, theta ``(Bd, Td, H, P)`` (Bd ∈ {1, B}, Td ∈ {1, T}); initial / final states
     ``(N, H, Dk, Dv)`` with cu_seqlens, ``(B, H, Dk, Dv)`` without. Returns (o in q's dtype, final or None)."""
     B, T, H, Dk = q.shape
-    Dv = v.shape[-1]
     sdt = state_dtype(q.dtype)
     packed = cu_seqlens is not None
     if T == 0:  # nothing to mix: the state passes through
@@ -37,7 +36,7 @@ def forward(q: Tensor, k: Tensor, v: Tensor, log_decay: Tensor, theta: Tensor, i
         init = initial_state.to(sdt)
         init = init[None] if packed else init[:, None]  # (B, N, H, Dk, Dv)
     g = log_decay.to(sdt).expand(B, T, H)
-    th = theta.to(sdt).expand(B, T, H, Dv // 2)
+    th = theta.to(sdt)  # (Bd, Td, H, P): the chunkwise form keeps one angle per pair (Td = 1) unexpanded
     o, final = vo_gla_chunkwise(q.to(sdt), k.to(sdt), v.to(sdt), g, th, init, cu, tile_size, output_final_state)
     if final is not None:
         final = final[0] if packed else final[:, 0]
