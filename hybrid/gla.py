@@ -49,7 +49,7 @@ from .conv import CausalConv1d
 from .mixer import FixedStateOptions, Mixer, check_shard_call
 from .norms import rms_norm
 from .precision import at_least_float32
-from .recurrence import SELECTIVE_C
+from .recurrence import SELECTIVE_C, gated_log_decay
 from .rotary import DataPhase, RotaryConfig, check_phase_rounding, inv_freq
 
 __all__ = ["GLAConfig", "GLAState", "VOGatedLinearAttention", "DECAYS", "GATES", "PHASES", "GATE_NORMALIZER"]
@@ -215,10 +215,8 @@ class VOGatedLinearAttention(Mixer):
         z = F.linear(x32, self.decay_weight.to(x32.dtype), self.decay_bias.to(x32.dtype))  # (B, T, H)
         if self.gate == "logsigmoid":
             return F.logsigmoid(z) / GATE_NORMALIZER
-        r = F.hardsigmoid(z)
-        if self.hold_below:  # small gates shut: the value 0, the gradient r's (straight-through)
-            r = r + (r.masked_fill(r < self.hold_below, 0.0) - r).detach()
-        return SELECTIVE_C * r * -torch.exp(self.decay_nu.to(x32.dtype))  # (B, T, H)
+        log_gamma = -torch.exp(self.decay_nu.to(x32.dtype))  # (H,): γ_h
+        return gated_log_decay(F.hardsigmoid(z), log_gamma, self.hold_below)  # (B, T, H)
 
     def angles(self, x: Tensor) -> Tensor:
         """θ: ``(H, P)`` (static, learned) or ``(B, T, H, P)`` from x (data); float32 at least."""

@@ -55,8 +55,18 @@ from .rotary import PHASE_INITS, PHASE_MAPS, CARoPE, DataPhase, RotaryConfig, ch
 
 SELECTIVE_GATES = {"sigmoid": torch.sigmoid, "hardsigmoid": F.hardsigmoid}  # the recurrence gate r_t
 SELECTIVE_C = 8.0
+
 MIN_WRITE_SQ = 1e-12  # 1 − γ² is floored here: sqrt's gradient is infinite at γ = 1 (a held token, r_t = 0)
 PHASES = ("static", "learned", "carope", "data")
+
+
+def gated_log_decay(r: torch.Tensor, log_decay: torch.Tensor, hold_below: float = 0.0) -> torch.Tensor:
+    """The selective decay ``log γ_t = c·r_t·log γ`` (RG-LRU's c = ``SELECTIVE_C``) from a recurrence gate r_t in
+    [0, 1] and the static ``log γ`` (broadcast against r). ``hold_below`` > 0 shuts the gates below it: their value
+    0 (γ_t = 1, the state held exactly), their gradient r's (straight-through). The R and G mixers' hard gates."""
+    if hold_below:
+        r = r + (r.masked_fill(r < hold_below, 0.0) - r).detach()
+    return SELECTIVE_C * r * log_decay
 
 
 @dataclass
@@ -246,10 +256,8 @@ class VORecurrence(Mixer):
                 for p in (self.recur_gate_weight, self.recur_gate_bias, self.input_gate_weight, self.input_gate_bias)
             )
             r = SELECTIVE_GATES[self.selective_gate](torch.einsum("bthi,hip->bthp", uh, w_r) + b_r)  # (B, T, H, P)
-            if self.hold_below:  # small gates shut: the value 0, the gradient r's (straight-through)
-                r = r + (r.masked_fill(r < self.hold_below, 0.0) - r).detach()
             i = torch.sigmoid(torch.einsum("bthi,hij->bthj", uh, w_i) + b_i)  # input gate (B, T, H, hd)
-            log_decay = SELECTIVE_C * r * log_decay  # (B, T, H, P)
+            log_decay = gated_log_decay(r, log_decay, self.hold_below)  # (B, T, H, P)
             uh = uh * i
         if self.carope is not None:
             theta = self.carope.increments(x)  # (B, T, H, P)

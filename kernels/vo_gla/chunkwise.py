@@ -63,13 +63,14 @@ def _gather(x: Tensor, index: Tensor, valid: Tensor) -> Tensor:
     return torch.where(mask, out, torch.zeros((), dtype=x.dtype, device=x.device))
 
 
-def _static_turns(th: Tensor, counts: Tensor, C: int) -> tuple[Tensor, Tensor, Tensor]:
+def _static_turns(th: Tensor, counts: Tensor, C: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """Chunk-local angles for one θ per pair at every token: ``th`` ``(Bd, 1, H, P)``, ``counts`` ``(NC,)`` the
     tokens of each chunk. Returns cos φ_c and sin φ_c ``(Bd, 1, C, H, P)`` (``φ_c = (c + 1)·θ``, the same in every
-    chunk) and φ_e ``(Bd, NC, H, P)``, the angle at each chunk's last token (``count·θ``)."""
+    chunk) and cos φ_e, sin φ_e ``(Bd, NC, H, P)`` at each chunk's last token (``φ_e = count·θ``)."""
     slots = torch.arange(1, C + 1, dtype=th.dtype, device=th.device)  # (C,)
     phi = th[:, :, None] * slots[:, None, None]  # (Bd, 1, C, H, P)
-    return torch.cos(phi), torch.sin(phi), th * counts.to(th.dtype)[None, :, None, None]
+    phi_end = th * counts.to(th.dtype)[None, :, None, None]  # (Bd, NC, H, P)
+    return torch.cos(phi), torch.sin(phi), torch.cos(phi_end), torch.sin(phi_end)
 
 
 def vo_gla_chunkwise(q: Tensor, k: Tensor, v: Tensor, g: Tensor, th: Tensor, init: Tensor | None, cu: Tensor,
@@ -89,20 +90,20 @@ def vo_gla_chunkwise(q: Tensor, k: Tensor, v: Tensor, g: Tensor, th: Tensor, ini
         chunk_seq, first, last, inverse = [0] * NC, [True] + [False] * (NC - 1), [False] * (NC - 1) + [True], None
         qc, kc, vc, gc, *thc = (F.pad(x, (0, 0) * (x.dim() - 2) + (0, NC * C - T)).unflatten(1, (NC, C))
                                 for x in (q, k, v, g, *per_token))  # (B, NC, C, …)
-        counts = (T - torch.arange(NC, device=q.device) * C).clamp(max=C)  # (NC,)
+        counts = (T - torch.arange(NC, device=q.device) * C).clamp(max=C) if static else None  # (NC,)
     else:
         index, valid, inverse, chunk_seq, first, last = chunk_layout(cu, T, C)
         qc, kc, vc, gc, *thc = (_gather(x, index, valid) for x in (q, k, v, g, *per_token))  # (B, NC, C, …)
         NC = index.shape[0]
-        counts = valid.sum(1)  # (NC,)
+        counts = valid.sum(1) if static else None  # (NC,)
 
     b = gc.cumsum(2)  # (B, NC, C, H): log-decays summed within the chunk
-    if static:  # cos φ, sin φ (Bd, 1, C, H, P), shared by the chunks; φ_e (Bd, NC, H, P)
-        cos, sin, phi_end = _static_turns(th, counts, C)
+    if static:  # cos φ, sin φ (Bd, 1, C, H, P), shared by the chunks; at φ_e (Bd, NC, H, P)
+        cos, sin, cos_end, sin_end = _static_turns(th, counts, C)
     else:
         phi = thc[0].cumsum(2)  # (B, NC, C, H, P): angles summed within the chunk
         cos, sin = torch.cos(phi), torch.sin(phi)
-        phi_end = phi[:, :, -1]  # (B, NC, H, P) (slots past the end add θ = 0: the last valid token's sum)
+        cos_end, sin_end = cos[:, :, -1], sin[:, :, -1]  # (B, NC, H, P): past the end θ = 0, the last valid token's
     v_turned = rotate(vc, cos, sin)  # (B, NC, C, H, Dv): ṽ_m = e^{iφ_m} v_m
 
     # intra: Σ_{m≤c} e^{b_c − b_m} (q_c·k_m) ṽ_m
@@ -116,7 +117,7 @@ def vo_gla_chunkwise(q: Tensor, k: Tensor, v: Tensor, g: Tensor, th: Tensor, ini
     b_end = b[:, :, -1]  # (B, NC, H) (slots past the end add log γ = 0: the last valid token's sum)
     k_weight = torch.exp(b_end[:, :, None] - b)  # (B, NC, C, H): e^{b_e − b_m}
     kv = torch.einsum("bnmhd,bnmhe->bnhde", kc * k_weight[..., None], v_turned)  # (B, NC, H, Dk, Dv)
-    cos_end, sin_end = torch.cos(phi_end)[..., None, :], -torch.sin(phi_end)[..., None, :]  # e^{−iφ_e} (·, NC, H, 1, P)
+    cos_end, sin_end = cos_end[..., None, :], -sin_end[..., None, :]  # e^{−iφ_e} (·, NC, H, 1, P)
     kv = rotate(kv, cos_end, sin_end)
     gain = torch.exp(b_end)[..., None, None]  # (B, NC, H, 1, 1)
 
