@@ -3,7 +3,8 @@
     s_t = exp(log_decay_t) · exp(−i·theta_t) · s_{t−1} + x_t,      y_t = s_t
 
 Backends live beside each other: ``reference.py`` (sequential, the ground truth), ``blocked.py`` (blocked
-scan in torch, any device), ``triton_scan.py`` (Triton parallel scan, CUDA), ``cpu_scan.py`` (the C++
+scan in torch, any device), ``triton_scan.py`` (Triton parallel scan, CUDA; its second layout in
+``triton_runs.py``, the device functions of both in ``triton_device.py``), ``cpu_scan.py`` (the C++
 sequential scan of ``cpu_scan.cpp``, built on first use by ``cpu_build.py``; the CPU default).
 ``ops.py`` registers the cpu / torch / triton forward and backward as the custom ops ``hybrid::complex_scan``
 and ``hybrid::complex_scan_backward`` (torch.compile traces through them, fullgraph). ``interface.py`` checks

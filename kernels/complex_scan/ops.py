@@ -19,7 +19,9 @@ so a compiled graph holds both. What the backward needs beyond the inputs and ``
   ``y`` is the states and ``residual`` is empty); triton: the checkpoints ``(B, H, rows, D)`` float32; empty
   ``(0,)`` when ``save_for_backward`` is False.
 - ``tile``: int64 ``(1,)`` on the CPU: the Triton forward's time tile (its checkpoint interval, which its
-  autotuner picks at run time); 0 for the other backends.
+  autotuner picks at run time), negative when the forward ran in the runs layout (``triton_runs.py``), which
+  the backward then follows; 0 for the other backends. (One element, as before the runs layout: a graph that
+  inductor cached then still matches the op.)
 
 Ops return tensors, never None: a gradient not asked for (``needs``) comes back empty ``(0,)``. No output is
 a view of an input or of another output.
@@ -68,8 +70,8 @@ def scan_op(x: Tensor, log_decay: Tensor, theta: Tensor, initial_state: Optional
     if backend == "triton":
         from .triton_scan import triton_forward
 
-        y, final, ck, ck_bt = triton_forward(x, log_decay, theta, initial_state, save_for_backward)
-        return y, final, (ck if ck is not None else _nothing(final)), _tile(ck_bt)
+        y, final, ck, ck_tile = triton_forward(x, log_decay, theta, initial_state, save_for_backward)
+        return y, final, (ck if ck is not None else _nothing(final)), _tile(ck_tile)
     raise ValueError(f"backend: expected 'cpu', 'torch' or 'triton' for the scan op, got {backend!r}")
 
 

@@ -12,10 +12,14 @@ with ``g_t = ∂L/∂Re y_t + i ∂L/∂Im y_t``. Shapes: ``x`` ``(B, T, H, D)``
 backward recomputes the states. Arithmetic is float32 whatever x's dtype. ``log_decay = −∞`` gives ``a = 0``
 exactly (a sequence restart).
 
+This module's kernels are the "tile" layout: a time tile's ``BT`` steps scanned across threads. The "runs" layout
+(``triton_runs.py``: ``R`` steps carried in each thread, ``S`` runs scanned across threads) computes the same; the
+host code here launches either (``$HYBRID_SCAN_LAYOUT``, ``scan_layout``), and the backward follows the forward's.
+
 ``triton_forward`` / ``triton_backward`` are what the custom op of ``ops.py`` runs: the one autograd path of the
-Triton scan. ``forced_blocks`` forces its tiles (tests of tile edges, tuning). Knobs: ``$HYBRID_SCAN_AUTOTUNE``, ``$HYBRID_SCAN_SHIFT``
-(``hybrid.kernels.env``). The kernel layout, the backward's recompute and the tuning: docs/design.md,
-"The Triton scan".
+Triton scan. ``forced_blocks`` forces its tiles (tests of tile edges, tuning). Knobs: ``$HYBRID_SCAN_AUTOTUNE``,
+``$HYBRID_SCAN_SHIFT``, ``$HYBRID_SCAN_LAYOUT`` (``hybrid.kernels.env``). The kernel layouts, the backward's
+recompute and the tuning: docs/design.md, "The Triton scan".
 """
 from __future__ import annotations
 
@@ -28,123 +32,14 @@ import triton
 import triton.language as tl
 
 from ..env import read_env
+from .triton_device import affine_combine, affine_combine_excl, sincos, static_rows, tile_decay
+from .triton_device import complex_decay  # noqa: F401  (public here since before the split: tests import it)
+from .triton_runs import RUNS_BWD_CONFIGS, RUNS_FWD_CONFIGS, runs_bwd_kernel, runs_default, runs_fwd_kernel
 
-__all__ = ["triton_forward", "triton_backward", "forced_blocks"]
+__all__ = ["triton_forward", "triton_backward", "forced_blocks", "scan_layout"]
 
 # Decided once, when this module is imported (that is also when ``triton.jit`` decides).
 _INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
-
-
-# ----------------------------------------------------------------------------------------------------------
-# Device helpers
-# ----------------------------------------------------------------------------------------------------------
-@triton.jit
-def _affine_combine(ar1, ai1, br1, bi1, ar2, ai2, br2, bi2):
-    """Compose ``s ↦ a1·s + b1`` followed by ``s ↦ a2·s + b2`` (complex): ``(a2·a1, a2·b1 + b2)``."""
-    ar = ar2 * ar1 - ai2 * ai1
-    ai = ar2 * ai1 + ai2 * ar1
-    br = ar2 * br1 - ai2 * bi1 + br2
-    bi = ar2 * bi1 + ai2 * br1 + bi2
-    return ar, ai, br, bi
-
-
-@triton.jit
-def _affine_combine_excl(ar1, ai1, br1, bi1, er1, ei1, ar2, ai2, br2, bi2, er2, ei2):
-    """``_affine_combine`` that also carries ``e = b − x_last`` (the state just before the segment's last
-    input is added, times that step's ``a``): ``e = a2·b1 + e2``. A single step has ``e = 0``.
-
-    The backward needs ``a_t·s_{t−1}``; forming it as ``s_t − x_t`` would cancel catastrophically when the
-    decay is strong (``a_t·s_{t−1}`` ≪ ``x_t``), this way it costs two additions per combine instead.
-    """
-    ar = ar2 * ar1 - ai2 * ai1
-    ai = ar2 * ai1 + ai2 * ar1
-    pr = ar2 * br1 - ai2 * bi1
-    pi = ar2 * bi1 + ai2 * br1
-    return ar, ai, pr + br2, pi + bi2, pr + er2, pi + ei2
-
-
-@triton.jit
-def _sincos(th):
-    """``(sin th, cos th)`` in float32.
-
-    sin and cos share one range reduction (the two libdevice calls reduce twice, ~2x the instructions):
-    ``th = k·π/2 + r`` with ``|r| <= π/4`` by a three-term Cody–Waite split of π/2 applied with fused
-    multiply-adds (error ~ulp(r) while ``k`` is an exact fp32 integer: ``|th| < 2^24·π/2 ≈ 2.6e7`` rad; an
-    fp32 angle that large has an ulp of 2 rad and means nothing anyway), then Taylor polynomials whose
-    truncation error on ``|r| <= π/4`` is below 2e-9 (sin, to r^9) and 2e-10 (cos, to r^10), and the
-    quadrant ``k mod 4`` picks and signs the pair. Within ~1 ulp of float64 (tests/kernels).
-    """
-    k = tl.floor(th * 0.6366197723675814 + 0.5)  # nearest integer to th / (π/2)
-    r = tl.fma(k, -1.5707963705062866, th)  # π/2 = 1.5707963705062866 − 4.37e-8 − 1.72e-15 (fp32 parts)
-    r = tl.fma(k, 4.371138828673793e-08, r)
-    r = tl.fma(k, 1.7151245100058819e-15, r)
-    # A no-op for |th| < 2.6e7 (|r| <= π/4 there). Beyond, the reduction leaves |r| large (k is no longer
-    # exact) and the polynomials would overflow to inf / NaN: clamped, sin / cos stay finite and at most ~1
-    # in magnitude, so a meaningless angle (say a gate at a padding token) never makes the state non-finite,
-    # and a sequence restart (a = 0) still clears it exactly.
-    r = tl.minimum(tl.maximum(r, -1.0), 1.0)
-    z = r * r
-    ps = tl.fma(z, 2.7557319223985893e-06, -1.9841269841269841e-04)  # 1/9!, −1/7!
-    ps = tl.fma(ps, z, 8.3333333333333333e-03)  # 1/5!
-    ps = tl.fma(ps, z, -1.6666666666666667e-01)  # −1/3!
-    sin_r = tl.fma(r * z, ps, r)
-    pc = tl.fma(z, -2.7557319223985891e-07, 2.4801587301587302e-05)  # −1/10!, 1/8!
-    pc = tl.fma(pc, z, -1.3888888888888889e-03)  # −1/6!
-    pc = tl.fma(pc, z, 4.1666666666666667e-02)  # 1/4!
-    pc = tl.fma(pc, z, -0.5)
-    cos_r = tl.fma(pc, z, 1.0)
-    q = k.to(tl.int32)  # quadrant (two's complement keeps k mod 4 right for negative k)
-    swap = (q & 1) != 0
-    s = tl.where(swap, cos_r, sin_r)
-    c = tl.where(swap, sin_r, cos_r)
-    s = tl.where((q & 2) != 0, -s, s)
-    c = tl.where(((q + 1) & 2) != 0, -c, c)
-    return s, c
-
-
-
-@triton.jit
-def complex_decay(ld, th):
-    """``a = exp(ld − i·th)`` as (real, imaginary) = ``(e^ld·cos th, −e^ld·sin th)``."""
-    sn, cs = _sincos(th)
-    m = tl.exp(ld)
-    return m * cs, -(m * sn)
-
-
-@triton.jit
-def _tile_decay(ld_ptrs, th_ptrs, mask2, rows, mag_row, sn_row, cs_row,
-                LD_STATIC: tl.constexpr, TH_STATIC: tl.constexpr):
-    """``a`` over a (BT, BP) tile when at most one of decay / angle is static (the static one's exp or
-    sin/cos comes precomputed per pair). Rows outside ``rows`` (padding steps) get the identity ``a = 1``.
-    """
-    if TH_STATIC:
-        sn = sn_row[None, :]
-        cs = cs_row[None, :]
-    else:
-        sn, cs = _sincos(tl.load(th_ptrs, mask=mask2, other=0.0))
-    if LD_STATIC:
-        mag = mag_row[None, :]
-    else:
-        mag = tl.exp(tl.load(ld_ptrs, mask=mask2, other=0.0))
-    ar = mag * cs
-    ai = -(mag * sn)
-    if LD_STATIC or TH_STATIC:  # (both time-varying: the masked loads already give ld = th = 0)
-        ar = tl.where(rows, ar, 1.0)
-        ai = tl.where(rows, ai, 0.0)
-    return ar, ai
-
-
-@triton.jit
-def _static_rows(ld_base, th_base, offs_p, mask_p, BP: tl.constexpr, LD_STATIC: tl.constexpr, TH_STATIC: tl.constexpr):
-    """|a|, sin θ, cos θ and a = |a|·e^{−iθ} of a time-invariant decay / angle, (BP,) each (zeros if varying)."""
-    mag_row = tl.zeros((BP,), dtype=tl.float32)
-    sn_row = tl.zeros((BP,), dtype=tl.float32)
-    cs_row = tl.zeros((BP,), dtype=tl.float32)
-    if LD_STATIC:
-        mag_row = tl.exp(tl.load(ld_base + offs_p, mask=mask_p, other=0.0))
-    if TH_STATIC:
-        sn_row, cs_row = _sincos(tl.load(th_base + offs_p, mask=mask_p, other=0.0))
-    return mag_row, sn_row, cs_row, mag_row * cs_row, -(mag_row * sn_row)
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -185,7 +80,7 @@ def _scan_fwd_kernel(
     th_base = th_ptr + b64 * th_sb + h * P
 
     # Static (time-broadcast) decay / angle: exp and sin/cos once per program.
-    mag_row, sn_row, cs_row, ar_row, ai_row = _static_rows(ld_base, th_base, offs_p, mask_p, BP, LD_STATIC, TH_STATIC)
+    mag_row, sn_row, cs_row, ar_row, ai_row = static_rows(ld_base, th_base, offs_p, mask_p, BP, LD_STATIC, TH_STATIC)
 
     if HAS_H0:
         h0 = tl.load(h0_ptr + bh64 * D + offs_d, mask=mask_d, other=0.0)
@@ -212,10 +107,10 @@ def _scan_fwd_kernel(
             ar = tl.where(mask_t[:, None], ar_row[None, :], 1.0)
             ai = tl.where(mask_t[:, None], ai_row[None, :], 0.0)
         else:
-            ar, ai = _tile_decay(ld_base + t0_64 * ld_st + ld_tile, th_base + t0_64 * th_st + th_tile, m2,
+            ar, ai = tile_decay(ld_base + t0_64 * ld_st + ld_tile, th_base + t0_64 * th_st + th_tile, m2,
                                  mask_t[:, None], mag_row, sn_row, cs_row, LD_STATIC, TH_STATIC)
 
-        Ar, Ai, Br, Bi = tl.associative_scan((ar, ai, xr, xi), axis=0, combine_fn=_affine_combine)
+        Ar, Ai, Br, Bi = tl.associative_scan((ar, ai, xr, xi), axis=0, combine_fn=affine_combine)
         sr = Ar * cr[None, :] - Ai * ci[None, :] + Br
         si = Ar * ci[None, :] + Ai * cr[None, :] + Bi
 
@@ -274,7 +169,7 @@ def _scan_bwd_kernel(
     dth_base = dth_ptr + b64 * dth_sb + h * P
 
     # Static (time-broadcast) decay / angle: exp and sin/cos once per program.
-    mag_row, sn_row, cs_row, ar_row, ai_row = _static_rows(ld_base, th_base, offs_p, mask_p, BP, LD_STATIC, TH_STATIC)
+    mag_row, sn_row, cs_row, ar_row, ai_row = static_rows(ld_base, th_base, offs_p, mask_p, BP, LD_STATIC, TH_STATIC)
 
     # mu: the adjoint arriving at the last step of the current tile from the steps after it.
     if HAS_DHT:
@@ -306,7 +201,7 @@ def _scan_bwd_kernel(
             cr_ = tl.where(mask_s[:, None], ar_row[None, :], 1.0)
             ci_ = tl.where(mask_s[:, None], -ai_row[None, :], 0.0)
         else:
-            ar, ai = _tile_decay(ld_base + t0_64 * ld_st + ld_tile, th_base + t0_64 * th_st + th_tile, m2,
+            ar, ai = tile_decay(ld_base + t0_64 * ld_st + ld_tile, th_base + t0_64 * th_st + th_tile, m2,
                                  mask_t[:, None], mag_row, sn_row, cs_row, LD_STATIC, TH_STATIC)
             if SHIFT_GATHER:
                 # a_{t+1} is the next row of the same tile: move it in registers / shared memory.
@@ -316,7 +211,7 @@ def _scan_bwd_kernel(
             else:
                 # Fallback (Triton without tl.gather): the tile loaded again one step later (cache hits)
                 # with its exp/sin/cos evaluated again.
-                an_r, an_i = _tile_decay(ld_base + (t0_64 + 1) * ld_st + ld_tile,
+                an_r, an_i = tile_decay(ld_base + (t0_64 + 1) * ld_st + ld_tile,
                                          th_base + (t0_64 + 1) * th_st + th_tile, ms2,
                                          mask_s[:, None], mag_row, sn_row, cs_row, LD_STATIC, TH_STATIC)
                 cr_ = an_r
@@ -330,7 +225,7 @@ def _scan_bwd_kernel(
             gi = tl.zeros((BT, BP), dtype=tl.float32)
 
         # lambda_t = C_t · mu + G_t, with (C_t, G_t) the composite of the maps of steps t..end of tile.
-        Cr, Ci, Gr, Gi = tl.associative_scan((cr_, ci_, gr, gi), axis=0, combine_fn=_affine_combine,
+        Cr, Ci, Gr, Gi = tl.associative_scan((cr_, ci_, gr, gi), axis=0, combine_fn=affine_combine,
                                              reverse=True)
         lr = Cr * mur[None, :] - Ci * mui[None, :] + Gr
         li = Cr * mui[None, :] + Ci * mur[None, :] + Gi
@@ -348,7 +243,7 @@ def _scan_bwd_kernel(
             xr, xi = tl.split(tl.reshape(xv.to(tl.float32), (BT, BP, 2)))
             zero = tl.zeros((BT, BP), dtype=tl.float32)
             Ar, Ai, _, _, Er, Ei = tl.associative_scan((ar, ai, xr, xi, zero, zero), axis=0,
-                                                       combine_fn=_affine_combine_excl)
+                                                       combine_fn=affine_combine_excl)
             # q_t = a_t·s_{t−1} = A_t·s0 + E_t  (no cancellation against x_t)
             qr = Ar * s0r[None, :] - Ai * s0i[None, :] + Er
             qi = Ar * s0i[None, :] + Ai * s0r[None, :] + Ei
@@ -381,7 +276,7 @@ def _scan_bwd_kernel(
                 sn0 = sn_row
                 cs0 = cs_row
             else:
-                sn0, cs0 = _sincos(tl.load(th_base + t0_64 * th_st + offs_p, mask=mask_p, other=0.0))
+                sn0, cs0 = sincos(tl.load(th_base + t0_64 * th_st + offs_p, mask=mask_p, other=0.0))
             a0r = mag0 * cs0
             a0i = -(mag0 * sn0)
         mur = a0r * l0r + a0i * l0i
@@ -411,22 +306,47 @@ _FWD_CONFIGS = [(64, 16, 4), (32, 16, 2), (32, 32, 4), (128, 8, 4), (64, 8, 2), 
                 (64, 8, 4), (16, 32, 4), (16, 64, 4), (32, 32, 8)]
 _BWD_CONFIGS = [(64, 16, 4), (32, 16, 2), (32, 32, 4), (128, 8, 4), (64, 8, 2), (32, 16, 4), (64, 8, 4),
                 (16, 32, 4), (16, 64, 4), (32, 32, 8)]
-_MIN_CK_BT = min(c[0] for c in _FWD_CONFIGS)
+# How a tile's steps are spread over threads: "tile" (this module's kernels: the BT steps scanned across threads)
+# or "runs" (``triton_runs``: R steps carried sequentially in each thread, S runs scanned across threads).
+# $HYBRID_SCAN_LAYOUT picks at import, ``scan_layout`` inside a block (tests, A/B timing).
+_LAYOUTS = ("tile", "runs")
+_LAYOUT = read_env("HYBRID_SCAN_LAYOUT", _LAYOUTS, "tile")
+_MIN_CK_BT = {"tile": min(c[0] for c in _FWD_CONFIGS), "runs": min(s * r for s, r, _, _ in RUNS_FWD_CONFIGS)}
 # Problems smaller than this (pairs × steps) use the fixed default instead of autotuning.
 _AUTOTUNE_MIN_WORK = 1 << 22
 _AUTOTUNE = (not _INTERPRET) and read_env("HYBRID_SCAN_AUTOTUNE", ("1", "0"), "1") == "1"
 # How the backward gets a_{t+1} for time-varying decay/angle: "gather" (tl.gather of the tile's own a, Triton
 # >= 3.2) or "load" (a second, shifted load and exp/cos/sin). $HYBRID_SCAN_SHIFT overrides, for A/B timing.
+# (The runs layout needs neither: a_{t+1} is in the same thread.)
 _SHIFT_GATHER = read_env("HYBRID_SCAN_SHIFT", ("gather", "load"),
                          "gather" if hasattr(tl, "gather") else "load") == "gather"
 
 
+@contextlib.contextmanager
+def scan_layout(name: str):
+    """Every Triton scan started inside runs in this layout: "tile" or "runs" (see ``_LAYOUTS``); its backward
+    follows the forward's. Switch it outside a compiled region: the op's shape function reads it when tracing (the
+    checkpoint rows depend on the layout's shortest tile)."""
+    global _LAYOUT
+    if name not in _LAYOUTS:
+        raise ValueError(f"scan_layout: expected one of {_LAYOUTS}, got {name!r}")
+    before, _LAYOUT = _LAYOUT, name
+    try:
+        yield
+    finally:
+        _LAYOUT = before
+
+
 def default_blocks(T: int, P: int) -> tuple[int, int, int]:
-    """(BT, BP, num_warps) without autotuning. Under the interpreter: small tiles (its scan costs per
-    element and tests want many tiles and pair blocks)."""
+    """(BT, BP, num_warps) of the tile layout without autotuning. Under the interpreter: small tiles (its scan
+    costs per element and tests want many tiles and pair blocks)."""
     if _INTERPRET:
         return 8, min(8, _next_pow2(P)), 1
     return max(16, min(64, _next_pow2(T))), min(16, _next_pow2(P)), 4
+
+
+def _time_tile(kwargs: dict) -> int:
+    return kwargs["BT"] if "BT" in kwargs else kwargs["S"] * kwargs["R"]
 
 
 def _prune(configs, named_args, **kwargs):
@@ -437,29 +357,42 @@ def _prune(configs, named_args, **kwargs):
     bt_cap = max(32, _next_pow2(T))
     ck = kwargs.get("CK_BT")
     kept = [c for c in configs
-            if c.kwargs["BP"] <= bp_cap and c.kwargs["BT"] <= bt_cap
-            and (ck is None or (c.kwargs["BT"] % ck == 0))]
+            if c.kwargs["BP"] <= bp_cap and _time_tile(c.kwargs) <= bt_cap
+            and (ck is None or (_time_tile(c.kwargs) % ck == 0))]
     if not kept and ck is not None:  # the forward chose a long tile: use it for the backward too
-        kept = [triton.Config({"BT": ck, "BP": min(16, bp_cap)}, num_warps=8 if ck >= 128 else 4)]
+        bp = min(16, bp_cap)
+        if "BT" in configs[0].kwargs:
+            kept = [triton.Config({"BT": ck, "BP": bp}, num_warps=8 if ck >= 128 else 4)]
+        else:
+            run = 4 if ck % 4 == 0 else 1
+            kept = [triton.Config({"S": ck // run, "R": run, "BP": bp}, num_warps=max(1, min(8, ck // run * bp // 32)))]
     return kept or configs[:1]
 
 
 def _tuned(kernel, configs, key):
-    """Autotuned over ``configs`` per ``key``. The timings are kept in Triton's cache folder where this Triton can
-    (``cache_results``, Triton ≥ 3.2): a later process then compiles the chosen tile only, instead of every tile.
-    On the H100 a process's first hybrid step took 72 s at T = 8K, against 2 s for the Transformer; compiling and
-    timing up to 21 tiles is one suspect, FlexAttention's compile the other (docs/gpu.md)."""
+    """Autotuned over ``configs`` (constexpr dicts with their warps) per ``key``. The timings are kept in Triton's
+    cache folder where this Triton can (``cache_results``, Triton ≥ 3.2): a later process then compiles the chosen
+    tile only, instead of every tile. On the H100 a process's first hybrid step took 72 s at T = 8K, against 2 s
+    for the Transformer; compiling and timing up to 21 tiles is one suspect, FlexAttention's compile the other
+    (docs/gpu.md)."""
     extra = {"cache_results": True} if "cache_results" in inspect.signature(triton.autotune).parameters else {}
     return triton.autotune(
-        configs=[triton.Config({"BT": bt, "BP": bp}, num_warps=w) for bt, bp, w in configs],
+        configs=[triton.Config(meta, num_warps=w) for meta, w in configs],
         key=key, prune_configs_by={"early_config_prune": _prune}, **extra)(kernel)
 
 
 _FLAG_KEY = ["T_BUCKET", "P", "LD_STATIC", "TH_STATIC"]
+_FWD_KEY = _FLAG_KEY + ["HAS_H0", "SAVE_CK"]
+_BWD_KEY = _FLAG_KEY + ["CK_BT", "HAS_DY", "HAS_DHT", "NEED_DX", "NEED_DLD", "NEED_DTH"]
 if _AUTOTUNE:
-    _fwd_tuned = _tuned(_scan_fwd_kernel, _FWD_CONFIGS, _FLAG_KEY + ["HAS_H0", "SAVE_CK"])
-    _bwd_tuned = _tuned(_scan_bwd_kernel, _BWD_CONFIGS,
-                        _FLAG_KEY + ["CK_BT", "HAS_DY", "HAS_DHT", "NEED_DX", "NEED_DLD", "NEED_DTH"])
+    _TUNED = {
+        ("tile", "fwd"): _tuned(_scan_fwd_kernel, [({"BT": bt, "BP": bp}, w) for bt, bp, w in _FWD_CONFIGS], _FWD_KEY),
+        ("tile", "bwd"): _tuned(_scan_bwd_kernel, [({"BT": bt, "BP": bp}, w) for bt, bp, w in _BWD_CONFIGS], _BWD_KEY),
+        ("runs", "fwd"): _tuned(runs_fwd_kernel, [({"S": s, "R": r, "BP": bp}, w) for s, r, bp, w in RUNS_FWD_CONFIGS],
+                                _FWD_KEY),
+        ("runs", "bwd"): _tuned(runs_bwd_kernel, [({"S": s, "R": r, "BP": bp}, w) for s, r, bp, w in RUNS_BWD_CONFIGS],
+                                _BWD_KEY),
+    }
 
 
 def empty_buffer(shape, dtype, device) -> torch.Tensor:
@@ -486,16 +419,17 @@ def _on_device(t: torch.Tensor):
 # ----------------------------------------------------------------------------------------------------------
 # Host wrappers
 # ----------------------------------------------------------------------------------------------------------
-_FORCED: tuple | None = None  # (block_t, block_p) while ``forced_blocks`` holds
+_FORCED: tuple | None = None  # (block_t, block_p, run) while ``forced_blocks`` holds
 
 
 @contextlib.contextmanager
-def forced_blocks(block_t=None, block_p=None):
+def forced_blocks(block_t=None, block_p=None, run=None):
     """Every Triton scan inside runs at these tiles instead of the heuristic / autotuned ones: ``block_t`` an int
     (both passes) or ``(forward, backward)`` with the backward's a multiple of the forward's, ``block_p``; powers
-    of two, None for the default. For tests of tile edges and for tuning."""
+    of two, None for the default. ``run``: the runs layout's steps per thread (dividing every ``block_t``; None:
+    the default's, or the whole tile if shorter). For tests of tile edges and for tuning."""
     global _FORCED
-    before, _FORCED = _FORCED, (block_t, block_p)
+    before, _FORCED = _FORCED, (block_t, block_p, run)
     try:
         yield
     finally:
@@ -503,29 +437,62 @@ def forced_blocks(block_t=None, block_p=None):
 
 
 def _forced(T: int, P: int) -> tuple | None:
-    """(BT_fwd, BT_bwd, BP) under ``forced_blocks``, else None."""
+    """(BT_fwd, BT_bwd, BP, run) under ``forced_blocks``, else None."""
     if _FORCED is None:
         return None
-    block_t, block_p = _FORCED
+    block_t, block_p, run = _FORCED
     dbt, dbp, _ = default_blocks(T, P)
     bt = block_t if block_t is not None else dbt
     bt_f, bt_b = (bt, bt) if isinstance(bt, int) else tuple(bt)
-    return bt_f, bt_b, block_p if block_p is not None else dbp
+    return bt_f, bt_b, block_p if block_p is not None else dbp, run
+
+
+def _launch_meta(layout: str, bt: int, bp: int, run, T: int, P: int) -> dict:
+    """The constexprs and warps of an untuned launch at time tile ``bt`` and ``bp`` pairs."""
+    if layout == "tile":
+        return dict(BT=bt, BP=bp, num_warps=4)
+    _, r_default, _, _ = runs_default(T, P, _INTERPRET)
+    r = run if run is not None else min(r_default, bt)
+    if bt % r:
+        raise ValueError(f"forced_blocks: run length {r} must divide the time tile {bt}")
+    cells = (bt // r) * bp
+    return dict(S=bt // r, R=r, BP=bp, num_warps=1 if _INTERPRET else max(1, min(8, cells // 32)))
+
+
+def _default_meta(layout: str, T: int, P: int) -> dict:
+    if layout == "tile":
+        bt, bp, warps = default_blocks(T, P)
+        return dict(BT=bt, BP=bp, num_warps=warps)
+    s, r, bp, warps = runs_default(T, P, _INTERPRET)
+    return dict(S=s, R=r, BP=bp, num_warps=warps)
+
+
+_KERNELS = {("tile", "fwd"): _scan_fwd_kernel, ("tile", "bwd"): _scan_bwd_kernel,
+            ("runs", "fwd"): runs_fwd_kernel, ("runs", "bwd"): runs_bwd_kernel}
+
+
+def _pairs_aligned(t: torch.Tensor) -> bool:
+    """Whether every (real, imaginary) pair of ``t`` starts at a multiple of its size: the runs kernels load and
+    store a pair as one 64- or 32-bit word. A contiguous view at an odd element offset is not."""
+    return t.data_ptr() % (2 * t.element_size()) == 0
 
 
 def _forward(x, log_decay, theta, initial_state, save_ck, blocks=None):
-    """Launch the forward. ``blocks``: None (``forced_blocks``', else heuristic / autotune) or (BT_fwd, BT_bwd, BP)
-    to force. Returns y, final, checkpoints (or None) and the forward's time tile (the checkpoint interval)."""
+    """Launch the forward. ``blocks``: None (``forced_blocks``', else heuristic / autotune) or (BT_fwd, BT_bwd, BP,
+    run) to force. Returns y, final, checkpoints (or None) and the forward's time tile (the checkpoint interval,
+    negative for the runs layout). An ``x`` whose pairs are not word-aligned runs in the tile layout."""
     B, T, H, D = x.shape
     P = D // 2
+    layout = _LAYOUT if _LAYOUT == "tile" or _pairs_aligned(x) else "tile"
     blocks = _forced(T, P) if blocks is None else blocks
     tune = _use_autotune(B, T, H, P, blocks)
     if blocks is not None:
-        bt, bp, warps = blocks[0], blocks[2], 4
+        meta = _launch_meta(layout, blocks[0], blocks[2], blocks[3], T, P)
     else:
-        bt, bp, warps = default_blocks(T, P)
+        meta = _default_meta(layout, T, P)
+    bt = _time_tile(meta)
     # Checkpoint rows are allocated for the shortest tile the launch may pick.
-    nck = triton.cdiv(T, _MIN_CK_BT if tune else bt)
+    nck = triton.cdiv(T, _MIN_CK_BT[layout] if tune else bt)
     y = empty_buffer((B, T, H, D), x.dtype, x.device)
     final = empty_buffer((B, H, D), torch.float32, x.device)
     ck = empty_buffer((B, H, nck, D), torch.float32, x.device) if save_ck else final
@@ -535,25 +502,30 @@ def _forward(x, log_decay, theta, initial_state, save_ck, blocks=None):
     args = (x, y, log_decay, theta, h0, final, ck, T, H, P, nck, ld_sb, ld_st, th_sb, th_st, _next_pow2(T))
     flags = dict(LD_STATIC=ld_static, TH_STATIC=th_static, HAS_H0=initial_state is not None, SAVE_CK=save_ck)
     if tune:
-        _fwd_tuned[lambda meta: (B * H, triton.cdiv(P, meta["BP"]))](*args, **flags)
-        bt = _fwd_tuned.best_config.kwargs["BT"]
+        tuned = _TUNED[(layout, "fwd")]
+        tuned[lambda m: (B * H, triton.cdiv(P, m["BP"]))](*args, **flags)
+        bt = _time_tile(tuned.best_config.kwargs)
     else:
-        _scan_fwd_kernel[(B * H, triton.cdiv(P, bp))](*args, **flags, BT=bt, BP=bp, num_warps=warps)
-    return y, final, (ck if save_ck else None), bt
+        _KERNELS[(layout, "fwd")][(B * H, triton.cdiv(P, meta["BP"]))](*args, **flags, **meta)
+    return y, final, (ck if save_ck else None), (-bt if layout == "runs" else bt)
 
 
-def _backward(x, log_decay, theta, ck, ck_bt, dy, dfinal, needs, blocks=None):
+def _backward(x, log_decay, theta, ck, ck_tile, dy, dfinal, needs, blocks=None):
+    """``ck_tile``: the forward's time tile, negative for the runs layout: the backward runs in the forward's."""
     need_dx, need_dld, need_dth, need_dh0 = needs
+    ck_bt, layout = abs(ck_tile), ("runs" if ck_tile < 0 else "tile")
     B, T, H, D = x.shape
     P = D // 2
     blocks = _forced(T, P) if blocks is None else blocks
     dev = x.device
     tune = _use_autotune(B, T, H, P, blocks)
     if blocks is not None:
-        bt, bp, warps = blocks[1], blocks[2], 4
+        meta = _launch_meta(layout, blocks[1], blocks[2], blocks[3], T, P)
     else:
-        _, bp, warps = default_blocks(T, P)
-        bt = ck_bt
+        meta = _default_meta(layout, T, P)
+        bp = meta["BP"]
+        meta = _launch_meta(layout, ck_bt, bp, None, T, P) if layout == "tile" else \
+            _launch_meta(layout, ck_bt, bp, meta["R"] if ck_bt % meta["R"] == 0 else 1, T, P)
     ld_sb, ld_st, ld_static = _broadcast_strides(log_decay, B)
     th_sb, th_st, th_static = _broadcast_strides(theta, B)
 
@@ -567,6 +539,8 @@ def _backward(x, log_decay, theta, ck, ck_bt, dy, dfinal, needs, blocks=None):
     dth_sb, dth_st = (dth.stride(0), 0 if th_static else dth.stride(1)) if need_dth else (0, 0)
     if dy is not None:
         dy = dy.contiguous()
+        if layout == "runs" and not _pairs_aligned(dy):
+            dy = dy.clone()  # a fresh, aligned copy (the forward checked x)
     if dfinal is not None:
         dfinal = dfinal.to(torch.float32).contiguous()
 
@@ -575,14 +549,16 @@ def _backward(x, log_decay, theta, ck, ck_bt, dy, dfinal, needs, blocks=None):
             T, H, P, ck.shape[2], ld_sb, ld_st, th_sb, th_st, dld_sb, dld_st, dth_sb, dth_st, _next_pow2(T))
     flags = dict(LD_STATIC=ld_static, TH_STATIC=th_static, CK_BT=ck_bt,
                  HAS_DY=dy is not None, HAS_DHT=dfinal is not None,
-                 NEED_DX=need_dx, NEED_DLD=need_dld, NEED_DTH=need_dth, NEED_DH0=need_dh0,
-                 SHIFT_GATHER=_SHIFT_GATHER)
+                 NEED_DX=need_dx, NEED_DLD=need_dld, NEED_DTH=need_dth, NEED_DH0=need_dh0)
+    if layout == "tile":
+        flags["SHIFT_GATHER"] = _SHIFT_GATHER
     if tune:
-        _bwd_tuned[lambda meta: (B * H, triton.cdiv(P, meta["BP"]))](*args, **flags)
+        _TUNED[(layout, "bwd")][lambda m: (B * H, triton.cdiv(P, m["BP"]))](*args, **flags)
     else:
+        bt = _time_tile(meta)
         if bt % ck_bt:
             raise ValueError(f"backward time tile {bt} must be a multiple of the forward's {ck_bt}")
-        _scan_bwd_kernel[(B * H, triton.cdiv(P, bp))](*args, **flags, BT=bt, BP=bp, num_warps=warps)
+        _KERNELS[(layout, "bwd")][(B * H, triton.cdiv(P, meta["BP"]))](*args, **flags, **meta)
 
     def batch_reduced(buf, t):
         return buf.sum(dim=0, keepdim=True) if (t.shape[0] == 1 and B > 1) else buf
@@ -596,16 +572,18 @@ def _backward(x, log_decay, theta, ck, ck_bt, dy, dfinal, needs, blocks=None):
 def checkpoint_rows(B: int, T: int, H: int, P: int) -> int:
     """Rows per (batch, head) of the forward's checkpoint buffer ``(B, H, rows, D)`` at the default tiles."""
     tune = _use_autotune(B, T, H, P, None)
-    return triton.cdiv(T, _MIN_CK_BT if tune else default_blocks(T, P)[0])
+    return triton.cdiv(T, _MIN_CK_BT[_LAYOUT] if tune else _time_tile(_default_meta(_LAYOUT, T, P)))
 
 
 def triton_forward(x, log_decay, theta, initial_state, save_checkpoints: bool):
-    """The forward at the default tiles: ``(y, final, checkpoints or None, checkpoint interval)``."""
+    """The forward at the default tiles: ``(y, final, checkpoints or None, checkpoint interval)``, the interval
+    negative when the forward ran in the runs layout (the backward follows it)."""
     with _on_device(x):
         return _forward(x, log_decay, theta, initial_state, save_ck=save_checkpoints)
 
 
-def triton_backward(x, log_decay, theta, checkpoints, ck_bt, dy, dfinal, needs):
-    """Gradients ``(dx, dlog_decay, dtheta, dinitial_state)`` (None where ``needs`` is False)."""
+def triton_backward(x, log_decay, theta, checkpoints, ck_tile, dy, dfinal, needs):
+    """Gradients ``(dx, dlog_decay, dtheta, dinitial_state)`` (None where ``needs`` is False); ``ck_tile``: the
+    forward's checkpoint interval as ``triton_forward`` returned it (negative: the runs layout)."""
     with _on_device(x):
-        return _backward(x, log_decay, theta, checkpoints, ck_bt, dy, dfinal, needs)
+        return _backward(x, log_decay, theta, checkpoints, ck_tile, dy, dfinal, needs)

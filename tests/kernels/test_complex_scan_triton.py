@@ -27,7 +27,7 @@ import triton.language as tl
 
 from hybrid.kernels.complex_scan import triton_scan
 from hybrid.kernels.complex_scan import complex_scan
-from hybrid.kernels.complex_scan.triton_scan import complex_decay, forced_blocks
+from hybrid.kernels.complex_scan.triton_scan import complex_decay, forced_blocks, scan_layout
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -85,6 +85,14 @@ def reduced_grad_scale(x, log_decay, theta, initial_state, gy, gf, which):
 # ----------------------------------------------------------------------------------------------------------
 # Helpers
 # ----------------------------------------------------------------------------------------------------------
+@pytest.fixture(params=["tile", "runs"])
+def layout(request):
+    """The test runs once per layout of the kernels: "tile" (a time tile scanned across threads) and "runs"
+    (``triton_runs``: runs of steps carried in each thread)."""
+    with scan_layout(request.param):
+        yield request.param
+
+
 def scan(x, log_decay, theta, initial_state=None, _block_t=None, _block_p=None):
     """The Triton backend (the custom op's one autograd path) on DEVICE copies of the inputs, differentiable,
     results back on the CPU; ``_block_t`` / ``_block_p`` force its tiles (``forced_blocks``)."""
@@ -193,7 +201,7 @@ FWD_CASES = [  # (B, T, H, D, ld, th, h0)
 
 
 @pytest.mark.parametrize("case", FWD_CASES, ids=lambda c: "B{}T{}H{}D{}-{}-{}-{}".format(*c))
-def test_forward_matches_reference(case):
+def test_forward_matches_reference(case, layout):
     B, T, H, D, lds, ths, h0 = case
     x, ld, th, s0 = make_inputs(seed_of(case), B, T, H, D, lds, ths, h0)
     y, f = scan(x, ld, th, s0)
@@ -204,7 +212,7 @@ def test_forward_matches_reference(case):
 
 
 @pytest.mark.parametrize("D", [2, 20, 128])
-def test_head_dims(D):
+def test_head_dims(D, layout):
     # D=2: one pair; D=20: P=10 spans two pair blocks, the second partial; D=128: 8 blocks.
     B, T, H = 1, 9, 1
     x, ld, th, s0 = make_inputs(100 + D, B, T, H, D, "dep", "static", True)
@@ -214,7 +222,7 @@ def test_head_dims(D):
     assert_scaled(f, fr, what="final")
 
 
-def test_long_sequence_with_gradients():
+def test_long_sequence_with_gradients(layout):
     # 1031 steps: 129 time tiles carried in one launch, the last one partial.
     x, ld, th, s0 = make_inputs(7, 1, 1031, 1, 2, "dep", "dep", True, ld_range=(-0.05, 0.0))
     (y, f), (yr, fr), got, want, ups = grads_both(x, ld, th, s0, seed=7)
@@ -224,7 +232,7 @@ def test_long_sequence_with_gradients():
 
 
 @pytest.mark.parametrize("block", [(4, 2), ((4, 8), 2), (16, 1)], ids=["BT4-BP2", "BT4:8-BP2", "BT16-BP1"])
-def test_forced_block_sizes(block):
+def test_forced_block_sizes(block, layout):
     # Several tiles and pair blocks, partial last tile (T=7, T=13) and partial last pair block (P=3);
     # BT4:8 runs the backward on tiles twice the forward's (checkpoint interval) length.
     bt, bp = block
@@ -236,7 +244,7 @@ def test_forced_block_sizes(block):
     check_grads(x, ld, th, s0, got, want, ups)
 
 
-def test_continuation():
+def test_continuation(layout):
     B, T, H, D, split = 2, 45, 3, 6, 19
     for seed, (lds, ths) in enumerate([("dep", "dep"), ("static", "static")]):
         x, ld, th, s0 = make_inputs(20 + seed, B, T, H, D, lds, ths, True)
@@ -263,7 +271,7 @@ GRAD_CASES = [  # (B, T, H, D, ld, th, h0)
 
 
 @pytest.mark.parametrize("case", GRAD_CASES, ids=lambda c: "B{}T{}H{}D{}-{}-{}-{}".format(*c))
-def test_gradients_match_reference(case):
+def test_gradients_match_reference(case, layout):
     B, T, H, D, lds, ths, h0 = case
     seed = 300 + seed_of(case)
     x, ld, th, s0 = make_inputs(seed, B, T, H, D, lds, ths, h0)
@@ -282,13 +290,13 @@ def test_gradients_shift_by_load(monkeypatch):
 
 
 @pytest.mark.parametrize("use", [(True, False), (False, True)], ids=["y-only", "final-only"])
-def test_gradients_one_output(use):
+def test_gradients_one_output(use, layout):
     x, ld, th, s0 = make_inputs(40 + use[0], 2, 11, 1, 6, "dep", "static", True)
     _, _, got, want, ups = grads_both(x, ld, th, s0, seed=40 + use[0], use_y=use[0], use_final=use[1])
     check_grads(x, ld, th, s0, got, want, ups)
 
 
-def test_partial_requires_grad():
+def test_partial_requires_grad(layout):
     # Only some inputs require grad: the others get none and the kernel skips their work.
     x, ld, th, s0 = make_inputs(50, 2, 10, 1, 6, "dep", "dep", True)
     xg = x.clone().requires_grad_()
@@ -309,7 +317,7 @@ def test_partial_requires_grad():
 
 
 @pytest.mark.parametrize("ld_range", [(-1e-4, 0.0), (-20.0, -20.0)], ids=["near-0", "minus-20"])
-def test_decay_extremes(ld_range):
+def test_decay_extremes(ld_range, layout):
     # Near 0: states grow like a random walk, nothing forgotten. −20: a_t ≈ 2e-9, s_t ≈ x_t.
     seed = 60 + int(ld_range[0] < -1)
     x, ld, th, s0 = make_inputs(seed, 2, 40, 1, 6, "dep", "static", True, ld_range=ld_range)
@@ -322,7 +330,7 @@ def test_decay_extremes(ld_range):
 # ----------------------------------------------------------------------------------------------------------
 # Low precision
 # ----------------------------------------------------------------------------------------------------------
-def test_bf16_forward_and_gradients():
+def test_bf16_forward_and_gradients(layout):
     x, ld, th, s0 = make_inputs(70, 2, 33, 3, 6, "dep", "static", True, dtype=torch.bfloat16)
     # The reference runs on the bf16-rounded inputs (exactly representable in float64).
     (y, f), (yr, fr), got, want, ups = grads_both(x, ld, th, s0, seed=70)
@@ -339,7 +347,7 @@ def test_bf16_forward_and_gradients():
             assert_scaled(a, b, what=name)
 
 
-def test_fp16_forward():
+def test_fp16_forward(layout):
     x, ld, th, s0 = make_inputs(80, 2, 21, 1, 6, "static", "dep", False, dtype=torch.float16)
     y, f = scan(x, ld, th, s0)
     yr, fr = scan_reference(x, ld, th, s0)
@@ -351,7 +359,7 @@ def test_fp16_forward():
 # ----------------------------------------------------------------------------------------------------------
 # Every output element is written
 # ----------------------------------------------------------------------------------------------------------
-def test_outputs_fully_written(monkeypatch):
+def test_outputs_fully_written(monkeypatch, layout):
     """All buffers the module allocates (y, final, checkpoints, dx, dlog_decay, dtheta, dinitial) start as
     NaN; any element the kernels fail to write would surface as NaN in the results or a mismatch."""
     calls = []
@@ -418,3 +426,97 @@ def test_public_interface_uses_this_backend():
     yr, fr = scan_reference(x, ld, th, s0)
     assert_scaled(y.cpu(), yr, what="y")
     assert_scaled(f.cpu(), fr, what="final")
+
+
+# ----------------------------------------------------------------------------------------------------------
+# The runs layout's own shapes, and the layout the backward follows
+# ----------------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("block", [(8, 4, 1), (8, 1, 2), (8, 8, 2), ((4, 8), 2, 2), ((8, 16), 4, 1)],
+                         ids=["S8xR1", "S1xR8", "S1xR8-BP2", "S2xR2:S4xR2", "S2xR4:S4xR4-BP1"])
+def test_runs_shapes(block):
+    """Runs of one step (every step its own run: the cross-run scan does all the work), one run a tile (no
+    cross-run scan), and backward tiles twice the forward's; T = 13 (a partial last tile and partial last runs),
+    P = 3 (a partial last pair block), gradients of every input."""
+    bt, run, bp = block
+    seed = seed_of(block)
+    x, ld, th, s0 = make_inputs(seed, 2, 13, 1, 6, "dep", "static", True)
+    with scan_layout("runs"), forced_blocks(bt, bp, run=run):
+        (y, f), (yr, fr), got, want, ups = grads_both(x, ld, th, s0, seed=seed)
+    assert_scaled(y, yr, what="y")
+    assert_scaled(f, fr, what="final")
+    check_grads(x, ld, th, s0, got, want, ups)
+
+
+class _Launches:
+    """Counts the launches of one kernel of ``triton_scan._KERNELS``."""
+
+    def __init__(self, kernel):
+        self.kernel, self.count = kernel, 0
+
+    def __getitem__(self, grid):
+        self.count += 1
+        return self.kernel[grid]
+
+
+@pytest.mark.parametrize("forward_layout", ["tile", "runs"])
+def test_backward_follows_the_forwards_layout(forward_layout, monkeypatch):
+    """The backward reads the checkpoints the forward wrote, so it runs in the forward's layout (carried by the
+    op's ``tile`` output) whatever layout holds when autograd calls it."""
+    other = "runs" if forward_layout == "tile" else "tile"
+    launches = {key: _Launches(k) for key, k in triton_scan._KERNELS.items()}
+    for key, counted in launches.items():
+        monkeypatch.setitem(triton_scan._KERNELS, key, counted)
+    x, ld, th, s0 = make_inputs(97, 2, 19, 2, 6, "dep", "dep", True)
+    leaves = [v.clone().requires_grad_() for v in (x, ld, th, s0)]
+    with scan_layout(forward_layout):
+        y, f = scan(*leaves)
+    with scan_layout(other):
+        got = torch.autograd.grad((y * y).sum() + f.sum(), leaves)
+    ref = [v.detach().to(torch.float64).requires_grad_() for v in (x, ld, th, s0)]
+    yr, fr = scan_reference(*ref)
+    want = torch.autograd.grad((yr * yr).sum() + fr.sum(), ref)
+    assert {key: c.count for key, c in launches.items()} == {
+        (forward_layout, "fwd"): 1, (forward_layout, "bwd"): 1, (other, "fwd"): 0, (other, "bwd"): 0}
+    for name, a, b in zip(["x", "log_decay", "theta", "initial_state"], got, want):
+        assert_scaled(a, b, what=name)
+
+
+def test_layout_names_are_checked():
+    with pytest.raises(ValueError, match=r"^scan_layout: expected one of \('tile', 'runs'\), got 'rows'$"):
+        with scan_layout("rows"):
+            pass
+
+
+def _misaligned(t: torch.Tensor) -> torch.Tensor:
+    """A contiguous copy of ``t`` one element past a pair boundary (its pairs straddle the 64-bit words)."""
+    flat = torch.empty(t.numel() + 1, dtype=t.dtype, device=t.device)[1:]
+    return flat.copy_(t.reshape(-1)).view(t.shape)
+
+
+def test_runs_layout_with_unaligned_pairs(monkeypatch):
+    """The runs kernels move whole pairs as words, so an x at an odd element offset runs in the tile layout, and an
+    upstream gradient at an odd offset is copied; either way the numbers match the reference."""
+    launches = {key: _Launches(k) for key, k in triton_scan._KERNELS.items()}
+    for key, counted in launches.items():
+        monkeypatch.setitem(triton_scan._KERNELS, key, counted)
+    x, ld, th, s0 = make_inputs(98, 2, 11, 1, 6, "dep", "static", True)
+    xs = _misaligned(x.to(DEVICE)).requires_grad_()
+    assert xs.is_contiguous() and xs.data_ptr() % 8 != 0
+    with scan_layout("runs"):
+        y, f = complex_scan(xs, ld.to(DEVICE), th.to(DEVICE), s0.to(DEVICE), output_final_state=True,
+                            backend="triton", check_values=False)
+    assert launches[("tile", "fwd")].count == 1 and launches[("runs", "fwd")].count == 0
+    yr, fr = scan_reference(x, ld, th, s0)
+    assert_scaled(y.cpu(), yr, what="y")
+
+    xa = x.to(DEVICE).requires_grad_()
+    with scan_layout("runs"):
+        y, f = complex_scan(xa, ld.to(DEVICE), th.to(DEVICE), s0.to(DEVICE), output_final_state=True,
+                            backend="triton", check_values=False)
+    gy = torch.randn(y.shape, generator=torch.Generator().manual_seed(99))
+    (gx,) = torch.autograd.grad(y, (xa,), _misaligned(gy.to(DEVICE)))
+    assert launches[("runs", "bwd")].count == 1
+    xr = x.to(torch.float64).requires_grad_()
+    yr, _ = scan_reference(xr, ld, th, s0)
+    (gxr,) = torch.autograd.grad(yr, (xr,), gy.to(torch.float64))
+    assert_scaled(gx.cpu(), gxr, what="dx")

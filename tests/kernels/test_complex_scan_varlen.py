@@ -18,6 +18,7 @@ import torch
 from hybrid.kernels import complex_scan, complex_scan_reference
 from hybrid.kernels.complex_scan import cpu_scan
 from hybrid.kernels.complex_scan.interface import triton_available
+from hybrid.kernels.complex_scan.triton_scan import scan_layout
 
 EDGE = 8  # the torch backend's block_size in these tests, and the interpreter's Triton time tile
 _seed = itertools.count(2718)
@@ -32,32 +33,37 @@ def backends():
         "torch",
         "reference",
         pytest.param("cpu", marks=pytest.mark.skipif(not cpu_scan.available(), reason="no C++ compiler")),
-        pytest.param("triton", marks=pytest.mark.skipif(
-            not triton_available() or (not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1"),
-            reason="no triton")),
+        pytest.param("triton", marks=_NEEDS_TRITON),
+        pytest.param("triton-runs", marks=_NEEDS_TRITON),  # the Triton scan's runs layout (R steps per thread)
     ]
 
 
+_NEEDS_TRITON = pytest.mark.skipif(
+    not triton_available() or (not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1"),
+    reason="no triton")
+
+
 def options(backend: str) -> dict:
-    return {"backend": backend, "block_size": EDGE if backend == "torch" else None}
+    return {"backend": "triton" if backend == "triton-runs" else backend, "block_size": EDGE if backend == "torch" else None}
 
 
 def device_of(backend: str) -> torch.device:
     """Where a backend runs: Triton on the GPU when there is one (else the interpreter), the rest on the CPU."""
-    return torch.device("cuda" if backend == "triton" and torch.cuda.is_available() else "cpu")
+    return torch.device("cuda" if backend.startswith("triton") and torch.cuda.is_available() else "cpu")
 
 
 def scan(backend, x, ld, th, s0, cu, **kw):
     """``complex_scan`` with the backend's options on its device; results (and gradients) back on the CPU."""
     dev = device_of(backend)
     on = lambda t: None if t is None else t.to(dev)  # noqa: E731
-    y, final = complex_scan(on(x), on(ld), on(th), on(s0), cu_seqlens=on(cu), **options(backend), **kw)
+    with scan_layout("runs" if backend == "triton-runs" else "tile"):  # (the backward follows the forward's)
+        y, final = complex_scan(on(x), on(ld), on(th), on(s0), cu_seqlens=on(cu), **options(backend), **kw)
     return y.cpu(), None if final is None else final.cpu()
 
 
 def dtype_of(backend: str) -> torch.dtype:
     """float64 where the backend computes in it; the Triton kernels compute in float32."""
-    return torch.float32 if backend == "triton" else torch.float64
+    return torch.float32 if backend.startswith("triton") else torch.float64
 
 
 def tolerance(dtype: torch.dtype) -> float:
@@ -149,8 +155,8 @@ def packed(backend, cu, **kw):
 @pytest.mark.parametrize("decay", ["static", "dependent", "mixed"])
 @pytest.mark.parametrize("init", [False, True], ids=["zero0", "init"])
 def test_packed_equals_separate(backend, decay, init, one_torch_thread):
-    T, H, D = (45, 2, 6) if backend == "triton" else (61, 3, 10)
-    if backend == "triton" and os.environ.get("TRITON_INTERPRET") == "1":  # the edges are the tile's
+    T, H, D = (45, 2, 6) if backend.startswith("triton") else (61, 3, 10)
+    if backend.startswith("triton") and os.environ.get("TRITON_INTERPRET") == "1":  # the edges are the tile's
         from hybrid.kernels.complex_scan.triton_scan import default_blocks
         assert default_blocks(T, D // 2)[0] == EDGE
     cu = offsets(T)
@@ -212,7 +218,7 @@ def test_other_documents_contribute_exactly_nothing(backend, one_torch_thread):
     """Changing every value of one document (inputs, decays, angles, initial state, upstream gradients) leaves
     every other document's outputs, final states and gradients bitwise unchanged: the restart multiplies the
     previous state by exactly 0, forward and backward."""
-    T, H, D = (27, 2, 6) if backend == "triton" else (40, 3, 6)
+    T, H, D = (27, 2, 6) if backend.startswith("triton") else (40, 3, 6)
     cu = torch.tensor([0, 2, EDGE + 1, 2 * EDGE, T])  # the changed document crosses an edge
     dtype = dtype_of(backend)
     leaves, ups = make(T, H, D, cu, decay="dependent", init=True, dtype=dtype)
@@ -244,7 +250,7 @@ def test_padding_document_never_touches_real_ones(backend, one_torch_thread):
     """A run of padding tokens packed as its own document, with wild gates (γ = 1, angles up to 1e30, huge
     inputs), changes no real document's outputs or gradients (fla #1272), which equal each run alone."""
     H, D = 2, 6
-    real_a, pad, real_b = (11, 6, 13) if backend == "triton" else (19, 9, 23)
+    real_a, pad, real_b = (11, 6, 13) if backend.startswith("triton") else (19, 9, 23)
     T = real_a + pad + real_b
     cu = torch.tensor([0, real_a, real_a + pad, T])
     dtype = dtype_of(backend)
@@ -317,12 +323,12 @@ def _split_call(backend, x, ld, th, s0, cu, tau):
 
 @pytest.mark.parametrize("backend", backends())
 def test_packed_batch_split_in_two_calls(backend, one_torch_thread):
-    T, H, D = (30, 2, 4) if backend == "triton" else (41, 2, 6)
+    T, H, D = (30, 2, 4) if backend.startswith("triton") else (41, 2, 6)
     cu = offsets(T)
     dtype = dtype_of(backend)
     (x, ld, th, s0), _ = make(T, H, D, cu, decay="dependent", init=True, dtype=dtype)
     y, final = scan(backend, x, ld, th, s0, cu, output_final_state=True)
-    taus = [1, 3, EDGE, EDGE + 1, T - 5] if backend == "triton" else range(1, T)
+    taus = [1, 3, EDGE, EDGE + 1, T - 5] if backend.startswith("triton") else range(1, T)
     for tau in taus:
         y2, final2 = _split_call(backend, x, ld, th, s0, cu, tau)
         assert relative_error(y2, y) < tolerance(dtype), f"y, split at {tau}"

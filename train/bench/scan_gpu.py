@@ -187,8 +187,7 @@ def run_cases(cases, skip_torch, device="cuda"):
                 gbs = nbytes / ms / 1e6
                 rows.append((shape, dname, mode, name, pass_, ms, nbytes, gbs, 100.0 * gbs / copy_gbs[key]))
                 if name == "triton" and getattr(triton_scan, "_AUTOTUNE", False):
-                    tuned = {"fwd": getattr(triton_scan, "_fwd_tuned", None),
-                             "fwd+bwd": getattr(triton_scan, "_bwd_tuned", None)}[pass_]
+                    tuned = triton_scan._TUNED.get((triton_scan._LAYOUT, "fwd" if pass_ == "fwd" else "bwd"))
                     cfg = getattr(tuned, "best_config", None)
                     if cfg is not None:
                         notes.append(f"{shape} {dname} {mode} {'backward' if pass_ != 'fwd' else 'forward'} "

@@ -1,18 +1,24 @@
 """Compile every Triton kernel of the library for a GPU ahead of time, on a machine without one.
 
-    python -m hybrid.train.bench.gpu_check.aot [--arch 90] [--out FILE.md] [--all]
+    python -m hybrid.train.bench.gpu_check.aot [--arch 90] [--out FILE.md] [--all | --benchmark]
 
 ``triton.compile(ASTSource(kernel, signature, constexprs), target=GPUTarget("cuda", arch, 32))`` runs the whole
 compiler (TTIR, TTGIR, LLVM IR, PTX and, with the ptxas Triton ships, a cubin) without a GPU. Each row compiles
 one specialisation of a kernel: one value of each constexpr, one tile (BT, BP) and warp count, one input dtype.
-The default set is a covering set: every tile the autotuner may pick (``triton_scan._FWD_CONFIGS`` /
-``_BWD_CONFIGS``), the untuned default tiles, each constexpr branch both ways and each input dtype at least once.
+The default set is a covering set, for both layouts of the scan (``triton_scan``'s tile kernels and
+``triton_runs``'s runs kernels): every tile the autotuner may pick (``_FWD_CONFIGS`` / ``_BWD_CONFIGS``,
+``RUNS_FWD_CONFIGS`` / ``RUNS_BWD_CONFIGS``), the untuned default tiles, each constexpr branch both ways and each
+input dtype at least once.
 ``--all`` compiles every combination of the flags instead (hundreds of compiles: minutes).
 
 Each compile is told what the JIT would say at the benchmark shape: every pointer 16-byte aligned and every
 integer a multiple of 16 (``_aligned``). For each it reports the registers per thread, the spill bytes (stores
 + loads) and the local stack from ``ptxas -v`` on the PTX, the widest global load and store, and the shared
-memory Triton reserves for the launch. Compile errors and API drift
+memory Triton reserves for the launch, and the main loop's length in machine instructions (SASS, by the
+``cuobjdump`` Triton ships) per pair and time step: the loop handles ``BT·BP`` pair-steps a tile over
+``32·num_warps`` threads. The last is what a memory-bound kernel must keep low: at the H100's copy bandwidth a
+bf16 pair-step with data-dependent decay moves 16 bytes, time for about 170 instructions per thread and
+pair-step at one warp instruction per cycle per scheduler. Compile errors and API drift
 between Triton releases show here, before any GPU time is spent. Run with ``TRITON_INTERPRET`` unset: under
 the interpreter ``triton.jit`` builds no compilable kernel (the module refuses).
 """
@@ -37,15 +43,25 @@ _DTYPES = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
 class Specialisation:
     """One compile: the kernel's name, its constexpr values, the launch's warps and x's dtype."""
 
-    kernel: str  # "forward" | "backward"
+    kernel: str  # "forward" | "backward" (tile layout) | "runs forward" | "runs backward"
     constexprs: dict = field(hash=False)
     num_warps: int
     dtype: str  # of x / y / dy / dx: float32, bfloat16 or float16
 
     def label(self) -> str:
         flags = " ".join(k for k, v in self.constexprs.items() if isinstance(v, bool) and v)
-        return (f"{self.kernel} BT={self.constexprs['BT']} BP={self.constexprs['BP']} w={self.num_warps} "
-                f"{self.dtype} [{flags}]")
+        return f"{self.kernel} {tile_label(self.constexprs)} BP={self.constexprs['BP']} w={self.num_warps} {self.dtype} [{flags}]"
+
+
+def time_tile(constexprs: dict) -> int:
+    return constexprs["BT"] if "BT" in constexprs else constexprs["S"] * constexprs["R"]
+
+
+def tile_label(constexprs: dict) -> str:
+    """``BT=64`` (tile layout) or ``BT=32 (4x8)`` (runs layout: S runs of R steps)."""
+    if "BT" in constexprs:
+        return f"BT={constexprs['BT']}"
+    return f"BT={time_tile(constexprs)} ({constexprs['S']}x{constexprs['R']})"
 
 
 def _kernels():
@@ -54,6 +70,14 @@ def _kernels():
     if triton_scan._INTERPRET:
         raise RuntimeError("aot: TRITON_INTERPRET=1 is set; unset it (the interpreter builds no compilable kernel)")
     return triton_scan
+
+
+def _kernel_fn(kernel: str):
+    from hybrid.kernels.complex_scan import triton_runs
+
+    ts = _kernels()
+    return {"forward": ts._scan_fwd_kernel, "backward": ts._scan_bwd_kernel,
+            "runs forward": triton_runs.runs_fwd_kernel, "runs backward": triton_runs.runs_bwd_kernel}[kernel]
 
 
 _FWD_FLAGS = ("LD_STATIC", "TH_STATIC", "HAS_H0", "SAVE_CK")
@@ -68,6 +92,18 @@ def _forward(bt, bp, warps, flags, dtype):
 def _backward(bt, bp, warps, ck_bt, flags, dtype):
     named = dict(zip(_BWD_FLAGS, flags))
     return Specialisation("backward", {"BT": bt, "CK_BT": ck_bt, "BP": bp, **named}, warps, dtype)
+
+
+_RUNS_BWD_FLAGS = _BWD_FLAGS[:-1]  # the runs backward has no SHIFT_GATHER: a_{t+1} is in the same thread
+
+
+def _runs_forward(s, r, bp, warps, flags, dtype):
+    return Specialisation("runs forward", {"S": s, "R": r, "BP": bp, **dict(zip(_FWD_FLAGS, flags))}, warps, dtype)
+
+
+def _runs_backward(s, r, bp, warps, ck_bt, flags, dtype):
+    named = dict(zip(_RUNS_BWD_FLAGS, flags))
+    return Specialisation("runs backward", {"S": s, "R": r, "CK_BT": ck_bt, "BP": bp, **named}, warps, dtype)
 
 
 def _valid_backward(named: dict) -> bool:
@@ -105,6 +141,29 @@ def covering_set() -> list[Specialisation]:
     for j, (bt, bp, warps) in enumerate(bwd_tiles[len(rows):]):
         flags = rows[j % len(rows)]
         specs.append(_backward(bt, bp, warps, _checkpoint_interval(bt, j + 1), flags, dtypes[j % 3]))
+    specs += _runs_covering_set(rows)
+    return specs
+
+
+def _runs_covering_set(rows) -> list[Specialisation]:
+    """The runs layout: each of its tuned tiles and its default tile once forward and once backward (with a
+    checkpoint interval it may follow), beside flag rows that switch each flag both ways (the backward's rows less
+    SHIFT_GATHER); its unrolled runs make each compile take seconds, so not every forward combination."""
+    from hybrid.kernels.complex_scan import triton_runs
+
+    dtypes = list(_DTYPES)
+    fwd_rows = [  # LD, TH, H0, CK
+        (False, False, False, True), (True, False, True, False), (False, True, False, True),
+        (True, True, True, True), (False, False, True, False), (True, True, False, False),
+        (False, True, True, True)]
+    fwd_tiles = triton_runs.RUNS_FWD_CONFIGS + [triton_runs.runs_default(4096, 64, False)]
+    specs = [_runs_forward(*tile, flags, dtypes[i % 3])
+             for i, (tile, flags) in enumerate(zip(fwd_tiles, itertools.cycle(fwd_rows)))]
+    bwd_tiles = triton_runs.RUNS_BWD_CONFIGS + [triton_runs.runs_default(4096, 64, False)]
+    for i in range(max(len(rows), len(bwd_tiles))):
+        s, r, bp, warps = bwd_tiles[i % len(bwd_tiles)]
+        ck_bt = s * r if i % 2 == 0 or s * r <= 32 else s * r // 2
+        specs.append(_runs_backward(s, r, bp, warps, ck_bt, rows[i % len(rows)][:-1], dtypes[(i + 1) % 3]))
     return specs
 
 
@@ -116,6 +175,8 @@ def _checkpoint_interval(bt: int, i: int) -> int:
 def every_combination() -> list[Specialisation]:
     """Every flag combination the host can launch, at each tuned tile, in bfloat16 (many compiles)."""
     ts = _kernels()
+    from hybrid.kernels.complex_scan import triton_runs
+
     specs = [_forward(bt, bp, w, flags, "bfloat16")
              for (bt, bp, w) in ts._FWD_CONFIGS
              for flags in itertools.product((False, True), repeat=len(_FWD_FLAGS))]
@@ -123,12 +184,44 @@ def every_combination() -> list[Specialisation]:
         for flags in itertools.product((False, True), repeat=len(_BWD_FLAGS)):
             if _valid_backward(dict(zip(_BWD_FLAGS, flags))):
                 specs.append(_backward(bt, bp, w, bt, flags, "bfloat16"))
+    specs += [_runs_forward(s, r, bp, w, flags, "bfloat16")
+              for (s, r, bp, w) in triton_runs.RUNS_FWD_CONFIGS
+              for flags in itertools.product((False, True), repeat=len(_FWD_FLAGS))]
+    for s, r, bp, w in triton_runs.RUNS_BWD_CONFIGS:
+        for flags in itertools.product((False, True), repeat=len(_RUNS_BWD_FLAGS)):
+            if _valid_backward(dict(zip(_RUNS_BWD_FLAGS, flags))):
+                specs.append(_runs_backward(s, r, bp, w, s * r, flags, "bfloat16"))
     return specs
+
+
+_MODES = {"dependent": (False, False), "static": (True, True), "mixed": (True, False)}  # (LD_STATIC, TH_STATIC)
+
+
+def benchmark_set(dtype: str = "bfloat16") -> list[Specialisation]:
+    """Every tuned tile of both layouts at the flags of the scan's speed benchmark (gpu_check's ``scan`` part): the
+    forward saving checkpoints, the backward with an upstream gradient and every gradient but the initial state's,
+    for data-dependent, static and mixed (static decay, dependent angle) decay. Like for like across layouts."""
+    from hybrid.kernels.complex_scan import triton_runs
+
+    ts = _kernels()
+    specs = []
+    for mode, (ld, th) in _MODES.items():
+        fwd = (ld, th, False, True)
+        bwd = (ld, th, True, False, True, True, True, False)
+        specs += [_forward(bt, bp, w, fwd, dtype) for bt, bp, w in ts._FWD_CONFIGS]
+        specs += [_backward(bt, bp, w, bt, bwd + (True,), dtype) for bt, bp, w in ts._BWD_CONFIGS]
+        specs += [_runs_forward(s, r, bp, w, fwd, dtype) for s, r, bp, w in triton_runs.RUNS_FWD_CONFIGS]
+        specs += [_runs_backward(s, r, bp, w, s * r, bwd, dtype) for s, r, bp, w in triton_runs.RUNS_BWD_CONFIGS]
+    return specs
+
+
+def mode_of(row: dict) -> str:
+    return {flags: mode for mode, flags in _MODES.items()}.get((row.get("LD_STATIC"), row.get("TH_STATIC")), "?")
 
 
 def _signature(fn, spec: Specialisation) -> dict:
     """Triton's type string for every argument: pointers to x-like tensors in the dtype, the rest float32."""
-    x_like = {"x_ptr", "y_ptr", "dy_ptr", "dx_ptr"}
+    x_like = {"x_ptr", "y_ptr", "dy_ptr", "dx_ptr"}  # (the runs kernels read them as whole pairs: same pointers)
     sig = {}
     for name in fn.arg_names:
         if name in spec.constexprs:
@@ -173,6 +266,33 @@ def access_widths(ptx: str) -> dict:
     return {"load_bytes": widest["ld"], "store_bytes": widest["st"]}
 
 
+_SASS_INSTR = re.compile(r"/\*([0-9a-f]{4,6})\*/\s+([^;]*);")
+_BRANCH_BACK = re.compile(r"\bBRA\s+(?:0x)?([0-9a-f]+)")
+
+
+def main_loop_instructions(cubin: bytes, arch: int) -> int | None:
+    """Machine instructions in the kernel's longest backward branch (its loop over time tiles), from ``cuobjdump
+    -sass``; None where Triton ships no cuobjdump."""
+    tool = os.path.join(os.path.dirname(_ptxas_path(arch)), "cuobjdump")
+    if not os.path.exists(tool):
+        return None
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "k.cubin")
+        with open(path, "wb") as fh:
+            fh.write(cubin)
+        sass = subprocess.run([tool, "-sass", path], capture_output=True, text=True, check=True).stdout
+    instructions = [(int(addr, 16), text) for addr, text in _SASS_INSTR.findall(sass)]
+    loops = []
+    for addr, text in instructions:
+        target = _BRANCH_BACK.search(text)
+        if target and int(target.group(1), 16) < addr:
+            loops.append((int(target.group(1), 16), addr))
+    if not loops:
+        return None
+    start, end = max(loops, key=lambda loop: loop[1] - loop[0])
+    return sum(start <= addr <= end for addr, _ in instructions)
+
+
 def resource_usage(ptx: str, arch: int) -> dict:
     """Registers, spill bytes and stack frame of the PTX, as ``ptxas -v`` reports them."""
     target = re.search(r"^\.target\s+(\S+)", ptx, re.M).group(1)
@@ -197,10 +317,9 @@ def compile_one(spec: Specialisation, arch: int = 90) -> dict:
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    ts = _kernels()
-    fn = ts._scan_fwd_kernel if spec.kernel == "forward" else ts._scan_bwd_kernel
+    fn = _kernel_fn(spec.kernel)
     row = {"kernel": spec.kernel, "label": spec.label(), "dtype": spec.dtype, "num_warps": spec.num_warps,
-           **{k: v for k, v in spec.constexprs.items()}}
+           **{k: v for k, v in spec.constexprs.items()}, "BT": time_tile(spec.constexprs)}
     start = time.perf_counter()
     try:
         src = ASTSource(fn, _signature(fn, spec), dict(spec.constexprs), attrs=_aligned(fn, spec))
@@ -208,6 +327,9 @@ def compile_one(spec: Specialisation, arch: int = 90) -> dict:
         row.update(ok=True, shared_bytes=int(compiled.metadata.shared), has_cubin="cubin" in compiled.asm)
         row.update(resource_usage(compiled.asm["ptx"], arch))
         row.update(access_widths(compiled.asm["ptx"]))
+        loop = main_loop_instructions(compiled.asm["cubin"], arch) if "cubin" in compiled.asm else None
+        pair_steps = time_tile(spec.constexprs) * spec.constexprs["BP"] / (32 * spec.num_warps)
+        row["loop_per_pair_step"] = None if loop is None else round(loop / pair_steps, 1)
     except Exception as exc:  # noqa: BLE001 - a compile error is the finding: keep it in the table
         row.update(ok=False, error=f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:300])
     row["compile_s"] = round(time.perf_counter() - start, 2)
@@ -220,16 +342,17 @@ def table(rows: list[dict], arch: int) -> str:
     head = [f"Triton {triton.__version__}, ahead of time for sm_{arch} (no GPU): {len(rows)} specialisations, "
             f"{sum(not r['ok'] for r in rows)} failed.", "",
             "| kernel | BT | BP | warps | dtype | flags | registers | spill B | stack B | shared B | widest load B | "
-            "widest store B | compile s |",
-            "|---|---:|---:|---:|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+            "widest store B | loop instr. / pair-step | compile s |",
+            "|---|---:|---:|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         flags = " ".join(k for k in dict.fromkeys(_FWD_FLAGS + _BWD_FLAGS) if r.get(k) is True)
         if r["ok"]:
             cells = [r["registers"], r["spill_bytes"], r["stack_bytes"], r["shared_bytes"], r["load_bytes"],
-                     r["store_bytes"]]
+                     r["store_bytes"], "" if r.get("loop_per_pair_step") is None else r["loop_per_pair_step"]]
         else:
-            cells = ["FAILED: " + r["error"], "", "", "", "", ""]
-        head.append(f"| {r['kernel']} | {r['BT']} | {r['BP']} | {r['num_warps']} | {r['dtype']} | {flags} | "
+            cells = ["FAILED: " + r["error"], "", "", "", "", "", ""]
+        bt = r["BT"] if "S" not in r else f"{r['BT']} ({r['S']}x{r['R']})"
+        head.append(f"| {r['kernel']} | {bt} | {r['BP']} | {r['num_warps']} | {r['dtype']} | {flags} | "
                     + " | ".join(str(c) for c in cells) + f" | {r['compile_s']} |")
     return "\n".join(head) + "\n"
 
@@ -238,9 +361,11 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
     p.add_argument("--arch", type=int, default=90, help="compute capability x 10 (default: 90, the H100 / H200)")
     p.add_argument("--all", action="store_true", help="every flag combination at every tuned tile (slow)")
+    p.add_argument("--benchmark", action="store_true",
+                   help="every tuned tile of both layouts at the speed benchmark's flags, bf16 (like for like)")
     p.add_argument("--out", help="also write the table (markdown) here")
     args = p.parse_args(argv)
-    specs = every_combination() if args.all else covering_set()
+    specs = every_combination() if args.all else benchmark_set() if args.benchmark else covering_set()
     rows = []
     for spec in specs:
         rows.append(compile_one(spec, args.arch))

@@ -42,8 +42,17 @@ def _scan_cases(ctx: CheckContext):
 
 
 def check_scan(ctx: CheckContext) -> None:
+    """Every case in the runs layout (``triton_runs``: new, never run on a GPU) first, then in the tile layout."""
+    from hybrid.kernels.complex_scan.triton_scan import scan_layout
+
+    for layout in ("runs", "tile"):
+        with scan_layout(layout):
+            _check_scan_layout(ctx, layout)
+
+
+def _check_scan_layout(ctx: CheckContext, layout: str) -> None:
     for dtype, T, mode, kw in _scan_cases(ctx):
-        label = dict(dtype=str(dtype).replace("torch.", ""), T=T, mode=mode, **kw)
+        label = dict(layout=layout, dtype=str(dtype).replace("torch.", ""), T=T, mode=mode, **kw)
         if not ctx.has_time(5 if T < 10_000 else 20, "scan", f"{label}"):
             continue
         try:

@@ -1,6 +1,7 @@
 """Part 2, the scan's speed: ``complex_scan`` (Triton) forward and forward+backward at B8·T8192·H16·D128, bf16 and
-fp32, against a device copy of the same bytes (the bandwidth ceiling, measured in the same run), the torch
-backend under ``torch.compile``, accelerated-scan's complex scan and fla's HGRN scans (real decay, θ = 0).
+fp32, in both layouts of its kernels ("tile", the default, and "runs": ``triton_runs``), against a device copy of
+the same bytes (the bandwidth ceiling, measured in the same run), accelerated-scan's complex scan, fla's HGRN
+scans (real decay, θ = 0) and the torch backend under ``torch.compile`` (last: its compile takes a minute).
 
 Bytes are what each op must at least move, each input read once and each output written once:
 forward ``x + log_decay + theta`` read, ``y + final state`` written; forward+backward adds ``dy`` read and
@@ -64,10 +65,14 @@ def _scan_fn(impl, x, ld, th, passes):
     return fn
 
 
-def _ours(backend):
+def _ours(backend, layout="tile"):
     from hybrid.kernels import complex_scan
+    from hybrid.kernels.complex_scan.triton_scan import scan_layout
 
-    return lambda x, ld, th: complex_scan(x, ld, th, backend=backend, check_values=False)[0]
+    def run(x, ld, th):
+        with scan_layout(layout):  # (the backward follows the forward's layout)
+            return complex_scan(x, ld, th, backend=backend, check_values=False)[0]
+    return run
 
 
 def _compiled_torch():
@@ -196,14 +201,23 @@ def run(ctx: CheckContext) -> None:
             if dtype not in copies:
                 copies[dtype] = _record_copy(ctx, _inputs(shape, dtype, mode, ctx.device)[0],
                                              {k: v for k, v in label.items() if k != "mode"})
-            _time_impl(ctx, f"ours ({backend})", _ours(backend), shape, dtype, mode, copies[dtype], label)
-    if ctx.device.type == "cuda":  # the compiled torch backend: only its speed on a GPU is of interest
+            for layout in ("runs", "tile"):
+                _time_impl(ctx, ours_name(backend, layout), _ours(backend, layout), shape, dtype, mode,
+                           copies[dtype], label)
+    label = dict(shape=f"{B}x{T}x{H}x{D}", dtype="float32", mode="real")
+    for layout in ("runs", "tile"):
+        _time_impl(ctx, ours_name(backend, layout) + ", θ = 0", _ours(backend, layout), shape, torch.float32, "real",
+                   copies[torch.float32], label)
+    if ctx.device.type == "cuda":
+        _accelerated_scan(ctx, shape, copies[torch.float32])
+        _fla_hgrn(ctx, shape, copies[torch.float32])
+        # the compiled torch backend: only its speed on a GPU is of interest
         label = dict(shape=f"{B}x{T}x{H}x{D}", dtype="bfloat16", mode="dependent")
         if ctx.has_time(90, "scan speed", "torch backend, compiled"):
             _time_impl(ctx, "torch backend (compiled)", _compiled_torch(), shape, torch.bfloat16, "dependent",
                        copies[torch.bfloat16], label)
-    label = dict(shape=f"{B}x{T}x{H}x{D}", dtype="float32", mode="real")
-    _time_impl(ctx, f"ours ({backend}), θ = 0", _ours(backend), shape, torch.float32, "real", copies[torch.float32], label)
-    if ctx.device.type == "cuda":
-        _accelerated_scan(ctx, shape, copies[torch.float32])
-        _fla_hgrn(ctx, shape, copies[torch.float32])
+
+
+def ours_name(backend: str, layout: str) -> str:
+    """``ours (triton)`` for the default tile layout (the name earlier runs' rows carry), ``ours (triton, runs)``."""
+    return f"ours ({backend})" if layout == "tile" else f"ours ({backend}, {layout})"

@@ -61,7 +61,7 @@ def _sections(rows: list[dict]) -> list[str]:
     scan = _measured(rows, "scan")
     if scan:
         lines += ["### The Triton scan against float64 (relative error ‖got − ref‖ / ‖ref‖)", ""]
-        lines += _table(scan, [("dtype", "dtype"), ("T", "T"), ("decay/angle", "mode"),
+        lines += _table(scan, [("layout", "layout"), ("dtype", "dtype"), ("T", "T"), ("decay/angle", "mode"),
                                ("packed, edges", "packed_edge"), ("B", "B"), ("H", "H"), ("D", "D")]
                         + _errors(["y", "final", "grad x", "grad log_decay", "grad theta", "grad initial_state"])
                         + [("ok", "ok")])

@@ -19,9 +19,18 @@ def _target(name, value, threshold, fmt="{:.2f}", higher=True):
     return {"target": name, "measured": fmt.format(value), "met": met}
 
 
+_OURS = ("ours (triton)", "ours (triton, runs)")  # the two layouts of the Triton scan (part_scan.ours_name)
+
+
+def _ours_best(rows, **match):
+    """The faster layout's row (the one to make the default; same shape and bytes, so the higher % of copy), or
+    None."""
+    found = [r for impl in _OURS for r in [_one(rows, "scan speed", impl=impl, **match)] if r and r.get("pct_copy")]
+    return max(found, key=lambda r: r["pct_copy"]) if found else None
+
+
 def _scan_pct(rows, passes):
-    r = _one(rows, "scan speed", shape=MAIN_SHAPE, dtype="bfloat16", mode="dependent", impl="ours (triton)",
-             passes=passes)
+    r = _ours_best(rows, shape=MAIN_SHAPE, dtype="bfloat16", mode="dependent", passes=passes)
     return r.get("pct_copy") if r else None
 
 
@@ -34,14 +43,13 @@ def _speedup(rows, section, key, model, **match):
 
 def evaluate(rows: list[dict]) -> list[dict]:
     acc = None
-    ours_fp32 = _one(rows, "scan speed", shape=MAIN_SHAPE, dtype="float32", mode="dependent", impl="ours (triton)",
-                     passes="fwd+bwd")
+    ours_fp32 = _ours_best(rows, shape=MAIN_SHAPE, dtype="float32", mode="dependent", passes="fwd+bwd")
     theirs = [r for r in rows if r.get("impl") == "accelerated-scan" and r.get("passes") == "fwd+bwd" and r.get("ms")]
     if ours_fp32 and ours_fp32.get("ms") and theirs:
         acc = theirs[0]["ms"] / ours_fp32["ms"]
     syncs = [r["syncs_per_step"] for r in rows if r.get("section") == "syncs" and "syncs_per_step" in r]
     return [
-        _target("scan forward ≥ 80 % of copy bandwidth (bf16, data-dependent, B8·T8192·H16·D128)",
+        _target("scan forward ≥ 80 % of copy bandwidth (bf16, data-dependent, B8·T8192·H16·D128; faster layout)",
                 _scan_pct(rows, "fwd"), 80, "{:.0f} %"),
         _target("scan forward+backward ≥ 60 % of copy bandwidth", _scan_pct(rows, "fwd+bwd"), 60, "{:.0f} %"),
         _target("scan ≥ 2× accelerated-scan's complex scan (fp32 fwd+bwd, same bytes)", acc, 2.0, "{:.2f}×"),

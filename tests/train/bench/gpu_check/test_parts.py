@@ -107,6 +107,11 @@ def test_targets_met_missed_and_unmeasured():
     # fwd 85 % ≥ 80: met; fwd+bwd 43 % < 60: missed; accelerated-scan: not measured; 8K: 1.2 ≥ 1.15: met;
     # 16K and decoding: not measured; syncs: worst 3 > 0: missed
     assert met == [True, False, None, True, None, None, False], got
+    # the scan's targets read the faster of its two layouts
+    rows.append(_row("scan speed", shape=targets.MAIN_SHAPE, dtype="bfloat16", mode="dependent",
+                     impl="ours (triton, runs)", passes="fwd+bwd", pct_copy=61.0))
+    assert [t["met"] for t in targets.evaluate(rows)][:2] == [True, True]
+    assert targets.evaluate(rows)[1]["measured"] == "61 %"
 
 
 def test_report_tables_show_errors_and_skips(tmp_path):
