@@ -386,6 +386,8 @@ RUNS_BWD_CONFIGS = [(4, 8, 8, 1), (4, 8, 16, 2), (8, 4, 16, 4), (8, 4, 8, 2), (8
 
 
 def runs_default(T: int, P: int, interpret: bool) -> tuple[int, int, int, int]:
-    """(S, R, BP, num_warps) without autotuning; under the interpreter small tiles (BT = 8: many tiles in tests)."""
+    """(S, R, BP, num_warps) without autotuning. Under the interpreter a tile of 8 steps, as the tile layout's
+    (tests want many tiles), in 4 runs of 2: the interpreter's cost grows with the number of steps a tile runs
+    one after the other, R per tile, T / S in all (longer runs: ``forced_blocks(..., run=)`` in the tests)."""
     bp = min(8, 1 << max(0, P - 1).bit_length())
-    return (2, 4, bp, 1) if interpret else (4, 8, bp, 1)
+    return (4, 2, bp, 1) if interpret else (4, 8, bp, 1)
