@@ -120,6 +120,7 @@ def runs_fwd_kernel(
     S: tl.constexpr, R: tl.constexpr, BP: tl.constexpr,
     LD_STATIC: tl.constexpr, TH_STATIC: tl.constexpr,
     HAS_H0: tl.constexpr, SAVE_CK: tl.constexpr,
+    STAGES: tl.constexpr = 1,  # software pipelining of the loop over tiles (1: none; see ``runs_stages``)
 ):
     pid_bh = tl.program_id(0)
     pid_p = tl.program_id(1)
@@ -154,7 +155,7 @@ def runs_fwd_kernel(
         ci = tl.zeros((BP,), dtype=tl.float32)
 
     NT = tl.cdiv(T, BT)
-    for k in range(0, NT):
+    for k in tl.range(0, NT, num_stages=STAGES):
         t0_64 = tl.cast(k, tl.int64) * BT
         if SAVE_CK:  # state entering this tile
             _store_state(ck_ptr + (bh64 * NCK + k) * D + 2 * offs_p, cr, ci, mask_p)
@@ -216,6 +217,7 @@ def runs_bwd_kernel(
     LD_STATIC: tl.constexpr, TH_STATIC: tl.constexpr,
     HAS_DY: tl.constexpr, HAS_DHT: tl.constexpr,
     NEED_DX: tl.constexpr, NEED_DLD: tl.constexpr, NEED_DTH: tl.constexpr, NEED_DH0: tl.constexpr,
+    STAGES: tl.constexpr = 1,
 ):
     pid_bh = tl.program_id(0)
     pid_p = tl.program_id(1)
@@ -261,7 +263,7 @@ def runs_bwd_kernel(
     acc_th = tl.zeros((S, BP), dtype=tl.float32)
 
     NT = tl.cdiv(T, BT)
-    for kk in range(0, NT):
+    for kk in tl.range(0, NT, num_stages=STAGES):
         k = NT - 1 - kk
         t0_64 = tl.cast(k, tl.int64) * BT
 
@@ -377,12 +379,18 @@ def runs_bwd_kernel(
 # ----------------------------------------------------------------------------------------------------------
 # Tiles
 # ----------------------------------------------------------------------------------------------------------
-# (S runs, R steps a run, BP pairs, num_warps): one (run, pair) cell per thread, BT = S·R, 56–170 registers
+# (S runs, R steps a run, BP pairs, num_warps): one (run, pair) cell per thread, BT = S·R, 48–170 registers
 # without spills on sm_90. With one warp the runs of a tile share a warp, and the cross-run scan and shift are
 # shuffles. The forward's tiles are 32 or 64 steps, and the backward has tiles of both lengths (its tile is a
 # multiple of the forward's, the checkpoint interval).
 RUNS_FWD_CONFIGS = [(4, 8, 8, 1), (4, 8, 16, 2), (8, 4, 16, 4), (2, 16, 16, 1), (8, 8, 16, 4), (4, 16, 8, 1)]
 RUNS_BWD_CONFIGS = [(4, 8, 8, 1), (4, 8, 16, 2), (8, 4, 16, 4), (8, 4, 8, 2), (8, 8, 16, 4), (8, 8, 8, 2)]
+
+
+# ``runs_stages``. With STAGES > 1 the compiler issues the loads of the next STAGES − 1 tiles before it computes
+# this one (``tl.range(num_stages=)``: asynchronous copies into shared memory on sm_80+), which hides memory latency
+# when few warps share an SM (the best runs tiles take one warp a program); 1, the default, does not. Chosen by
+# the host (``triton_scan.scan_layout(..., stages=)``, ``$HYBRID_SCAN_STAGES``) until a GPU has timed it.
 
 
 def runs_default(T: int, P: int, interpret: bool) -> tuple[int, int, int, int]:

@@ -18,7 +18,7 @@ host code here launches either (``$HYBRID_SCAN_LAYOUT``, ``scan_layout``), and t
 
 ``triton_forward`` / ``triton_backward`` are what the custom op of ``ops.py`` runs: the one autograd path of the
 Triton scan. ``forced_blocks`` forces its tiles (tests of tile edges, tuning). Knobs: ``$HYBRID_SCAN_AUTOTUNE``,
-``$HYBRID_SCAN_SHIFT``, ``$HYBRID_SCAN_LAYOUT`` (``hybrid.kernels.env``). The kernel layouts, the backward's
+``$HYBRID_SCAN_SHIFT``, ``$HYBRID_SCAN_LAYOUT``, ``$HYBRID_SCAN_STAGES`` (``hybrid.kernels.env``). The kernel layouts, the backward's
 recompute and the tuning: docs/design.md, "The Triton scan".
 """
 from __future__ import annotations
@@ -311,6 +311,8 @@ _BWD_CONFIGS = [(64, 16, 4), (32, 16, 2), (32, 32, 4), (128, 8, 4), (64, 8, 2), 
 # $HYBRID_SCAN_LAYOUT picks at import, ``scan_layout`` inside a block (tests, A/B timing).
 _LAYOUTS = ("tile", "runs")
 _LAYOUT = read_env("HYBRID_SCAN_LAYOUT", _LAYOUTS, "tile")
+# The runs kernels' software pipelining (``triton_runs``, "runs_stages"): 1 (none) to 4. $HYBRID_SCAN_STAGES.
+_STAGES = int(read_env("HYBRID_SCAN_STAGES", ("1", "2", "3", "4"), "1"))
 _MIN_CK_BT = {"tile": min(c[0] for c in _FWD_CONFIGS), "runs": min(s * r for s, r, _, _ in RUNS_FWD_CONFIGS)}
 # Problems smaller than this (pairs × steps) use the fixed default instead of autotuning.
 _AUTOTUNE_MIN_WORK = 1 << 22
@@ -323,18 +325,22 @@ _SHIFT_GATHER = read_env("HYBRID_SCAN_SHIFT", ("gather", "load"),
 
 
 @contextlib.contextmanager
-def scan_layout(name: str):
+def scan_layout(name: str, stages: int | None = None):
     """Every Triton scan started inside runs in this layout: "tile" or "runs" (see ``_LAYOUTS``); its backward
-    follows the forward's. Switch it outside a compiled region: the op's shape function reads it when tracing (the
-    checkpoint rows depend on the layout's shortest tile)."""
-    global _LAYOUT
+    follows the forward's. ``stages``: the runs kernels' software pipelining, 1 (none) to 4 (None: unchanged).
+    Switch it outside a compiled region: the op's shape function reads it when tracing (the checkpoint rows
+    depend on the layout's shortest tile)."""
+    global _LAYOUT, _STAGES
     if name not in _LAYOUTS:
         raise ValueError(f"scan_layout: expected one of {_LAYOUTS}, got {name!r}")
-    before, _LAYOUT = _LAYOUT, name
+    if stages is not None and stages not in (1, 2, 3, 4):
+        raise ValueError(f"scan_layout: expected stages in 1..4, got {stages!r}")
+    before = _LAYOUT, _STAGES
+    _LAYOUT, _STAGES = name, (_STAGES if stages is None else stages)
     try:
         yield
     finally:
-        _LAYOUT = before
+        _LAYOUT, _STAGES = before
 
 
 def default_blocks(T: int, P: int) -> tuple[int, int, int]:
@@ -365,7 +371,8 @@ def _prune(configs, named_args, **kwargs):
             kept = [triton.Config({"BT": ck, "BP": bp}, num_warps=8 if ck >= 128 else 4)]
         else:
             run = 4 if ck % 4 == 0 else 1
-            kept = [triton.Config({"S": ck // run, "R": run, "BP": bp}, num_warps=max(1, min(8, ck // run * bp // 32)))]
+            kept = [triton.Config({"S": ck // run, "R": run, "BP": bp, "STAGES": configs[0].kwargs["STAGES"]},
+                                  num_warps=max(1, min(8, ck // run * bp // 32)))]
     return kept or configs[:1]
 
 
@@ -384,15 +391,22 @@ def _tuned(kernel, configs, key):
 _FLAG_KEY = ["T_BUCKET", "P", "LD_STATIC", "TH_STATIC"]
 _FWD_KEY = _FLAG_KEY + ["HAS_H0", "SAVE_CK"]
 _BWD_KEY = _FLAG_KEY + ["CK_BT", "HAS_DY", "HAS_DHT", "NEED_DX", "NEED_DLD", "NEED_DTH"]
-if _AUTOTUNE:
-    _TUNED = {
-        ("tile", "fwd"): _tuned(_scan_fwd_kernel, [({"BT": bt, "BP": bp}, w) for bt, bp, w in _FWD_CONFIGS], _FWD_KEY),
-        ("tile", "bwd"): _tuned(_scan_bwd_kernel, [({"BT": bt, "BP": bp}, w) for bt, bp, w in _BWD_CONFIGS], _BWD_KEY),
-        ("runs", "fwd"): _tuned(runs_fwd_kernel, [({"S": s, "R": r, "BP": bp}, w) for s, r, bp, w in RUNS_FWD_CONFIGS],
-                                _FWD_KEY),
-        ("runs", "bwd"): _tuned(runs_bwd_kernel, [({"S": s, "R": r, "BP": bp}, w) for s, r, bp, w in RUNS_BWD_CONFIGS],
-                                _BWD_KEY),
-    }
+_TUNED: dict = {}  # (layout, "fwd" | "bwd", stages) -> the autotuned kernel, made on first use
+
+
+def tuned_kernel(layout: str, which: str, stages: int = 1):
+    """The autotuned kernel of a layout and pass (the runs kernels at ``stages``), made on first use."""
+    key = (layout, which, stages if layout == "runs" else 1)
+    if key not in _TUNED:
+        if layout == "tile":
+            kernel, configs = ((_scan_fwd_kernel, _FWD_CONFIGS) if which == "fwd" else (_scan_bwd_kernel, _BWD_CONFIGS))
+            metas = [({"BT": bt, "BP": bp}, w) for bt, bp, w in configs]
+        else:
+            kernel, configs = ((runs_fwd_kernel, RUNS_FWD_CONFIGS) if which == "fwd"
+                               else (runs_bwd_kernel, RUNS_BWD_CONFIGS))
+            metas = [({"S": s, "R": r, "BP": bp, "STAGES": stages}, w) for s, r, bp, w in configs]
+        _TUNED[key] = _tuned(kernel, metas, _FWD_KEY if which == "fwd" else _BWD_KEY)
+    return _TUNED[key]
 
 
 def empty_buffer(shape, dtype, device) -> torch.Tensor:
@@ -456,7 +470,7 @@ def _launch_meta(layout: str, bt: int, bp: int, run, T: int, P: int) -> dict:
     if bt % r:
         raise ValueError(f"forced_blocks: run length {r} must divide the time tile {bt}")
     cells = (bt // r) * bp
-    return dict(S=bt // r, R=r, BP=bp, num_warps=1 if _INTERPRET else max(1, min(8, cells // 32)))
+    return dict(S=bt // r, R=r, BP=bp, STAGES=_STAGES, num_warps=1 if _INTERPRET else max(1, min(8, cells // 32)))
 
 
 def _default_meta(layout: str, T: int, P: int) -> dict:
@@ -464,7 +478,7 @@ def _default_meta(layout: str, T: int, P: int) -> dict:
         bt, bp, warps = default_blocks(T, P)
         return dict(BT=bt, BP=bp, num_warps=warps)
     s, r, bp, warps = runs_default(T, P, _INTERPRET)
-    return dict(S=s, R=r, BP=bp, num_warps=warps)
+    return dict(S=s, R=r, BP=bp, STAGES=_STAGES, num_warps=warps)
 
 
 _KERNELS = {("tile", "fwd"): _scan_fwd_kernel, ("tile", "bwd"): _scan_bwd_kernel,
@@ -502,7 +516,7 @@ def _forward(x, log_decay, theta, initial_state, save_ck, blocks=None):
     args = (x, y, log_decay, theta, h0, final, ck, T, H, P, nck, ld_sb, ld_st, th_sb, th_st, _next_pow2(T))
     flags = dict(LD_STATIC=ld_static, TH_STATIC=th_static, HAS_H0=initial_state is not None, SAVE_CK=save_ck)
     if tune:
-        tuned = _TUNED[(layout, "fwd")]
+        tuned = tuned_kernel(layout, "fwd", _STAGES)
         tuned[lambda m: (B * H, triton.cdiv(P, m["BP"]))](*args, **flags)
         bt = _time_tile(tuned.best_config.kwargs)
     else:
@@ -553,7 +567,7 @@ def _backward(x, log_decay, theta, ck, ck_tile, dy, dfinal, needs, blocks=None):
     if layout == "tile":
         flags["SHIFT_GATHER"] = _SHIFT_GATHER
     if tune:
-        _TUNED[(layout, "bwd")][lambda m: (B * H, triton.cdiv(P, m["BP"]))](*args, **flags)
+        tuned_kernel(layout, "bwd", _STAGES)[lambda m: (B * H, triton.cdiv(P, m["BP"]))](*args, **flags)
     else:
         bt = _time_tile(meta)
         if bt % ck_bt:

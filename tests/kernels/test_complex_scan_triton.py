@@ -431,16 +431,17 @@ def test_public_interface_uses_this_backend():
 # ----------------------------------------------------------------------------------------------------------
 # The runs layout's own shapes, and the layout the backward follows
 # ----------------------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("block", [(8, 4, 1), (8, 1, 2), (8, 8, 2), ((4, 8), 2, 2), ((8, 16), 4, 1)],
-                         ids=["S8xR1", "S1xR8", "S1xR8-BP2", "S2xR2:S4xR2", "S2xR4:S4xR4-BP1"])
+@pytest.mark.parametrize("block", [(8, 4, 1, 1), (8, 1, 2, 1), (8, 8, 2, 1), ((4, 8), 2, 2, 1), ((8, 16), 4, 1, 3)],
+                         ids=["S8xR1", "S1xR8", "S1xR8-BP2", "S2xR2:S4xR2", "S2xR4:S4xR4-BP1-stages3"])
 def test_runs_shapes(block):
     """Runs of one step (every step its own run: the cross-run scan does all the work), one run a tile (no
     cross-run scan), and backward tiles twice the forward's; T = 13 (a partial last tile and partial last runs),
-    P = 3 (a partial last pair block), gradients of every input."""
-    bt, run, bp = block
-    seed = seed_of(block)
+    P = 3 (a partial last pair block), gradients of every input; one with the pipelined loop (3 stages: the
+    interpreter runs it as a plain loop, the compiled form is checked by test_aot and on a GPU)."""
+    bt, run, bp, stages = block
+    seed = seed_of(block[:3])
     x, ld, th, s0 = make_inputs(seed, 2, 13, 1, 6, "dep", "static", True)
-    with scan_layout("runs"), forced_blocks(bt, bp, run=run):
+    with scan_layout("runs", stages=stages), forced_blocks(bt, bp, run=run):
         (y, f), (yr, fr), got, want, ups = grads_both(x, ld, th, s0, seed=seed)
     assert_scaled(y, yr, what="y")
     assert_scaled(f, fr, what="final")
@@ -484,6 +485,9 @@ def test_backward_follows_the_forwards_layout(forward_layout, monkeypatch):
 def test_layout_names_are_checked():
     with pytest.raises(ValueError, match=r"^scan_layout: expected one of \('tile', 'runs'\), got 'rows'$"):
         with scan_layout("rows"):
+            pass
+    with pytest.raises(ValueError, match=r"^scan_layout: expected stages in 1..4, got 0$"):
+        with scan_layout("runs", stages=0):
             pass
 
 

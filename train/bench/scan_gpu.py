@@ -187,7 +187,8 @@ def run_cases(cases, skip_torch, device="cuda"):
                 gbs = nbytes / ms / 1e6
                 rows.append((shape, dname, mode, name, pass_, ms, nbytes, gbs, 100.0 * gbs / copy_gbs[key]))
                 if name == "triton" and getattr(triton_scan, "_AUTOTUNE", False):
-                    tuned = triton_scan._TUNED.get((triton_scan._LAYOUT, "fwd" if pass_ == "fwd" else "bwd"))
+                    tuned = triton_scan._TUNED.get((triton_scan._LAYOUT, "fwd" if pass_ == "fwd" else "bwd",
+                                                    triton_scan._STAGES if triton_scan._LAYOUT == "runs" else 1))
                     cfg = getattr(tuned, "best_config", None)
                     if cfg is not None:
                         notes.append(f"{shape} {dname} {mode} {'backward' if pass_ != 'fwd' else 'forward'} "

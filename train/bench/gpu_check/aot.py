@@ -50,7 +50,9 @@ class Specialisation:
 
     def label(self) -> str:
         flags = " ".join(k for k, v in self.constexprs.items() if isinstance(v, bool) and v)
-        return f"{self.kernel} {tile_label(self.constexprs)} BP={self.constexprs['BP']} w={self.num_warps} {self.dtype} [{flags}]"
+        stages = f" stages={self.constexprs['STAGES']}" if self.constexprs.get("STAGES", 1) > 1 else ""
+        return (f"{self.kernel} {tile_label(self.constexprs)} BP={self.constexprs['BP']} w={self.num_warps} "
+                f"{self.dtype} [{flags}]{stages}")
 
 
 def time_tile(constexprs: dict) -> int:
@@ -97,13 +99,15 @@ def _backward(bt, bp, warps, ck_bt, flags, dtype):
 _RUNS_BWD_FLAGS = _BWD_FLAGS[:-1]  # the runs backward has no SHIFT_GATHER: a_{t+1} is in the same thread
 
 
-def _runs_forward(s, r, bp, warps, flags, dtype):
-    return Specialisation("runs forward", {"S": s, "R": r, "BP": bp, **dict(zip(_FWD_FLAGS, flags))}, warps, dtype)
+def _runs_forward(s, r, bp, warps, flags, dtype, stages=1):
+    named = dict(zip(_FWD_FLAGS, flags))
+    return Specialisation("runs forward", {"S": s, "R": r, "BP": bp, **named, "STAGES": stages}, warps, dtype)
 
 
-def _runs_backward(s, r, bp, warps, ck_bt, flags, dtype):
+def _runs_backward(s, r, bp, warps, ck_bt, flags, dtype, stages=1):
     named = dict(zip(_RUNS_BWD_FLAGS, flags))
-    return Specialisation("runs backward", {"S": s, "R": r, "CK_BT": ck_bt, "BP": bp, **named}, warps, dtype)
+    return Specialisation("runs backward", {"S": s, "R": r, "CK_BT": ck_bt, "BP": bp, **named, "STAGES": stages},
+                          warps, dtype)
 
 
 def _valid_backward(named: dict) -> bool:
@@ -164,6 +168,9 @@ def _runs_covering_set(rows) -> list[Specialisation]:
         s, r, bp, warps = bwd_tiles[i % len(bwd_tiles)]
         ck_bt = s * r if i % 2 == 0 or s * r <= 32 else s * r // 2
         specs.append(_runs_backward(s, r, bp, warps, ck_bt, rows[i % len(rows)][:-1], dtypes[(i + 1) % 3]))
+    # the software-pipelined loop ($HYBRID_SCAN_STAGES), once each way
+    specs.append(_runs_forward(*triton_runs.RUNS_FWD_CONFIGS[0], fwd_rows[0], "bfloat16", stages=3))
+    specs.append(_runs_backward(*triton_runs.RUNS_BWD_CONFIGS[0], 32, rows[0][:-1], "bfloat16", stages=3))
     return specs
 
 
@@ -210,8 +217,10 @@ def benchmark_set(dtype: str = "bfloat16") -> list[Specialisation]:
         bwd = (ld, th, True, False, True, True, True, False)
         specs += [_forward(bt, bp, w, fwd, dtype) for bt, bp, w in ts._FWD_CONFIGS]
         specs += [_backward(bt, bp, w, bt, bwd + (True,), dtype) for bt, bp, w in ts._BWD_CONFIGS]
-        specs += [_runs_forward(s, r, bp, w, fwd, dtype) for s, r, bp, w in triton_runs.RUNS_FWD_CONFIGS]
-        specs += [_runs_backward(s, r, bp, w, s * r, bwd, dtype) for s, r, bp, w in triton_runs.RUNS_BWD_CONFIGS]
+        for stages in (1, 3):
+            specs += [_runs_forward(s, r, bp, w, fwd, dtype, stages) for s, r, bp, w in triton_runs.RUNS_FWD_CONFIGS]
+            specs += [_runs_backward(s, r, bp, w, s * r, bwd, dtype, stages)
+                      for s, r, bp, w in triton_runs.RUNS_BWD_CONFIGS]
     return specs
 
 
@@ -258,11 +267,17 @@ _STACK = re.compile(r"(\d+) bytes stack frame")
 _ACCESS = re.compile(r"\b(ld|st)\.global(?:\.[a-z0-9_]+)*?(?:\.v(\d))?\.(?:b|f|u|s)(\d+)\b")
 
 
+_ASYNC_COPY = re.compile(r"\bcp\.async\.c[ag]\.shared(?:::cta)?\.global(?:\.[a-z0-9_:]+)*\s+\[[^\]]*\],\s*\[[^\]]*\],\s*(0x[0-9a-f]+|\d+)")
+
+
 def access_widths(ptx: str) -> dict:
-    """The widest global load and store in bytes per thread and instruction (``ld.global.v4.b32``: 16)."""
+    """The widest global load and store in bytes per thread and instruction (``ld.global.v4.b32``: 16); a load
+    the loop's pipelining made an asynchronous copy into shared memory (``cp.async ..., 0x4``) counts its size."""
     widest = {"ld": 0, "st": 0}
     for op, vec, bits in _ACCESS.findall(ptx):
         widest[op] = max(widest[op], int(vec or 1) * int(bits) // 8)
+    for size in _ASYNC_COPY.findall(ptx):
+        widest["ld"] = max(widest["ld"], int(size, 0))
     return {"load_bytes": widest["ld"], "store_bytes": widest["st"]}
 
 
@@ -346,6 +361,8 @@ def table(rows: list[dict], arch: int) -> str:
             "|---|---:|---:|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         flags = " ".join(k for k in dict.fromkeys(_FWD_FLAGS + _BWD_FLAGS) if r.get(k) is True)
+        if r.get("STAGES", 1) > 1:
+            flags += f" STAGES={r['STAGES']}"
         if r["ok"]:
             cells = [r["registers"], r["spill_bytes"], r["stack_bytes"], r["shared_bytes"], r["load_bytes"],
                      r["store_bytes"], "" if r.get("loop_per_pair_step") is None else r["loop_per_pair_step"]]

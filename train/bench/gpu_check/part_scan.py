@@ -1,5 +1,6 @@
 """Part 2, the scan's speed: ``complex_scan`` (Triton) forward and forward+backward at B8·T8192·H16·D128, bf16 and
-fp32, in both layouts of its kernels ("tile", the default, and "runs": ``triton_runs``), against a device copy of
+fp32, in both layouts of its kernels ("tile", the default, and "runs": ``triton_runs``; bf16 with data-dependent
+decay also with the runs loop software-pipelined over 3 stages), against a device copy of
 the same bytes (the bandwidth ceiling, measured in the same run), accelerated-scan's complex scan, fla's HGRN
 scans (real decay, θ = 0) and the torch backend under ``torch.compile`` (last: its compile takes a minute).
 
@@ -65,12 +66,12 @@ def _scan_fn(impl, x, ld, th, passes):
     return fn
 
 
-def _ours(backend, layout="tile"):
+def _ours(backend, layout="tile", stages=1):
     from hybrid.kernels import complex_scan
     from hybrid.kernels.complex_scan.triton_scan import scan_layout
 
     def run(x, ld, th):
-        with scan_layout(layout):  # (the backward follows the forward's layout)
+        with scan_layout(layout, stages=stages):  # (the backward follows the forward's layout)
             return complex_scan(x, ld, th, backend=backend, check_values=False)[0]
     return run
 
@@ -204,6 +205,9 @@ def run(ctx: CheckContext) -> None:
             for layout in ("runs", "tile"):
                 _time_impl(ctx, ours_name(backend, layout), _ours(backend, layout), shape, dtype, mode,
                            copies[dtype], label)
+            if dtype == torch.bfloat16 and mode == "dependent":  # the runs loop software-pipelined, once
+                _time_impl(ctx, ours_name(backend, "runs") + ", 3 stages", _ours(backend, "runs", stages=3), shape,
+                           dtype, mode, copies[dtype], label)
     label = dict(shape=f"{B}x{T}x{H}x{D}", dtype="float32", mode="real")
     for layout in ("runs", "tile"):
         _time_impl(ctx, ours_name(backend, layout) + ", θ = 0", _ours(backend, layout), shape, torch.float32, "real",
