@@ -18,8 +18,8 @@ host code here launches either (``$HYBRID_SCAN_LAYOUT``, ``scan_layout``), and t
 
 ``triton_forward`` / ``triton_backward`` are what the custom op of ``ops.py`` runs: the one autograd path of the
 Triton scan. ``forced_blocks`` forces its tiles (tests of tile edges, tuning). Knobs: ``$HYBRID_SCAN_AUTOTUNE``,
-``$HYBRID_SCAN_SHIFT``, ``$HYBRID_SCAN_LAYOUT``, ``$HYBRID_SCAN_STAGES`` (``hybrid.kernels.env``). The kernel layouts, the backward's
-recompute and the tuning: docs/design.md, "The Triton scan".
+``$HYBRID_SCAN_SHIFT``, ``$HYBRID_SCAN_LAYOUT``, ``$HYBRID_SCAN_STAGES`` (``hybrid.kernels.env``). The kernel
+layouts, the backward's recompute and the tuning: docs/design.md, "The Triton scan".
 """
 from __future__ import annotations
 

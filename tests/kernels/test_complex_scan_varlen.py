@@ -44,7 +44,8 @@ _NEEDS_TRITON = pytest.mark.skipif(
 
 
 def options(backend: str) -> dict:
-    return {"backend": "triton" if backend == "triton-runs" else backend, "block_size": EDGE if backend == "torch" else None}
+    return {"backend": "triton" if backend == "triton-runs" else backend,
+            "block_size": EDGE if backend == "torch" else None}
 
 
 def device_of(backend: str) -> torch.device:

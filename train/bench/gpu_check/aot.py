@@ -267,7 +267,8 @@ _STACK = re.compile(r"(\d+) bytes stack frame")
 _ACCESS = re.compile(r"\b(ld|st)\.global(?:\.[a-z0-9_]+)*?(?:\.v(\d))?\.(?:b|f|u|s)(\d+)\b")
 
 
-_ASYNC_COPY = re.compile(r"\bcp\.async\.c[ag]\.shared(?:::cta)?\.global(?:\.[a-z0-9_:]+)*\s+\[[^\]]*\],\s*\[[^\]]*\],\s*(0x[0-9a-f]+|\d+)")
+_ASYNC_COPY = re.compile(r"\bcp\.async\.c[ag]\.shared(?:::cta)?\.global(?:\.[a-z0-9_:]+)*"
+                         r"\s+\[[^\]]*\],\s*\[[^\]]*\],\s*(0x[0-9a-f]+|\d+)")
 
 
 def access_widths(ptx: str) -> dict:

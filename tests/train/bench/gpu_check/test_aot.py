@@ -32,11 +32,17 @@ def test_every_specialisation_compiles_for_sm90(tmp_path):
     from hybrid.kernels.complex_scan import triton_runs, triton_scan
     forward = ("LD_STATIC", "TH_STATIC", "HAS_H0", "SAVE_CK")
     backward = ("LD_STATIC", "TH_STATIC", "HAS_DY", "HAS_DHT", "NEED_DX", "NEED_DLD", "NEED_DTH", "NEED_DH0")
+    def tile(r):
+        return (r["BT"], r["BP"], r["num_warps"])
+
+    def runs(r):
+        return (r["S"], r["R"], r["BP"], r["num_warps"])
+
     for kernel, flags, tiles, tile_of in (
-            ("forward", forward, triton_scan._FWD_CONFIGS, lambda r: (r["BT"], r["BP"], r["num_warps"])),
-            ("backward", backward + ("SHIFT_GATHER",), triton_scan._BWD_CONFIGS, lambda r: (r["BT"], r["BP"], r["num_warps"])),
-            ("runs forward", forward, triton_runs.RUNS_FWD_CONFIGS, lambda r: (r["S"], r["R"], r["BP"], r["num_warps"])),
-            ("runs backward", backward, triton_runs.RUNS_BWD_CONFIGS, lambda r: (r["S"], r["R"], r["BP"], r["num_warps"]))):
+            ("forward", forward, triton_scan._FWD_CONFIGS, tile),
+            ("backward", backward + ("SHIFT_GATHER",), triton_scan._BWD_CONFIGS, tile),
+            ("runs forward", forward, triton_runs.RUNS_FWD_CONFIGS, runs),
+            ("runs backward", backward, triton_runs.RUNS_BWD_CONFIGS, runs)):
         mine = [r for r in rows if r["kernel"] == kernel]
         for flag in flags:
             assert {r[flag] for r in mine} == {False, True}, (kernel, flag)
