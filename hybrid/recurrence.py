@@ -55,7 +55,6 @@ from .rotary import PHASE_INITS, PHASE_MAPS, CARoPE, DataPhase, RotaryConfig, ch
 
 SELECTIVE_GATES = {"sigmoid": torch.sigmoid, "hardsigmoid": F.hardsigmoid}  # the recurrence gate r_t
 SELECTIVE_C = 8.0
-
 MIN_WRITE_SQ = 1e-12  # 1 − γ² is floored here: sqrt's gradient is infinite at γ = 1 (a held token, r_t = 0)
 PHASES = ("static", "learned", "carope", "data")
 

@@ -84,11 +84,24 @@ def complex_decay(ld, th):
 
 
 @triton.jit
-def tile_decay(ld_ptrs, th_ptrs, mask2, rows, mag_row, sn_row, cs_row,
+def tile_decay(ld_ptrs, th_ptrs, mask2, rows, mag_row, sn_row, cs_row, ar_row, ai_row,
                LD_STATIC: tl.constexpr, TH_STATIC: tl.constexpr):
-    """``a`` over a (steps, BP) block when at most one of decay / angle is static (the static one's exp or
-    sin/cos comes precomputed per pair). Rows outside ``rows`` (padding steps) get the identity ``a = 1``.
+    """``a`` over a (steps, BP) block; a static decay's exp and a static angle's sin/cos come precomputed per pair
+    (``static_rows``), and with both static ``a`` itself (``ar_row``, ``ai_row``). Rows outside ``rows`` (padding
+    steps) get the identity ``a = 1``.
     """
+    if LD_STATIC and TH_STATIC:
+        ar = tl.where(rows, ar_row[None, :], 1.0)
+        ai = tl.where(rows, ai_row[None, :], 0.0)
+    else:
+        ar, ai = _varying_decay(ld_ptrs, th_ptrs, mask2, rows, mag_row, sn_row, cs_row, LD_STATIC, TH_STATIC)
+    return ar, ai
+
+
+@triton.jit
+def _varying_decay(ld_ptrs, th_ptrs, mask2, rows, mag_row, sn_row, cs_row,
+                   LD_STATIC: tl.constexpr, TH_STATIC: tl.constexpr):
+    """``tile_decay`` when at most one of decay / angle is static."""
     if TH_STATIC:
         sn = sn_row[None, :]
         cs = cs_row[None, :]

@@ -31,18 +31,6 @@ from .triton_device import affine_combine, static_rows, tile_decay
 __all__ = ["RUNS_FWD_CONFIGS", "RUNS_BWD_CONFIGS", "runs_default", "runs_fwd_kernel", "runs_bwd_kernel"]
 
 
-@triton.jit
-def _run_decay(ld_ptrs, th_ptrs, mask2, rows, mag_row, sn_row, cs_row, ar_row, ai_row,
-               LD_STATIC: tl.constexpr, TH_STATIC: tl.constexpr):
-    """``a`` of one step of every run, (S, BP); padding steps (``rows`` false) get the identity ``a = 1``."""
-    if LD_STATIC and TH_STATIC:
-        ar = tl.where(rows, ar_row[None, :], 1.0)
-        ai = tl.where(rows, ai_row[None, :], 0.0)
-    else:
-        ar, ai = tile_decay(ld_ptrs, th_ptrs, mask2, rows, mag_row, sn_row, cs_row, LD_STATIC, TH_STATIC)
-    return ar, ai
-
-
 # _lanes_along_runs. A block's pairs are contiguous in memory, so the compiler would give consecutive lanes
 # consecutive pairs; the shift to the run before (tl.gather) and the scan across runs want consecutive lanes on
 # consecutive runs, and every (S, BP) block would be converted between the two (shuffles or shared memory).
@@ -172,7 +160,7 @@ def runs_fwd_kernel(
         for r in tl.static_range(R):
             rows = ((k * BT + offs_s * R + r) < T)[:, None]
             xr, xi = _load_pairs(x_base + (t0_64 + r) * (H * P) + x_runs, rows & mask_p[None, :], DT)
-            ar, ai = _run_decay(ld_base + (t0_64 + r) * ld_st + ld_runs, th_base + (t0_64 + r) * th_st + th_runs,
+            ar, ai = tile_decay(ld_base + (t0_64 + r) * ld_st + ld_runs, th_base + (t0_64 + r) * th_st + th_runs,
                                 rows & mask_p[None, :], rows, mag_row, sn_row, cs_row, ar_row, ai_row,
                                 LD_STATIC, TH_STATIC)
             lr, li = ar * lr - ai * li + xr, ar * li + ai * lr + xi
@@ -281,7 +269,7 @@ def runs_bwd_kernel(
         pi = tl.zeros((S, BP), dtype=tl.float32)
         for r in tl.static_range(R):
             rows = ((k * BT + offs_s * R + r) < T)[:, None]
-            ar, ai = _run_decay(ld_base + (t0_64 + r) * ld_st + ld_runs, th_base + (t0_64 + r) * th_st + th_runs,
+            ar, ai = tile_decay(ld_base + (t0_64 + r) * ld_st + ld_runs, th_base + (t0_64 + r) * th_st + th_runs,
                                 rows & mask_p[None, :], rows, mag_row, sn_row, cs_row, ar_row, ai_row,
                                 LD_STATIC, TH_STATIC)
             ars = ars + (ar,)

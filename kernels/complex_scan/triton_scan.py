@@ -103,12 +103,8 @@ def _scan_fwd_kernel(
         xr, xi = tl.split(tl.reshape(xv.to(tl.float32), (BT, BP, 2)))
 
         # a_t; padding steps (t >= T) get a = 1.
-        if LD_STATIC and TH_STATIC:
-            ar = tl.where(mask_t[:, None], ar_row[None, :], 1.0)
-            ai = tl.where(mask_t[:, None], ai_row[None, :], 0.0)
-        else:
-            ar, ai = tile_decay(ld_base + t0_64 * ld_st + ld_tile, th_base + t0_64 * th_st + th_tile, m2,
-                                 mask_t[:, None], mag_row, sn_row, cs_row, LD_STATIC, TH_STATIC)
+        ar, ai = tile_decay(ld_base + t0_64 * ld_st + ld_tile, th_base + t0_64 * th_st + th_tile, m2,
+                            mask_t[:, None], mag_row, sn_row, cs_row, ar_row, ai_row, LD_STATIC, TH_STATIC)
 
         Ar, Ai, Br, Bi = tl.associative_scan((ar, ai, xr, xi), axis=0, combine_fn=affine_combine)
         sr = Ar * cr[None, :] - Ai * ci[None, :] + Br
@@ -195,14 +191,12 @@ def _scan_bwd_kernel(
         ms2 = mask_s[:, None] & mask_p[None, :]
 
         # a_t (this step) and c_t = conj(a_{t+1}) (successor step).
+        ar, ai = tile_decay(ld_base + t0_64 * ld_st + ld_tile, th_base + t0_64 * th_st + th_tile, m2,
+                            mask_t[:, None], mag_row, sn_row, cs_row, ar_row, ai_row, LD_STATIC, TH_STATIC)
         if LD_STATIC and TH_STATIC:
-            ar = tl.where(mask_t[:, None], ar_row[None, :], 1.0)
-            ai = tl.where(mask_t[:, None], ai_row[None, :], 0.0)
             cr_ = tl.where(mask_s[:, None], ar_row[None, :], 1.0)
             ci_ = tl.where(mask_s[:, None], -ai_row[None, :], 0.0)
         else:
-            ar, ai = tile_decay(ld_base + t0_64 * ld_st + ld_tile, th_base + t0_64 * th_st + th_tile, m2,
-                                 mask_t[:, None], mag_row, sn_row, cs_row, LD_STATIC, TH_STATIC)
             if SHIFT_GATHER:
                 # a_{t+1} is the next row of the same tile: move it in registers / shared memory.
                 nxt = tl.broadcast_to(tl.minimum(offs_t + 1, BT - 1)[:, None], (BT, BP))
@@ -212,8 +206,9 @@ def _scan_bwd_kernel(
                 # Fallback (Triton without tl.gather): the tile loaded again one step later (cache hits)
                 # with its exp/sin/cos evaluated again.
                 an_r, an_i = tile_decay(ld_base + (t0_64 + 1) * ld_st + ld_tile,
-                                         th_base + (t0_64 + 1) * th_st + th_tile, ms2,
-                                         mask_s[:, None], mag_row, sn_row, cs_row, LD_STATIC, TH_STATIC)
+                                        th_base + (t0_64 + 1) * th_st + th_tile, ms2,
+                                        mask_s[:, None], mag_row, sn_row, cs_row, ar_row, ai_row,
+                                        LD_STATIC, TH_STATIC)
                 cr_ = an_r
                 ci_ = -an_i
 
@@ -351,7 +346,8 @@ def default_blocks(T: int, P: int) -> tuple[int, int, int]:
     return max(16, min(64, _next_pow2(T))), min(16, _next_pow2(P)), 4
 
 
-def _time_tile(kwargs: dict) -> int:
+def time_tile(kwargs: dict) -> int:
+    """A launch's time tile: ``BT`` (tile layout) or ``S·R`` (runs layout)."""
     return kwargs["BT"] if "BT" in kwargs else kwargs["S"] * kwargs["R"]
 
 
@@ -363,16 +359,16 @@ def _prune(configs, named_args, **kwargs):
     bt_cap = max(32, _next_pow2(T))
     ck = kwargs.get("CK_BT")
     kept = [c for c in configs
-            if c.kwargs["BP"] <= bp_cap and _time_tile(c.kwargs) <= bt_cap
-            and (ck is None or (_time_tile(c.kwargs) % ck == 0))]
+            if c.kwargs["BP"] <= bp_cap and time_tile(c.kwargs) <= bt_cap
+            and (ck is None or (time_tile(c.kwargs) % ck == 0))]
     if not kept and ck is not None:  # the forward chose a long tile: use it for the backward too
         bp = min(16, bp_cap)
         if "BT" in configs[0].kwargs:
             kept = [triton.Config({"BT": ck, "BP": bp}, num_warps=8 if ck >= 128 else 4)]
-        else:
-            run = 4 if ck % 4 == 0 else 1
-            kept = [triton.Config({"S": ck // run, "R": run, "BP": bp, "STAGES": configs[0].kwargs["STAGES"]},
-                                  num_warps=max(1, min(8, ck // run * bp // 32)))]
+        else:  # the runs layout's untuned launch at that tile, at the tuned kernel's stages
+            meta = _launch_meta("runs", ck, bp, None, T, P)
+            warps = meta.pop("num_warps")
+            kept = [triton.Config({**meta, "STAGES": configs[0].kwargs["STAGES"]}, num_warps=warps)]
     return kept or configs[:1]
 
 
@@ -504,7 +500,7 @@ def _forward(x, log_decay, theta, initial_state, save_ck, blocks=None):
         meta = _launch_meta(layout, blocks[0], blocks[2], blocks[3], T, P)
     else:
         meta = _default_meta(layout, T, P)
-    bt = _time_tile(meta)
+    bt = time_tile(meta)
     # Checkpoint rows are allocated for the shortest tile the launch may pick.
     nck = triton.cdiv(T, _MIN_CK_BT[layout] if tune else bt)
     y = empty_buffer((B, T, H, D), x.dtype, x.device)
@@ -518,7 +514,7 @@ def _forward(x, log_decay, theta, initial_state, save_ck, blocks=None):
     if tune:
         tuned = tuned_kernel(layout, "fwd", _STAGES)
         tuned[lambda m: (B * H, triton.cdiv(P, m["BP"]))](*args, **flags)
-        bt = _time_tile(tuned.best_config.kwargs)
+        bt = time_tile(tuned.best_config.kwargs)
     else:
         _KERNELS[(layout, "fwd")][(B * H, triton.cdiv(P, meta["BP"]))](*args, **flags, **meta)
     return y, final, (ck if save_ck else None), (-bt if layout == "runs" else bt)
@@ -535,11 +531,8 @@ def _backward(x, log_decay, theta, ck, ck_tile, dy, dfinal, needs, blocks=None):
     tune = _use_autotune(B, T, H, P, blocks)
     if blocks is not None:
         meta = _launch_meta(layout, blocks[1], blocks[2], blocks[3], T, P)
-    else:
-        meta = _default_meta(layout, T, P)
-        bp = meta["BP"]
-        meta = _launch_meta(layout, ck_bt, bp, None, T, P) if layout == "tile" else \
-            _launch_meta(layout, ck_bt, bp, meta["R"] if ck_bt % meta["R"] == 0 else 1, T, P)
+    else:  # the forward's tile, at this layout's default pair block
+        meta = _launch_meta(layout, ck_bt, _default_meta(layout, T, P)["BP"], None, T, P)
     ld_sb, ld_st, ld_static = _broadcast_strides(log_decay, B)
     th_sb, th_st, th_static = _broadcast_strides(theta, B)
 
@@ -569,7 +562,7 @@ def _backward(x, log_decay, theta, ck, ck_tile, dy, dfinal, needs, blocks=None):
     if tune:
         tuned_kernel(layout, "bwd", _STAGES)[lambda m: (B * H, triton.cdiv(P, m["BP"]))](*args, **flags)
     else:
-        bt = _time_tile(meta)
+        bt = time_tile(meta)
         if bt % ck_bt:
             raise ValueError(f"backward time tile {bt} must be a multiple of the forward's {ck_bt}")
         _KERNELS[(layout, "bwd")][(B * H, triton.cdiv(P, meta["BP"]))](*args, **flags, **meta)
@@ -586,7 +579,7 @@ def _backward(x, log_decay, theta, ck, ck_tile, dy, dfinal, needs, blocks=None):
 def checkpoint_rows(B: int, T: int, H: int, P: int) -> int:
     """Rows per (batch, head) of the forward's checkpoint buffer ``(B, H, rows, D)`` at the default tiles."""
     tune = _use_autotune(B, T, H, P, None)
-    return triton.cdiv(T, _MIN_CK_BT[_LAYOUT] if tune else _time_tile(_default_meta(_LAYOUT, T, P)))
+    return triton.cdiv(T, _MIN_CK_BT[_LAYOUT] if tune else time_tile(_default_meta(_LAYOUT, T, P)))
 
 
 def triton_forward(x, log_decay, theta, initial_state, save_checkpoints: bool):

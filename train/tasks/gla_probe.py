@@ -36,7 +36,6 @@ TURN_ABOVE = 0.4  # a pair counts the ones when its mean angle on ``1`` is above
 # π/2, a quarter turn: the count mod 4, from which parity reads as well)
 
 
-@torch.no_grad()
 def _g_layers(model: torch.nn.Module) -> list[VOGatedLinearAttention]:
     layers = [m for m in model.modules() if isinstance(m, VOGatedLinearAttention)]
     if not layers:

@@ -51,19 +51,17 @@ class Specialisation:
     def label(self) -> str:
         flags = " ".join(k for k, v in self.constexprs.items() if isinstance(v, bool) and v)
         stages = f" stages={self.constexprs['STAGES']}" if self.constexprs.get("STAGES", 1) > 1 else ""
-        return (f"{self.kernel} {tile_label(self.constexprs)} BP={self.constexprs['BP']} w={self.num_warps} "
+        return (f"{self.kernel} BT={tile_label(self.constexprs)} BP={self.constexprs['BP']} w={self.num_warps} "
                 f"{self.dtype} [{flags}]{stages}")
 
 
-def time_tile(constexprs: dict) -> int:
-    return constexprs["BT"] if "BT" in constexprs else constexprs["S"] * constexprs["R"]
-
-
 def tile_label(constexprs: dict) -> str:
-    """``BT=64`` (tile layout) or ``BT=32 (4x8)`` (runs layout: S runs of R steps)."""
-    if "BT" in constexprs:
-        return f"BT={constexprs['BT']}"
-    return f"BT={time_tile(constexprs)} ({constexprs['S']}x{constexprs['R']})"
+    """``64`` (tile layout) or ``32 (4x8)`` (runs layout: S runs of R steps)."""
+    from hybrid.kernels.complex_scan.triton_scan import time_tile
+
+    if "S" in constexprs:
+        return f"{time_tile(constexprs)} ({constexprs['S']}x{constexprs['R']})"
+    return str(constexprs["BT"])
 
 
 def _kernels():
@@ -224,10 +222,6 @@ def benchmark_set(dtype: str = "bfloat16") -> list[Specialisation]:
     return specs
 
 
-def mode_of(row: dict) -> str:
-    return {flags: mode for mode, flags in _MODES.items()}.get((row.get("LD_STATIC"), row.get("TH_STATIC")), "?")
-
-
 def _signature(fn, spec: Specialisation) -> dict:
     """Triton's type string for every argument: pointers to x-like tensors in the dtype, the rest float32."""
     x_like = {"x_ptr", "y_ptr", "dy_ptr", "dx_ptr"}  # (the runs kernels read them as whole pairs: same pointers)
@@ -333,6 +327,8 @@ def compile_one(spec: Specialisation, arch: int = 90) -> dict:
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
+    from hybrid.kernels.complex_scan.triton_scan import time_tile
+
     fn = _kernel_fn(spec.kernel)
     row = {"kernel": spec.kernel, "label": spec.label(), "dtype": spec.dtype, "num_warps": spec.num_warps,
            **{k: v for k, v in spec.constexprs.items()}, "BT": time_tile(spec.constexprs)}
@@ -369,8 +365,7 @@ def table(rows: list[dict], arch: int) -> str:
                      r["store_bytes"], "" if r.get("loop_per_pair_step") is None else r["loop_per_pair_step"]]
         else:
             cells = ["FAILED: " + r["error"], "", "", "", "", "", ""]
-        bt = r["BT"] if "S" not in r else f"{r['BT']} ({r['S']}x{r['R']})"
-        head.append(f"| {r['kernel']} | {bt} | {r['BP']} | {r['num_warps']} | {r['dtype']} | {flags} | "
+        head.append(f"| {r['kernel']} | {tile_label(r)} | {r['BP']} | {r['num_warps']} | {r['dtype']} | {flags} | "
                     + " | ".join(str(c) for c in cells) + f" | {r['compile_s']} |")
     return "\n".join(head) + "\n"
 

@@ -2,6 +2,8 @@
 (None when the row that decides it was not measured)."""
 from __future__ import annotations
 
+from .part_scan import ours_name
+
 MAIN_SHAPE = "8x8192x16x128"
 
 
@@ -19,7 +21,7 @@ def _target(name, value, threshold, fmt="{:.2f}", higher=True):
     return {"target": name, "measured": fmt.format(value), "met": met}
 
 
-_OURS = ("ours (triton)", "ours (triton, runs)")  # the two layouts of the Triton scan (part_scan.ours_name)
+_OURS = tuple(ours_name("triton", layout) for layout in ("tile", "runs"))  # the Triton scan's two layouts
 
 
 def _ours_best(rows, **match):
