@@ -8,8 +8,8 @@
     HYBRID_<OP>_<KNOB>    any other setting of an op (read once, when the Triton scan is imported)
         HYBRID_SCAN_AUTOTUNE    1 | 0: autotune the Triton scan's tiles on large problems
         HYBRID_SCAN_SHIFT       gather | load: how the Triton backward reads a_{t+1} (A/B timing)
-        HYBRID_SCAN_LAYOUT      tile | runs: how the Triton scan spreads a time tile over threads (A/B timing)
-        HYBRID_SCAN_STAGES      1 | 2 | 3 | 4: software pipelining of the runs layout's loop (1: none)
+        HYBRID_SCAN_LAYOUT      runs | tile: how the Triton scan spreads a time tile over threads (A/B timing)
+        HYBRID_SCAN_STAGES      3 | 1 | 2 | 4: software pipelining of the runs layout's loop (1: none)
 
 Retention has one way of computing it (the reference is for tests), so it has no variable. A backend named in
 the call wins over the variable. Values are stripped and lower-cased; an empty one counts as unset.

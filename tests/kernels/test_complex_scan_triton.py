@@ -524,3 +524,22 @@ def test_runs_layout_with_unaligned_pairs(monkeypatch):
     yr, _ = scan_reference(xr, ld, th, s0)
     (gxr,) = torch.autograd.grad(yr, (xr,), gy.to(torch.float64))
     assert_scaled(gx.cpu(), gxr, what="dx")
+
+
+@pytest.mark.parametrize("layout", ["tile", "runs"])
+@pytest.mark.parametrize("aligned", [True, False], ids=["aligned", "unaligned"])
+def test_op_shapes_do_not_depend_on_the_layout_taken(layout, aligned, monkeypatch):
+    """The op's fake implementation (what torch.compile traces) gives the checkpoint buffer as many rows as the
+    kernel's launch allocates, in either layout, also when an unaligned x makes the runs layout fall back to the
+    tile layout (the shape function cannot see the alignment). ``opcheck`` compares fake and real outputs. The
+    runs layout's default tile is made twice the tile layout's (8 steps each under the interpreter; on a GPU
+    they differ)."""
+    monkeypatch.setattr(triton_scan, "runs_default", lambda T, P, interpret: (4, 4, 4, 1))
+    x, ld, th, s0 = make_inputs(100, 2, 21, 1, 6, "dep", "static", True)
+    x = x.to(DEVICE) if aligned else _misaligned(x.to(DEVICE))
+    ld, th, s0 = ld.to(DEVICE), th.to(DEVICE), s0.to(DEVICE)
+    with scan_layout(layout):
+        torch.library.opcheck(torch.ops.hybrid.complex_scan.default, (x, ld, th, s0, "triton", 0, True),
+                              test_utils=("test_faketensor",))
+        _, _, ck, _ = torch.ops.hybrid.complex_scan.default(x, ld, th, s0, "triton", 0, True)
+    assert ck.shape[2] == triton_scan.checkpoint_rows(2, 21, 1, 3)

@@ -13,7 +13,9 @@ function of the seed) with the same AdamW and warmup-cosine schedule.
 Each run's metrics: ``params``; ``val_loss`` / ``val_bpb`` at the training length (``eval_size`` validation
 batches); the long-context figures of ``hybrid.train.bench.quality``; ``tokens_per_s`` (the median of the
 trainer's records, the first one left out as warm-up); ``train_memory_bytes`` (``cost.training_memory``);
-``loss_curve``; ``window_bpb`` by context length inside documents (``window_gain``); for the first seed of each model (fine-tunes aside), ``decode`` at each of the budget's contexts.
+``loss_curve``; ``window_bpb`` by context length inside documents (``window_gain``); for the first seed of each
+model (fine-tunes aside), ``decode`` at each of the budget's contexts; ``phase_seconds``: wall seconds of training
+(compile included) and of each measurement.
 The extension suite adds, on the Transformer's runs, ``extension``: the figures under each scaling at each
 factor; and fine-tune runs (``finetune-none``, ``finetune-pi``, ``finetune-yarn``) that continue a trained
 Transformer at 2 × the length with that scaling (none: the control) for ``finetune_steps`` steps at a tenth of the
@@ -21,8 +23,10 @@ learning rate.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import statistics
+import time
 from pathlib import Path
 
 from hybrid.models import HybridConfig, HybridLM
@@ -149,9 +153,26 @@ class _FineTune(Trainer):
             self.model.load_state_dict(load_checkpoint(self.base_dir).model_state)
 
 
-def measure_run(spec: RunSpec, trainer: Trainer, result, budget: Budget) -> dict:
+class _PhaseClock:
+    """Wall seconds of a run's phases (``phase_seconds`` of its record): where a budget's time goes."""
+
+    def __init__(self):
+        self.seconds: dict[str, float] = {}
+
+    @contextlib.contextmanager
+    def phase(self, name: str):
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[name] = round(self.seconds.get(name, 0.0) + time.perf_counter() - start, 3)
+
+
+def measure_run(spec: RunSpec, trainer: Trainer, result, budget: Budget, clock: _PhaseClock | None = None) -> dict:
     """The metrics of one trained run's record: size, validation loss and bits per byte, speed, loss curve,
-    training memory, bits per byte at k × the training length, and (first seed) the decoding cost."""
+    training memory, bits per byte at k × the training length, and (first seed) the decoding cost; with
+    ``clock``, each measurement's wall seconds in it."""
+    clock = clock or _PhaseClock()
     model, data = trainer.model, trainer.data
     L = trainer.config.seq_len
     train_records = [r for r in result.history if "tokens_per_s" in r]
@@ -161,23 +182,29 @@ def measure_run(spec: RunSpec, trainer: Trainer, result, budget: Budget) -> dict
         "val_bpb": result.val_bpb, "bytes_per_token": data.bytes_per_token,
         "tokens_per_s": statistics.median(speeds) if speeds else None,
         "loss_curve": [[r["step"], r["loss"]] for r in train_records],
-        **training_memory(model, batch_size=budget.batch_size, seq_len=L, autocast=trainer.autocast),
     }
+    with clock.phase("memory"):
+        metrics.update(training_memory(model, batch_size=budget.batch_size, seq_len=L, autocast=trainer.autocast))
     factors = spec.config["factors"]
     base_len = budget.seq_len  # the long-context figures count in the pre-training length
-    seqs = long_sequences(data.valid, length=max(factors) * base_len, count=budget.extra["long_seqs"])
-    metrics.update(context_metrics(model, data, seqs, seq_len=base_len, factors=factors))
-    metrics.update(window_metrics(model, data, window=budget.extra["window"], seq_len=base_len,
-                                  count=budget.extra.get("window_blocks", 32)))
+    with clock.phase("long context"):
+        seqs = long_sequences(data.valid, length=max(factors) * base_len, count=budget.extra["long_seqs"])
+        metrics.update(context_metrics(model, data, seqs, seq_len=base_len, factors=factors))
+    with clock.phase("window"):
+        metrics.update(window_metrics(model, data, window=budget.extra["window"], seq_len=base_len,
+                                      count=budget.extra.get("window_blocks", 32)))
     if spec.config["suite"] == "extension" and spec.model == "transformer":
-        metrics["extension"] = extension_metrics(model, data, seqs, seq_len=base_len,
-                                                 factors=[k for k in factors if k > 1])
+        with clock.phase("extension"):
+            metrics["extension"] = extension_metrics(model, data, seqs, seq_len=base_len,
+                                                     factors=[k for k in factors if k > 1])
     if spec.seed == budget.seeds[0] and "base_run" not in spec.config:  # a fine-tune decodes as its base
         limit = model.config.max_positions
-        metrics["decode"] = {
-            str(c): decode_cost(model, context=c, new_tokens=budget.extra["decode_tokens"])
-            if limit is None or c + budget.extra["decode_tokens"] + 1 <= limit else None
-            for c in budget.extra["decode_contexts"]}
+        with clock.phase("decode"):
+            metrics["decode"] = {
+                str(c): decode_cost(model, context=c, new_tokens=budget.extra["decode_tokens"])
+                if limit is None or c + budget.extra["decode_tokens"] + 1 <= limit else None
+                for c in budget.extra["decode_contexts"]}
+    metrics["phase_seconds"] = dict(clock.seconds)
     return metrics
 
 
@@ -212,8 +239,10 @@ def make_execute(budget: Budget, verbose: bool = False):
             trainer = _FineTune(config, run_dir.parents[1] / spec.config["base_run"], **kwargs)
         else:
             trainer = Trainer(config, **kwargs)
-        result = trainer.fit()
-        return measure_run(spec, trainer, result, budget)
+        clock = _PhaseClock()
+        with clock.phase("train"):  # the compile and the periodic evaluations included
+            result = trainer.fit()
+        return measure_run(spec, trainer, result, budget, clock=clock)
 
     return execute
 

@@ -177,7 +177,25 @@ def cost_table(groups, contexts) -> str:
                     + [_bytes(decode[str(c)]["state_bytes"]) if decode.get(str(c)) else "–" for c in contexts])
     return (f"## Cost\n\nTraining at L (tokens/s: median of the training log; memory: {kind}). Decoding one "
             "sequence after a chunked prefill of the context (first seed). Timings are only meaningful from a "
-            "quiet machine.\n\n" + markdown_table(head, rows))
+            "quiet machine.\n\n" + markdown_table(head, rows) + phase_table(groups))
+
+
+def phase_table(groups) -> str:
+    """Wall seconds of each run's phases (mean over seeds), where the records have them: what a budget's time
+    goes to."""
+    phases = list(dict.fromkeys(p for runs in groups.values() for r in runs
+                                for p in r["metrics"].get("phase_seconds", {})))
+    if not phases:
+        return ""
+    rows = [[model] + [_cell_of([r["metrics"].get("phase_seconds", {}).get(p) for r in runs]) for p in phases]
+            for model, runs in groups.items()]
+    return ("\n\nWall seconds per run (mean over seeds; training includes its compile and evaluations):\n\n"
+            + markdown_table(["model"] + phases, rows))
+
+
+def _cell_of(values) -> str:
+    values = [v for v in values if v is not None]
+    return f"{sum(values) / len(values):.0f}" if values else "–"
 
 
 def placements_table(groups) -> str:

@@ -96,9 +96,13 @@ def test_the_device_command_fits_and_rehearses_on_the_cpu(tmp_path, corpus, monk
     for r in records:
         assert r["config"]["train"]["compile"] is False and r["config"]["train"]["device"] == "cpu"
         assert r["metrics"]["window_bpb"] and r["metrics"]["position_bpb"] and r["metrics"]["tokens_per_s"] > 0
+        # where a model's time goes: training, then each measurement (decoding: the first seed's)
+        phases = r["metrics"]["phase_seconds"]
+        assert list(phases) == ["train", "memory", "long context", "window", "decode"], phases
+        assert all(v > 0 for v in phases.values()) and sum(phases.values()) <= r["seconds"] + 0.01  # (rounded)
     report = (suite / "report.md").read_text()
     for heading in ("## Past the window", "### The global model's gain", "## Loss by position", "## Cost",
-                    "one seed: no spread"):
+                    "one seed: no spread", "Wall seconds per run", "| model | train | memory | long context |"):
         assert heading in report
 
 

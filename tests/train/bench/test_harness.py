@@ -22,10 +22,10 @@ def test_resume_after_a_run_interrupted_halfway(tmp_path, corpus, monkeypatch, r
             "--data", str(corpus), *smoke_flags]
     measure = harness.measure_run
 
-    def interrupted(spec, trainer, result, budget):
+    def interrupted(spec, trainer, result, budget, **kwargs):
         if spec.model == "hybrid":  # trained and saved, killed before its record
             raise KeyboardInterrupt
-        return measure(spec, trainer, result, budget)
+        return measure(spec, trainer, result, budget, **kwargs)
 
     monkeypatch.setattr(harness, "measure_run", interrupted)
     assert bench_main(argv) == 130

@@ -149,8 +149,9 @@ def covering_set() -> list[Specialisation]:
 
 def _runs_covering_set(rows) -> list[Specialisation]:
     """The runs layout: each of its tuned tiles and its default tile once forward and once backward (with a
-    checkpoint interval it may follow), beside flag rows that switch each flag both ways (the backward's rows less
-    SHIFT_GATHER); its unrolled runs make each compile take seconds, so not every forward combination."""
+    checkpoint interval it may follow) at the default pipelining, beside flag rows that switch each flag both ways
+    (the backward's rows less SHIFT_GATHER), and the other pipelining once each way; its unrolled runs make each
+    compile take seconds, so not every forward combination."""
     from hybrid.kernels.complex_scan import triton_runs
 
     dtypes = list(_DTYPES)
@@ -158,17 +159,19 @@ def _runs_covering_set(rows) -> list[Specialisation]:
         (False, False, False, True), (True, False, True, False), (False, True, False, True),
         (True, True, True, True), (False, False, True, False), (True, True, False, False),
         (False, True, True, True)]
+    stages = _kernels()._STAGES  # the default pipelining ($HYBRID_SCAN_STAGES)
     fwd_tiles = triton_runs.RUNS_FWD_CONFIGS + [triton_runs.runs_default(4096, 64, False)]
-    specs = [_runs_forward(*tile, flags, dtypes[i % 3])
+    specs = [_runs_forward(*tile, flags, dtypes[i % 3], stages)
              for i, (tile, flags) in enumerate(zip(fwd_tiles, itertools.cycle(fwd_rows)))]
     bwd_tiles = triton_runs.RUNS_BWD_CONFIGS + [triton_runs.runs_default(4096, 64, False)]
     for i in range(max(len(rows), len(bwd_tiles))):
         s, r, bp, warps = bwd_tiles[i % len(bwd_tiles)]
         ck_bt = s * r if i % 2 == 0 or s * r <= 32 else s * r // 2
-        specs.append(_runs_backward(s, r, bp, warps, ck_bt, rows[i % len(rows)][:-1], dtypes[(i + 1) % 3]))
-    # the software-pipelined loop ($HYBRID_SCAN_STAGES), once each way
-    specs.append(_runs_forward(*triton_runs.RUNS_FWD_CONFIGS[0], fwd_rows[0], "bfloat16", stages=3))
-    specs.append(_runs_backward(*triton_runs.RUNS_BWD_CONFIGS[0], 32, rows[0][:-1], "bfloat16", stages=3))
+        specs.append(_runs_backward(s, r, bp, warps, ck_bt, rows[i % len(rows)][:-1], dtypes[(i + 1) % 3], stages))
+    # the loop at the other pipelining (unpipelined, or 3 stages), once each way
+    other = 1 if stages > 1 else 3
+    specs.append(_runs_forward(*triton_runs.RUNS_FWD_CONFIGS[0], fwd_rows[0], "bfloat16", stages=other))
+    specs.append(_runs_backward(*triton_runs.RUNS_BWD_CONFIGS[0], 32, rows[0][:-1], "bfloat16", stages=other))
     return specs
 
 

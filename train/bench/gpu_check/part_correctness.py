@@ -41,12 +41,13 @@ def _scan_cases(ctx: CheckContext):
     return cases
 
 
-def check_scan(ctx: CheckContext, layout: str) -> None:
-    """Every case in one layout of the kernels: "tile" (``triton_scan``) or "runs" (``triton_runs``)."""
+def check_scan(ctx: CheckContext, layout: str, stages: int = 1) -> None:
+    """Every case in one layout of the kernels: "tile" (``triton_scan``) or "runs" (``triton_runs``, its loop
+    pipelined over ``stages``)."""
     from hybrid.kernels.complex_scan.triton_scan import scan_layout
 
-    with scan_layout(layout):
-        _check_scan_layout(ctx, layout)
+    with scan_layout(layout, stages=stages):  # forward and backward
+        _check_scan_layout(ctx, layout if layout == "tile" else f"{layout}, {stages} stage{'s' * (stages > 1)}")
 
 
 def _check_scan_layout(ctx: CheckContext, layout: str) -> None:
@@ -318,10 +319,10 @@ def run_pytest(ctx: CheckContext, args: list[str], reserve: float = 0.0) -> None
 
 
 def run(ctx: CheckContext) -> None:
-    """What has not yet run on a GPU first (docs/gpu.md): the scan grid in the runs layout (new on 2026-11-27),
-    the syncs, the compiled model and the CUDA tests; the scan grid in the tile layout, which passed on the H100
-    twice, after them."""
-    check_scan(ctx, "runs")
+    """What has not yet run on a GPU first (docs/gpu.md): the scan grid at the default setting (the runs layout,
+    its loop pipelined over 3 stages; unpipelined, it passed on the H100 on 2026-11-27), the syncs, the compiled
+    model and the CUDA tests; the scan grid in the tile layout, which passed on the H100 twice, after them."""
+    check_scan(ctx, "runs", stages=3)
     check_syncs(ctx)
     check_compile(ctx)
     check_windows(ctx)

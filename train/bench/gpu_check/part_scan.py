@@ -1,6 +1,6 @@
 """Part 2, the scan's speed: ``complex_scan`` (Triton) forward and forward+backward at B8·T8192·H16·D128, bf16 and
-fp32, in both layouts of its kernels ("tile", the default, and "runs": ``triton_runs``; bf16 with data-dependent
-decay also with the runs loop software-pipelined over 3 stages), against a device copy of
+fp32, in both layouts of its kernels (the default "runs", ``triton_runs``, its loop pipelined over 3 stages, and
+"tile"; bf16 with data-dependent decay also the runs loop unpipelined), against a device copy of
 the same bytes (the bandwidth ceiling, measured in the same run), accelerated-scan's complex scan, fla's HGRN
 scans (real decay, θ = 0) and the torch backend under ``torch.compile`` (last: its compile takes a minute).
 
@@ -12,6 +12,7 @@ from float32 checkpoints, which are counted too). GB/s = bytes / median time; "%
 """
 from __future__ import annotations
 
+import contextlib
 import math
 
 import torch
@@ -66,14 +67,41 @@ def _scan_fn(impl, x, ld, th, passes):
     return fn
 
 
-def _ours(backend, layout="tile", stages=1):
+# The kernel settings timed: (layout, stages), the default first. ``ONCE``: only at bf16, data-dependent decay.
+SETTINGS = (("runs", 3), ("tile", 1))
+ONCE = (("runs", 1),)
+
+
+def _ours(backend):
     from hybrid.kernels import complex_scan
-    from hybrid.kernels.complex_scan.triton_scan import scan_layout
 
     def run(x, ld, th):
-        with scan_layout(layout, stages=stages):  # (the backward follows the forward's layout)
-            return complex_scan(x, ld, th, backend=backend, check_values=False)[0]
+        return complex_scan(x, ld, th, backend=backend, check_values=False)[0]
     return run
+
+
+def _chosen_tiles(setting, passes) -> str:
+    """The autotuner's pick for the last launch of each pass of a setting, e.g. ``fwd S4 R8 BP16 w2``: which
+    tiles win on this GPU (the next candidate lists and defaults follow them). Empty where nothing was tuned."""
+    from hybrid.kernels.complex_scan.triton_scan import tuned_kernel
+
+    layout, stages = setting
+    picks = []
+    for which in ("fwd",) if passes == "fwd" else ("fwd", "bwd"):
+        config = getattr(tuned_kernel(layout, which, stages), "best_config", None)
+        if config is not None:
+            tile = " ".join(f"{k}{v}" for k, v in config.kwargs.items() if k != "STAGES")
+            picks.append(f"{which} {tile} w{config.num_warps}")
+    return ", ".join(picks)
+
+
+def _within(setting):
+    """The timed function runs, forward and backward, inside ``scan_layout`` (the backward reads the stages
+    when autograd calls it)."""
+    from hybrid.kernels.complex_scan.triton_scan import scan_layout
+
+    layout, stages = setting
+    return lambda: scan_layout(layout, stages=stages)
 
 
 def _compiled_torch():
@@ -93,20 +121,27 @@ def _record_copy(ctx, x, label):
     return gbs
 
 
-def _time_impl(ctx, name, impl, shape, dtype, mode, copy_gbs, label):
+def _time_impl(ctx, name, impl, shape, dtype, mode, copy_gbs, label, within=contextlib.nullcontext, setting=None):
     for passes in ("fwd", "fwd+bwd"):
         if not ctx.has_time(15, "scan speed", f"{name} {passes} {label}"):
             return
         try:
             x, ld, th = _inputs(shape, dtype, mode, ctx.device, grad=passes != "fwd")
-            ms = median_time(_scan_fn(impl, x, ld, th, passes), ctx, reps=1 if ctx.dry_run else 3, warmup=1)
+            fn = _scan_fn(impl, x, ld, th, passes)
+
+            def timed():
+                with within():
+                    return fn()
+            ms = median_time(timed, ctx, reps=1 if ctx.dry_run else 3, warmup=1)
         except Exception as exc:  # noqa: BLE001 - a failing comparison is reported, the part goes on
             ctx.record("scan speed", **label, impl=name, passes=passes, error=f"{type(exc).__name__}: {exc}"[:300])
             if ctx.device.type == "cuda":
                 torch.cuda.empty_cache()
             continue
         gbs = _bytes(x, ld, th, passes) / ms / 1e6
-        ctx.record("scan speed", **label, impl=name, passes=passes, ms=ms, gb_s=gbs, pct_copy=100 * gbs / copy_gbs)
+        tiles = {"tiles": _chosen_tiles(setting, passes)} if setting is not None else {}
+        ctx.record("scan speed", **label, impl=name, passes=passes, ms=ms, gb_s=gbs, pct_copy=100 * gbs / copy_gbs,
+                   **tiles)
 
 
 def _accelerated_scan(ctx, shape, copy_gbs):
@@ -202,16 +237,14 @@ def run(ctx: CheckContext) -> None:
             if dtype not in copies:
                 copies[dtype] = _record_copy(ctx, _inputs(shape, dtype, mode, ctx.device)[0],
                                              {k: v for k, v in label.items() if k != "mode"})
-            for layout in ("runs", "tile"):
-                _time_impl(ctx, ours_name(backend, layout), _ours(backend, layout), shape, dtype, mode,
-                           copies[dtype], label)
-            if dtype == torch.bfloat16 and mode == "dependent":  # the runs loop software-pipelined, once
-                _time_impl(ctx, ours_name(backend, "runs") + ", 3 stages", _ours(backend, "runs", stages=3), shape,
-                           dtype, mode, copies[dtype], label)
+            once = ONCE if (dtype == torch.bfloat16 and mode == "dependent") else ()
+            for setting in SETTINGS + once:
+                _time_impl(ctx, ours_name(backend, *setting), _ours(backend), shape, dtype, mode, copies[dtype],
+                           label, within=_within(setting), setting=setting)
     label = dict(shape=f"{B}x{T}x{H}x{D}", dtype="float32", mode="real")
-    for layout in ("runs", "tile"):
-        _time_impl(ctx, ours_name(backend, layout) + ", θ = 0", _ours(backend, layout), shape, torch.float32, "real",
-                   copies[torch.float32], label)
+    for setting in SETTINGS:
+        _time_impl(ctx, ours_name(backend, *setting) + ", θ = 0", _ours(backend), shape, torch.float32, "real",
+                   copies[torch.float32], label, within=_within(setting), setting=setting)
     if ctx.device.type == "cuda":
         _accelerated_scan(ctx, shape, copies[torch.float32])
         _fla_hgrn(ctx, shape, copies[torch.float32])
@@ -222,6 +255,9 @@ def run(ctx: CheckContext) -> None:
                        copies[torch.bfloat16], label)
 
 
-def ours_name(backend: str, layout: str) -> str:
-    """``ours (triton)`` for the default tile layout (the name earlier runs' rows carry), ``ours (triton, runs)``."""
-    return f"ours ({backend})" if layout == "tile" else f"ours ({backend}, {layout})"
+def ours_name(backend: str, layout: str, stages: int = 1) -> str:
+    """``ours (triton, runs, 3 stages)``, ``ours (triton, tile)``. (In the reports of commit cfd699a and before,
+    ``ours (triton)`` is the tile layout and ``ours (triton, runs)`` the runs layout's forward at 1 stage.)"""
+    if layout == "tile":
+        return f"ours ({backend}, tile)"
+    return f"ours ({backend}, {layout}, {stages} stage{'s' if stages > 1 else ''})"

@@ -90,7 +90,7 @@ def _sections(rows: list[dict]) -> list[str]:
         lines += ["### The scan's speed (median of triton.testing.do_bench)", ""]
         lines += _table(speed, [("shape", "shape"), ("dtype", "dtype"), ("decay/angle", "mode"), ("impl", "impl"),
                                 ("pass", "passes"), ("ms", "ms"), ("GB/s", "gb_s"), ("% copy", "pct_copy"),
-                                ("error", "error")])
+                                ("tiles the tuner chose", "tiles"), ("error", "error")])
     models = _measured(rows, "models")
     if models:
         lines += ["### Training throughput (one AdamW step, bf16 autocast; same non-embedding size)", ""]
