@@ -116,6 +116,16 @@ def check_offset(offset, n_sequences: int | None = None, batch: int | None = Non
     return [0] * n_sequences
 
 
+def check_packed_offset(offset, n_sequences):
+    """`check_offset` of a packed call (`cu_seqlens` of `n_sequences`): None for 0 (every sequence starts at
+    position 0), else the list of N ints. None rather than N zeros: under torch.compile N is a symbolic size
+    (it changes with every batch), and a list of N entries would make Dynamo specialize on it, a recompile per
+    document count."""
+    if not isinstance(offset, (list, tuple, torch.Tensor)) and check_int("offset", offset, low=0) == 0:
+        return None
+    return check_offset(offset, n_sequences)
+
+
 def check_shard_call(shard, state, cu_seqlens, output_final_state: bool) -> None:
     """A mixer's ``forward(x, shard=…)`` continues no state and builds none, and takes its packing from the shard."""
     if state is not None:

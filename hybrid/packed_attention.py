@@ -10,7 +10,7 @@ from torch import Tensor
 from hybrid.checks import check_sequence_states
 from hybrid.kernels.varlen import PackedOffsets, host_offsets, packed_offsets
 from hybrid.kernels.window_attention import window_attention
-from hybrid.mixer import check_offset
+from hybrid.mixer import check_packed_offset
 from hybrid.rotary import cos_sin_from_phases
 
 from .attention_state import is_rows, to_uniform
@@ -27,11 +27,12 @@ class PackedAttention:
         packed = packed_offsets(cu_seqlens, T, x.device, batch=x.shape[0])  # checked once, then trusted
         N = packed.num_sequences
         states = check_sequence_states(states, N, self._check_sequence_state)
-        offsets = check_offset(offset, N)
+        offsets = check_packed_offset(offset, N)  # None: every sequence at position 0 (no list of N under compile)
         if states is not None:  # a row of a ragged batch (rows form) continues here as a uniform state
+            offsets = [0] * N if offsets is None else offsets
             states = [to_uniform(st, o) if st is not None and is_rows(st) else st for st, o in zip(states, offsets)]
-        if states is not None and not any(offsets) and all(st is None or st.k is None for st in states):
-            states = None  # empty caches at position 0: fresh sequences
+            if not any(offsets) and all(st is None or st.k is None for st in states):
+                states, offsets = None, None  # empty caches at position 0: fresh sequences
         q, k, v = self.project(x)
         cs_q = cs_kv = phase_end = None
         if self.carope is not None:
@@ -45,8 +46,9 @@ class PackedAttention:
             rep = self.n_heads // self.n_kv_heads
             cs_q, cs_kv = (cos.repeat_interleave(rep, dim=2), sin.repeat_interleave(rep, dim=2)), (cos, sin)
         elif self.rotary is not None:
-            off_t = None if max(offsets) == 0 else torch.tensor(offsets, device=x.device)
-            cs_q = cs_kv = self.rotary.cos_sin_packed(packed.cu_seqlens, T, off_t, max(offsets), device=x.device)
+            max_offset = 0 if offsets is None else max(offsets)
+            off_t = None if max_offset == 0 else torch.tensor(offsets, device=x.device)
+            cs_q = cs_kv = self.rotary.cos_sin_packed(packed.cu_seqlens, T, off_t, max_offset, device=x.device)
         q, k, v = self.rotate_qkv(q, k, v, cs_q, cs_kv)
         keys, values, cu_k = k, v, None
         if states is not None and any(st is not None and st.length > 0 for st in states):
@@ -57,6 +59,7 @@ class PackedAttention:
         if not output_final_state:
             return y, None
         bounds = host_offsets(packed)
+        offsets = [0] * N if offsets is None else offsets
         out = []
         for n in range(N):
             st = None if states is None else states[n]

@@ -41,7 +41,7 @@ from hybrid.kernels.context_parallel import retention_cp
 from hybrid.kernels.retention import DEFAULT_TILE_SIZE, retention_chunkwise, retention_step
 from hybrid.kernels.context_parallel import retention_cp
 from hybrid.kernels.varlen import packed_offsets
-from hybrid.mixer import FixedStateOptions, Mixer, check_offset, check_shard_call
+from hybrid.mixer import FixedStateOptions, Mixer, check_offset, check_packed_offset, check_shard_call
 from hybrid.norms import head_rms_norm
 from hybrid.rotary import Rotary, RotaryConfig, apply_rotary
 
@@ -216,13 +216,14 @@ class MultiScaleRetention(Mixer):
         packed = packed_offsets(cu_seqlens, T, x.device, batch=x.shape[0])  # checked once, then trusted
         N = packed.num_sequences
         cdt = torch.promote_types(x.dtype, torch.float32)
-        S, offsets = None, check_offset(offset, N)
+        S, offsets = None, check_packed_offset(offset, N)  # offsets None: every sequence at position 0
         states = check_sequence_states(states, N, lambda st: self._check_state(st, 1))
         if states is not None:
             zero = self.init_state(1, x.device).S
             S = torch.cat([(zero if st is None else st.S).to(cdt) for st in states])  # (N, H, D, D)
-        off_t = None if max(offsets) == 0 else torch.tensor(offsets, device=x.device)
-        cos_sin = self.rotary.cos_sin_packed(packed.cu_seqlens, T, off_t, max(offsets), device=x.device)
+        max_offset = 0 if offsets is None else max(offsets)
+        off_t = None if max_offset == 0 else torch.tensor(offsets, device=x.device)
+        cos_sin = self.rotary.cos_sin_packed(packed.cu_seqlens, T, off_t, max_offset, device=x.device)
         q, k, v = self._qkv(x, 0, cdt, cos_sin)
         log_decay = retention_log_decay(self.n_heads, x.device, cdt)
         with torch.autocast(x.device.type, enabled=False):  # keep the retention and S in cdt

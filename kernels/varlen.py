@@ -18,7 +18,7 @@ import torch
 from torch import Tensor
 
 __all__ = ["PackedOffsets", "packed_offsets", "check_cu_seqlens", "device_offsets", "host_offsets", "sequence_ids",
-           "positions_in_sequence", "lengths"]
+           "positions_in_sequence", "lengths", "dynamic_count"]
 
 
 @dataclass(frozen=True)
@@ -101,6 +101,19 @@ def _checked(cu_seqlens, total: int, device, name: str, batch: int | None) -> li
     if values[-1] != total:
         raise ValueError(f"{name}: expected offsets ending at total_T={total}, got {values[-1]}")
     return values
+
+
+def dynamic_count(cu_seqlens: Tensor) -> Tensor:
+    """``cu_seqlens`` (a tensor), marked for torch.compile as having a varying length: the number of sequences N
+    changes from one packed batch to the next, and the model's packed training path (no states, offset 0) reads
+    no Python value of N, so one graph serves every N. Unmarked, the first graph is built for the first N and
+    the second call recompiles (Dynamo's automatic dynamic shapes); ``maybe_mark_dynamic``, not ``mark_dynamic``:
+    a path that does need N (states out, per-sequence offsets) may still specialize, at the cost of a recompile,
+    instead of failing."""
+    import torch._dynamo  # here, not at the top: importing the compiler costs every eager user about a second
+
+    torch._dynamo.maybe_mark_dynamic(cu_seqlens, 0)
+    return cu_seqlens
 
 
 def device_offsets(cu_seqlens) -> Tensor:

@@ -72,6 +72,16 @@ def _document_block_mask(offsets_q: tuple[int, ...], offsets_k: tuple[int, ...],
     return _create_block_mask(mask_mod, offsets_q[-1], offsets_k[-1], device)
 
 
+@torch.compiler.disable
+def _packed_block_mask(cu_seqlens, cu_seqlens_k, window: int | None, device: str):
+    """`_document_block_mask` of packed offsets (tensors or `PackedOffsets`). Never traced: under torch.compile the
+    offsets are read back here, outside the graph (one graph break), so that no compiled frame guards on their
+    count or values (traced, the host tuples would be a recompile for every new packing)."""
+    offsets_q = tuple(host_offsets(cu_seqlens))
+    offsets_k = offsets_q if cu_seqlens_k is None else tuple(host_offsets(cu_seqlens_k))
+    return _document_block_mask(offsets_q, offsets_k, window, device)
+
+
 def window_attention_flex(q: Tensor, k: Tensor, v: Tensor, window: int | None, scale: float,
                           cu_seqlens: Tensor | None = None, cu_seqlens_k: Tensor | None = None) -> Tensor:
     """Same contract as `window_attention_reference`."""
@@ -79,9 +89,7 @@ def window_attention_flex(q: Tensor, k: Tensor, v: Tensor, window: int | None, s
 
     T, H, S, G = q.shape[1], q.shape[2], k.shape[1], k.shape[2]
     if cu_seqlens is not None:
-        offsets_q = tuple(host_offsets(cu_seqlens))
-        offsets_k = offsets_q if cu_seqlens_k is None else tuple(host_offsets(cu_seqlens_k))
-        block_mask = _document_block_mask(offsets_q, offsets_k, window, str(q.device))
+        block_mask = _packed_block_mask(cu_seqlens, cu_seqlens_k, window, str(q.device))
     else:
         start = 0 if window is None else max(0, S - T - (window - 1))  # earlier keys: outside every window
         k, v = k[:, start:], v[:, start:]  # (B, S', G, D)

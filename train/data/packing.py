@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import torch
 
-from hybrid.kernels.varlen import PackedOffsets
+from hybrid.kernels.varlen import PackedOffsets, dynamic_count
 
 __all__ = ["PACKINGS", "pack_documents", "packed_on_device"]
 
@@ -39,7 +39,9 @@ def packed_on_device(cu_seqlens: torch.Tensor, device: torch.device, compiled: b
     """The loader's offsets (on the CPU) for the model on ``device``: eager, a ``PackedOffsets`` built from the
     host values, so that the model reads nothing back from the device (one host sync a step less, found on an H100
     by the GPU check); compiled, the tensor, since a ``PackedOffsets``'s host tuple would be a guard that changes
-    with every batch (a recompile a step)."""
-    if compiled or cu_seqlens.device.type != "cpu":
+    with every batch (a recompile a step), marked as of a varying length (``dynamic_count``)."""
+    if compiled:  # N varies from batch to batch: one graph for every N (dynamic_count), not one per N
+        return dynamic_count(cu_seqlens.to(device, non_blocking=True))
+    if cu_seqlens.device.type != "cpu":
         return cu_seqlens.to(device, non_blocking=True)
     return PackedOffsets.from_bounds(cu_seqlens.tolist(), device=device, dtype=cu_seqlens.dtype)

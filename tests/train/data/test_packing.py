@@ -32,6 +32,24 @@ def test_compiled_offsets_stay_a_tensor():
     assert isinstance(out, torch.Tensor) and torch.equal(out, cu)
 
 
+def test_compiled_offsets_are_dynamic_in_their_count():
+    """The trainer's offsets make one graph serve every document count N: the first compile is already dynamic in
+    N, so a batch with another N does not recompile (unmarked, the second call would: automatic dynamic shapes)."""
+    torch.compiler.reset()
+    graphs = []
+
+    def counting(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    lengths = torch.compile(lambda cu: cu[1:] - cu[:-1], backend=counting)
+    for cu in (torch.tensor([0, 3, 9, 12]), torch.tensor([0, 1, 2, 7, 10, 12])):
+        out = lengths(packed_on_device(cu, torch.device("cpu"), compiled=True))
+        assert torch.equal(out, cu.diff())
+    assert len(graphs) == 1
+    torch.compiler.reset()
+
+
 def test_model_reads_no_offsets_back_and_computes_the_same(monkeypatch):
     torch.manual_seed(0)
     model = HybridLM(HybridConfig(vocab_size=40, d_model=16, n_heads=2, n_layers=3, pattern="RAM", window=4,

@@ -250,6 +250,35 @@ def test_documents_packing_feeds_document_offsets_to_training_and_validation(cor
     assert docs.losses[1] == stream.losses[1] or docs.losses[3] != stream.losses[3]  # the contexts differ
 
 
+def test_compiled_training_on_packed_documents_compiles_once_for_every_document_count(corpus, tmp_path, monkeypatch):
+    """--compile with packing="documents": the document count N changes from step to step, the graphs do not (the
+    stage hands the compiled model offsets marked dynamic in their length, ``packed_on_device``; the model's
+    training path reads no Python value of N). A counting backend stands in for inductor."""
+    import hybrid.train.lm.stage as stage
+
+    graphs, counts = [], []
+    compile_ = torch.compile
+
+    def counting(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    def on_device(cu, device, compiled):
+        assert compiled
+        counts.append(cu.numel() - 1)
+        return original_on_device(cu, device, compiled)
+
+    original_on_device = stage.packed_on_device
+    monkeypatch.setattr(torch, "compile", lambda model, **kw: compile_(model, backend=counting))
+    monkeypatch.setattr(stage, "packed_on_device", on_device)
+    torch.compiler.reset()
+    run(tiny(corpus, tmp_path / "run", steps=6, seq_len=64, save_every=0, packing="documents", compile=True))
+    torch.compiler.reset()
+    assert len(set(counts)) >= 3, f"document counts {counts}: the test needs several"
+    # 1 graph for every N, and 1 more once the first step has filled the attention's rotary table
+    assert 1 <= len(graphs) <= 2, f"{len(graphs)} graphs for document counts {counts}"
+
+
 def test_runs_saved_before_packing_resume_on_the_stream(corpus, tmp_path):
     run(tiny(corpus, tmp_path / "old", steps=4, save_every=2, packing="stream"))
     ckpt = load_checkpoint(tmp_path / "old")

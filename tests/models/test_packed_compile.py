@@ -1,0 +1,112 @@
+"""A compiled training step over packed batches builds a bounded number of graphs whatever the document count N.
+
+The trainer packs documents: every micro-batch is one row with ``cu_seqlens`` ``(N+1,)``, N changing from batch to
+batch, and with ``--compile`` it hands the offsets over as ``packed_on_device(..., compiled=True)`` gives them
+(marked as of a varying length). Any Python value of N read on the no-state training path (a list of N offsets,
+``max`` over them, a tuple of host offsets) would make Dynamo build one graph per N, until its recompile limit
+sends the model back to eager. Here every mixer family runs six packed batches with N = 2 … 7, forward and
+backward, under a counting backend: after the second batch no graph is added, and logits and gradients equal
+the eager model's.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from hybrid.kernels.window_attention.flex import FLEX_AVAILABLE
+from hybrid.models import HybridConfig, HybridLM
+from hybrid.train.data.packing import packed_on_device
+
+T = 80
+# preset, overrides; attention takes the "blocked" way on the CPU (the "auto" choice there)
+CASES = {
+    "transformer": ("transformer", {}),  # global attention
+    "transformer-window": ("transformer", {"window": 8}),
+    "hybrid": ("hybrid", {"window": 8, "n_layers": 3}),  # RRA: R (VO-RoPE recurrence) and windowed A
+    "hybrid-selective": ("hybrid", {"window": 8, "n_layers": 3, "rnn_selective": True}),
+    "retnet": ("retnet", {}),
+    "vo-rnn": ("vo-rnn", {}),
+    "vo-gla": ("vo-gla", {}),
+}
+# The most graphs a case builds: 1 for every N (cu_seqlens marked dynamic from the start), and 1 more where the
+# first call fills a rotary table (``Rotary._tables``, a dict Dynamo guards on: "not contains" holds during the
+# first trace only). Before the fix every case with attention or retention built one graph per N (a list of N
+# zero offsets, max() over it): 6 in these 6 batches. N = 1 would add one graph (Dynamo specializes a size-1
+# tensor, here the (N,) lengths); the trainer's rows hold at least batch_size windows, each its own sequence.
+MOST_GRAPHS = 2
+
+
+def packed_batches(n_batches: int, seed: int = 1):
+    """``n_batches`` packed rows of T tokens, the k-th with N = 2 + k documents at random offsets."""
+    g = torch.Generator().manual_seed(seed)
+    for k in range(n_batches):
+        n = 2 + k
+        cuts = sorted(torch.randperm(T - 1, generator=g)[: n - 1].add(1).tolist())
+        yield torch.randint(0, 64, (1, T), generator=g), torch.tensor([0, *cuts, T])
+
+
+def compiled_with_a_count(case: str, window_backend: str):
+    """The case's tiny model in float64 (compiled and eager agree to its rounding), its attention on
+    ``window_backend``, compiled with a backend that records each graph (and runs it as traced): ``(model,
+    compiled, graphs)``."""
+    preset, overrides = CASES[case]
+    torch.compiler.reset()
+    torch.manual_seed(0)
+    config = HybridConfig.preset(preset, "tiny", **{"d_model": 32, "n_layers": 2, "n_heads": 2, "vocab_size": 64,
+                                                    **overrides})
+    model = HybridLM(config).double()
+    for block in model.blocks:
+        if hasattr(block.mixer, "window_backend"):
+            block.mixer.window_backend = window_backend
+    graphs = []
+
+    def counting(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    return model, torch.compile(model, backend=counting), graphs
+
+
+def loss_and_grads(model, forward, ids, cu):
+    """The trainer's call (parallel mode, no state, offset 0, no state out) and its loss's gradients."""
+    logits, state = forward(ids, cu_seqlens=cu, output_final_state=False)
+    assert state is None
+    loss = torch.nn.functional.cross_entropy(logits[0, :-1], ids[0, 1:])
+    return logits.detach(), torch.autograd.grad(loss, list(model.parameters()))
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_compiled_packed_training_builds_a_bounded_number_of_graphs(case, one_torch_thread):
+    model, compiled, graphs = compiled_with_a_count(case, "blocked")
+    model.train()
+    counts = []
+    for ids, cu in packed_batches(6):
+        got_logits, got_grads = loss_and_grads(model, compiled, ids, packed_on_device(cu, ids.device, True))
+        counts.append(len(graphs))
+        want_logits, want_grads = loss_and_grads(model, model, ids, cu)
+        torch.testing.assert_close(got_logits, want_logits, rtol=1e-12, atol=1e-12)
+        for got, want in zip(got_grads, want_grads):
+            torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)
+    assert counts[1] == counts[-1] <= MOST_GRAPHS, f"graphs after each batch (N = 2 … 7): {counts}"
+    torch.compiler.reset()
+
+
+@pytest.mark.skipif(not FLEX_AVAILABLE, reason="FlexAttention needs torch >= 2.5")
+@pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile:UserWarning")  # eager, on the CPU
+@pytest.mark.parametrize("case", ["transformer", "transformer-window", "hybrid"])
+def test_compiled_packed_flex_attention_reads_its_offsets_outside_the_graph(case, one_torch_thread):
+    """The FlexAttention way (the GPU's) builds its document mask from the host offsets in a function torch.compile
+    does not trace: one graph break per attention layer, whose resumed frame guards on no offset. Forward only:
+    eager FlexAttention has no backward on the CPU."""
+    model, compiled, graphs = compiled_with_a_count(case, "flex")
+    model.eval()
+    counts = []
+    with torch.no_grad():
+        for ids, cu in packed_batches(6):
+            got, _ = compiled(ids, cu_seqlens=packed_on_device(cu, ids.device, True), output_final_state=False)
+            counts.append(len(graphs))
+            want, _ = model(ids, cu_seqlens=cu, output_final_state=False)
+            torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+    # the first batch builds the graphs around each break, the second adds the rotary table's recompile (above)
+    assert counts[1] == counts[-1], f"graphs after each batch (N = 2 … 7): {counts}"
+    torch.compiler.reset()
