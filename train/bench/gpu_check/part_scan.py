@@ -1,7 +1,7 @@
 """Part 2, the scan's speed: ``complex_scan`` (Triton) forward and forward+backward at B8·T8192·H16·D128, bf16 and
-fp32, in both layouts of its kernels (the default "runs", ``triton_runs``, its loop pipelined over 3 stages, and
-"tile"; bf16 with data-dependent decay also the runs loop unpipelined), against a device copy of
-the same bytes (the bandwidth ceiling, measured in the same run), accelerated-scan's complex scan, fla's HGRN
+fp32, at the default setting of its kernels (the "runs" layout, ``triton_runs``, its loop pipelined over 3 stages;
+bf16 with data-dependent decay also the earlier default, the "tile" layout, and the runs loop at 4 and 2 stages),
+against a device copy of the same bytes (the bandwidth ceiling, measured in the same run), accelerated-scan's complex scan, fla's HGRN
 scans (real decay, θ = 0) and the torch backend under ``torch.compile`` (last: its compile takes a minute).
 
 Bytes are what each op must at least move, each input read once and each output written once:
@@ -67,9 +67,12 @@ def _scan_fn(impl, x, ld, th, passes):
     return fn
 
 
-# The kernel settings timed: (layout, stages), the default first. ``ONCE``: only at bf16, data-dependent decay.
-SETTINGS = (("runs", 3), ("tile", 1))
-ONCE = (("runs", 1),)
+# The kernel settings timed, as (layout, stages). The default at every dtype and decay; the earlier default (the
+# tile layout, whose other rows two sessions measured) beside it at bf16 with data-dependent decay; and, once the
+# comparisons with other libraries are done, the runs loop at other pipelining depths (the next tuning step).
+DEFAULT = ("runs", 3)
+BASELINE = ("tile", 1)
+EXPLORE = (("runs", 4), ("runs", 2))
 
 
 def _ours(backend):
@@ -229,25 +232,26 @@ def run(ctx: CheckContext) -> None:
     B, T, H, D = shape
     backend = "triton" if ctx.device.type == "cuda" or ctx.dry_run else "auto"
     copies = {}
-    for dtype in (torch.bfloat16, torch.float32):
-        for mode in ("dependent", "static", "mixed"):
-            if dtype == torch.float32 and mode != "dependent":
-                continue
-            label = dict(shape=f"{B}x{T}x{H}x{D}", dtype=str(dtype).replace("torch.", ""), mode=mode)
-            if dtype not in copies:
-                copies[dtype] = _record_copy(ctx, _inputs(shape, dtype, mode, ctx.device)[0],
-                                             {k: v for k, v in label.items() if k != "mode"})
-            once = ONCE if (dtype == torch.bfloat16 and mode == "dependent") else ()
-            for setting in SETTINGS + once:
-                _time_impl(ctx, ours_name(backend, *setting), _ours(backend), shape, dtype, mode, copies[dtype],
-                           label, within=_within(setting), setting=setting)
-    label = dict(shape=f"{B}x{T}x{H}x{D}", dtype="float32", mode="real")
-    for setting in SETTINGS:
-        _time_impl(ctx, ours_name(backend, *setting) + ", θ = 0", _ours(backend), shape, torch.float32, "real",
-                   copies[torch.float32], label, within=_within(setting), setting=setting)
+
+    def time_setting(setting, dtype, mode, suffix=""):
+        label = dict(shape=f"{B}x{T}x{H}x{D}", dtype=str(dtype).replace("torch.", ""), mode=mode)
+        if dtype not in copies:
+            copies[dtype] = _record_copy(ctx, _inputs(shape, dtype, "dependent", ctx.device)[0],
+                                         {k: v for k, v in label.items() if k != "mode"})
+        _time_impl(ctx, ours_name(backend, *setting) + suffix, _ours(backend), shape, dtype, mode, copies[dtype],
+                   label, within=_within(setting), setting=setting)
+
+    time_setting(DEFAULT, torch.bfloat16, "dependent")
+    time_setting(BASELINE, torch.bfloat16, "dependent")
+    for dtype, mode in ((torch.bfloat16, "static"), (torch.bfloat16, "mixed"), (torch.float32, "dependent")):
+        time_setting(DEFAULT, dtype, mode)
+    time_setting(DEFAULT, torch.float32, "real", ", θ = 0")
     if ctx.device.type == "cuda":
         _accelerated_scan(ctx, shape, copies[torch.float32])
         _fla_hgrn(ctx, shape, copies[torch.float32])
+    for setting in EXPLORE:
+        time_setting(setting, torch.bfloat16, "dependent")
+    if ctx.device.type == "cuda":
         # the compiled torch backend: only its speed on a GPU is of interest
         label = dict(shape=f"{B}x{T}x{H}x{D}", dtype="bfloat16", mode="dependent")
         if ctx.has_time(90, "scan speed", "torch backend, compiled"):

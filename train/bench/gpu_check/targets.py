@@ -2,7 +2,7 @@
 (None when the row that decides it was not measured)."""
 from __future__ import annotations
 
-from .part_scan import SETTINGS, ours_name
+from .part_scan import DEFAULT, ours_name
 
 MAIN_SHAPE = "8x8192x16x128"
 
@@ -21,7 +21,7 @@ def _target(name, value, threshold, fmt="{:.2f}", higher=True):
     return {"target": name, "measured": fmt.format(value), "met": met}
 
 
-_OURS = ours_name("triton", *SETTINGS[0])  # the Triton scan at its default layout and stages
+_OURS = ours_name("triton", *DEFAULT)  # the Triton scan at its default layout and stages
 
 
 def _ours_default(rows, **match):
