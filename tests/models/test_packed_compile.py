@@ -94,16 +94,33 @@ def test_compiled_packed_training_builds_a_bounded_number_of_graphs(case, one_to
 @pytest.mark.skipif(not FLEX_AVAILABLE, reason="FlexAttention needs torch >= 2.5")
 @pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile:UserWarning")  # eager, on the CPU
 @pytest.mark.parametrize("case", ["transformer", "transformer-window", "hybrid"])
-def test_compiled_packed_flex_attention_reads_its_offsets_outside_the_graph(case, one_torch_thread):
-    """The FlexAttention way (the GPU's) builds its document mask from the host offsets in a function torch.compile
-    does not trace: one graph break per attention layer, whose resumed frame guards on no offset. Forward only:
-    eager FlexAttention has no backward on the CPU."""
+def test_compiled_packed_flex_attention_builds_its_mask_outside_the_graph(case, one_torch_thread, monkeypatch):
+    """The FlexAttention way (the GPU's) builds its document mask in a function torch.compile does not trace: one
+    graph break per attention layer, whose resumed frame guards on no offset. Compiled, the model has the offset
+    tensor alone, so the mask is built from it on the device, with no value read back (a host sync), once a step
+    for every attention layer; eager, from the host values the model checked. Forward only: eager FlexAttention
+    has no backward on the CPU."""
+    from hybrid.kernels.window_attention import flex
+
+    built = {"from host values": 0, "on the device": 0}
+
+    def counted(name, fn):
+        def wrapper(*args, **kwargs):
+            built[name] += 1
+            return fn(*args, **kwargs)
+        return wrapper
+
+    monkeypatch.setattr(flex, "_document_block_mask", counted("from host values", flex._document_block_mask))
+    monkeypatch.setattr(flex, "_document_mask", counted("on the device", flex._document_mask))
     model, compiled, graphs = compiled_with_a_count(case, "flex")
     model.eval()
     counts = []
     with torch.no_grad():
         for ids, cu in packed_batches(6):
+            before = dict(built)
             got, _ = compiled(ids, cu_seqlens=packed_on_device(cu, ids.device, True), output_final_state=False)
+            assert built["from host values"] == before["from host values"]  # nothing read back
+            assert built["on the device"] == before["on the device"] + 1  # one mask, every layer of the step
             counts.append(len(graphs))
             want, _ = model(ids, cu_seqlens=cu, output_final_state=False)
             torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
