@@ -34,6 +34,11 @@ the measured 65,536 tokens (32 × 2048). The sizing is an estimate from the H100
 | measuring, each model (validation, 8 sequences of 8 × L, 128 document blocks, decoding at 4K and 16K): the Transformers 10, the hybrids 45 (new Triton tunings at the evaluation's lengths, in fp32) | 2 × 10 + 2 × 45 = 110 |
 | in all | 475 (≤ 480) |
 
+Measured on 2026-11-27 (commit cfd699a): the first model, the global Transformer, took 190 s against its 30 +
+70 + 44 + 10 here (training at 887k tokens/s: 22 s), so the 8 minutes held one model. Its log showed Dynamo
+recompiling the packed attention for every document count, until its limit; fixed since (one or two graphs for
+every count). Records now carry ``phase_seconds``, to replace this estimate with a measurement.
+
 ``--max-minutes 8`` starts a run only while the time left holds the longest run so far (``suite.TimeLimit``),
 so a command that is slower than this estimate stops between runs, inside the device's 10 minutes, with its
 records written; the same command continues. Two seeds: ``--seeds 0``, then ``--seeds 0,1``. Each model sees
