@@ -105,7 +105,7 @@ def runs_fwd_kernel(
     x_ptr, y_ptr, ld_ptr, th_ptr, h0_ptr, hT_ptr, ck_ptr,
     T, H, P, NCK,
     ld_sb, ld_st, th_sb, th_st,
-    T_BUCKET,  # only an autotune key (T rounded up to a power of two)
+    T_BUCKET,  # only an autotune key (``tuning_bucket``: T rounded up to a power of two, at most 1024)
     S: tl.constexpr, R: tl.constexpr, BP: tl.constexpr,
     LD_STATIC: tl.constexpr, TH_STATIC: tl.constexpr,
     HAS_H0: tl.constexpr, SAVE_CK: tl.constexpr,

@@ -51,7 +51,7 @@ def _scan_fwd_kernel(
     x_ptr, y_ptr, ld_ptr, th_ptr, h0_ptr, hT_ptr, ck_ptr,
     T, H, P, NCK,
     ld_sb, ld_st, th_sb, th_st,
-    T_BUCKET,  # only an autotune key (T rounded up to a power of two)
+    T_BUCKET,  # only an autotune key (``tuning_bucket``: T rounded up to a power of two, at most 1024)
     BT: tl.constexpr, BP: tl.constexpr,
     LD_STATIC: tl.constexpr, TH_STATIC: tl.constexpr,
     HAS_H0: tl.constexpr, SAVE_CK: tl.constexpr,
@@ -316,6 +316,16 @@ _STAGES = int(read_env("HYBRID_SCAN_STAGES", ("1", "2", "3", "4"), "3"))
 _MIN_CK_BT = {"tile": min(c[0] for c in _FWD_CONFIGS), "runs": min(s * r for s, r, _, _ in RUNS_FWD_CONFIGS)}
 # Problems smaller than this (pairs × steps) use the fixed default instead of autotuning.
 _AUTOTUNE_MIN_WORK = 1 << 22
+# The tuning's length key: T rounded up to a power of two, at most this. From 1024 steps on every candidate tile
+# fits and a program walks 16 or more tiles, so one tuning serves every longer T (as it serves every B and H,
+# which the key leaves out). Each new key costs a tuning, 12 kernel compiles of several seconds: a model
+# evaluated at 2K, 4K, 8K and 16K tuned four times before.
+_T_BUCKET_MAX = 1024
+
+
+def tuning_bucket(T: int) -> int:
+    """The autotune key of a length ``T`` (``T_BUCKET``)."""
+    return min(_next_pow2(T), _T_BUCKET_MAX)
 _AUTOTUNE = (not _INTERPRET) and read_env("HYBRID_SCAN_AUTOTUNE", ("1", "0"), "1") == "1"
 # How the backward gets a_{t+1} for time-varying decay/angle: "gather" (tl.gather of the tile's own a, Triton
 # >= 3.2) or "load" (a second, shifted load and exp/cos/sin). $HYBRID_SCAN_SHIFT overrides, for A/B timing.
@@ -514,7 +524,7 @@ def _forward(x, log_decay, theta, initial_state, save_ck, blocks=None):
     ld_sb, ld_st, ld_static = _broadcast_strides(log_decay, B)
     th_sb, th_st, th_static = _broadcast_strides(theta, B)
     h0 = initial_state if initial_state is not None else final
-    args = (x, y, log_decay, theta, h0, final, ck, T, H, P, nck, ld_sb, ld_st, th_sb, th_st, _next_pow2(T))
+    args = (x, y, log_decay, theta, h0, final, ck, T, H, P, nck, ld_sb, ld_st, th_sb, th_st, tuning_bucket(T))
     flags = dict(LD_STATIC=ld_static, TH_STATIC=th_static, HAS_H0=initial_state is not None, SAVE_CK=save_ck)
     if tune:
         tuned = tuned_kernel(layout, "fwd", _STAGES)
@@ -558,7 +568,7 @@ def _backward(x, log_decay, theta, ck, ck_tile, dy, dfinal, needs, blocks=None):
 
     args = (x, dummy if dy is None else dy, log_decay, theta, ck, dummy if dfinal is None else dfinal,
             dx, dld, dth, dh0,
-            T, H, P, ck.shape[2], ld_sb, ld_st, th_sb, th_st, dld_sb, dld_st, dth_sb, dth_st, _next_pow2(T))
+            T, H, P, ck.shape[2], ld_sb, ld_st, th_sb, th_st, dld_sb, dld_st, dth_sb, dth_st, tuning_bucket(T))
     flags = dict(LD_STATIC=ld_static, TH_STATIC=th_static, CK_BT=ck_bt,
                  HAS_DY=dy is not None, HAS_DHT=dfinal is not None,
                  NEED_DX=need_dx, NEED_DLD=need_dld, NEED_DTH=need_dth, NEED_DH0=need_dh0)

@@ -543,3 +543,10 @@ def test_op_shapes_do_not_depend_on_the_layout_taken(layout, aligned, monkeypatc
                               test_utils=("test_faketensor",))
         _, _, ck, _ = torch.ops.hybrid.complex_scan.default(x, ld, th, s0, "triton", 0, True)
     assert ck.shape[2] == triton_scan.checkpoint_rows(2, 21, 1, 3)
+
+
+def test_one_tuning_serves_every_long_length():
+    """The autotune key's length: T rounded up to a power of two up to 1024, then 1024 (every tile fits and a
+    program walks 16 tiles or more), so a model evaluated at 2K, 4K, 8K and 16K is tuned once, not four times."""
+    lengths = (1, 5, 64, 1000, 1024, 1025, 2048, 16384, 65536)
+    assert [triton_scan.tuning_bucket(T) for T in lengths] == [1, 8, 64, 1024, 1024, 1024, 1024, 1024, 1024]
