@@ -321,11 +321,6 @@ _AUTOTUNE_MIN_WORK = 1 << 22
 # which the key leaves out). Each new key costs a tuning, 12 kernel compiles of several seconds: a model
 # evaluated at 2K, 4K, 8K and 16K tuned four times before.
 _T_BUCKET_MAX = 1024
-
-
-def tuning_bucket(T: int) -> int:
-    """The autotune key of a length ``T`` (``T_BUCKET``)."""
-    return min(_next_pow2(T), _T_BUCKET_MAX)
 _AUTOTUNE = (not _INTERPRET) and read_env("HYBRID_SCAN_AUTOTUNE", ("1", "0"), "1") == "1"
 # How the backward gets a_{t+1} for time-varying decay/angle: "gather" (tl.gather of the tile's own a, Triton
 # >= 3.2) or "load" (a second, shifted load and exp/cos/sin). $HYBRID_SCAN_SHIFT overrides, for A/B timing.
@@ -334,12 +329,17 @@ _SHIFT_GATHER = read_env("HYBRID_SCAN_SHIFT", ("gather", "load"),
                          "gather" if hasattr(tl, "gather") else "load") == "gather"
 
 
+def tuning_bucket(T: int) -> int:
+    """The autotune key of a length ``T`` (``T_BUCKET``)."""
+    return min(_next_pow2(T), _T_BUCKET_MAX)
+
+
 @contextlib.contextmanager
 def scan_layout(name: str, stages: int | None = None):
     """Every Triton scan started inside runs in this layout: "tile" or "runs" (see ``_LAYOUTS``); its backward
     follows the forward's. ``stages``: the runs kernels' software pipelining, 1 (none) to 4 (None: unchanged).
-    Switch it outside a compiled region: the op's shape function reads it when tracing (the checkpoint rows
-    depend on the layout's shortest tile)."""
+    The op's shapes do not depend on it (``checkpoint_rows``), so graphs compiled under one layout run under
+    another."""
     global _LAYOUT, _STAGES
     if name not in _LAYOUTS:
         raise ValueError(f"scan_layout: expected one of {_LAYOUTS}, got {name!r}")
