@@ -37,7 +37,7 @@ from .triton_device import affine_combine, affine_combine_excl, sincos, static_r
 from .triton_device import complex_decay  # noqa: F401  (public here since before the split: tests import it)
 from .triton_runs import RUNS_BWD_CONFIGS, RUNS_FWD_CONFIGS, runs_bwd_kernel, runs_default, runs_fwd_kernel
 
-__all__ = ["triton_forward", "triton_backward", "forced_blocks", "scan_layout"]
+__all__ = ["triton_forward", "triton_backward", "forced_blocks", "scan_layout", "scan_setting"]
 
 # Decided once, when this module is imported (that is also when ``triton.jit`` decides).
 _INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
@@ -327,6 +327,11 @@ _AUTOTUNE = (not _INTERPRET) and read_env("HYBRID_SCAN_AUTOTUNE", ("1", "0"), "1
 # (The runs layout needs neither: a_{t+1} is in the same thread.)
 _SHIFT_GATHER = read_env("HYBRID_SCAN_SHIFT", ("gather", "load"),
                          "gather" if hasattr(tl, "gather") else "load") == "gather"
+
+
+def scan_setting() -> str:
+    """The kernels a Triton scan started now runs: ``"runs, 3 stages"``, ``"tile"`` (for reports)."""
+    return "tile" if _LAYOUT == "tile" else f"{_LAYOUT}, {_STAGES} stage{'s' * (_STAGES > 1)}"
 
 
 def tuning_bucket(T: int) -> int:

@@ -13,8 +13,10 @@ import torch
 
 __all__ = ["CheckContext", "rel_error", "median_time", "measured_rows", "ROW_KEYS"]
 
-# The fields that name a row of the parts that can skip what an earlier run measured (``--skip-measured``).
-ROW_KEYS = {"models": ("model", "execution", "batch", "T", "B", "size"),
+# The fields that name a row of the parts that can skip what an earlier run measured (``--skip-measured``). A
+# models row of a model that runs the Triton scan names its kernels (``scan``): rows measured under other kernels
+# (before 2026-11-27's third session, the tile layout; their rows have no ``scan``) are measured again.
+ROW_KEYS = {"models": ("model", "execution", "batch", "T", "B", "size", "scan"),
             "decoding": ("model", "size", "context", "batch")}
 
 

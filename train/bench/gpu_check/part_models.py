@@ -27,6 +27,10 @@ MODELS = {  # name → (preset, overrides, window backend: None = the library's 
 }
 
 
+# The models whose recurrent layers run the complex scan (R): their rows name the scan's kernels.
+SCAN_MODELS = ("hybrid", "hybrid (windows by SDPA)", "hybrid-selective", "vo-rnn")
+
+
 def plan(ctx: CheckContext) -> list[dict]:
     """The rows, in the order they run."""
     if ctx.dry_run:  # every model once, the packed and the compiled path once each
@@ -40,6 +44,8 @@ def plan(ctx: CheckContext) -> list[dict]:
         order += [("eager", "padded", T) for T in Ts[2:]]
         order += [("compiled", "packed", T) for T in Ts[:2]]
         order += [("compiled", "padded", T) for T in Ts[2:]] + [("eager", "packed", T) for T in Ts[2:]]
+    from hybrid.kernels.complex_scan.triton_scan import scan_setting
+
     rows = []
     for execution, batch, T in order:
         for name in MODELS:
@@ -47,7 +53,9 @@ def plan(ctx: CheckContext) -> list[dict]:
                 continue
             if "SDPA" in name and (execution, batch) != ("eager", "padded"):
                 continue  # the window backend's cost is read off the eager padded rows
-            rows.append(dict(model=name, execution=execution, batch=batch, T=T, B=max(1, tokens // T), size=size))
+            scan = {"scan": scan_setting()} if name in SCAN_MODELS else {}  # (re-measured when the kernels change)
+            rows.append(dict(model=name, execution=execution, batch=batch, T=T, B=max(1, tokens // T), size=size,
+                             **scan))
     return rows
 
 

@@ -88,6 +88,33 @@ def test_rows_an_earlier_run_measured_are_skipped(tmp_path):
     assert all(r["reason"] == "measured by the earlier run at commit abc1234" for r in logged)
 
 
+def test_rows_measured_under_other_scan_kernels_are_measured_again(tmp_path):
+    """A models row of a model that runs the Triton scan names the scan's kernels; the rows an earlier run measured
+    under others (before the runs layout became the default they had no ``scan``) run again, the rest are
+    skipped."""
+    import json
+    import time
+
+    from hybrid.kernels.complex_scan.triton_scan import scan_layout
+    from hybrid.train.bench.gpu_check import part_models
+    from hybrid.train.bench.gpu_check.context import CheckContext, measured_rows
+
+    def ctx(measured):
+        return CheckContext(part="models", device=torch.device("cpu"), dry_run=True, deadline=time.monotonic() + 60,
+                            log=tmp_path / "models.jsonl", work=tmp_path, repo=None, measured=measured)
+
+    rows = part_models.plan(ctx(None))
+    assert {r["model"] for r in rows if "scan" in r} == set(part_models.SCAN_MODELS)
+    assert all(r["scan"] == "runs, 3 stages" for r in rows if "scan" in r)
+    older = [{k: v for k, v in r.items() if k != "scan"} for r in rows]  # as the runs before the field wrote them
+    (tmp_path / "results.json").write_text(json.dumps({"header": {"commit": "4e37f88"}, "rows": [
+        {"part": "models", "section": "models", **r, "tokens_per_s": 1.0} for r in older]}))
+    check = ctx(measured_rows(tmp_path / "results.json"))
+    assert [check.measured_before("models", r) for r in rows] == ["scan" not in r for r in rows]
+    with scan_layout("tile"):
+        assert {r["scan"] for r in part_models.plan(ctx(None)) if "scan" in r} == {"tile"}
+
+
 def _row(section, **kw):
     return {"section": section, **kw}
 
