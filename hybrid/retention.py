@@ -39,7 +39,6 @@ from hybrid.batch_state import TensorState
 from hybrid.checks import check_even_dim, check_input_dtype, check_positive_int, check_sequence_states
 from hybrid.kernels.context_parallel import retention_cp
 from hybrid.kernels.retention import DEFAULT_TILE_SIZE, retention_chunkwise, retention_step
-from hybrid.kernels.context_parallel import retention_cp
 from hybrid.kernels.varlen import packed_offsets
 from hybrid.mixer import FixedStateOptions, Mixer, check_offset, check_packed_offset, check_shard_call
 from hybrid.norms import head_rms_norm
