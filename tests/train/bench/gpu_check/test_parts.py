@@ -158,3 +158,18 @@ def test_report_tables_show_errors_and_skips(tmp_path):
     text = (tmp_path / "report.md").read_text()
     assert "| float32 | 9 | static |" in text and "RuntimeError: boom" in text and "**NO**" in text
     assert "- models: {'model': 'vo-rnn'} (time)" in text
+
+
+def test_the_gpu_scan_cases_cover_every_dtype_and_mode_first():
+    """On a GPU the scan's correctness cases run until the part's time runs out (29 in 170 s on the H100, most of
+    it compiling): the first nine are every dtype × decay mode once; then the packed edges, long and autotuned
+    sizes, then the short lengths. 39 cases in all, none twice."""
+    import types
+
+    cases = part_correctness._scan_cases(types.SimpleNamespace(dry_run=False))
+    keys = [(str(dt), T, mode, tuple(sorted(kw.items()))) for dt, T, mode, kw in cases]
+    assert len(keys) == len(set(keys)) == 39
+    first = {(dt, mode) for dt, T, mode, kw in cases[:9]}
+    assert len(first) == 9 and all(T == 1000 and not kw for _, T, _, kw in cases[:9])
+    assert [kw.get("packed_edge") for *_, kw in cases[9:14]] == [32, 64, 128, 64, 64]
+    assert {T for _, T, _, kw in cases[-18:]} == {1, 65}
