@@ -172,4 +172,5 @@ def test_the_gpu_scan_cases_cover_every_dtype_and_mode_first():
     first = {(dt, mode) for dt, T, mode, kw in cases[:9]}
     assert len(first) == 9 and all(T == 1000 and not kw for _, T, _, kw in cases[:9])
     assert [kw.get("packed_edge") for *_, kw in cases[9:14]] == [32, 64, 128, 64, 64]
+    assert part_correctness.FIRST_PASS == 14  # the part's first pass: these 14, before the compile and the syncs
     assert {T for _, T, _, kw in cases[-18:]} == {1, 65}
