@@ -1,8 +1,9 @@
 """Part 2, the scan's speed: ``complex_scan`` (Triton) forward and forward+backward at B8·T8192·H16·D128, bf16 and
 fp32, at the default setting of its kernels (the "runs" layout, ``triton_runs``, its loop pipelined over 3 stages;
 bf16 with data-dependent decay also the earlier default, the "tile" layout, and the runs loop at 4 and 2 stages),
-against a device copy of the same bytes (the bandwidth ceiling, measured in the same run), accelerated-scan's complex scan, fla's HGRN
-scans (real decay, θ = 0) and the torch backend under ``torch.compile`` (last: its compile takes a minute).
+against a device copy of the same bytes (the bandwidth ceiling, measured in the same run), accelerated-scan's
+complex scan, fla's HGRN scans (real decay, θ = 0) and the torch backend under ``torch.compile`` (last: its
+compile takes a minute).
 
 Bytes are what each op must at least move, each input read once and each output written once:
 forward ``x + log_decay + theta`` read, ``y + final state`` written; forward+backward adds ``dy`` read and
