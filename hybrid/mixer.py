@@ -126,6 +126,14 @@ def check_packed_offset(offset, n_sequences):
     return check_offset(offset, n_sequences)
 
 
+def offset_arguments(offsets, device) -> tuple[torch.Tensor | None, int]:
+    """A packed call's per-sequence offsets (a list, or None: every sequence from 0) as the position functions take
+    them (``positions_in_sequence``, ``Rotary.cos_sin_packed``): ``(N,)`` int64 on ``device`` or None when all are
+    0, and the largest."""
+    max_offset = 0 if offsets is None else max(offsets)
+    return (None if max_offset == 0 else torch.tensor(offsets, device=device)), max_offset
+
+
 def check_shard_call(shard, state, cu_seqlens, output_final_state: bool) -> None:
     """A mixer's ``forward(x, shard=…)`` continues no state and builds none, and takes its packing from the shard."""
     if state is not None:

@@ -10,7 +10,7 @@ from torch import Tensor
 from hybrid.checks import check_sequence_states
 from hybrid.kernels.varlen import PackedOffsets, host_offsets, packed_offsets
 from hybrid.kernels.window_attention import window_attention
-from hybrid.mixer import check_packed_offset
+from hybrid.mixer import check_packed_offset, offset_arguments
 from hybrid.rotary import cos_sin_from_phases
 
 from .attention_state import is_rows, to_uniform
@@ -46,8 +46,7 @@ class PackedAttention:
             rep = self.n_heads // self.n_kv_heads
             cs_q, cs_kv = (cos.repeat_interleave(rep, dim=2), sin.repeat_interleave(rep, dim=2)), (cos, sin)
         elif self.rotary is not None:
-            max_offset = 0 if offsets is None else max(offsets)
-            off_t = None if max_offset == 0 else torch.tensor(offsets, device=x.device)
+            off_t, max_offset = offset_arguments(offsets, x.device)
             cs_q = cs_kv = self.rotary.cos_sin_packed(packed.cu_seqlens, T, off_t, max_offset, device=x.device)
         q, k, v = self.rotate_qkv(q, k, v, cs_q, cs_kv)
         keys, values, cu_k = k, v, None

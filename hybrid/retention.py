@@ -40,7 +40,7 @@ from hybrid.checks import check_even_dim, check_input_dtype, check_positive_int,
 from hybrid.kernels.context_parallel import retention_cp
 from hybrid.kernels.retention import DEFAULT_TILE_SIZE, retention_chunkwise, retention_step
 from hybrid.kernels.varlen import packed_offsets
-from hybrid.mixer import FixedStateOptions, Mixer, check_offset, check_packed_offset, check_shard_call
+from hybrid.mixer import FixedStateOptions, Mixer, check_offset, check_packed_offset, check_shard_call, offset_arguments
 from hybrid.norms import head_rms_norm
 from hybrid.rotary import Rotary, RotaryConfig, apply_rotary
 
@@ -220,8 +220,7 @@ class MultiScaleRetention(Mixer):
         if states is not None:
             zero = self.init_state(1, x.device).S
             S = torch.cat([(zero if st is None else st.S).to(cdt) for st in states])  # (N, H, D, D)
-        max_offset = 0 if offsets is None else max(offsets)
-        off_t = None if max_offset == 0 else torch.tensor(offsets, device=x.device)
+        off_t, max_offset = offset_arguments(offsets, x.device)
         cos_sin = self.rotary.cos_sin_packed(packed.cu_seqlens, T, off_t, max_offset, device=x.device)
         q, k, v = self._qkv(x, 0, cdt, cos_sin)
         log_decay = retention_log_decay(self.n_heads, x.device, cdt)

@@ -32,6 +32,7 @@ from hybrid.abs_pos import AbsolutePositions, packed_positions, sinusoidal_scale
 
 from hybrid.checks import check_int, check_sequence_states
 from hybrid.kernels.varlen import PackedOffsets, host_offsets, packed_offsets, positions_in_sequence
+from hybrid.mixer import offset_arguments
 
 from .config import HybridConfig
 from .context_parallel import forward_shard
@@ -297,8 +298,7 @@ class HybridLM(nn.Module):
                                                 for st in states]
         h = self.embed(ids)  # (1, T, d_model)
         if self.abs_pos is not None:
-            max_offset = 0 if offsets is None else max(offsets)
-            off_t = None if not max_offset else torch.tensor(offsets, device=ids.device)
+            off_t, max_offset = offset_arguments(offsets, ids.device)
             pos = positions_in_sequence(packed.cu_seqlens, ids.shape[1], off_t)  # (T,)
             h = h + packed_positions(self.abs_pos, pos, ids.shape[1] + max_offset, device=h.device, dtype=h.dtype)
         layer_states = [None] * len(self.blocks)

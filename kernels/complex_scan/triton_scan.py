@@ -329,9 +329,11 @@ _SHIFT_GATHER = read_env("HYBRID_SCAN_SHIFT", ("gather", "load"),
                          "gather" if hasattr(tl, "gather") else "load") == "gather"
 
 
-def scan_setting() -> str:
-    """The kernels a Triton scan started now runs: ``"runs, 3 stages"``, ``"tile"`` (for reports)."""
-    return "tile" if _LAYOUT == "tile" else f"{_LAYOUT}, {_STAGES} stage{'s' * (_STAGES > 1)}"
+def scan_setting(layout: str | None = None, stages: int | None = None) -> str:
+    """A setting of the kernels as reports name it, ``"runs, 3 stages"`` or ``"tile"``: the one a Triton scan
+    started now runs, or ``layout`` at ``stages``."""
+    layout, stages = layout or _LAYOUT, stages or _STAGES
+    return "tile" if layout == "tile" else f"{layout}, {stages} stage{'s' * (stages > 1)}"
 
 
 def tuning_bucket(T: int) -> int:

@@ -194,8 +194,8 @@ def phase_table(groups) -> str:
 
 
 def _cell_of(values) -> str:
-    values = [v for v in values if v is not None]
-    return f"{sum(values) / len(values):.0f}" if values else "–"
+    mean = mean_std(values)[0]
+    return "–" if math.isnan(mean) else f"{mean:.0f}"
 
 
 def placements_table(groups) -> str:

@@ -52,11 +52,10 @@ FIRST_PASS = 14
 def check_scan(ctx: CheckContext, layout: str, stages: int = 1, cases: slice = slice(None)) -> None:
     """The cases (all, or a slice of ``_scan_cases``) in one layout of the kernels: "tile" (``triton_scan``) or
     "runs" (``triton_runs``, its loop pipelined over ``stages``)."""
-    from hybrid.kernels.complex_scan.triton_scan import scan_layout
+    from hybrid.kernels.complex_scan.triton_scan import scan_layout, scan_setting
 
-    name = layout if layout == "tile" else f"{layout}, {stages} stage{'s' * (stages > 1)}"
     with scan_layout(layout, stages=stages):  # forward and backward
-        _check_scan_layout(ctx, name, _scan_cases(ctx)[cases])
+        _check_scan_layout(ctx, scan_setting(), _scan_cases(ctx)[cases])
 
 
 def _check_scan_layout(ctx: CheckContext, layout: str, cases) -> None:

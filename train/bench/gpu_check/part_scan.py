@@ -263,6 +263,6 @@ def run(ctx: CheckContext) -> None:
 def ours_name(backend: str, layout: str, stages: int = 1) -> str:
     """``ours (triton, runs, 3 stages)``, ``ours (triton, tile)``. (In the reports of commit cfd699a and before,
     ``ours (triton)`` is the tile layout and ``ours (triton, runs)`` the runs layout's forward at 1 stage.)"""
-    if layout == "tile":
-        return f"ours ({backend}, tile)"
-    return f"ours ({backend}, {layout}, {stages} stage{'s' if stages > 1 else ''})"
+    from hybrid.kernels.complex_scan.triton_scan import scan_setting
+
+    return f"ours ({backend}, {scan_setting(layout, stages)})"
