@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import bisect
 import math
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 
 import torch
 from torch import nn
@@ -31,7 +31,8 @@ from hybrid import RMSNorm, SwiGLU
 from hybrid.abs_pos import AbsolutePositions, packed_positions, sinusoidal_scale
 
 from hybrid.checks import check_int, check_sequence_states
-from hybrid.kernels.varlen import PackedOffsets, host_offsets, packed_offsets, positions_in_sequence
+from hybrid.kernels.varlen import (PackedOffsets, dynamic_count, host_offsets, packed_offsets,
+                                   positions_in_sequence)
 from hybrid.mixer import offset_arguments
 
 from .config import HybridConfig
@@ -83,6 +84,7 @@ class HybridLM(nn.Module):
             config.abs_pos, config.d_model, max_len=config.abs_pos_max_len, scale=sinusoidal_scale(config.init_std))
         self.blocks = nn.ModuleList(Block(config, letter) for letter in config.layer_types)
         self._recompute = [self._recomputes(block.mixer) for block in self.blocks]
+        self._block_calls = None  # what runs the blocks instead of themselves (``blocks_run_as``), or None
         self.norm = RMSNorm(config.d_model, eps=config.norm_eps)
         self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
         self._init_weights()
@@ -264,13 +266,30 @@ class HybridLM(nn.Module):
         mode = self.config.recompute
         return mode == "all" or (mode == "linear" and mixer.config.cheap_to_recompute)
 
+    @contextmanager
+    def blocks_run_as(self, calls):
+        """Inside, block i runs as ``calls[i]`` (a callable with the block's signature: the block under
+        ``torch.compile``, ``models/compiled.py``). A packed batch's offsets then reach the blocks as a traced
+        model sees them: the device tensor alone, marked as of a varying length, so that no compiled block guards
+        on their host values or count (one graph for every packing)."""
+        if len(calls) != len(self.blocks):
+            raise ValueError(f"calls: expected one per block ({len(self.blocks)}), got {len(calls)}")
+        previous, self._block_calls = self._block_calls, list(calls)
+        try:
+            yield self
+        finally:
+            self._block_calls = previous
+
     def _run_blocks(self, h: torch.Tensor, layer_states, offset, cu_seqlens, output_final_state: bool, shard=None):
         """Every block over h ``(B, T, d_model)`` from position ``offset`` (with ``cu_seqlens``: 0 or one per
         sequence; ``shard``: a context-parallel shard); returns the final hidden states' logits and the layer
         states."""
         layers = []
         records = torch.is_grad_enabled() and self.training
-        for block, layer_state, recompute in zip(self.blocks, layer_states, self._recompute):
+        blocks = self.blocks if self._block_calls is None else self._block_calls
+        if self._block_calls is not None and isinstance(cu_seqlens, PackedOffsets):
+            cu_seqlens = PackedOffsets(dynamic_count(cu_seqlens.cu_seqlens), None, None)  # no host values
+        for block, layer_state, recompute in zip(blocks, layer_states, self._recompute):
             if recompute and records:
                 # activation checkpointing: keep h, run the block again in backward. Under autograd every
                 # state update is out of place (hybrid.kv_cache), so the second run sees the same inputs. With a

@@ -98,6 +98,8 @@ class Rotary(nn.Module):
         device = self.inv_freq.device if device is None else torch.device(device)
         total = offset + seq_len
         key, theta = self._frequencies(total)
+        if key == "base" and torch.compiler.is_compiling():
+            return self._cos_sin_traced(offset, total, device)
         if isinstance(key, int) or total > self.table_limit:  # rows for this call only
             last = self._last
             if last is None or last[:4] != (key, device, offset, seq_len):
@@ -110,6 +112,15 @@ class Rotary(nn.Module):
             table = self._cos_sin_at(torch.arange(n, dtype=torch.int64), theta, device)
             self._tables[(key, device)] = table
         return table[0][offset:total], table[1][offset:total]
+
+    def _cos_sin_traced(self, offset, total, device):
+        """The rows of ``cos_sin`` inside a torch.compile graph, computed there on ``device`` (T × R/2 cos and sin a
+        call) and never cached: a table stored while Dynamo traces is a side effect its guards then see ("not in
+        the dict" holds for the first trace only), so the cache cost every compiled model a second whole compile
+        at its second call. From the ``inv_freq`` buffer while it holds the frequencies exactly (float32 or
+        float64: ``model.double()`` widens it exactly), else from the float32 copy."""
+        theta = self.inv_freq if self.inv_freq.dtype in (torch.float32, torch.float64) else self._theta
+        return self._cos_sin_at(torch.arange(offset, total, device=device), theta, device)
 
     def cos_sin_rows(self, offsets: torch.Tensor, seq_len: int, device=None):
         """`(cos, sin)`, each `(B, seq_len, 1, R/2)` float32 (broadcast over heads): row b at positions

@@ -5,6 +5,8 @@ Packed sequences (`cu_seqlens`): the sequences and their tails are laid end to e
 each token's output is read back from its slot. A token's taps reach W−1 slots back, into its own sequence or
 its own tail, never across a boundary; no per-sequence Python loop. The final states are the last W−1 slots of
 each sequence's block: its last inputs, or the tail of `[initial state; inputs]` when it is shorter than W−1.
+Under torch.compile, packed sequences from zero states without final states (training) take `packed_taps`,
+whose shapes do not depend on N.
 """
 from __future__ import annotations
 
@@ -12,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ..varlen import sequence_ids
+from ..varlen import positions_in_sequence, sequence_ids
 
 
 def conv_valid(u: Tensor, weight: Tensor, bias: Tensor | None, out_dtype: torch.dtype) -> Tensor:
@@ -56,6 +58,23 @@ def packed_stream(x: Tensor, initial_state: Tensor | None, cu_seqlens: Tensor, w
     return u.unsqueeze(0), token_slot, final_slot
 
 
+def packed_taps(x: Tensor, weight: Tensor, bias: Tensor | None, cu_seqlens: Tensor) -> Tensor:
+    """y `(1, T, C)` of packed sequences from zero states, as W shifted and masked products (tap j, j tokens back,
+    kept where the token is at least j into its sequence): every shape is (T, C), whatever N. The stream form's
+    `total + N·(W−1)` slots are a shape in N, and Inductor's lowering of the conv's backward fixes it: one graph per
+    document count under torch.compile, which takes this form (Inductor fuses the W products into one kernel)."""
+    T, W = x.shape[1], weight.shape[1]
+    dt = torch.promote_types(x.dtype, weight.dtype)
+    pos = positions_in_sequence(cu_seqlens, T)[:, None]  # (T, 1): each token's place in its sequence
+    xs = x[0].to(dt)  # (T, C)
+    w = weight.to(dt)
+    y = xs * w[:, W - 1] if bias is None else bias.to(dt) + xs * w[:, W - 1]
+    for j in range(1, W):
+        back = F.pad(xs, (0, 0, j, 0))[:T]  # (T, C): x[t − j], zeros before the row
+        y = y + torch.where(pos >= j, back, 0) * w[:, W - 1 - j]
+    return y.to(x.dtype).unsqueeze(0)
+
+
 def causal_conv1d_torch(
     x: Tensor, weight: Tensor, bias: Tensor | None = None, initial_state: Tensor | None = None, *,
     output_final_state: bool = False, cu_seqlens: Tensor | None = None,
@@ -67,6 +86,8 @@ def causal_conv1d_torch(
         tail = x.new_zeros(B, W - 1, C) if initial_state is None else initial_state.to(x.dtype)
         u = torch.cat([tail, x], dim=1)  # (B, W−1+T, C)
         return conv_valid(u, weight, bias, x.dtype), (u[:, T:] if output_final_state else None)
+    if initial_state is None and not output_final_state and torch.compiler.is_compiling():  # compiled training
+        return packed_taps(x, weight, bias, cu_seqlens), None
     u, token_slot, final_slot = packed_stream(x, initial_state, cu_seqlens, W)  # (1, L, C)
     y = conv_valid(u, weight, bias, x.dtype)[:, token_slot - (W - 1)]  # (1, T, C): slot s reads y_u[s − (W−1)]
     final = u[0, final_slot.flatten()].view(*final_slot.shape, C) if output_final_state else None  # (N, W−1, C)

@@ -111,6 +111,47 @@ def test_packed_equals_separate_with_gradients(backend, W, init):
     assert_close_grads([y, final], [y_ref, final_ref], [x, w, b, h])
 
 
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("W", [1, 2, 3, 4, 5])
+def test_packed_taps_equal_separate_with_gradients(W, bias):
+    """The form torch.compile takes for packed training (zero states, no final state): W shifted, masked products,
+    shapes independent of N; every sequence as the reference gives it alone, with gradients."""
+    from hybrid.kernels.causal_conv.depthwise import packed_taps
+
+    rng = random.Random(f"taps{W}{bias}")
+    lengths = [rng.randint(1, 9) for _ in range(5)] + [1, 2, 1, 2]
+    rng.shuffle(lengths)
+    x, w, b, _, cu = make(lengths, 6, W, init=False, bias=bias)
+    y = packed_taps(x, w, b, cu)
+    y_ref, _ = separate(x, w, b, None, cu)
+    torch.testing.assert_close(y, y_ref, rtol=1e-13, atol=1e-13)
+    assert_close_grads([y], [y_ref], [x, w, b])
+
+
+def test_compiled_packed_conv_builds_one_graph_for_every_document_count():
+    """Under torch.compile (Inductor: the specialisation happened in its lowering, which a tracing-only backend
+    does not run) the packed training conv's shapes do not depend on N: the stream form's total + N·(W−1) slots
+    gave the conv-backward lowering a size to fix, one graph per document count. Outputs and gradients equal the
+    reference; one graph over N = 2, 3, 4 documents of 24 tokens."""
+    import torch._dynamo.utils
+
+    def conv(x, w, b, cu):
+        return causal_conv1d(x, w, b, cu_seqlens=cu, backend="torch")[0]
+
+    torch.compiler.reset()
+    torch._dynamo.utils.counters.clear()
+    compiled = torch.compile(conv)
+    for lengths in ([10, 14], [5, 11, 8], [1, 9, 2, 12]):
+        x, w, b, _, cu = make(lengths, 4, 4, init=False)
+        torch._dynamo.maybe_mark_dynamic(cu, 0)
+        y = compiled(x, w, b, cu)
+        y_ref, _ = separate(x, w, b, None, cu)
+        torch.testing.assert_close(y, y_ref, rtol=1e-13, atol=1e-13)
+        assert_close_grads([y], [y_ref], [x, w, b])
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 1
+    torch.compiler.reset()
+
+
 def test_unpacked_batch_equals_rows():
     x, w, b, h, _ = make([7], 5, 4)
     xb = torch.cat([x, x.flip(1) * 0.5, x * 2], 0).detach().requires_grad_()  # (3, 7, 5)

@@ -36,8 +36,12 @@ the measured 65,536 tokens (32 × 2048). The sizing is an estimate from the H100
 
 Measured on 2026-11-27 (commit cfd699a): the first model, the global Transformer, took 190 s against its 30 +
 70 + 44 + 10 here (training at 887k tokens/s: 22 s), so the 8 minutes held one model. Its log showed Dynamo
-recompiling the packed attention for every document count, until its limit; fixed since (one or two graphs for
-every count). Records now carry ``phase_seconds``, to replace this estimate with a measurement.
+recompiling the packed attention for every document count, until its limit; fixed since (one graph for every
+count). Since 2026-11-28 ``--compile`` compiles each kind of block once (``CompiledBlocks``): every compiled model
+had compiled twice (the rotary table), and the hybrids' R layers once more for every document count (their
+conv), which would have sent both hybrids of this budget through Dynamo's recompile limit. On the CPU the first
+step of the 8-layer models takes 0.57× (Transformer) and 0.76× (hybrid) of a whole-model compile's
+(docs/training.md, "Compile"). Records carry ``phase_seconds``, to replace this estimate with a measurement.
 
 ``--max-minutes 8`` starts a run only while the time left holds the longest run so far (``suite.TimeLimit``),
 so a command that is slower than this estimate stops between runs, inside the device's 10 minutes, with its

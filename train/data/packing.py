@@ -36,10 +36,12 @@ def pack_documents(x: torch.Tensor, y: torch.Tensor, separator: int):
 
 
 def packed_on_device(cu_seqlens: torch.Tensor, device: torch.device, compiled: bool):
-    """The loader's offsets (on the CPU) for the model on ``device``: eager, a ``PackedOffsets`` built from the
-    host values, so that the model reads nothing back from the device (one host sync a step less, found on an H100
-    by the GPU check); compiled, the tensor, since a ``PackedOffsets``'s host tuple would be a guard that changes
-    with every batch (a recompile a step), marked as of a varying length (``dynamic_count``)."""
+    """The loader's offsets (on the CPU) for the model on ``device``: a ``PackedOffsets`` built from the host values,
+    so that the model reads nothing back from the device (one host sync a step less, found on an H100 by the GPU
+    check), eager or with its blocks compiled (``CompiledBlocks``: the model hands them the tensor alone);
+    ``compiled`` (a module compiled whole, which sees its inputs as they are), the tensor, since a
+    ``PackedOffsets``'s host tuple would be a guard that changes with every batch (a recompile a step), marked as of
+    a varying length (``dynamic_count``)."""
     if compiled:  # N varies from batch to batch: one graph for every N (dynamic_count), not one per N
         return dynamic_count(cu_seqlens.to(device, non_blocking=True))
     if cu_seqlens.device.type != "cpu":

@@ -34,7 +34,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from hybrid.models import HybridLM
+from hybrid.models import CompiledBlocks, HybridLM
 
 from ..data import prepare_data
 from ..data.tokenizer import tokenizer_from_dict
@@ -243,14 +243,17 @@ class Distiller(Run):
         train_model = wrap_model(wrapped, self.env, fsdp=c.fsdp, device=self.device, units=units)
         optimizer = build_optimizer(trainable, lr=lr, weight_decay=c.weight_decay, betas=c.betas)
         scheduler = warmup_cosine(optimizer, warmup=warmup, total=max(steps, 1), min_lr_ratio=c.min_lr_ratio)
-        stage.train_on(model, torch.compile(train_model) if c.compile else train_model, optimizer, scheduler)
+        if c.compile:  # the student's blocks one by one (CompiledBlocks); the alignment module whole
+            train_model = CompiledBlocks(model, train_model) if wrapped is model else torch.compile(train_model)
+        stage.train_on(model, train_model, optimizer, scheduler)
         return stage
 
-    def _stage_kwargs(self, steps: int) -> dict:
+    def _stage_kwargs(self, steps: int, traced_whole: bool) -> dict:
+        """``traced_whole``: the stage's module is compiled whole (its packed offsets then go as the tensor alone)."""
         c = self.config
         return dict(teacher=self.teacher, batches=self.batches, validation=self.validation, steps=steps,
                     eval_batches=c.eval_batches, autocast=self.autocast, device=self.device, seq_len=c.seq_len,
-                    compiled=c.compile)
+                    compiled=traced_whole)
 
     def _align_stage(self) -> AlignStage:
         """Stage 1's model (the teacher with an R layer at every layer to align), its R layers initialised from the
@@ -261,7 +264,8 @@ class Distiller(Run):
         if c.decay_init == "attention" and self.checkpoint is None:
             note["decay"] = self._fit_decays(model)
         self.notes.append(note)
-        stage = AlignStage(model=model, layers=self.align_layers, **self._stage_kwargs(c.align_steps))
+        stage = AlignStage(model=model, layers=self.align_layers,
+                           **self._stage_kwargs(c.align_steps, traced_whole=c.compile))
         alignment = stage.alignment
         return self._train(stage, model, alignment, alignment.mixers, lr=c.align_lr, warmup=c.align_warmup_steps,
                            steps=c.align_steps, units=list(alignment.mixers.values()))
@@ -269,7 +273,8 @@ class Distiller(Run):
     def _student_stage(self, student: HybridLM) -> StudentStage:
         """Stage 2: the student trained whole (``train="all"``) or only its replaced layers' mixers (``"new"``)."""
         c = self.config
-        stage = StudentStage(temperature=c.temperature, ce_weight=c.ce_weight, **self._stage_kwargs(c.steps))
+        stage = StudentStage(temperature=c.temperature, ce_weight=c.ce_weight,
+                             **self._stage_kwargs(c.steps, traced_whole=False))
         trainable = student if c.train == "all" else nn.ModuleDict(
             {str(i): student.blocks[i].mixer for i in self.replaced})
         return self._train(stage, student, student, trainable, lr=c.lr, warmup=c.warmup_steps, steps=c.steps)

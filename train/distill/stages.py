@@ -91,7 +91,8 @@ class Alignment(nn.Module):
 
 
 class _DistillStage(Stage):
-    """What both stages share: the teacher, the batches, the validation."""
+    """What both stages share: the teacher, the batches, the validation. ``compiled``: the stage's module is compiled
+    whole (``torch.compile``), so its packed offsets go as the tensor alone (``packed_on_device``)."""
 
     def __init__(self, *, teacher, batches, validation: Validation, steps: int, eval_batches, autocast, device,
                  seq_len: int, compiled: bool = False):

@@ -32,16 +32,17 @@ __all__ = ["LMStage"]
 
 
 class LMStage(Stage):
-    """``model`` trains whole; ``train_model`` is what the forward pass calls (wrapped, compiled)."""
+    """``model`` trains whole; ``train_model`` is what the forward pass calls (wrapped, its blocks compiled:
+    ``hybrid.models.CompiledBlocks``)."""
 
     def __init__(self, *, model: nn.Module, train_model: nn.Module, optimizer, scheduler, batches: GlobalBatches,
                  data: PreparedData, steps: int, seq_len: int, batch_size: int, eval_batches: int | None,
-                 packing: str, device: torch.device, env: DistEnv, autocast, compiled: bool = False):
+                 packing: str, device: torch.device, env: DistEnv, autocast):
         self.model, self.train_model, self.optimizer, self.scheduler = model, train_model, optimizer, scheduler
         self.trainable = [p for p in model.parameters() if p.requires_grad]
         self.data_batches, self.data, self.steps = batches, data, steps
         self.seq_len, self.batch_size, self.eval_batches, self.packing = seq_len, batch_size, eval_batches, packing
-        self.device, self.env, self.autocast, self.compiled = device, env, autocast, compiled
+        self.device, self.env, self.autocast = device, env, autocast
         self.tokens_per_step = batches.global_batch * seq_len
 
     def micro_batches(self, step: int) -> list:
@@ -52,7 +53,8 @@ class LMStage(Stage):
         x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
         if isinstance(where, SequenceShard):
             return self._shard_loss(x, y, where), {}
-        cu_seqlens = None if where is None else packed_on_device(where, self.device, self.compiled)
+        # with their host values, compiled or not: the model hands its compiled blocks the tensor alone
+        cu_seqlens = None if where is None else packed_on_device(where, self.device, compiled=False)
         with self.autocast():
             logits, _ = self.train_model(x, cu_seqlens=cu_seqlens, output_final_state=False)
         return F.cross_entropy(at_least_float32(logits).reshape(-1, logits.shape[-1]), y.reshape(-1)), {}

@@ -31,10 +31,8 @@ import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import torch
-
 from hybrid.checks import check_int
-from hybrid.models import HybridConfig, HybridLM
+from hybrid.models import CompiledBlocks, HybridConfig, HybridLM
 from hybrid.models.context_parallel import check_shardable
 
 from ..data import prepare_data
@@ -242,12 +240,12 @@ class Trainer(Run):
         batches = GlobalBatches(self.data, seq_len=c.seq_len, batch_size=c.batch_size, grad_accum=c.grad_accum,
                                 seed=c.seed, rank=self.mesh.dp_rank, world_size=self.mesh.dp_size, packing=c.packing,
                                 cp_group=self.mesh.cp_group)
-        self.stage = LMStage(model=model, train_model=torch.compile(wrapped) if c.compile else wrapped,
+        self.stage = LMStage(model=model, train_model=CompiledBlocks(model, wrapped) if c.compile else wrapped,
                              optimizer=optimizer, scheduler=warmup_cosine(optimizer, warmup=c.warmup_steps,
                                                                           total=c.steps, min_lr_ratio=c.min_lr_ratio),
                              batches=batches, data=self.data, steps=c.steps, seq_len=c.seq_len,
                              batch_size=c.batch_size, eval_batches=c.eval_batches, packing=c.packing,
-                             device=self.device, env=self.env, autocast=self.autocast, compiled=c.compile)
+                             device=self.device, env=self.env, autocast=self.autocast)
         divergence = DivergenceGuard(c.on_nonfinite, device=self.device, env=self.env, out=self.out, lr=c.lr,
                                      float16=self.scaler is not None)
         self.loop = TrainingLoop(self.out, Cadence(c.log_every, c.eval_every, c.save_every, c.keep),

@@ -118,7 +118,7 @@ class LoggingOptions:
 class ExecutionOptions:
     device: str = option("auto", "execution", check=check_device,
                          help="auto (cuda when available), cpu, cuda or cuda:N")
-    compile: bool = option(False, "execution", check=a_bool, action="store_true", help="torch.compile the model")
+    compile: bool = option(False, "execution", check=a_bool, action="store_true", help="torch.compile each block of the model (one graph per kind of block; docs/training.md, 'Compile')")
     fsdp: bool = option(False, "execution", check=a_bool, action="store_true",
                         help="under torchrun: shard with FSDP2 instead of replicating with DDP")
 

@@ -115,6 +115,7 @@ def gradient_sync(module: nn.Module, enabled: bool):
     of a step): DDP's ``no_sync`` otherwise, FSDP2's ``set_requires_gradient_sync``; nothing on one process.
     ``module`` is what the forward pass calls (compiled or not)."""
     module = getattr(module, "_orig_mod", module)  # torch.compile's wrapper
+    module = getattr(module, "wrapped", module)  # hybrid.models.CompiledBlocks: the module it calls
     if hasattr(module, "set_requires_gradient_sync"):  # sharded by FSDP2
         module.set_requires_gradient_sync(enabled)
     if not enabled and hasattr(module, "no_sync"):  # DDP

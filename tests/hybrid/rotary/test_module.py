@@ -186,3 +186,26 @@ def test_integer_tensors_are_refused():
     cos, sin = rope.cos_sin(3, 0, torch.device("cpu"))
     with pytest.raises(ValueError, match=r"^x: expected a float tensor, got dtype int32$"):
         apply_rotary(torch.ones(1, 3, 2, 8, dtype=torch.int32), cos, sin)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+def test_compiled_rows_equal_the_table_and_leave_no_side_effect(dtype):
+    """Under torch.compile the rows are computed in the graph, never stored: a cache filled while tracing made every
+    compiled model trace twice (its guard "no table yet" fails at the second call). One graph for three calls at
+    three offsets, the rows those of the eager table (float64 angles, one rounding; bfloat16 buffers: from the
+    float32 copy), and the cache still empty."""
+    rot = Rotary(12, rotary_dim=10, base=500.0).to(dtype)
+    x = torch.randn(2, 7, 3, 12, dtype=torch.float64).to(dtype)
+    graphs = []
+
+    def counting(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    compiled = torch.compile(rot, backend=counting, dynamic=True)
+    got = [compiled(x, offset=offset) for offset in (0, 5, 9)]
+    assert not rot._tables
+    for offset, rows in zip((0, 5, 9), got):
+        torch.testing.assert_close(rows, rot(x, offset=offset), rtol=0, atol=0)  # eager: from the table
+    assert rot._tables and torch.equal(compiled(x, offset=2), rot(x, offset=2))  # a filled cache: no new graph
+    assert len(graphs) == 1

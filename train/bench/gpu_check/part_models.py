@@ -2,8 +2,11 @@
 under bf16 autocast, as ``hybrid-train`` runs it on a GPU, for the hybrid, the selective hybrid, RetNet and
 vo-rnn against the Transformer (global attention through SDPA). Every model has the Transformer's width and
 head size, and its MLP width (``matched``) brings it to the Transformer's non-embedding size. Each row runs a
-fixed number of tokens per step (B = tokens / T), eager or under ``torch.compile``, padded ``(B, T)`` or packed
-``(1, B·T)`` with ``cu_seqlens`` at every T (the same tokens, through the packed path). Rows run most
+fixed number of tokens per step (B = tokens / T), eager or with each block under ``torch.compile``
+("compiled blocks": ``CompiledBlocks``, what ``hybrid-train --compile`` runs since 2026-11-28; the rows
+"compiled" of earlier reports compiled the whole model), padded ``(B, T)`` or packed ``(1, B·T)`` with
+``cu_seqlens`` at every T (the same tokens, through the packed path; the offsets handed over as the trainer does,
+with their host values: earlier reports' eager packed rows read them back once a step). Rows run most
 informative first (T = 8K and 16K eager), so that a part stopped at its time limit has measured what matters
 most; the rest are listed as skipped."""
 from __future__ import annotations
@@ -27,6 +30,8 @@ MODELS = {  # name → (preset, overrides, window backend: None = the library's 
 }
 
 
+COMPILED = "compiled blocks"  # hybrid-train --compile: each block under torch.compile (CompiledBlocks)
+
 # The models whose recurrent layers run the complex scan (R): their rows name the scan's kernels.
 SCAN_MODELS = ("hybrid", "hybrid (windows by SDPA)", "hybrid-selective", "vo-rnn")
 
@@ -35,15 +40,15 @@ def plan(ctx: CheckContext) -> list[dict]:
     """The rows, in the order they run."""
     if ctx.dry_run:  # every model once, the packed and the compiled path once each
         Ts, tokens, size = (32,), 64, "tiny"
-        order = [("eager", "padded", 32), ("eager", "packed", 32), ("compiled", "padded", 32)]
+        order = [("eager", "padded", 32), ("eager", "packed", 32), (COMPILED, "padded", 32)]
     else:
         Ts, tokens, size = (8192, 16384, 2048, 32768), 65536, "small"
         order = [("eager", "padded", T) for T in Ts[:2]]
-        order += [("compiled", "padded", T) for T in Ts[:2]]
+        order += [(COMPILED, "padded", T) for T in Ts[:2]]
         order += [("eager", "packed", T) for T in Ts[:2]]
         order += [("eager", "padded", T) for T in Ts[2:]]
-        order += [("compiled", "packed", T) for T in Ts[:2]]
-        order += [("compiled", "padded", T) for T in Ts[2:]] + [("eager", "packed", T) for T in Ts[2:]]
+        order += [(COMPILED, "packed", T) for T in Ts[:2]]
+        order += [(COMPILED, "padded", T) for T in Ts[2:]] + [("eager", "packed", T) for T in Ts[2:]]
     from hybrid.kernels.complex_scan.triton_scan import scan_setting
 
     rows = []
@@ -110,10 +115,13 @@ def _step_fn(model, forward, ids, cu, autocast, opt):
 
 def measure(ctx: CheckContext, row: dict, steps: int) -> dict:
     """tokens/s (median step), peak memory and the first step's seconds (compilation, autotuning)."""
+    from hybrid.models import CompiledBlocks
+    from hybrid.train.data.packing import packed_on_device
+
     model = build(row["model"], row["size"], ctx.device, ctx.dry_run).train()
     # a dry run traces with dynamo only (backend "eager"): CPU code generation would take minutes
     backend = "eager" if ctx.dry_run else "inductor"
-    forward = torch.compile(model, dynamic=False, backend=backend) if row["execution"] == "compiled" else model
+    forward = CompiledBlocks(model, dynamic=False, backend=backend) if row["execution"] == COMPILED else model
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=ctx.device.type == "cuda")
     B, T = row["B"], row["T"]
     g = torch.Generator().manual_seed(1)
@@ -121,8 +129,7 @@ def measure(ctx: CheckContext, row: dict, steps: int) -> dict:
     cu = None
     if row["batch"] == "packed":  # the same B sequences laid end to end: (1, B·T) with boundaries every T
         ids = torch.cat([ids[:, :-1].reshape(1, B * T), ids[-1:, -1:]], 1)
-        cu = torch.arange(0, B * T + 1, T)
-        cu = cu.to(ctx.device)
+        cu = packed_on_device(torch.arange(0, B * T + 1, T), ctx.device, compiled=False)  # as the trainer
     ids = ids.to(ctx.device)
     autocast = (lambda: torch.autocast("cuda", dtype=torch.bfloat16)) if ctx.device.type == "cuda" else contextlib.nullcontext
     step = _step_fn(model, forward, ids, cu, autocast, opt)
@@ -156,7 +163,7 @@ def run(ctx: CheckContext) -> None:
     for i, row in enumerate(rows):
         if ctx.measured_before("models", row):
             continue
-        want = 5 if ctx.dry_run else 60 if row["execution"] == "compiled" else 15
+        want = 5 if ctx.dry_run else 60 if row["execution"] == COMPILED else 15
         if not ctx.has_time(want, "models", f"{row}"):
             for rest in rows[i + 1:]:
                 ctx.record("models", skipped=f"{rest}", reason="time")
@@ -169,7 +176,7 @@ def run(ctx: CheckContext) -> None:
             except Exception as exc:  # noqa: BLE001 - one failing model is a finding, the part goes on
                 result = dict(error=f"{type(exc).__name__}: {exc}"[:400])
         ctx.record("models", **row, **result)
-        if row["execution"] == "compiled":
+        if row["execution"] == COMPILED:
             torch._dynamo.reset()  # each model compiles afresh, within dynamo's cache limit
         if ctx.device.type == "cuda":
             torch.cuda.empty_cache()

@@ -1,10 +1,11 @@
-"""Part 5, training: a 300-step ``small`` hybrid run through ``hybrid-train`` (``python -m hybrid.train``), eager
-(bf16 autocast is the trainer's default on CUDA), on this Python's standard-library sources; its
+"""Part 5, training: a 300-step ``small`` hybrid run through ``hybrid-train`` (``python -m hybrid.train``) with
+``--compile`` (bf16 autocast is the trainer's default on CUDA), on this Python's standard-library sources; its
 loss curve and tokens/s from ``metrics.jsonl``, then greedy samples of the trained model in recurrent and in
-parallel mode, which must be identical. Eager, because on the H100 (2026-11-27) the ``--compile`` run had not
-logged its first step after 70 s; the compiled model is checked in the correctness part and timed in the models
-part. A dry run trains the tiny hybrid for a few steps, uncompiled, on a small
-corpus of the library's own sources."""
+parallel mode, which must be identical. On the H100 (2026-11-27) the compiled run had not logged its first step
+after 70 s: it compiled twice at its first two steps (the rotary table) and once more for every new document
+count (the R layers' conv), both fixed on 2026-11-28 (docs/training.md, "Compile"), and it now compiles each
+block kind once. A dry run trains the tiny hybrid for a few steps, uncompiled, on a small corpus of the
+library's own sources."""
 from __future__ import annotations
 
 import json
@@ -37,7 +38,7 @@ def _command(ctx: CheckContext, run_dir: Path) -> list[str]:
     if ctx.dry_run:
         return cmd + ["--size", "tiny", "--steps", "4", "--seq-len", "32", "--batch-size", "2", "--eval-every", "2",
                       "--eval-batches", "2", "--log-every", "1", "--save-every", "4", "--data", _dry_corpus(ctx)]
-    return cmd + ["--size", "small", "--steps", "300", "--seq-len", "1024", "--batch-size", "16",
+    return cmd + ["--size", "small", "--compile", "--steps", "300", "--seq-len", "1024", "--batch-size", "16",
                   "--eval-every", "100", "--eval-batches", "20", "--log-every", "10", "--save-every", "300"]
 
 
