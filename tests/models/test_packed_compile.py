@@ -79,18 +79,25 @@ def loss_and_grads(model, forward, ids, cu):
     return logits.detach(), torch.autograd.grad(loss, list(model.parameters()))
 
 
-@pytest.mark.parametrize("case", list(CASES))
-def test_compiled_packed_training_builds_a_bounded_number_of_graphs(case, one_torch_thread):
-    model, compiled, graphs = compiled_with_a_count(case, "blocked")
+def graphs_after_each_batch(model, compiled, graphs, traced_whole: bool) -> list[int]:
+    """Six packed training batches (N = 2 … 7) through ``compiled``, the offsets as ``packed_on_device`` hands them
+    to a model ``traced_whole`` or not; logits and gradients equal eager's each time; the graph count after each."""
     model.train()
     counts = []
     for ids, cu in packed_batches(6):
-        got_logits, got_grads = loss_and_grads(model, compiled, ids, packed_on_device(cu, ids.device, True))
+        got_logits, got_grads = loss_and_grads(model, compiled, ids, packed_on_device(cu, ids.device, traced_whole))
         counts.append(len(graphs))
         want_logits, want_grads = loss_and_grads(model, model, ids, cu)
         torch.testing.assert_close(got_logits, want_logits, rtol=1e-12, atol=1e-12)
         for got, want in zip(got_grads, want_grads):
             torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)
+    return counts
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_compiled_packed_training_builds_a_bounded_number_of_graphs(case, one_torch_thread):
+    model, compiled, graphs = compiled_with_a_count(case, "blocked")
+    counts = graphs_after_each_batch(model, compiled, graphs, traced_whole=True)
     assert counts[0] == counts[-1] <= MOST_GRAPHS, f"graphs after each batch (N = 2 … 7): {counts}"
     torch.compiler.reset()
 
@@ -103,15 +110,7 @@ def test_compiled_blocks_build_one_graph_per_kind_of_block(case, recompute, one_
     kind), whatever N; logits and gradients equal eager, with activation checkpointing (``recompute="all"``: the
     compiled block runs again in backward) too."""
     model, compiled, graphs = compiled_with_a_count(case, "blocked", scope="blocks", recompute=recompute)
-    model.train()
-    counts = []
-    for ids, cu in packed_batches(6):
-        got_logits, got_grads = loss_and_grads(model, compiled, ids, packed_on_device(cu, ids.device, False))
-        counts.append(len(graphs))
-        want_logits, want_grads = loss_and_grads(model, model, ids, cu)
-        torch.testing.assert_close(got_logits, want_logits, rtol=1e-12, atol=1e-12)
-        for got, want in zip(got_grads, want_grads):
-            torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)
+    counts = graphs_after_each_batch(model, compiled, graphs, traced_whole=False)
     kinds = len(set(model.config.layer_types))
     assert counts[0] == counts[-1] == kinds, f"graphs after each batch (N = 2 … 7): {counts}, {kinds} kinds"
     torch.compiler.reset()
