@@ -3,9 +3,9 @@ training model the same way), the embedding, final norm and head eager.
 
 A whole-model ``torch.compile`` traces and lowers every layer of the stack; blocks of one kind share their code,
 so compiling blocks one by one traces one graph per kind of block (Dynamo's cache reuses it for every block of
-that kind: their weights are its inputs, not its constants). The first compiled step of the ``small`` models
-costs about half of the whole model's compile (docs/training.md, "Compile"); what a whole-graph compile could
-still fuse, across a block's edge, is one residual add and norm per layer.
+that kind: their weights are its inputs, not its constants). At d_model 512 and 8 layers the first compiled step
+took 0.56× (Transformer) and 0.76× (hybrid) of the whole model's on the CPU (docs/training.md, "Compile"); what
+a whole-graph compile could still fuse, across a block's edge, is one residual add and norm per layer.
 
 ``CompiledBlocks(model)`` is what a training step calls; ``model`` itself stays eager, so evaluation, decoding and
 measurements at other lengths never pay a compile. It is meant for the training path (no state in or out): a
