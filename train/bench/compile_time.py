@@ -33,6 +33,9 @@ def _child(args) -> dict:
     from hybrid.models import CompiledBlocks, HybridConfig, HybridLM
     from hybrid.train.data.packing import packed_on_device
 
+    import torch._dynamo.utils as dynamo_utils
+
+    dynamo_utils.counters.clear()  # this process's graphs alone (the counters are global)
     device = torch.device("cuda" if args.device == "auto" and torch.cuda.is_available() else
                           "cpu" if args.device == "auto" else args.device)
     extra = {"window": args.window} if args.preset == "hybrid" else {}
@@ -63,8 +66,6 @@ def _child(args) -> dict:
         if device.type == "cuda":
             torch.cuda.synchronize()
         times.append(time.perf_counter() - start)
-    import torch._dynamo.utils as dynamo_utils
-
     return dict(first_s=times[0], second_s=times[1], step_ms=statistics.median(times[2:]) * 1e3,
                 graphs=dynamo_utils.counters["stats"]["unique_graphs"], device=str(device),
                 layer_types=config.layer_types, torch=torch.__version__)
