@@ -30,24 +30,25 @@ def _child(args) -> dict:
     import torch
     import torch.nn.functional as F
 
-    from hybrid.models import CompiledBlocks, HybridConfig, HybridLM
-    from hybrid.train.data.packing import packed_on_device
-
     import torch._dynamo.utils as dynamo_utils
 
+    from hybrid.models import CompiledBlocks, HybridConfig, HybridLM
+    from hybrid.train.data.packing import packed_on_device
+    from hybrid.train.parallel.device import resolve_device
+
     dynamo_utils.counters.clear()  # this process's graphs alone (the counters are global)
-    device = torch.device("cuda" if args.device == "auto" and torch.cuda.is_available() else
-                          "cpu" if args.device == "auto" else args.device)
+    device = resolve_device(args.device)
     extra = {"window": args.window} if args.preset == "hybrid" else {}
     config = HybridConfig.preset(args.preset, "small", d_model=args.d_model, n_layers=args.n_layers,
                                  n_heads=args.n_heads, vocab_size=args.vocab_size, **extra)
     torch.manual_seed(0)
     model = HybridLM(config).to(device).train()
-    run = {"eager": model, "whole model": None, "blocks": None}[args.way]
     if args.way == "whole model":  # offsets as a model compiled whole takes them (the tensor, marked dynamic)
         run = torch.compile(model)
     elif args.way == "blocks":
         run = CompiledBlocks(model)
+    else:
+        run = model
     autocast = (lambda: torch.autocast("cuda", dtype=torch.bfloat16)) if device.type == "cuda" else \
         contextlib.nullcontext
     g = torch.Generator().manual_seed(1)
