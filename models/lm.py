@@ -218,7 +218,9 @@ class HybridLM(nn.Module):
                 step_logits, state = self._step(input_ids[:, t], state)
                 logits.append(step_logits)
             return torch.stack(logits, dim=1), (state if output_final_state else None)
-        size = T if mode == "parallel" else (chunk_size or DEFAULT_CHUNK_SIZE)
+        if mode == "parallel":  # one block, no loop over T: a range over T would fix its value under torch.compile
+            return self._forward_block(input_ids, state, output_final_state)
+        size = chunk_size or DEFAULT_CHUNK_SIZE
         logits = []
         for start in range(0, T, size):
             keep = output_final_state or start + size < T  # a later chunk continues this state

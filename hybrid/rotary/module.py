@@ -46,9 +46,11 @@ class Rotary(nn.Module):
         self.base, self.scaling = float(base), None if scaling is None else dict(scaling)
         self._theta = theta  # CPU float32, immune to module.to(dtype)
         self._rope_type, self._threshold = length_dependence(self.scaling, self.rotary_dim)
+        if self._rope_type == "longrope":  # the long factors' frequencies, for any total past the threshold
+            self._theta_long = inv_freq(int(R), base, scaling, seq_len=self._threshold + 1)[0]
         self.register_buffer("inv_freq", theta.clone(), persistent=False)
         self._tables: dict = {}  # (frequency key, device) -> (cos, sin), each (n, R/2) for positions 0 … n−1
-        self._freqs: dict = {}   # frequency key -> θ (CPU float32)
+        self._freqs: dict = {}   # total length -> dynamic NTK's θ (CPU float32)
         self._last = None        # (key, device, offset, seq_len, cos, sin) for length-specific frequencies
 
     def extra_repr(self) -> str:
@@ -73,12 +75,13 @@ class Rotary(nn.Module):
         """(key, θ) for a total length; key is a string for reusable tables, an int for dynamic-per-length."""
         if self._threshold is None or total <= self._threshold:
             return "base", self._theta
-        key = "long" if self._rope_type == "longrope" else total
-        if key not in self._freqs:
+        if self._rope_type == "longrope":
+            return "long", self._theta_long
+        if total not in self._freqs:
             if len(self._freqs) > 16:
                 self._freqs.clear()
-            self._freqs[key] = inv_freq(self.rotary_dim, self.base, self.scaling, seq_len=total)[0]
-        return key, self._freqs[key]
+            self._freqs[total] = inv_freq(self.rotary_dim, self.base, self.scaling, seq_len=total)[0]
+        return total, self._freqs[total]
 
     @staticmethod
     def _cos_sin_at(positions: torch.Tensor, theta: torch.Tensor, device):
@@ -97,9 +100,9 @@ class Rotary(nn.Module):
         seq_len, offset = _check_count("seq_len", seq_len), _check_count("offset", offset)
         device = self.inv_freq.device if device is None else torch.device(device)
         total = offset + seq_len
-        key, theta = self._frequencies(total)
-        if key == "base" and torch.compiler.is_compiling():
+        if torch.compiler.is_compiling():
             return self._cos_sin_traced(offset, total, device)
+        key, theta = self._frequencies(total)
         if isinstance(key, int) or total > self.table_limit:  # rows for this call only
             last = self._last
             if last is None or last[:4] != (key, device, offset, seq_len):
@@ -115,11 +118,18 @@ class Rotary(nn.Module):
 
     def _cos_sin_traced(self, offset, total, device):
         """The rows of ``cos_sin`` inside a torch.compile graph, computed there on ``device`` (T × R/2 cos and sin a
-        call) and never cached: a table stored while Dynamo traces is a side effect its guards then see ("not in
-        the dict" holds for the first trace only), so the cache cost every compiled model a second whole compile
-        at its second call. From the ``inv_freq`` buffer while it holds the frequencies exactly (float32 or
-        float64: ``model.double()`` widens it exactly), else from the float32 copy."""
-        theta = self.inv_freq if self.inv_freq.dtype in (torch.float32, torch.float64) else self._theta
+        call) and never cached: a table or frequency stored while Dynamo traces is a side effect its guards then
+        see ("not in the dict" holds for the first trace only), so a cache cost every compiled model a second
+        whole compile at its second call, and one more at every call past a dynamic / longrope threshold. The
+        plain frequencies from the ``inv_freq`` buffer while it holds them exactly (float32 or float64:
+        ``model.double()`` widens it exactly), else from the float32 copy; past the threshold, longrope's long
+        frequencies (computed once, at construction) or dynamic NTK's for this total length."""
+        if self._threshold is None or total <= self._threshold:
+            theta = self.inv_freq if self.inv_freq.dtype in (torch.float32, torch.float64) else self._theta
+        elif self._rope_type == "longrope":
+            theta = self._theta_long
+        else:
+            theta = inv_freq(self.rotary_dim, self.base, self.scaling, seq_len=total)[0]
         return self._cos_sin_at(torch.arange(offset, total, device=device), theta, device)
 
     def cos_sin_rows(self, offsets: torch.Tensor, seq_len: int, device=None):

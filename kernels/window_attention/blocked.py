@@ -81,7 +81,7 @@ def window_attention_blocked(
     b = max(w, MIN_BLOCK if block_size is None else block_size)
     if T <= b:  # one block: the band over at most (b, b + w − 1) entries
         if prefix == 0 and T <= w:
-            return sdpa_bthd(q, k, v, None, scale, is_causal=T > 1)
+            return sdpa_bthd(q, k, v, None, scale, is_causal=True)
         return sdpa_bthd(q, k, v, band_mask(T, prefix + T, prefix, w, q.device), scale)
 
     n = -(-T // b)  # query blocks
@@ -105,7 +105,7 @@ def _causal(q: Tensor, k: Tensor, v: Tensor, scale: float) -> Tensor:
     """Global causal attention of one sequence per batch row, the last T of S keys being the queries' own."""
     T, S = q.shape[1], k.shape[1]
     if S == T:
-        return sdpa_bthd(q, k, v, None, scale, is_causal=T > 1)
+        return sdpa_bthd(q, k, v, None, scale, is_causal=True)
     return sdpa_bthd(q, k, v, band_mask(T, S, S - T, S, q.device), scale)  # (T, S) bool: prefix all visible
 
 
@@ -119,7 +119,7 @@ def _causal_right_padded(q: Tensor, k: Tensor, v: Tensor, scale: float, cu: Tens
     valid = t[None, :] < lens[:, None]  # (N, longest)
     index = (cu[:-1].long()[:, None] + t[None, :]).clamp(max=T - 1)  # (N, longest): padding reads any token
     gather = lambda x: x[0][index]  # noqa: E731  (1, T, ·, D) -> (N, longest, ·, D)
-    o = sdpa_bthd(gather(q), gather(k), gather(v), None, scale, is_causal=longest > 1)  # (N, longest, H, D)
+    o = sdpa_bthd(gather(q), gather(k), gather(v), None, scale, is_causal=True)  # (N, longest, H, D)
     return o[valid].unsqueeze(0)  # (1, T, H, D): the real rows, in packed order
 
 

@@ -209,3 +209,30 @@ def test_compiled_rows_equal_the_table_and_leave_no_side_effect(dtype):
         torch.testing.assert_close(rows, rot(x, offset=offset), rtol=0, atol=0)  # eager: from the table
     assert rot._tables and torch.equal(compiled(x, offset=2), rot(x, offset=2))  # a filled cache: no new graph
     assert len(graphs) == 1
+
+
+@pytest.mark.parametrize("rope_type", ["dynamic", "longrope"])
+def test_compiled_rows_past_a_length_threshold_equal_eager_and_leave_no_side_effect(rope_type):
+    """Past L0 the frequencies of dynamic NTK depend on the total length and longrope's switch to the long factors.
+    Under torch.compile they are computed in the graph too (longrope's from a copy made at construction): eager
+    caches them, and a frequency or row stored while tracing made every call past L0 trace again. Totals 11, 16
+    and 20 past L0 = 8 (positions from 0, 5 and 9): two graphs (the first static, the second with T and the
+    offset symbolic), each call's rows exactly eager's, and no cache written."""
+    scaling = {"rope_type": rope_type, "factor": 4.0, "original_max_position_embeddings": 8}
+    if rope_type == "longrope":
+        scaling.update(short_factor=[1.0, 1.5, 2.0, 2.5, 3.0], long_factor=[1.0, 3.0, 5.0, 7.0, 9.0])
+    rot = Rotary(12, rotary_dim=10, base=500.0, scaling=scaling).double()
+    x = torch.randn(2, 11, 3, 12, dtype=torch.float64)
+    graphs = []
+
+    def counting(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    compiled = torch.compile(rot, backend=counting)
+    calls = [(x, 0), (x[:, :7], 9), (x, 5), (x[:, :9], 3)]
+    got = [compiled(t, offset=offset) for t, offset in calls]
+    assert not rot._tables and not rot._freqs and rot._last is None
+    for (t, offset), rows in zip(calls, got):
+        torch.testing.assert_close(rows, rot(t, offset=offset), rtol=0, atol=0)  # eager: from its caches
+    assert len(graphs) == 2
