@@ -22,6 +22,7 @@ config ride in its ``extra``), ``task.json`` (the token map), ``results.json`` (
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import time
@@ -40,7 +41,7 @@ from ..loop.loop import Cadence, TrainingLoop
 from ..loop.optim import build_optimizer
 from ..loop.parts import Record, RNGPart
 from ..output.records import RunLog
-from ..loop.run import Run
+from ..loop.run import Run, precision
 from ..loop.saved_model import checkpoint_model
 from ..loop.schedule import warmup_cosine
 from ..loop.stage import Stage
@@ -127,12 +128,14 @@ class GeneratorState:
 class TaskStage(Stage):
     """A synthetic task on the one loop: the loss at the labelled positions (``masked_loss``), batches drawn from a
     generator seeded by the run's seed alone (with the curriculum, the growing lengths and the angle rounding at
-    their steps), validation on fresh sequences (``VALID_SEED``)."""
+    their steps), validation on fresh sequences (``VALID_SEED``). Forward passes run under ``autocast`` (``precision``:
+    bf16 on CUDA, as ``hybrid-train``; nothing on the CPU)."""
 
     name = "task"
 
-    def __init__(self, config: TaskRunConfig, task: Task, model: HybridLM, device: torch.device):
-        self.config, self.task, self.device = config, task, device
+    def __init__(self, config: TaskRunConfig, task: Task, model: HybridLM, device: torch.device,
+                 autocast=contextlib.nullcontext):
+        self.config, self.task, self.device, self.autocast = config, task, device, autocast
         self.model = self.train_model = model
         self.trainable = list(model.parameters())
         self.optimizer = build_optimizer(model, lr=config.lr, weight_decay=config.weight_decay, betas=config.betas)
@@ -159,8 +162,9 @@ class TaskStage(Stage):
         return [batch]
 
     def loss(self, batch: Batch):
-        logits, _ = self.model(batch.ids.to(self.device))
-        return masked_loss(logits, batch.labels.to(self.device)), {}
+        with self.autocast():
+            logits, _ = self.model(batch.ids.to(self.device))
+        return masked_loss(logits, batch.labels.to(self.device)), {}  # in float32
 
     def after_step(self, step: int, loss: torch.Tensor) -> None:
         self.last_loss = loss.item()
@@ -173,13 +177,15 @@ class TaskStage(Stage):
         tested past its training lengths, at twice the longest training length (the scored position)."""
         c, task, model = self.config, self.task, self.model
         model.eval()
-        valid_acc, valid_loss = accuracy(model, task.train_batch(c.eval_size, rng_of(VALID_SEED)), "all", self.device)
-        out = {"valid_accuracy": valid_acc, "valid_loss": valid_loss}
-        valid_length = c.valid_length(task)
-        if valid_length is not None:  # past the training lengths, scored where the tests are
-            batch = task.test_batch(str(valid_length), c.eval_size, rng_of(VALID_SEED + 1))
-            long_acc, long_loss = accuracy(model, batch, task.score, self.device)
-            out.update(valid_length=valid_length, valid_long_accuracy=long_acc, valid_long_loss=long_loss)
+        with self.autocast():
+            valid_acc, valid_loss = accuracy(model, task.train_batch(c.eval_size, rng_of(VALID_SEED)), "all",
+                                             self.device)
+            out = {"valid_accuracy": valid_acc, "valid_loss": valid_loss}
+            valid_length = c.valid_length(task)
+            if valid_length is not None:  # past the training lengths, scored where the tests are
+                batch = task.test_batch(str(valid_length), c.eval_size, rng_of(VALID_SEED + 1))
+                long_acc, long_loss = accuracy(model, batch, task.score, self.device)
+                out.update(valid_length=valid_length, valid_long_accuracy=long_acc, valid_long_loss=long_loss)
         return out
 
     def eval_line(self, step: int, figures: dict) -> str:
@@ -206,7 +212,9 @@ class TaskRun(Run):
         model = HybridLM(model_config).to(device)
         if c.init_from is not None:
             load_source_weights(model, c.init_from)
-        stage = TaskStage(c, task, model, device)
+        # bf16 autocast on CUDA for a float32 model, as hybrid-train; a model of another dtype runs as it is
+        autocast = precision(device)[0] if model_config.dtype == "float32" else contextlib.nullcontext
+        stage = TaskStage(c, task, model, device, autocast)
         parts = {"data": stage.generator, "rng": RNGPart(), "task": Record(task.to_json()),
                  "task_run": Record(c.to_dict())}
         self.loop = TrainingLoop(out, Cadence(c.log_every), grad_clip=c.grad_clip,
@@ -222,9 +230,11 @@ class TaskRun(Run):
             status, valid = "diverged", stage.evaluate()
         train_seconds = time.perf_counter() - start
         valid = {k: v for k, v in valid.items() if k != "step"}
+        with autocast():
+            scores = evaluate_task(model, task, c.eval_size, device)
         results = {
             "task": task.name, "status": status, "steps": self.loop.step, "final_loss": stage.last_loss, **valid,
-            "chance": task.chance, "score": task.score, **evaluate_task(model, task, c.eval_size, device),
+            "chance": task.chance, "score": task.score, **scores,
             "train_seconds": train_seconds, "parameters": model.num_parameters(exclude_embeddings=True),
             "device": str(device),
         }

@@ -156,3 +156,40 @@ def test_metrics_are_readable_while_the_run_trains(tmp_path):
     train_task(config, tmp_path, on_step=lambda step, loss: seen.append(
         [json.loads(line)["step"] for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]))
     assert seen == [[], [2], [2], [2, 4], [2, 4, 5]]
+
+
+def test_forward_passes_run_under_the_runs_autocast(tmp_path, monkeypatch):
+    """Every forward of a task run (each training step, the validation, the final scoring) runs inside the
+    autocast that ``precision`` gives the run's device: bf16 on CUDA, as hybrid-train, nothing on the CPU. Here a
+    recording context stands in for it; the backward and the loss's float32 cross-entropy run outside."""
+    import contextlib
+
+    from hybrid.train.tasks import train as task_train
+
+    depth = [0]
+    forwards = []
+
+    @contextlib.contextmanager
+    def recording():
+        depth[0] += 1
+        try:
+            yield
+        finally:
+            depth[0] -= 1
+
+    asked = []
+    monkeypatch.setattr(task_train, "precision", lambda device: asked.append(device) or (recording, None))
+    original = task_train.HybridLM.forward
+    monkeypatch.setattr(task_train.HybridLM, "forward",
+                        lambda self, *a, **kw: forwards.append(depth[0]) or original(self, *a, **kw))
+    config = TaskRunConfig(task="mqar", task_params={"grid": [[16, 2]], "vocab_size": 16}, preset="transformer",
+                           model={"d_model": 16, "n_layers": 1, "n_heads": 2}, steps=3, batch_size=4, eval_size=4)
+    train_task(config, tmp_path)
+    assert asked == [torch.device("cpu")]
+    assert len(forwards) >= 3 + 2 and all(forwards), forwards  # 3 steps, validation and test: all inside
+    bf16 = TaskRunConfig(task="mqar", task_params={"grid": [[16, 2]], "vocab_size": 16}, preset="transformer",
+                         model={"d_model": 16, "n_layers": 1, "n_heads": 2, "dtype": "bfloat16"}, steps=1,
+                         batch_size=4, eval_size=4)
+    forwards.clear()
+    train_task(bf16, tmp_path / "bf16")  # a model of another dtype than float32 runs as it is
+    assert forwards and not any(forwards)

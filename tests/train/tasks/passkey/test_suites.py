@@ -1,5 +1,5 @@
 """The passkey suite (hybrid.train.tasks.passkey.suites): the cpu budget's plan, the smoke suite end to end with
-resume, one run from the command line, its own budgets."""
+resume, one run from the command line, the gpu budget (the LM passkey test of a gpu-long model)."""
 from __future__ import annotations
 
 import json
@@ -73,7 +73,18 @@ def test_one_passkey_run_from_the_command_line(tmp_path, capsys):
     assert load_checkpoint(out).config["attention"]["window"] == BUDGETS["smoke"].extra["window"]
 
 
-def test_passkey_budgets_are_their_own(tmp_path, capsys):
-    assert cli.main(["--suite", "passkey", "--budget", "gpu", "--out", str(tmp_path / "x")]) == 2
-    err = capsys.readouterr().err
-    assert "budget: expected one of ['smoke', 'cpu'] for the passkey tasks, got 'gpu'" in err and err.count("\n") == 1
+def test_the_gpu_budget_is_the_lm_passkey_test_of_a_gpu_long_model():
+    """The passkey ``gpu`` budget is Samba's LM test (§3.4: 500 steps, then retrieval far past the training length)
+    for a ``gpu-long`` model: its training length, 500 steps on the text filler, tested from L to 64 × L at 11
+    depths; the other synthetic tasks keep their own ``gpu`` budget."""
+    from hybrid.train.bench.budgets import BUDGETS as LM_BUDGETS
+    from hybrid.train.tasks import suites
+
+    gpu, lm = BUDGETS["gpu"], LM_BUDGETS["gpu-long"]
+    assert (gpu.seq_len, gpu.d_model, gpu.n_layers, gpu.n_heads) == (lm.seq_len, lm.d_model, lm.n_layers, lm.n_heads)
+    assert gpu.steps == 500 and gpu.extra["window"] == lm.extra["window"] and gpu.extra["curriculum"] == 0
+    task = make_task("passkey-text", **task_params(gpu, "passkey-text"))
+    assert task.train_length == gpu.seq_len and task.test_lengths[0] == gpu.seq_len
+    assert task.test_lengths[-1] == 64 * gpu.seq_len and len(task.depths) == 11 and task.samples == 4
+    assert suites.budget_for("gpu", suite="passkey-text").extra == gpu.extra
+    assert "mqar_steps" in suites.budget_for("gpu", suite="parity").extra  # the state-tracking and MQAR budget
