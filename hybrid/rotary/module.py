@@ -136,21 +136,21 @@ class Rotary(nn.Module):
         """`(cos, sin)`, each `(B, seq_len, 1, R/2)` float32 (broadcast over heads): row b at positions
         `offsets[b] … offsets[b] + seq_len − 1` (a ragged batch, one position per row).
 
-        Each row gets exactly the rows `cos_sin(seq_len, offsets[b])` gives it: rows of the shared table, or, where
-        the frequencies depend on the length (dynamic / longrope past their threshold), its own call. Reads the
-        largest position back to the host (a sync off the CPU).
+        Each row gets the rows `cos_sin(seq_len, offsets[b])` gives it: computed on the positions' device from the
+        int64 positions, as the table is (float64 angles, one rounding; bit for bit the table's on the CPU), so a
+        decode step reads nothing back to the host. Where the frequencies depend on the length (dynamic /
+        longrope) the largest position decides whether a row is past the threshold: that one is read back (a
+        sync off the CPU), and a row past it gets its own `cos_sin` call.
         """
         seq_len = _check_count("seq_len", seq_len)
         device = offsets.device if device is None else torch.device(device)
         positions = offsets.long()[:, None] + torch.arange(seq_len, device=offsets.device)  # (B, T)
-        bound = int(positions.max()) + 1 if positions.numel() else 0
-        if self._threshold is not None and bound > self._threshold:  # per row, at its own total length
-            parts = [self.cos_sin(seq_len, o, device) for o in offsets.tolist()]  # each (T, R/2)
+        if self._threshold is not None and positions.numel() and int(positions.max()) + 1 > self._threshold:
+            parts = [self.cos_sin(seq_len, o, device) for o in offsets.tolist()]  # each (T, R/2), its own total
             cos, sin = torch.stack([c for c, _ in parts]), torch.stack([s for _, s in parts])  # (B, T, R/2)
         else:
-            table_cos, table_sin = self.cos_sin(bound, 0, device)  # (bound, R/2): positions 0 … bound − 1
-            positions = positions.to(table_cos.device)
-            cos, sin = table_cos[positions], table_sin[positions]  # (B, T, R/2)
+            theta = self.inv_freq if self.inv_freq.dtype in (torch.float32, torch.float64) else self._theta
+            cos, sin = self._cos_sin_at(positions, theta, device)  # (B, T, R/2)
         return cos[:, :, None], sin[:, :, None]  # (B, T, 1, R/2)
 
     def cos_sin_packed(self, cu_seqlens: torch.Tensor, total: int, offsets: torch.Tensor | None = None,
