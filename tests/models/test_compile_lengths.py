@@ -5,8 +5,8 @@ symbolic; that graph must then serve every later length. Anything that reads the
 way that fixes it (a ``range`` over T, a Python bool of T handed to a kernel, a cache filled while tracing) costs
 one graph per length, or breaks the graph, and after 8 lengths Dynamo runs the model eager. Whole model
 (``torch.compile``) and per block (``CompiledBlocks``), every mixer family and the length-dependent rotary
-schedules: prompts of 40, 45, 40, 57 and 33 tokens, then decode steps (whole model); logits equal eager's in
-float64 at each call.
+schedules: prompts of 40, 45, 40, 57 and 33 tokens, then decode steps (whole model), of one batch and of a
+ragged one; logits equal eager's in float64 at each call.
 """
 from __future__ import annotations
 
@@ -94,4 +94,33 @@ def test_decode_steps_reuse_the_symbolic_graph(case, one_torch_thread):
             torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
             counts.append(len(graphs))
     assert counts == [2, 3, 3, 3, 3], f"graphs after each step: {counts}"
+    torch.compiler.reset()
+
+
+@pytest.mark.parametrize("case", ["transformer-window", "hybrid", "retnet"])
+def test_ragged_decode_steps_trace_whole(case, one_torch_thread):
+    """Decode steps of a ragged batch (every row at its own position, after an eager packed prefill of prompts of
+    5, 17 and 9 tokens) trace whole, in at most two graphs for every step (the second with a size symbolic, as
+    the hybrid's second step); logits equal eager's.
+    The per-row positions' check read their values (a graph break under torch.compile), and the rotary rows
+    their largest (a host sync per layer on a GPU)."""
+    from hybrid.models.decoding.prompts import prefill
+
+    model, counting, graphs = model_and_counter(case)
+    compiled = torch.compile(model, backend=counting, fullgraph=True)
+    g = torch.Generator().manual_seed(3)
+    prompts = [torch.randint(0, 64, (n,), generator=g) for n in (5, 17, 9)]
+    with torch.no_grad():
+        logits, state = prefill(model, prompts)
+        want_state = state.clone()
+        assert state.ragged
+        counts = []
+        for _ in range(8):
+            token = logits.argmax(-1)[:, None]  # (B, 1)
+            logits, state = compiled(token, state=state)
+            want, want_state = model(token, state=want_state)
+            torch.testing.assert_close(logits, want, rtol=1e-12, atol=1e-12)
+            logits = logits[:, -1]
+            counts.append(len(graphs))
+    assert counts[1] == counts[-1] <= 2, f"graphs after each step: {counts}"
     torch.compiler.reset()
