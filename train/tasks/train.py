@@ -52,7 +52,7 @@ from .config import TaskRunConfig
 from .from_run import load_source_weights
 
 __all__ = ["TaskRunConfig", "TaskStage", "train_task", "load_task_run", "evaluate_task", "accuracy", "masked_loss",
-           "scored_positions", "TEST_SEED", "VALID_SEED", "TASK_FILE", "RESULTS_FILE", "METRICS_FILE"]
+           "scored_positions", "task_autocast", "TEST_SEED", "VALID_SEED", "TASK_FILE", "RESULTS_FILE", "METRICS_FILE"]
 
 TEST_SEED = 1_000_003
 VALID_SEED = 2_000_003
@@ -73,6 +73,12 @@ def scored_positions(labels: torch.Tensor, score: str) -> torch.Tensor:
     mask = torch.zeros_like(labelled)
     mask[torch.arange(labels.size(0)), last] = True
     return mask & labelled
+
+
+def task_autocast(device: torch.device, dtype: str):
+    """The autocast a task run's forward passes take: bf16 on CUDA for a float32 model, as hybrid-train
+    (``precision``); a model of another dtype, and the CPU, none."""
+    return precision(device)[0] if dtype == "float32" else contextlib.nullcontext
 
 
 @torch.no_grad()
@@ -212,8 +218,7 @@ class TaskRun(Run):
         model = HybridLM(model_config).to(device)
         if c.init_from is not None:
             load_source_weights(model, c.init_from)
-        # bf16 autocast on CUDA for a float32 model, as hybrid-train; a model of another dtype runs as it is
-        autocast = precision(device)[0] if model_config.dtype == "float32" else contextlib.nullcontext
+        autocast = task_autocast(device, model_config.dtype)
         stage = TaskStage(c, task, model, device, autocast)
         parts = {"data": stage.generator, "rng": RNGPart(), "task": Record(task.to_json()),
                  "task_run": Record(c.to_dict())}

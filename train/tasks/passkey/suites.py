@@ -24,7 +24,7 @@ from ...parallel.device import resolve_device
 from ...suite import Budget, RunSpec, fmt_mean_std, markdown_table, mean_std, run_suite, write_report
 from .scoring import plot_heatmap, score_passkey
 from ..selection import summarise
-from ..train import RESULTS_FILE, TaskRunConfig, load_task_run, train_task
+from ..train import RESULTS_FILE, TaskRunConfig, load_task_run, task_autocast, train_task
 
 SUITES = {"passkey": ("passkey",), "passkey-text": ("passkey-text",)}
 TASKS = ("passkey", "passkey-text")
@@ -143,8 +143,10 @@ def execute(spec: RunSpec, run_dir: Path, advance) -> dict:
     config = TaskRunConfig(**{k: v for k, v in spec.config.items() if k not in ("task_label", "yarn")})
     results = train_task(config, run_dir, on_step=lambda step, loss: advance(1))
     if spec.config.get("yarn"):  # the same checkpoint, read with YaRN at each test length
-        model, task = load_task_run(run_dir, resolve_device(config.device))
-        results["yarn"] = score_passkey(model, task, resolve_device(config.device), rope_scaling="yarn")
+        device = resolve_device(config.device)
+        model, task = load_task_run(run_dir, device)
+        with task_autocast(device, model.config.dtype)():  # the precision of the run's own scoring
+            results["yarn"] = score_passkey(model, task, device, rope_scaling="yarn")
         (Path(run_dir) / RESULTS_FILE).write_text(json.dumps(results, indent=1))
         grid = results["yarn"]["passkey"]
         plot_heatmap(Path(run_dir) / "passkey-yarn.png", grid["lengths"], grid["depths"], grid["exact"],
