@@ -128,7 +128,7 @@ def test_ragged_decode_steps_trace_whole(case, one_torch_thread):
 
 def test_inductor_compiles_prompts_and_decode_steps(one_torch_thread):
     """The counting backend above runs no Inductor lowering, and Inductor has failed where Dynamo traced fine: a
-    decode step of global attention given SDPA no mask (one query over the cache; tried on 2026-11-28) compiled to
+    decode step of global attention given SDPA no mask (one query over the cache; tried on 2026-11-27) compiled to
     a kernel calling an unbound size symbol, the third layer's cached length (NameError at the second, symbolic
     step; torch 2.13). Here Inductor itself on a 3-layer Transformer: prompts of two lengths, then three decode
     steps, float32 logits equal eager's to its rounding. (The hybrid's steps compiled too, by hand; one model
