@@ -4,6 +4,7 @@
     outs = generate(model, [prompt_a, prompt_b], max_new_tokens=20)          # any lengths -> a list of rows
     outs = generate(model, padded, 20, attention_mask=mask)                   # a padded (B, T) batch, likewise
     out = generate(model, input_ids, 20, draft=small_model, lookahead=4)     # speculative decoding
+    out = generate(model, input_ids, 200, compile=True)                       # decode steps under torch.compile
 
 mode "recurrent" prefills the prompt once (``prefill`` = "parallel" or "chunked"), then feeds one token a call,
 ``model(token (B, 1), state=state)``: one token continuing a state is the model's decode step, the route that
@@ -81,6 +82,7 @@ def generate(
     lengths=None,
     draft: torch.nn.Module | None = None,
     lookahead: int = 4,
+    compile=False,
 ):
     """Continue ``input_ids`` ``(B, T)`` by up to ``max_new_tokens`` tokens with ``model`` (a ``HybridLM``);
     returns ``(B, T + n)``.
@@ -102,6 +104,10 @@ def generate(
     ``draft``: a smaller ``HybridLM`` over the same vocabulary (or this model with fewer layers) for speculative
     decoding: it proposes ``lookahead`` tokens, the model verifies them in one forward, and the output is
     exactly the model's (greedy: its tokens; sampled: its distribution). Mode "recurrent" only.
+
+    ``compile``: True, or a dict of ``torch.compile`` options, runs every decode step under
+    ``torch.compile(model, dynamic=True, ...)`` (``decode_step``); the prefill stays eager. Mode "recurrent",
+    without a draft.
     """
     ragged = not isinstance(input_ids, torch.Tensor) or attention_mask is not None or lengths is not None
     if ragged:
@@ -116,6 +122,10 @@ def generate(
     if prefill not in PREFILL_MODES:
         raise ValueError(f"prefill: expected 'parallel' or 'chunked', got {prefill!r}")
     check_sampling(temperature, top_k, top_p)
+    step = decode_step(model, compile)
+    if compile is not False and (mode != "recurrent" or draft is not None):
+        raise ValueError(f"compile: compiles the decode steps of mode 'recurrent' without a draft model, got mode "
+                         f"{mode!r}{' with a draft' if draft is not None else ''}")
     V = model.config.vocab_size
     vocab_limit = check_int("vocab_limit", vocab_limit, low=1, high=V, allow_none=True)
     check_int("eos_token_id", eos_token_id, low=0, high=(V if vocab_limit is None else vocab_limit) - 1,
@@ -139,11 +149,11 @@ def generate(
             return [generate(model, p[None], max_new_tokens, mode=mode, chunk_size=chunk_size, **sampling)[0]
                     for p in prompts]
         pick = TokenPicker(len(prompts), prompts[0].device, **sampling)
-        _decode_prompts(model, prompts, max_new_tokens, pick, prefill, chunk_size)
+        _decode_prompts(model, prompts, max_new_tokens, pick, prefill, chunk_size, step)
         return [torch.cat([p, _until_eos(tokens, eos_token_id)]) for p, tokens in zip(prompts, pick.rows())]
     pick = TokenPicker(input_ids.shape[0], input_ids.device, **sampling)
     if mode == "recurrent":
-        _decode(model, input_ids, max_new_tokens, pick, prefill, chunk_size)
+        _decode(model, input_ids, max_new_tokens, pick, prefill, chunk_size, step)
     else:
         _recompute(model, input_ids, max_new_tokens, pick, mode, chunk_size)
     if not pick.tokens:
@@ -180,27 +190,46 @@ def _until_eos(tokens: torch.Tensor, eos_token_id) -> torch.Tensor:
     return tokens if hits.numel() == 0 else tokens[: int(hits[0]) + 1]
 
 
+def decode_step(model: torch.nn.Module, compile=False):
+    """What runs each decode step (``step(token (B, 1), state=state)``): ``model`` itself, or, with ``compile``
+    (True or a dict of ``torch.compile`` options), ``torch.compile(model, dynamic=True, **options)``: positions
+    and cache sizes symbolic from the first trace, so one compile serves every step, and a later call's wrapper
+    finds the graphs Dynamo keeps on the model's code. An eager step is a few hundred ops, each a kernel launch
+    on a GPU (where decoding is bound by them); compiled, the elementwise ones fuse."""
+    if compile is False:
+        return model
+    if compile is True:
+        options = {}
+    elif isinstance(compile, dict):
+        options = dict(compile)
+    else:
+        raise ValueError(f"compile: expected True, False or a dict of torch.compile options, got {compile!r}")
+    return torch.compile(model, **{"dynamic": True, **options})
+
+
 def _decode_prompts(model, prompts: list[torch.Tensor], max_new_tokens: int, pick: TokenPicker, prefill: str,
-                    chunk_size) -> None:
-    """Prompts of any lengths prefilled as one packed forward, then one decode step per new token for the whole
-    batch, every row at its own position."""
+                    chunk_size, step) -> None:
+    """Prompts of any lengths prefilled as one packed forward, then one decode step (``step``, ``decode_step``'s)
+    per new token for the whole batch, every row at its own position."""
     logits, state = prefill_prompts(model, prompts, prefill, chunk_size)
     for i in range(max_new_tokens):
         token = pick(logits)
         if i + 1 == max_new_tokens or pick.all_finished:
             return
-        logits, state = model(token[:, None], state=state)  # (B, 1, V): the decode step
+        logits, state = step(token[:, None], state=state)  # (B, 1, V): the decode step
         logits = logits[:, 0]
 
 
-def _decode(model: torch.nn.Module, input_ids, max_new_tokens: int, pick: TokenPicker, prefill: str, chunk_size) -> None:
-    """Prefill the prompt, then one decode step per new token, each continuing the state."""
+def _decode(model: torch.nn.Module, input_ids, max_new_tokens: int, pick: TokenPicker, prefill: str, chunk_size,
+            step) -> None:
+    """Prefill the prompt, then one decode step (``step``, ``decode_step``'s) per new token, each continuing the
+    state."""
     logits, state = model(input_ids, mode=prefill, chunk_size=chunk_size)
     for i in range(max_new_tokens):
         token = pick(logits[:, -1])
         if i + 1 == max_new_tokens or pick.all_finished:
             return
-        logits, state = model(token[:, None], state=state)  # (B, 1, V): the decode step
+        logits, state = step(token[:, None], state=state)  # (B, 1, V): the decode step
 
 
 def _recompute(model: torch.nn.Module, input_ids, max_new_tokens: int, pick: TokenPicker, mode: str, chunk_size) -> None:

@@ -356,7 +356,7 @@ class HybridLM(nn.Module):
         prompts of any lengths (or a padded batch with ``attention_mask`` / ``lengths``) returns a list of rows.
 
         ``options``: ``mode``, ``prefill``, ``temperature``, ``top_k``, ``top_p``, ``generator``, ``eos_token_id``,
-        ``chunk_size``, ``vocab_limit``, ``attention_mask``, ``lengths``, ``draft``, ``lookahead``. The decode loop
-        lives outside the model, in ``hybrid.models.generation.generate(self, input_ids, max_new_tokens,
-        **options)``, whose docstring says what each does."""
+        ``chunk_size``, ``vocab_limit``, ``attention_mask``, ``lengths``, ``draft``, ``lookahead``, ``compile``. The
+        decode loop lives outside the model, in ``hybrid.models.generation.generate(self, input_ids,
+        max_new_tokens, **options)``, whose docstring says what each does."""
         return generate_tokens(self, input_ids, max_new_tokens, **options)

@@ -126,13 +126,10 @@ def test_ragged_decode_steps_trace_whole(case, one_torch_thread):
     torch.compiler.reset()
 
 
-def test_inductor_compiles_prompts_and_decode_steps(one_torch_thread):
-    """The counting backend above runs no Inductor lowering, and Inductor has failed where Dynamo traced fine: a
-    decode step of global attention given SDPA no mask (one query over the cache; tried on 2026-11-27) compiled to
-    a kernel calling an unbound size symbol, the third layer's cached length (NameError at the second, symbolic
-    step; torch 2.13). Here Inductor itself on a 3-layer Transformer: prompts of two lengths, then three decode
-    steps, float32 logits equal eager's to its rounding. (The hybrid's steps compiled too, by hand; one model
-    keeps the test's compile time at 20–40 s.)"""
+def test_inductor_compiles_prompts_of_new_lengths(one_torch_thread):
+    """The counting backend above runs no Inductor lowering, and Inductor has failed where Dynamo traced fine
+    (tests/models/test_generation_compile.py: a decode step). Here Inductor itself on a 3-layer Transformer's
+    prompts of two lengths, the second symbolic: float32 logits equal eager's to its rounding."""
     torch.compiler.reset()
     torch.manual_seed(0)
     config = HybridConfig.preset("transformer", "tiny", d_model=32, n_layers=3, n_heads=2, vocab_size=64)
@@ -142,12 +139,5 @@ def test_inductor_compiles_prompts_and_decode_steps(one_torch_thread):
     with torch.no_grad():
         for T in (40, 45):
             ids = torch.randint(0, 64, (2, T), generator=g)
-            got, state = compiled(ids)
-            want, want_state = model(ids)
-            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
-        for _ in range(3):
-            ids = torch.randint(0, 64, (2, 1), generator=g)
-            got, state = compiled(ids, state=state)
-            want, want_state = model(ids, state=want_state)
-            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+            torch.testing.assert_close(compiled(ids)[0], model(ids)[0], rtol=1e-5, atol=1e-5)
     torch.compiler.reset()
