@@ -71,17 +71,26 @@ class Rotary(nn.Module):
         offsets = torch.tensor(shard.piece_offsets, device=shard.cu_seqlens.device)
         return self.cos_sin_packed(shard.cu_seqlens, shard.length, offsets, max(shard.piece_offsets), device=device)
 
-    def _frequencies(self, total: int):
-        """(key, θ) for a total length; key is a string for reusable tables, an int for dynamic-per-length."""
+    def _frequencies(self, total: int, plain=None, cache: bool = True):
+        """(key, θ) for a total length; key is a string for reusable tables, an int for dynamic-per-length.
+        ``plain``: the plain frequencies to give (default the float32 copy); ``cache=False`` (while Dynamo traces)
+        computes dynamic NTK's without reading or writing the cache."""
         if self._threshold is None or total <= self._threshold:
-            return "base", self._theta
+            return "base", self._theta if plain is None else plain
         if self._rope_type == "longrope":
             return "long", self._theta_long
+        if not cache:
+            return total, inv_freq(self.rotary_dim, self.base, self.scaling, seq_len=total)[0]
         if total not in self._freqs:
             if len(self._freqs) > 16:
                 self._freqs.clear()
             self._freqs[total] = inv_freq(self.rotary_dim, self.base, self.scaling, seq_len=total)[0]
         return total, self._freqs[total]
+
+    def _plain_theta(self) -> torch.Tensor:
+        """The plain frequencies where the angles are computed: the ``inv_freq`` buffer while it holds them exactly
+        (float32 or float64: ``model.double()`` widens it exactly), else the float32 copy."""
+        return self.inv_freq if self.inv_freq.dtype in (torch.float32, torch.float64) else self._theta
 
     @staticmethod
     def _cos_sin_at(positions: torch.Tensor, theta: torch.Tensor, device):
@@ -120,16 +129,10 @@ class Rotary(nn.Module):
         """The rows of ``cos_sin`` inside a torch.compile graph, computed there on ``device`` (T × R/2 cos and sin a
         call) and never cached: a table or frequency stored while Dynamo traces is a side effect its guards then
         see ("not in the dict" holds for the first trace only), so a cache cost every compiled model a second
-        whole compile at its second call, and one more at every call past a dynamic / longrope threshold. The
-        plain frequencies from the ``inv_freq`` buffer while it holds them exactly (float32 or float64:
-        ``model.double()`` widens it exactly), else from the float32 copy; past the threshold, longrope's long
-        frequencies (computed once, at construction) or dynamic NTK's for this total length."""
-        if self._threshold is None or total <= self._threshold:
-            theta = self.inv_freq if self.inv_freq.dtype in (torch.float32, torch.float64) else self._theta
-        elif self._rope_type == "longrope":
-            theta = self._theta_long
-        else:
-            theta = inv_freq(self.rotary_dim, self.base, self.scaling, seq_len=total)[0]
+        whole compile at its second call, and one more at every call past a dynamic / longrope threshold. Past
+        the threshold, longrope's long frequencies (computed once, at construction) or dynamic NTK's for this total
+        length."""
+        _, theta = self._frequencies(total, plain=self._plain_theta(), cache=False)
         return self._cos_sin_at(torch.arange(offset, total, device=device), theta, device)
 
     def cos_sin_rows(self, offsets: torch.Tensor, seq_len: int, device=None):
@@ -149,8 +152,7 @@ class Rotary(nn.Module):
             parts = [self.cos_sin(seq_len, o, device) for o in offsets.tolist()]  # each (T, R/2), its own total
             cos, sin = torch.stack([c for c, _ in parts]), torch.stack([s for _, s in parts])  # (B, T, R/2)
         else:
-            theta = self.inv_freq if self.inv_freq.dtype in (torch.float32, torch.float64) else self._theta
-            cos, sin = self._cos_sin_at(positions, theta, device)  # (B, T, R/2)
+            cos, sin = self._cos_sin_at(positions, self._plain_theta(), device)  # (B, T, R/2)
         return cos[:, :, None], sin[:, :, None]  # (B, T, 1, R/2)
 
     def cos_sin_packed(self, cu_seqlens: torch.Tensor, total: int, offsets: torch.Tensor | None = None,

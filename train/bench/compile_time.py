@@ -25,8 +25,6 @@ WAYS = ("eager", "whole model", "blocks")
 
 
 def _child(args) -> dict:
-    import contextlib
-
     import torch
     import torch.nn.functional as F
 
@@ -34,6 +32,7 @@ def _child(args) -> dict:
 
     from hybrid.models import CompiledBlocks, HybridConfig, HybridLM
     from hybrid.train.data.packing import packed_on_device
+    from hybrid.train.loop.run import precision
     from hybrid.train.parallel.device import resolve_device
 
     dynamo_utils.counters.clear()  # this process's graphs alone (the counters are global)
@@ -49,8 +48,7 @@ def _child(args) -> dict:
         run = CompiledBlocks(model)
     else:
         run = model
-    autocast = (lambda: torch.autocast("cuda", dtype=torch.bfloat16)) if device.type == "cuda" else \
-        contextlib.nullcontext
+    autocast, _ = precision(device)  # the trainer's: bf16 on CUDA
     g = torch.Generator().manual_seed(1)
     total = args.batch * args.seq_len
     times = []
