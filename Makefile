@@ -30,8 +30,12 @@ $(STAMP): pyproject.toml
 	$(PY) -c "import torch, hybrid, hybrid.kernels, hybrid.models, hybrid.train; print('install: ok, torch', torch.__version__)"
 	@touch $(STAMP)
 
+# `make test` spreads the tests over one pytest-xdist worker per CPU, at most 8 (a worker holds ~1 GB);
+# TEST_WORKERS=0 runs them in this one process. Each worker takes its share of the CPUs (tests/conftest.py).
+TEST_WORKERS ?= $(shell $(PYTHON) -c "import os; print(min(8, os.cpu_count() or 1))")
+
 test: $(STAMP)
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist worksteal
 
 demo: $(STAMP)
 	$(PY) -m hybrid.train.demo

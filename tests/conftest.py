@@ -13,6 +13,19 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
+
+def _take_this_workers_share_of_the_cpus() -> None:
+    """Under pytest-xdist (`make test`), each of N workers gets 1/N of the CPUs for its torch threads, and so do
+    the processes its tests start (OMP_NUM_THREADS): N workers each spinning a thread per CPU only contend."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if workers > 1:
+        share = max(1, (os.cpu_count() or 1) // workers)
+        torch.set_num_threads(share)
+        os.environ["OMP_NUM_THREADS"] = str(share)
+
+
+_take_this_workers_share_of_the_cpus()
+
 # `python -m pytest` (make test) puts the checkout's root first on sys.path, where kernels/, models/ and train/
 # import under their folder names. transformers probes for the published `kernels` package and, finding our folder
 # with no metadata, imports it: a second copy of hybrid.kernels whose ops register hybrid::complex_scan again, so the
