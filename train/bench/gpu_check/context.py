@@ -17,11 +17,13 @@ __all__ = ["CheckContext", "rel_error", "median_time", "measured_rows", "ROW_KEY
 # models row of a model that runs the Triton scan names its kernels (``scan``): rows measured under other kernels
 # (before 2026-11-27's third session, the tile layout; their rows have no ``scan``) are measured again.
 ROW_KEYS = {"models": ("model", "execution", "batch", "T", "B", "size", "scan"),
-            "decoding": ("model", "size", "context", "batch")}
+            "decoding": ("model", "size", "context", "batch", "step")}
+# A field that rows written before it existed lack, and the value they had: decoding rows were all eager steps.
+ROW_DEFAULTS = {"step": "eager"}
 
 
 def _row_key(section: str, row: dict) -> str:
-    return json.dumps([section, *(row.get(k) for k in ROW_KEYS[section])])
+    return json.dumps([section, *(row.get(k, ROW_DEFAULTS.get(k)) for k in ROW_KEYS[section])])
 
 
 def measured_rows(paths: str | Path) -> dict[str, str]:

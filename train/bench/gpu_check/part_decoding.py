@@ -4,7 +4,10 @@ and the prefill's seconds after a warm-up prefill of two chunks (whose seconds, 
 tuning, are recorded apart: on the H100 the hybrid's first 16K prefill took 39 s),
 the hybrid (window 512) against the Transformer (a growing KV cache; global attention through SDPA), both
 ``small`` in bf16 weights.
-The step is run eagerly, one Python call per token, as ``generate`` does."""
+Each step is timed twice from the same prefilled state: eagerly (``step="eager"``), one Python call per token
+as ``generate`` does by default, and through ``generate(..., compile=True)``'s compiled step (``step="compiled"``,
+``torch.compile(model, dynamic=True)``: one compile for every context and batch, its seconds in the first row's
+``warm_up_steps_s``). On a GPU an eager step is bound by its few hundred kernel launches; compiled, they fuse."""
 from __future__ import annotations
 
 import time
@@ -27,8 +30,44 @@ def _model(name: str, size: str, device):
     return HybridLM(config).to(device).eval()
 
 
-@torch.no_grad()
-def measure(ctx: CheckContext, model, batch: int, context: int, new_tokens: int) -> dict:
+STEPS = ("eager", "compiled")
+
+
+def steppers(model, dry_run: bool) -> dict:
+    """The two ways to run a decode step, ``(token (B,), state) → (logits (B, V), state)``: the model's own
+    ``step`` and ``generate``'s compiled step (in a dry run Dynamo hands its graph to the eager backend: the
+    trace is rehearsed, Inductor's CPU compile would cost the test a minute)."""
+    from hybrid.models.generation import decode_step
+
+    compiled = decode_step(model, {"backend": "eager"} if dry_run else True)
+
+    def compiled_step(token, state):
+        logits, state = compiled(token[:, None], state=state)  # (B, 1, V)
+        return logits[:, 0], state
+
+    return {"eager": model.step, "compiled": compiled_step}
+
+
+def _time_steps(ctx: CheckContext, step, token, state, new_tokens: int) -> dict:
+    ctx.sync()
+    start = time.perf_counter()
+    for _ in range(2):  # warm-up steps (the compiled step's first calls compile)
+        logits, state = step(token, state)
+        token = logits.argmax(-1)
+    ctx.sync()
+    warm_up = time.perf_counter() - start
+    start = time.perf_counter()
+    for _ in range(new_tokens):
+        logits, state = step(token, state)
+        token = logits.argmax(-1)
+    ctx.sync()
+    per_step = (time.perf_counter() - start) / new_tokens
+    return dict(ms_per_step=per_step * 1e3, tokens_per_s=token.shape[0] / per_step, warm_up_steps_s=warm_up)
+
+
+def measure(ctx: CheckContext, model, batch: int, context: int, new_tokens: int, steps: dict):
+    """One prefill of ``batch`` random prompts of ``context`` tokens, then each of ``steps`` (name → step) timed
+    from a copy of its state. Yields (name, the row's figures) as each is measured (a killed part keeps them)."""
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(0, model.config.vocab_size, (batch, context), generator=g).to(ctx.device)
     chunk = min(CHUNK, context)
@@ -41,43 +80,38 @@ def measure(ctx: CheckContext, model, batch: int, context: int, new_tokens: int)
     logits, state = model(ids, mode="chunked", chunk_size=chunk)
     ctx.sync()
     prefill = time.perf_counter() - start
-    state_bytes = state.nbytes
+    shared = dict(prefill_s=prefill, prefill_tokens_per_s=batch * context / prefill, warm_up_s=warm_up,
+                  state_bytes=int(state.nbytes))
     token = logits[:, -1].argmax(-1)
-    for _ in range(2):  # warm-up steps
-        logits, state = model.step(token, state)
-        token = logits.argmax(-1)
-    ctx.sync()
-    start = time.perf_counter()
-    for _ in range(new_tokens):
-        logits, state = model.step(token, state)
-        token = logits.argmax(-1)
-    ctx.sync()
-    step = (time.perf_counter() - start) / new_tokens
-    return dict(prefill_s=prefill, prefill_tokens_per_s=batch * context / prefill, warm_up_s=warm_up,
-                ms_per_step=step * 1e3, tokens_per_s=batch / step, state_bytes=int(state_bytes))
+    for name, step in steps.items():
+        yield name, {**shared, **_time_steps(ctx, step, token, state.clone(), new_tokens)}
 
 
 def run(ctx: CheckContext) -> None:
     if ctx.dry_run:
-        size, contexts, batches, new_tokens = "tiny", (40,), (1, 2), 3
+        size, contexts, batches, new_tokens = "tiny", (40,), (2,), 3  # one batch: each is a compile
     else:
         size, contexts, batches, new_tokens = "small", (16384, 4096, 65536), (16, 1), 32
     models = {name: _model(name, size, ctx.device) for name in ("hybrid", "transformer")}
+    ways = {name: steppers(model, ctx.dry_run) for name, model in models.items()}
     for context in contexts:
         for batch in batches:
             for name, model in models.items():
-                label = dict(model=name, size=size, context=context, batch=batch)
-                if ctx.measured_before("decoding", label):
+                labels = {step: dict(model=name, size=size, context=context, batch=batch, step=step)
+                          for step in STEPS}
+                todo = {step: ways[name][step] for step in STEPS if not ctx.measured_before("decoding", labels[step])}
+                if not todo or not ctx.has_time(20, "decoding", f"{labels[next(iter(todo))]}"):
                     continue
-                if not ctx.has_time(20, "decoding", f"{label}"):
-                    continue
+                done = []
                 try:
-                    with window_backend(BACKENDS[name]):
-                        result = measure(ctx, model, batch, context, new_tokens)
-                except torch.cuda.OutOfMemoryError:
-                    result = dict(error="out of memory")
+                    with window_backend(BACKENDS[name]), torch.no_grad():
+                        for step, result in measure(ctx, model, batch, context, new_tokens, todo):
+                            ctx.record("decoding", **labels[step], **result)
+                            done.append(step)
                 except Exception as exc:  # noqa: BLE001
-                    result = dict(error=f"{type(exc).__name__}: {exc}"[:400])
-                ctx.record("decoding", **label, **result)
+                    oom = isinstance(exc, torch.cuda.OutOfMemoryError)
+                    error = "out of memory" if oom else f"{type(exc).__name__}: {exc}"[:400]
+                    for step in [s for s in todo if s not in done]:
+                        ctx.record("decoding", **labels[step], error=error)
                 if ctx.device.type == "cuda":
                     torch.cuda.empty_cache()

@@ -103,14 +103,14 @@ def _sections(rows: list[dict]) -> list[str]:
                                  ("first step s", "first_step_s"), ("error", "error")])
     decoding = _measured(rows, "decoding")
     if decoding:
-        lines += ["### Decoding (eager recurrent steps after a chunked prefill)", ""]
-        match = ("context", "batch")
-        lines += _table(decoding, [("context", "context"), ("batch", "batch"), ("model", "model"),
+        lines += ["### Decoding (recurrent steps after a chunked prefill; eager, and `generate(compile=True)`'s)", ""]
+        match = ("context", "batch", "step")
+        lines += _table(decoding, [("context", "context"), ("batch", "batch"), ("step", "step"), ("model", "model"),
                                    ("ms / step", "ms_per_step"), ("tokens/s", "tokens_per_s"),
                                    ("× transformer", _ratio(decoding, "tokens_per_s", match, "transformer")),
                                    ("state bytes", "state_bytes"), ("prefill s", "prefill_s"),
                                    ("prefill tok/s", "prefill_tokens_per_s"), ("warm-up s", "warm_up_s"),
-                                   ("error", "error")])
+                                   ("first 2 steps s", "warm_up_steps_s"), ("error", "error")])
     for r in _measured(rows, "training"):
         curve = r.get("loss_curve") or []
         lines += ["### The training run", "", f"`{r['command']}`: exit {r['returncode']} after {_fmt(r.get('seconds'))} s; "

@@ -30,6 +30,8 @@ def test_every_part_runs_and_reports(tmp_path):
     assert {"scan", "window", "conv", "compile", "pytest", "scan speed", "models", "decoding", "training",
             "samples"} <= sections, sections
     assert not [r for r in results["rows"] if r.get("ok") is False]
+    decoding = [r for r in results["rows"] if r["section"] == "decoding"]
+    assert {r["step"] for r in decoding} == {"eager", "compiled"} and not [r for r in decoding if "error" in r]
     report = (out / "report.md").read_text()
     assert "DRY RUN" in report and "## Targets" in report and "| training | finished |" in report
 

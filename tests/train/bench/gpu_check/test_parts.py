@@ -115,6 +115,33 @@ def test_rows_measured_under_other_scan_kernels_are_measured_again(tmp_path):
         assert {r["scan"] for r in part_models.plan(ctx(None)) if "scan" in r} == {"tile"}
 
 
+def test_decoding_rows_written_before_the_step_field_were_eager_steps(tmp_path):
+    """Each decoding row names its step, eager or compiled; the rows of runs before the field were eager steps, so
+    ``--skip-measured`` skips those and measures the compiled step."""
+    import json
+    import time
+
+    from hybrid.train.bench.gpu_check.context import CheckContext, measured_rows
+
+    old = dict(model="hybrid", size="small", context=16384, batch=16)
+    (tmp_path / "results.json").write_text(json.dumps({"header": {"commit": "4e37f88"}, "rows": [
+        {"part": "decoding", "section": "decoding", **old, "tokens_per_s": 1300.0}]}))
+    check = CheckContext(part="decoding", device=torch.device("cpu"), dry_run=True, deadline=time.monotonic() + 60,
+                         log=tmp_path / "decoding.jsonl", work=tmp_path, repo=None,
+                         measured=measured_rows(tmp_path / "results.json"))
+    assert check.measured_before("decoding", {**old, "step": "eager"})
+    assert not check.measured_before("decoding", {**old, "step": "compiled"})
+    assert not check.measured_before("decoding", {**old, "batch": 1, "step": "eager"})
+
+
+def test_the_decoding_target_reads_eager_steps():
+    rows = [_row("decoding", model=m, context=16384, batch=16, step=step, tokens_per_s=tps)
+            for m, step, tps in [("hybrid", "compiled", 9000.0), ("transformer", "compiled", 1000.0),
+                                 ("hybrid", "eager", 1300.0), ("transformer", "eager", 1000.0)]]
+    decoding = [t for t in targets.evaluate(rows) if t["target"].startswith("decoding")]
+    assert [(t["measured"], t["met"]) for t in decoding] == [("1.30×", False)]
+
+
 def _row(section, **kw):
     return {"section": section, **kw}
 
