@@ -56,6 +56,22 @@ def test_bf16_keeps_dtype_and_computes_in_fp32(layout, ref):
     assert torch.equal(y, y32.to(torch.bfloat16))
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
+@pytest.mark.parametrize("inverse", [False, True])
+def test_interleaved_pairs_round_as_the_textbook_formula(dtype, inverse):
+    """The interleaved rotation, computed as x·cos + flip(x)·(−sin, sin) in fewer ops, rounds as
+    (x0·cos − x1·sin, x0·sin + x1·cos) does, bit for bit: the same two products and one addition per output."""
+    gen = torch.Generator().manual_seed(15)
+    x = (torch.randn(3, 7, 5, 10, generator=gen, dtype=torch.float64) * 10).to(dtype)
+    cos, sin = cos_sin_from_angles(_angles(gen, 7, 5) * 50, torch.float64 if dtype == torch.float64 else torch.float32)
+    got = apply_rotary(x, cos, sin, inverse=inverse)
+    c, s = cos[None, :, None, :], (-sin if inverse else sin)[None, :, None, :]
+    ctype = torch.float64 if dtype == torch.float64 else torch.float32
+    x0, x1 = x[..., 0::2].to(ctype), x[..., 1::2].to(ctype)
+    want = torch.stack((x0 * c - x1 * s, x0 * s + x1 * c), dim=-1).flatten(-2).to(dtype)
+    assert torch.equal(got, want)
+
+
 def test_gradients_float64():
     gen = torch.Generator().manual_seed(14)
     x = torch.randn(1, 3, 2, 6, generator=gen, dtype=torch.float64, requires_grad=True)
