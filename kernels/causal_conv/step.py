@@ -3,7 +3,8 @@
     y_t = bias + Σ_{k<W} weight[:, k] · [state; x_t][k],      new state = [state; x_t][1:]
 
 "causal_conv1d" uses the package's `causal_conv1d_update` (on a fresh copy of the state) when no gradient is
-needed; otherwise, and on "torch" / "reference", one einsum over the W-entry window.
+needed; otherwise, and on "torch" / "reference", a product with the W-entry window summed over it (3 ops: an
+einsum's permutes and batched matmul took 12, and a decode step is bound by its op count on a GPU).
 """
 from __future__ import annotations
 
@@ -34,7 +35,7 @@ def causal_conv1d_step(x_t: Tensor, weight: Tensor, bias: Tensor | None = None, 
         return causal_conv1d_update_fused(x_t, weight, bias, state.to(x_t.dtype))
     window = torch.cat([state.to(x_t.dtype), x_t.unsqueeze(1)], dim=1)  # (B, W, C)
     dt = torch.promote_types(x_t.dtype, weight.dtype)
-    y = torch.einsum("bwc,cw->bc", window.to(dt), weight.to(dt))
+    y = (window.to(dt) * weight.t().to(dt)).sum(dim=1)  # (B, W, C) · (W, C) summed over W → (B, C)
     if bias is not None:
         y = y + bias.to(dt)
     return y.to(x_t.dtype), window[:, 1:]
