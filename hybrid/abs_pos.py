@@ -24,7 +24,7 @@ ABS_POS_KINDS = ("learned", "sinusoidal")
 
 def sinusoidal_table(positions: torch.Tensor, dim: int) -> torch.Tensor:
     """``(n, dim)`` float64 sinusoids at integer ``positions`` ``(n,)``; ``dim`` even."""
-    omega = torch.pow(10000.0, -torch.arange(0, dim, 2, dtype=torch.float64) / dim)  # (dim/2,)
+    omega = torch.pow(10000.0, -torch.arange(0, dim, 2, dtype=torch.float64, device=positions.device) / dim)  # (dim/2,)
     angles = positions.to(torch.float64)[:, None] * omega  # (n, dim/2)
     return torch.stack((angles.sin(), angles.cos()), dim=-1).flatten(-2)  # (n, dim): sin, cos interleaved
 
@@ -61,6 +61,20 @@ class AbsolutePositions(nn.Module):
             ids = torch.arange(offset, end, device=self.table.weight.device)
             return self.table(ids)  # (length, d_model)
         table = sinusoidal_table(torch.arange(offset, end), self.d_model) * self.scale  # (length, d_model)
+        return table.to(device=device, dtype=dtype if dtype is not None else torch.get_default_dtype())
+
+    def at(self, positions: torch.Tensor, device=None, dtype=None) -> torch.Tensor:
+        """The vectors ``(n, d_model)`` at integer ``positions`` ``(n,)``, computed where the positions are, with
+        nothing read back to the host off the CPU (a ragged batch's decode step: one position per row). A learned
+        table checks its end on the device there (the device raises), and on the CPU in one line."""
+        if self.kind == "learned":
+            message = (f"positions: learned absolute positions cover 0 … {self.max_len - 1} (abs_pos_max_len)")
+            if positions.device.type != "cpu" or torch.compiler.is_compiling():
+                torch._assert_async((positions < self.max_len).all(), message)
+            elif positions.numel() and int(positions.max()) >= self.max_len:
+                raise ValueError(f"{message}, got positions up to {int(positions.max())}")
+            return self.table(positions.to(self.table.weight.device))  # (n, d_model)
+        table = sinusoidal_table(positions, self.d_model) * self.scale  # (n, d_model)
         return table.to(device=device, dtype=dtype if dtype is not None else torch.get_default_dtype())
 
 

@@ -127,8 +127,8 @@ class HybridLM(nn.Module):
         T = ids.shape[1] if ids.dim() == 2 else 1
         if isinstance(offset, torch.Tensor):  # a ragged batch: each row's own positions
             pos = offset[:, None] + torch.arange(T, device=offset.device)  # (B, T)
-            vectors = packed_positions(self.abs_pos, pos.flatten(), int(pos.max()) + 1, device=h.device,
-                                       dtype=h.dtype).unflatten(0, pos.shape)  # (B, T, d)
+            vectors = self.abs_pos.at(pos.flatten(), device=h.device, dtype=h.dtype)  # (B·T, d), no host read
+            vectors = vectors.unflatten(0, pos.shape)  # (B, T, d)
             return h + (vectors if ids.dim() == 2 else vectors[:, 0])
         pos = self.abs_pos(offset, T, device=h.device, dtype=h.dtype)  # (T, d)
         return h + (pos if ids.dim() == 2 else pos[0])

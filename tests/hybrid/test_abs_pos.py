@@ -105,3 +105,16 @@ def test_config_round_trip_and_limit():
     assert HybridConfig(abs_pos="sinusoidal").max_positions is None
     with pytest.raises(ValueError, match="max_len: sinusoids have no length limit"):
         AbsolutePositions("sinusoidal", 8, max_len=3)
+
+
+@pytest.mark.parametrize("kind", ["learned", "sinusoidal"])
+def test_vectors_at_positions_are_the_tables_rows(kind):
+    """``at``: a ragged batch's positions, one a row, give the rows of ``forward``'s table (no host read off the
+    CPU); past a learned table's end, the one-line error."""
+    pos = AbsolutePositions(kind, 6, max_len=40 if kind == "learned" else None, scale=0.3)
+    positions = torch.tensor([0, 17, 3, 39, 17])
+    assert torch.equal(pos.at(positions), pos(0, 40)[positions])
+    if kind == "learned":
+        with pytest.raises(ValueError, match=r"^positions: learned absolute positions cover 0 … 39 \(abs_pos_max_len\), "
+                                             r"got positions up to 40$"):
+            pos.at(torch.tensor([2, 40]))

@@ -23,6 +23,8 @@ CASES = {
     "hybrid-window-longer": HybridConfig.preset("hybrid", "tiny", **TINY, window=4 * WINDOW),
     "hybrid-gqa-carope-sinusoidal": HybridConfig.preset("hybrid", "tiny", **{**TINY, "n_heads": 4}, window=WINDOW,
                                                         n_kv_heads=2, carope=True, abs_pos="sinusoidal"),
+    "transformer-learned-positions": HybridConfig.preset("transformer", "tiny", **TINY, abs_pos="learned",
+                                                         abs_pos_max_len=32),
 }
 
 
