@@ -96,9 +96,10 @@ def check_offset(offset, n_sequences: int | None = None, batch: int | None = Non
     if isinstance(offset, torch.Tensor):
         if n_sequences is not None:
             raise ValueError(f"offset: expected 0 or a list of N={n_sequences} positions with cu_seqlens, got a tensor")
-        want = "(B,)" if batch is None else f"(B,) = ({batch},)"
         if offset.dim() != 1 or offset.dtype not in (torch.int64, torch.int32) or (
                 batch is not None and offset.shape[0] != batch):
+            # formatted only here: formatting a traced batch size would fix it (a graph per batch size)
+            want = "(B,)" if batch is None else f"(B,) = ({batch},)"
             raise ValueError(f"offset: expected an int or an int64 tensor {want} of per-row positions, got a tensor "
                              f"of shape {tuple(offset.shape)} ({str(offset.dtype).removeprefix('torch.')})")
         # checked on the CPU only: off it a read back is a host sync per layer, under torch.compile a graph break

@@ -23,6 +23,7 @@ import torch
 
 from hybrid.checks import check_int
 
+from .decoding.compiled_step import decode_step
 from .decoding.prompts import check_prompts, prefill as prefill_prompts, prompt_list
 from .decoding.speculative import speculative_decode
 from .modes import MODES
@@ -188,23 +189,6 @@ def _until_eos(tokens: torch.Tensor, eos_token_id) -> torch.Tensor:
         return tokens
     hits = (tokens == eos_token_id).nonzero()
     return tokens if hits.numel() == 0 else tokens[: int(hits[0]) + 1]
-
-
-def decode_step(model: torch.nn.Module, compile=False):
-    """What runs each decode step (``step(token (B, 1), state=state)``): ``model`` itself, or, with ``compile``
-    (True or a dict of ``torch.compile`` options), ``torch.compile(model, dynamic=True, **options)``: positions
-    and cache sizes symbolic from the first trace, so one compile serves every step, and a later call's wrapper
-    finds the graphs Dynamo keeps on the model's code. An eager step is a few hundred ops, each a kernel launch
-    on a GPU (where decoding is bound by them); compiled, the elementwise ones fuse."""
-    if compile is False:
-        return model
-    if compile is True:
-        options = {}
-    elif isinstance(compile, dict):
-        options = dict(compile)
-    else:
-        raise ValueError(f"compile: expected True, False or a dict of torch.compile options, got {compile!r}")
-    return torch.compile(model, **{"dynamic": True, **options})
 
 
 def _decode_prompts(model, prompts: list[torch.Tensor], max_new_tokens: int, pick: TokenPicker, prefill: str,

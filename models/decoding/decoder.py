@@ -11,6 +11,8 @@ Each row of the batch state is a slot holding one request. Every iteration: requ
 live row draws its next token with its own sampling options and random generator, finished rows free their
 slots, and one decode step advances the whole batch, each row at its own position. A free slot that no request
 takes rides along until half the slots are free; the batch then shrinks to its live rows (``select``).
+With ``compile``, that step runs under ``torch.compile(model, dynamic=True)`` (``compiled_step.decode_step``): the
+batch growing and shrinking is a symbolic size, so the graphs are reused; the prefills stay eager.
 
 Each request's tokens are those of decoding it alone with its seed (``generate`` on that prompt with
 ``torch.Generator().manual_seed(seed)``): the same draws from the same distributions, the logits equal to
@@ -30,6 +32,7 @@ from hybrid.checks import check_int
 
 from ..sampling import check_sampling, sample_next
 from ..state import HybridState
+from .compiled_step import decode_step
 from .prompts import check_prompts, prefill
 
 
@@ -72,11 +75,13 @@ class _Slot:
 class Decoder:
     """Decodes requests with up to ``max_batch`` in flight (see the module docstring). ``prefill`` / ``chunk_size``:
     how prompts are read ("parallel" or "chunked"); ``vocab_limit``: ids from it up are never produced; ``seed``:
-    the seed of requests that give none (plus their index)."""
+    the seed of requests that give none (plus their index); ``compile``: True or a dict of ``torch.compile``
+    options runs the decode steps compiled (``decode_step``)."""
 
     def __init__(self, model, max_batch: int = 8, *, prefill: str = "parallel", chunk_size: int | None = None,
-                 vocab_limit: int | None = None, seed: int = 0):
+                 vocab_limit: int | None = None, seed: int = 0, compile=False):
         self.model = model
+        self.step = decode_step(model, compile)
         self.max_batch = check_int("max_batch", max_batch, low=1)
         if prefill not in ("parallel", "chunked"):
             raise ValueError(f"prefill: expected 'parallel' or 'chunked', got {prefill!r}")
@@ -141,7 +146,7 @@ class Decoder:
                 keep = torch.tensor(live, device=self.device)
                 state, logits, token = state.select(keep), logits[keep], token[keep]
                 slots = [slots[row] for row in live]
-            step_logits, state = self.model(token[:, None], state=state)  # (B, 1, V): one step for every row
+            step_logits, state = self.step(token[:, None], state=state)  # (B, 1, V): one step for every row
             logits = step_logits[:, 0]
 
     def _admit(self, taken, free: list[int], slots: list, state, logits):
@@ -209,6 +214,6 @@ class _Queue:
 
 def generate_many(model, requests: Iterable[Request], max_batch: int = 8, **options) -> list[Tensor]:
     """The new tokens of every request (1-D each, in request order), decoded with up to ``max_batch`` in flight
-    (``Decoder``; ``options``: its ``prefill``, ``chunk_size``, ``vocab_limit``, ``seed``)."""
+    (``Decoder``; ``options``: its ``prefill``, ``chunk_size``, ``vocab_limit``, ``seed``, ``compile``)."""
     done = {c.index: c.tokens for c in Decoder(model, max_batch, **options).run(requests)}
     return [done[i] for i in range(len(done))]

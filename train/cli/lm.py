@@ -191,6 +191,9 @@ def generate_parser() -> argparse.ArgumentParser:
                    help="sample from the smallest set of mass >= p, p in (0, 1] (default: 1, all)")
     p.add_argument("--seed", type=count, default=0, help="sampling seed (default: 0)")
     p.add_argument("--no-stop", action="store_true", help="keep going past the end-of-document token (default: off)")
+    p.add_argument("--compile", action="store_true",
+                   help="run the decode steps under torch.compile (dynamic shapes: one compile serves every step; the "
+                        "prompts' prefill stays eager); with --mode recurrent (default: off)")
     add_device_flag(p)
     add_threads_flag(p)
     return p
@@ -200,6 +203,8 @@ def _generate(args: argparse.Namespace) -> int:
     from ..parallel.device import resolve_device
     from ..lm.inference import generate_text, load_run
 
+    if args.compile and args.mode != "recurrent":
+        raise UsageError(f"--compile: expected --mode recurrent (it compiles the decode steps), got --mode {args.mode}")
     if args.prompts is not None:
         if args.prompt or args.mode != "recurrent":
             raise UsageError("--prompts: expected no --prompt and --mode recurrent (the prompts of the file are "
@@ -209,12 +214,13 @@ def _generate(args: argparse.Namespace) -> int:
         run = load_run(args.run, device=resolve_device(args.device))
         generate_file(run, args.prompts, max_batch=args.max_batch, prefill=args.prefill, chunk_size=args.chunk_size,
                       max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
-                      top_p=args.top_p, seed=args.seed, stop_at_eos=not args.no_stop)
+                      top_p=args.top_p, seed=args.seed, stop_at_eos=not args.no_stop, compile=args.compile)
         return 0
     run = load_run(args.run, device=resolve_device(args.device))
     text = generate_text(run, args.prompt, max_new_tokens=args.max_new_tokens, mode=args.mode,
                          prefill=args.prefill, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
-                         seed=args.seed, stop_at_eos=not args.no_stop, chunk_size=args.chunk_size)
+                         seed=args.seed, stop_at_eos=not args.no_stop, chunk_size=args.chunk_size,
+                         compile=args.compile)
     print(text)
     return 0
 

@@ -72,16 +72,16 @@ def requests_for(run, items: list[dict], *, max_new_tokens: int, temperature: fl
 
 
 def generate_file(run, path, *, max_batch: int = 8, prefill: str = "parallel", chunk_size=None, out=None,
-                  **options) -> dict:
+                  compile: bool = False, **options) -> dict:
     """Decode every prompt of ``path`` with ``run``'s model, ``max_batch`` in flight; write one JSON line per
-    prompt to ``out`` (stdout), in order. ``options``: ``requests_for``'s. Returns the totals (prompts, new
-    tokens, seconds)."""
+    prompt to ``out`` (stdout), in order. ``compile``: the decode steps under torch.compile (``Decoder``'s).
+    ``options``: ``requests_for``'s. Returns the totals (prompts, new tokens, seconds)."""
     out = sys.stdout if out is None else out
     items = read_prompts(path)
     requests = requests_for(run, items, **options)
     model = run.model
     decoder = Decoder(model, max_batch, prefill=prefill, chunk_size=chunk_size,
-                      vocab_limit=min(run.tokenizer.vocab_size, model.config.vocab_size))
+                      vocab_limit=min(run.tokenizer.vocab_size, model.config.vocab_size), compile=compile)
     bar = progress_bar(total=len(requests), desc="generate", unit="prompt")
     start, new_tokens, ready, next_index = time.perf_counter(), 0, {}, 0
     for done in decoder.run(requests):

@@ -51,8 +51,9 @@ def load_run(run_dir, device: str | torch.device = "cpu") -> LoadedRun:
 def generate_ids(run: LoadedRun, prompt: str, *, max_new_tokens: int = 200, mode: str = "recurrent",
                  prefill: str = "parallel", temperature: float = 1.0, top_k: int | None = None,
                  top_p: float | None = None, seed: int = 0, stop_at_eos: bool = True,
-                 chunk_size: int | None = None) -> list[int]:
-    """Token ids of ``[eos] + prompt`` and its continuation (the leading ``eos`` included)."""
+                 chunk_size: int | None = None, compile: bool = False) -> list[int]:
+    """Token ids of ``[eos] + prompt`` and its continuation (the leading ``eos`` included); ``compile``: the decode
+    steps under torch.compile (``hybrid.models.decoding.decode_step``)."""
     tok = run.tokenizer
     device = run.model.embed.weight.device
     ids = torch.tensor([[tok.eos_id] + tok.encode(prompt)], dtype=torch.long, device=device)
@@ -60,7 +61,8 @@ def generate_ids(run: LoadedRun, prompt: str, *, max_new_tokens: int = 200, mode
     out = run.model.generate(ids, max_new_tokens, mode=mode, prefill=prefill, temperature=temperature,
                              top_k=top_k, top_p=top_p, generator=generator,
                              eos_token_id=tok.eos_id if stop_at_eos else None, chunk_size=chunk_size,
-                             vocab_limit=min(tok.vocab_size, run.model.config.vocab_size))  # no padding ids
+                             vocab_limit=min(tok.vocab_size, run.model.config.vocab_size),  # no padding ids
+                             compile=compile)
     return out[0].tolist()
 
 

@@ -53,6 +53,27 @@ def test_outputs_equal_each_request_decoded_alone(name, float64_model_of):
             assert torch.equal(got, want), f"{name}, max_batch {max_batch}, request {i}: {got.tolist()} != {want.tolist()}"
 
 
+@pytest.mark.parametrize("name", ["hybrid", "transformer"])
+def test_compiled_decode_steps_give_the_eager_outputs(name, float64_model_of):
+    """``compile``: the decode steps under torch.compile(model, dynamic=True) (a tracing backend here; Inductor in
+    tests/models/test_generation_compile.py): the same tokens bit for bit, with no graph break, while rows join,
+    finish and the batch shrinks, and a bounded number of graphs (the batch is a symbolic size)."""
+    torch.compiler.reset()
+    model = float64_model_of(CASES[name])
+    graphs = []
+
+    def counting(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    requests = mixed_requests(10, seed=3)
+    want = generate_many(model, requests, max_batch=4, seed=7)
+    got = generate_many(model, requests, max_batch=4, seed=7, compile={"backend": counting, "fullgraph": True})
+    assert all(torch.equal(a, b) for a, b in zip(got, want))
+    assert 1 <= len(graphs) <= 4, len(graphs)  # batches of 4 … 2 rows share one symbolic graph; 1 row specialises
+    torch.compiler.reset()
+
+
 def test_slots_are_refilled_and_the_batch_shrinks(monkeypatch, model_of):
     """Up to max_batch rows per decode step; a finished row's slot takes the next request (prefilled packed, put
     into the slot); with the stream drained the batch shrinks to its live rows."""

@@ -34,8 +34,10 @@ def test_train_then_generate(trained, capsys):
     recurrent = capsys.readouterr().out
     assert generate_main([*common, "--mode", "parallel"]) == 0
     parallel = capsys.readouterr().out
+    assert generate_main([*common, "--mode", "recurrent", "--compile"]) == 0  # Inductor on the decode steps
+    compiled = capsys.readouterr().out
     assert recurrent.startswith("def f") and len(recurrent) > len("def f\n")
-    assert recurrent == parallel
+    assert recurrent == parallel == compiled
     assert generate_main(["--run", str(trained), "--temperature", "1", "--top-k", "5", "--top-p", "0.9",
                           "--seed", "1", "--max-new-tokens", "10", "--device", "cpu"]) == 0
 
@@ -136,6 +138,8 @@ def test_generate_errors_are_one_line_exit_2(trained, capsys, one_line_error):
         (["--temperature", "nan"], ["--temperature: expected a finite number >= 0, got 'nan'"]),
         (["--temperature", "inf"], ["--temperature: expected a finite number >= 0, got 'inf'"]),
         (["--top-p", "nan"], ["--top-p: expected a number in (0, 1], got 'nan'"]),
+        (["--compile", "--mode", "parallel"],
+         ["--compile: expected --mode recurrent (it compiles the decode steps), got --mode parallel"]),
     ]:
         assert generate_main(["--run", str(trained), "--device", "cpu", *argv]) == 2, argv
         one_line_error(capsys, "hybrid-generate", *needles)

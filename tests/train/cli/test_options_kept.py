@@ -63,6 +63,8 @@ ADDED = {
     ("hybrid-distill", "--fsdp"): "the execution section, shared: distillation shards with FSDP2 as hybrid-train",
     ("hybrid-generate", "--prompts"): "issue 45: a file of prompts decoded together with continuous batching",
     ("hybrid-generate", "--max-batch"): "issue 45: how many of those prompts are decoded at once",
+    ("hybrid-generate", "--compile"): "the decode steps under torch.compile (generate's and the Decoder's compile), "
+                                      "for GPU decoding bound by its ops' dispatch",
     ("hybrid-train", "--cp"): "issue 44: context parallelism, each sequence split across N ranks of a data × context "
                               "mesh",
     **{(command, "--skip-rows-without-text"): "issue 47: the data section's, shared by every command that reads "

@@ -37,7 +37,7 @@ def steppers(model, dry_run: bool) -> dict:
     """The two ways to run a decode step, ``(token (B,), state) → (logits (B, V), state)``: the model's own
     ``step`` and ``generate``'s compiled step (in a dry run Dynamo hands its graph to the eager backend: the
     trace is rehearsed, Inductor's CPU compile would cost the test a minute)."""
-    from hybrid.models.generation import decode_step
+    from hybrid.models.decoding import decode_step
 
     compiled = decode_step(model, {"backend": "eager"} if dry_run else True)
 

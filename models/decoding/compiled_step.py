@@ -1,0 +1,33 @@
+"""The decode step, eager or compiled: what ``generate(..., compile=...)`` and ``Decoder(..., compile=...)`` call
+once per new token for the whole batch."""
+from __future__ import annotations
+
+import torch
+import torch.fx.experimental._config as fx_config
+
+
+def decode_step(model: torch.nn.Module, compile=False):
+    """What runs each decode step (``step(token (B, 1), state=state)``): ``model`` itself, or, with ``compile``
+    (True or a dict of ``torch.compile`` options), ``torch.compile(model, dynamic=True, **options)``: positions,
+    cache sizes and the batch symbolic from the first trace (a batch of one specialises), so one compile serves
+    every step, and a later call's wrapper finds the graphs Dynamo keeps on the model's code. An eager step is a
+    few hundred ops, each dispatched from Python and many a kernel launch on a GPU (where decoding is bound by
+    them); compiled, the elementwise ones fuse."""
+    if compile is False:
+        return model
+    if compile is True:
+        options = {}
+    elif isinstance(compile, dict):
+        options = dict(compile)
+    else:
+        raise ValueError(f"compile: expected True, False or a dict of torch.compile options, got {compile!r}")
+    compiled = torch.compile(model, **{"dynamic": True, **options})
+
+    def step(*args, **kwargs):
+        # Each size its own symbol. With duck sizing (the default) sizes equal at the first trace share one: a
+        # batch of 3 rows was the conv state's W − 1 = 3, so the graph fixed the batch to 3, and continuous
+        # batching compiled again for each such batch (6 graphs where 4 serve; tests/models/decoding).
+        with fx_config.patch(use_duck_shape=False):
+            return compiled(*args, **kwargs)
+
+    return step
