@@ -24,7 +24,8 @@ ABS_POS_KINDS = ("learned", "sinusoidal")
 
 def sinusoidal_table(positions: torch.Tensor, dim: int) -> torch.Tensor:
     """``(n, dim)`` float64 sinusoids at integer ``positions`` ``(n,)``; ``dim`` even."""
-    omega = torch.pow(10000.0, -torch.arange(0, dim, 2, dtype=torch.float64, device=positions.device) / dim)  # (dim/2,)
+    even = torch.arange(0, dim, 2, dtype=torch.float64, device=positions.device)  # (dim/2,)
+    omega = torch.pow(10000.0, -even / dim)  # (dim/2,)
     angles = positions.to(torch.float64)[:, None] * omega  # (n, dim/2)
     return torch.stack((angles.sin(), angles.cos()), dim=-1).flatten(-2)  # (n, dim): sin, cos interleaved
 
@@ -68,7 +69,7 @@ class AbsolutePositions(nn.Module):
         nothing read back to the host off the CPU (a ragged batch's decode step: one position per row). A learned
         table checks its end on the device there (the device raises), and on the CPU in one line."""
         if self.kind == "learned":
-            message = (f"positions: learned absolute positions cover 0 … {self.max_len - 1} (abs_pos_max_len)")
+            message = f"positions: learned absolute positions cover 0 … {self.max_len - 1} (abs_pos_max_len)"
             if positions.device.type != "cpu" or torch.compiler.is_compiling():
                 torch._assert_async((positions < self.max_len).all(), message)
             elif positions.numel() and int(positions.max()) >= self.max_len:
