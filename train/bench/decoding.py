@@ -6,8 +6,10 @@
                   tokens/s and mean latency (every request submitted at the start)
     speculative   a draft and a target run (trained checkpoints): acceptance rate and tokens/s at k = 2, 4, 8
                   against the target alone (greedy, one prompt at a time)
+    compiled      ``generate(..., compile=True)`` against eager decode steps: decode tokens/s after one prefill,
+                  the compile's seconds apart (the first compiled call)
 
-``ragged`` and ``continuous`` time untrained models of the ``small`` size (the cost does not depend on the weights:
+``ragged``, ``continuous`` and ``compiled`` time untrained models of the ``small`` size (the cost does not depend on the weights:
 every request runs to its max_new_tokens, no stop token): the hybrid, the windowed Transformer (window 512) and the
 global Transformer. Contenders alternate round by round; each table gives medians with the min–max over rounds.
 """
@@ -195,6 +197,50 @@ def bench_speculative(args) -> list[str]:
     return lines
 
 
+# ------------------------------------------------------------------------------------------ compiled
+
+
+@torch.no_grad()
+def bench_compiled(args) -> list[str]:
+    """Greedy decode steps of a batch after one prefill, eager and under ``torch.compile`` (``decode_step``): each
+    round times ``args.tokens`` steps from a copy of the prefilled state; the first compiled call (which compiles)
+    is timed apart."""
+    from hybrid.models.decoding import decode_step
+
+    how = f"backend {args.backend}" + (f", mode {args.mode}" if args.mode else "")
+    lines = [f"batch {args.batch}, a prompt of {args.prompt} tokens, {args.tokens} greedy decode steps per round; "
+             f"torch.compile {how}", "",
+             "| model | eager: decode tok/s | compiled: decode tok/s | compiled ÷ eager | first compiled call (s) |",
+             "|---|---|---|---|---|"]
+    for name in args.models.split(","):
+        model = model_of(name, args.size)
+        ids = torch.randint(0, model.config.vocab_size, (args.batch, args.prompt),
+                            generator=torch.Generator().manual_seed(args.seed))
+        logits, prefilled = model(ids)
+        first = logits[:, -1].argmax(-1)
+        options = {"backend": args.backend, **({"mode": args.mode} if args.mode else {})}
+        steps = {"eager": model, "compiled": decode_step(model, options)}
+
+        def decode(step, n: int) -> float:
+            token, state = first[:, None], prefilled.clone()
+            start = time.perf_counter()
+            for _ in range(n):
+                logits, state = step(token, state=state)  # (B, 1, V)
+                token = logits[:, -1:].argmax(-1)
+            return time.perf_counter() - start
+
+        compile_s = decode(steps["compiled"], 2)  # traces and compiles (the batch and the cache length symbolic)
+        times = {"eager": [], "compiled": []}
+        for r in range(args.rounds):
+            for key in (times if r % 2 == 0 else list(times)[::-1]):
+                times[key].append(decode(steps[key], args.tokens))
+        rate = {k: [args.batch * args.tokens / s for s in v] for k, v in times.items()}
+        ratios = sorted(e / c for e, c in zip(times["eager"], times["compiled"]))
+        lines.append(f"| {name} | {spread(rate['eager'])} | {spread(rate['compiled'])} | "
+                     f"{statistics.median(ratios):.2f}× ({ratios[0]:.2f}–{ratios[-1]:.2f}) | {compile_s:.1f} |")
+    return lines
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m hybrid.train.bench.decoding", description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="part", required=True)
@@ -213,6 +259,17 @@ def main(argv=None) -> int:
     cont.add_argument("--max-batch", default="1,8,32")
     cont.add_argument("--max-prompt", type=int, default=512)
     cont.add_argument("--max-new", type=int, default=128)
+    comp = sub.add_parser("compiled")
+    comp.add_argument("--models", default=",".join(MODELS), help="comma-separated, of: " + ", ".join(MODELS))
+    comp.add_argument("--size", default="small")
+    comp.add_argument("--rounds", type=int, default=3)
+    comp.add_argument("--seed", type=int, default=0)
+    comp.add_argument("--batch", type=int, default=1)
+    comp.add_argument("--prompt", type=int, default=256)
+    comp.add_argument("--tokens", type=int, default=32)
+    comp.add_argument("--backend", default="inductor", help="torch.compile's backend (default: inductor)")
+    comp.add_argument("--mode", default=None,
+                      help="torch.compile's mode, e.g. reduce-overhead (CUDA graphs) or max-autotune (default: none)")
     spec = sub.add_parser("speculative")
     spec.add_argument("--target", required=True, help="the target's run directory")
     spec.add_argument("--draft", required=True,
@@ -229,7 +286,8 @@ def main(argv=None) -> int:
         torch.set_num_threads(args.threads)
     print(f"{args.part}: torch {torch.__version__}, {torch.get_num_threads()} threads, "
           f"{platform.processor() or platform.machine()}")
-    lines = {"ragged": bench_ragged, "continuous": bench_continuous, "speculative": bench_speculative}[args.part](args)
+    lines = {"ragged": bench_ragged, "continuous": bench_continuous, "speculative": bench_speculative,
+             "compiled": bench_compiled}[args.part](args)
     print("\n".join(lines))
     return 0
 
