@@ -61,8 +61,7 @@ class AbsolutePositions(nn.Module):
                 )
             ids = torch.arange(offset, end, device=self.table.weight.device)
             return self.table(ids)  # (length, d_model)
-        table = sinusoidal_table(torch.arange(offset, end), self.d_model) * self.scale  # (length, d_model)
-        return table.to(device=device, dtype=dtype if dtype is not None else torch.get_default_dtype())
+        return self.at(torch.arange(offset, end), device=device, dtype=dtype)  # (length, d_model)
 
     def at(self, positions: torch.Tensor, device=None, dtype=None) -> torch.Tensor:
         """The vectors ``(n, d_model)`` at integer ``positions`` ``(n,)``, computed where the positions are, with

@@ -9,9 +9,10 @@
     compiled      ``generate(..., compile=True)`` against eager decode steps: decode tokens/s after one prefill,
                   the compile's seconds apart (the first compiled call)
 
-``ragged``, ``continuous`` and ``compiled`` time untrained models of the ``small`` size (the cost does not depend on the weights:
-every request runs to its max_new_tokens, no stop token): the hybrid, the windowed Transformer (window 512) and the
-global Transformer. Contenders alternate round by round; each table gives medians with the min–max over rounds.
+``ragged``, ``continuous`` and ``compiled`` time untrained models of the ``small`` size (the cost does not depend on
+the weights: every request runs to its max_new_tokens, no stop token): the hybrid, the windowed Transformer (window
+512) and the global Transformer. Contenders alternate round by round; each table gives medians with the min–max over
+rounds.
 """
 from __future__ import annotations
 
@@ -244,7 +245,7 @@ def bench_compiled(args) -> list[str]:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m hybrid.train.bench.decoding", description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="part", required=True)
-    for part in ("ragged", "continuous"):
+    for part in ("ragged", "continuous", "compiled"):
         s = sub.add_parser(part)
         s.add_argument("--models", default=",".join(MODELS), help="comma-separated, of: " + ", ".join(MODELS))
         s.add_argument("--size", default="small")
@@ -259,11 +260,7 @@ def main(argv=None) -> int:
     cont.add_argument("--max-batch", default="1,8,32")
     cont.add_argument("--max-prompt", type=int, default=512)
     cont.add_argument("--max-new", type=int, default=128)
-    comp = sub.add_parser("compiled")
-    comp.add_argument("--models", default=",".join(MODELS), help="comma-separated, of: " + ", ".join(MODELS))
-    comp.add_argument("--size", default="small")
-    comp.add_argument("--rounds", type=int, default=3)
-    comp.add_argument("--seed", type=int, default=0)
+    comp = sub.choices["compiled"]
     comp.add_argument("--batch", type=int, default=1)
     comp.add_argument("--prompt", type=int, default=256)
     comp.add_argument("--tokens", type=int, default=32)
