@@ -1,6 +1,7 @@
 """Argument checks shared by the building blocks; errors name the argument, the expectation and the value."""
 from __future__ import annotations
 
+import contextlib
 import math
 import numbers
 
@@ -100,6 +101,27 @@ def check_rotary_base(name: str, value) -> float:
 
 # ------------------------------------------------------------------------------------------ tensors
 
+_RECORDING = [False]
+
+
+@contextlib.contextmanager
+def recording_graph():
+    """While a decode step is recorded as a graph (`models/decoding/graphed_step.py`): no check reads a tensor
+    back, on any device. A read back is a host sync, which a CUDA graph cannot hold, and its value would be fixed
+    at the recording (the CPU stand-in of a CUDA graph records on the CPU)."""
+    before, _RECORDING[0] = _RECORDING[0], True
+    try:
+        yield
+    finally:
+        _RECORDING[0] = before
+
+
+def reads_back(x: torch.Tensor) -> bool:
+    """A check may read ``x`` back to the host: on the CPU, outside ``torch.compile`` and graph recording (else it
+    asserts on the device, or checks nothing)."""
+    return x.device.type == "cpu" and not torch.compiler.is_compiling() and not _RECORDING[0]
+
+
 
 def check_float_tensor(name: str, x, dtypes=None) -> None:
     """``x`` is a floating-point tensor (of one of ``dtypes`` when given)."""
@@ -115,7 +137,7 @@ def check_float_tensor(name: str, x, dtypes=None) -> None:
 def check_finite(name: str, x: torch.Tensor) -> None:
     """No NaN / ±inf in ``x``. On the CPU a ValueError; on an accelerator (or while compiling) an
     asynchronous device assertion, so the check costs no host synchronisation."""
-    if x.device.type != "cpu" or torch.compiler.is_compiling():
+    if not reads_back(x):
         torch._assert_async(torch.isfinite(x).all(), f"{name}: expected finite values, got NaN or inf")
     elif not bool(torch.isfinite(x).all()):
         raise ValueError(f"{name}: expected finite values, got {_nonfinite_summary(x)}")

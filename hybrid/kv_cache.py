@@ -129,10 +129,16 @@ class RowKVCache:
     `attend` writes in place (out of place under autograd). The newest state on the cache is the one whose
     `length` is the tensor `lengths` (an identity, checked without a host sync): `Attention` refuses to continue
     an older one, which a write may have overwritten.
+
+    `fixed` (a global cache, `fix(capacity)`): every call attends over all S slots, the unwritten ones masked,
+    so a decode step's shapes stay the same from token to token (what a CUDA graph replays,
+    `models/decoding/graphed_step.py`); `span` still bounds the lengths, and the buffer grows only past it.
     """
 
-    def __init__(self, k: Tensor, v: Tensor | None, lengths: Tensor, window: int | None, span: int):
+    def __init__(self, k: Tensor, v: Tensor | None, lengths: Tensor, window: int | None, span: int,
+                 fixed: bool = False):
         self.k, self.v, self.lengths, self.window, self.span = k, v, lengths, window, span
+        self.fixed = fixed
 
     @classmethod
     def empty(cls, batch: int, heads: int, head_dim: int, window: int | None, shared: bool, dtype, device) -> "RowKVCache":
@@ -143,11 +149,20 @@ class RowKVCache:
 
     @property
     def keys(self) -> Tensor:
-        return self.k if self.window else self.k[:, : self.span]  # (B, S, G, D)
+        return self.k if self.window or self.fixed else self.k[:, : self.span]  # (B, S, G, D)
 
     @property
     def values(self) -> Tensor | None:
-        return None if self.v is None else (self.v if self.window else self.v[:, : self.span])
+        return None if self.v is None else (self.v if self.window or self.fixed else self.v[:, : self.span])
+
+    def fix(self, capacity: int) -> None:
+        """Attend over `capacity` slots from now on (a global cache; at least `span`): the buffer grows to exactly
+        that once, zero-filled (see `reserve`), and stays until a call needs more."""
+        if self.window:
+            return
+        if self.k.shape[1] < capacity:
+            self._grow(max(capacity, self.span))
+        self.fixed = True
 
     def reserve(self, capacity: int) -> None:
         """Room for `capacity` entries per row (global cache; copies the filled part once when it grows). The new
@@ -155,7 +170,9 @@ class RowKVCache:
         still poison the weighted sum (0 · NaN)."""
         if self.window or self.k.shape[1] >= capacity:
             return
-        capacity = max(capacity, 2 * self.k.shape[1])
+        self._grow(max(capacity, 2 * self.k.shape[1]))
+
+    def _grow(self, capacity: int) -> None:
         grow = lambda t: torch.cat([t[:, : self.span], t.new_zeros(t.shape[0], capacity - self.span, *t.shape[2:])],
                                    dim=1)  # noqa: E731  (B, capacity, G, D)
         self.k = grow(self.k)
@@ -173,7 +190,7 @@ class RowKVCache:
             slots = self.lengths[:, None] + t  # (B, T)
             self.k, self.v = _scatter(self.k, slots, k, grad), None if v is None else _scatter(self.v, slots, v, grad)
             self.span += T
-            j = torch.arange(self.span, device=k.device)
+            j = torch.arange(self.keys.shape[1], device=k.device)
             mask = j[None, None, :] <= slots[:, :, None]  # (B, T, S): entries up to the query's own
             self.lengths = self.lengths + T
             return self.keys, self.values, mask
@@ -201,7 +218,7 @@ class RowKVCache:
 
     def clone(self) -> "RowKVCache":
         copy = lambda t: None if t is None else t.clone()  # noqa: E731
-        return RowKVCache(copy(self.k), copy(self.v), self.lengths.clone(), self.window, self.span)
+        return RowKVCache(copy(self.k), copy(self.v), self.lengths.clone(), self.window, self.span, self.fixed)
 
 
 def _scatter(buffer: Tensor, slots: Tensor, new: Tensor, out_of_place: bool) -> Tensor:

@@ -55,7 +55,7 @@ from typing import ClassVar, Protocol, runtime_checkable
 import torch
 from torch import nn
 
-from .checks import check_heads, check_int, check_number
+from .checks import check_heads, check_int, check_number, reads_back
 from .rotary import RotaryConfig
 
 
@@ -103,8 +103,7 @@ def check_offset(offset, n_sequences: int | None = None, batch: int | None = Non
             raise ValueError(f"offset: expected an int or an int64 tensor {want} of per-row positions, got a tensor "
                              f"of shape {tuple(offset.shape)} ({str(offset.dtype).removeprefix('torch.')})")
         # checked on the CPU only: off it a read back is a host sync per layer, under torch.compile a graph break
-        if offset.device.type == "cpu" and not torch.compiler.is_compiling() and offset.numel() \
-                and int(offset.min()) < 0:
+        if reads_back(offset) and offset.numel() and int(offset.min()) < 0:
             raise ValueError(f"offset: expected positions >= 0, got {offset.tolist()}")
         return offset.long()
     if n_sequences is None:

@@ -107,8 +107,9 @@ def generate(
     exactly the model's (greedy: its tokens; sampled: its distribution). Mode "recurrent" only.
 
     ``compile``: True, or a dict of ``torch.compile`` options, runs every decode step under
-    ``torch.compile(model, dynamic=True, ...)`` (``decode_step``); the prefill stays eager. Mode "recurrent",
-    without a draft.
+    ``torch.compile(model, dynamic=True, ...)`` (``decode_step``); "cuda-graph" records the step once as a CUDA
+    graph and replays it (``decoding/graphed_step.py``; a global cache holds the longest prompt plus
+    ``max_new_tokens``). The prefill stays eager. Mode "recurrent", without a draft.
     """
     ragged = not isinstance(input_ids, torch.Tensor) or attention_mask is not None or lengths is not None
     if ragged:
@@ -123,7 +124,8 @@ def generate(
     if prefill not in PREFILL_MODES:
         raise ValueError(f"prefill: expected 'parallel' or 'chunked', got {prefill!r}")
     check_sampling(temperature, top_k, top_p)
-    step = decode_step(model, compile)
+    longest = max(len(p) for p in prompts) if ragged else input_ids.shape[1]
+    step = decode_step(model, compile, capacity=longest + max_new_tokens)
     if compile is not False and (mode != "recurrent" or draft is not None):
         raise ValueError(f"compile: compiles the decode steps of mode 'recurrent' without a draft model, got mode "
                          f"{mode!r}{' with a draft' if draft is not None else ''}")

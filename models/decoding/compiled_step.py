@@ -5,22 +5,34 @@ from __future__ import annotations
 import torch
 import torch.fx.experimental._config as fx_config
 
+from .graphed_step import GraphedStep
 
-def decode_step(model: torch.nn.Module, compile=False):
+
+GRAPHS = {"cuda-graph": "cuda", "traced-graph": "traced"}  # compile= value: GraphedStep's recorder
+
+
+def decode_step(model: torch.nn.Module, compile=False, capacity: int | None = None):
     """What runs each decode step (``step(token (B, 1), state=state)``): ``model`` itself, or, with ``compile``
     (True or a dict of ``torch.compile`` options), ``torch.compile(model, dynamic=True, **options)``: positions,
     cache sizes and the batch symbolic from the first trace (a batch of one specialises), so one compile serves
     every step, and a later call's wrapper finds the graphs Dynamo keeps on the model's code. An eager step is a
     few hundred ops, each dispatched from Python and many a kernel launch on a GPU (where decoding is bound by
-    them); compiled, the elementwise ones fuse."""
+    them); compiled, the elementwise ones fuse.
+
+    ``compile="cuda-graph"``: the eager step recorded as a CUDA graph and replayed (``graphed_step.GraphedStep``;
+    ``capacity``: the slots of a global attention cache, e.g. the longest prompt plus the new tokens);
+    ``"traced-graph"``: the same with its CPU stand-in (tests and dry runs; slower than eager)."""
     if compile is False:
         return model
+    if isinstance(compile, str) and compile in GRAPHS:
+        return GraphedStep(model, GRAPHS[compile], capacity)
     if compile is True:
         options = {}
     elif isinstance(compile, dict):
         options = dict(compile)
     else:
-        raise ValueError(f"compile: expected True, False or a dict of torch.compile options, got {compile!r}")
+        raise ValueError(f"compile: expected True, False, a dict of torch.compile options, 'cuda-graph' or "
+                         f"'traced-graph', got {compile!r}")
     compiled = torch.compile(model, **{"dynamic": True, **options})
 
     def step(*args, **kwargs):

@@ -12,7 +12,9 @@ live row draws its next token with its own sampling options and random generator
 slots, and one decode step advances the whole batch, each row at its own position. A free slot that no request
 takes rides along until half the slots are free; the batch then shrinks to its live rows (``select``).
 With ``compile``, that step runs under ``torch.compile(model, dynamic=True)`` (``compiled_step.decode_step``): the
-batch growing and shrinking is a symbolic size, so the graphs are reused; the prefills stay eager.
+batch growing and shrinking is a symbolic size, so the graphs are reused; the prefills stay eager. With
+``compile="cuda-graph"`` it is replayed from a CUDA graph (``graphed_step.py``), one per batch size, the batch
+state copied into it after requests join or leave.
 
 Each request's tokens are those of decoding it alone with its seed (``generate`` on that prompt with
 ``torch.Generator().manual_seed(seed)``): the same draws from the same distributions, the logits equal to
@@ -76,7 +78,8 @@ class Decoder:
     """Decodes requests with up to ``max_batch`` in flight (see the module docstring). ``prefill`` / ``chunk_size``:
     how prompts are read ("parallel" or "chunked"); ``vocab_limit``: ids from it up are never produced; ``seed``:
     the seed of requests that give none (plus their index); ``compile``: True or a dict of ``torch.compile``
-    options runs the decode steps compiled (``decode_step``)."""
+    options runs the decode steps compiled, "cuda-graph" replays them from CUDA graphs, one per batch size
+    (``decode_step``)."""
 
     def __init__(self, model, max_batch: int = 8, *, prefill: str = "parallel", chunk_size: int | None = None,
                  vocab_limit: int | None = None, seed: int = 0, compile=False):

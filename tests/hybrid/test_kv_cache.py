@@ -1,13 +1,14 @@
 """KVCache and RingKVCache against plain records of the entries written (fresh random inputs, odd sizes): ring
 wrap-around, in-place writes without autograd and out-of-place ones under it, copy on write of a shared global
-cache, and the error for continuing a window state that is no longer the newest."""
+cache, and the error for continuing a window state that is no longer the newest; a fixed-capacity RowKVCache
+against a growing one."""
 from __future__ import annotations
 
 import pytest
 import torch
 
 from hybrid.attention import Attention
-from hybrid.kv_cache import KVCache, RingKVCache
+from hybrid.kv_cache import KVCache, RingKVCache, RowKVCache
 
 B, G, D = 2, 3, 5
 SIZES = [1, 4, 2, 9, 1, 3]  # entries per update: single tokens, chunks, one longer than any window below
@@ -190,3 +191,32 @@ def test_a_stale_window_state_is_refused():
         y, _ = attn.step(x[:, 6], spare, 5)  # the clone continues position 5 with another token
         ref, _ = attn(torch.cat([x[:, :5], x[:, 6:7]], dim=1))
     torch.testing.assert_close(y, ref[:, -1], rtol=1e-12, atol=1e-12)
+
+
+# ------------------------------------------------------------------------------------------ RowKVCache, fixed
+
+
+def test_a_fixed_global_rows_cache_attends_over_its_capacity_and_grows_past_it():
+    """`fix(capacity)` (what a CUDA-graph decode step records): every call attends over all the slots, the
+    unwritten ones masked, so the keys' shape stays; each row's entries and mask are the growing cache's, padded;
+    past the capacity the buffer grows as before."""
+    lengths = torch.tensor([3, 1])
+    growing = RowKVCache(entries(4, 0), entries(4, 1), lengths.clone(), None, 4)
+    fixed = RowKVCache(entries(4, 0), entries(4, 1), lengths.clone(), None, 4)
+    fixed.fix(7)
+    assert fixed.k.shape[1] == 7 and fixed.keys.shape[1] == 7 and fixed.fixed
+    for t, T in enumerate([1, 1, 1, 2, 1]):  # single tokens, a chunk, then past the capacity of 7
+        k, v = entries(T, 10 + t), entries(T, 20 + t)
+        offset = growing.lengths.clone()
+        want_k, want_v, want_mask = growing.attend(k, v, offset)
+        got_k, got_v, got_mask = fixed.attend(k, v, offset)
+        S = want_k.shape[1]
+        assert got_k.shape[1] == fixed.k.shape[1] >= max(7, S)
+        assert not got_mask[:, :, S:].any()  # the unwritten slots are masked
+        exact(got_mask[:, :, :S], want_mask)
+        for b in range(B):  # every slot a row may attend to holds the growing cache's entry
+            n = int(growing.lengths[b])
+            exact(got_k[b, :n], want_k[b, :n])
+            exact(got_v[b, :n], want_v[b, :n])
+        assert fixed.span == growing.span
+    assert fixed.k.shape[1] > 7  # grown past the capacity (geometrically, as `reserve` grows)

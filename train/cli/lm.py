@@ -194,6 +194,9 @@ def generate_parser() -> argparse.ArgumentParser:
     p.add_argument("--compile", action="store_true",
                    help="run the decode steps under torch.compile (dynamic shapes: one compile serves every step; the "
                         "prompts' prefill stays eager); with --mode recurrent (default: off)")
+    p.add_argument("--cuda-graph", action="store_true",
+                   help="record the decode step once as a CUDA graph and replay it for every token (a GPU's decoding "
+                        "is bound by kernel launches); with --mode recurrent on a CUDA device (default: off)")
     add_device_flag(p)
     add_threads_flag(p)
     return p
@@ -205,22 +208,30 @@ def _generate(args: argparse.Namespace) -> int:
 
     if args.compile and args.mode != "recurrent":
         raise UsageError(f"--compile: expected --mode recurrent (it compiles the decode steps), got --mode {args.mode}")
+    if args.cuda_graph and (args.mode != "recurrent" or args.compile):
+        got = "--compile" if args.compile else f"--mode {args.mode}"
+        raise UsageError(f"--cuda-graph: expected --mode recurrent without --compile (it records the eager decode "
+                         f"step), got {got}")
+    device = resolve_device(args.device)
+    if args.cuda_graph and device.type != "cuda":
+        raise UsageError(f"--cuda-graph: expected a CUDA device (--device cuda), got {device.type}")
+    compile = "cuda-graph" if args.cuda_graph else args.compile
     if args.prompts is not None:
         if args.prompt or args.mode != "recurrent":
             raise UsageError("--prompts: expected no --prompt and --mode recurrent (the prompts of the file are "
                              "decoded together), got " + ("--prompt" if args.prompt else f"--mode {args.mode}"))
         from ..lm.generate_file import generate_file
 
-        run = load_run(args.run, device=resolve_device(args.device))
+        run = load_run(args.run, device=device)
         generate_file(run, args.prompts, max_batch=args.max_batch, prefill=args.prefill, chunk_size=args.chunk_size,
                       max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
-                      top_p=args.top_p, seed=args.seed, stop_at_eos=not args.no_stop, compile=args.compile)
+                      top_p=args.top_p, seed=args.seed, stop_at_eos=not args.no_stop, compile=compile)
         return 0
-    run = load_run(args.run, device=resolve_device(args.device))
+    run = load_run(args.run, device=device)
     text = generate_text(run, args.prompt, max_new_tokens=args.max_new_tokens, mode=args.mode,
                          prefill=args.prefill, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
                          seed=args.seed, stop_at_eos=not args.no_stop, chunk_size=args.chunk_size,
-                         compile=args.compile)
+                         compile=compile)
     print(text)
     return 0
 

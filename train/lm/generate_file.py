@@ -72,10 +72,10 @@ def requests_for(run, items: list[dict], *, max_new_tokens: int, temperature: fl
 
 
 def generate_file(run, path, *, max_batch: int = 8, prefill: str = "parallel", chunk_size=None, out=None,
-                  compile: bool = False, **options) -> dict:
+                  compile: bool | str = False, **options) -> dict:
     """Decode every prompt of ``path`` with ``run``'s model, ``max_batch`` in flight; write one JSON line per
-    prompt to ``out`` (stdout), in order. ``compile``: the decode steps under torch.compile (``Decoder``'s).
-    ``options``: ``requests_for``'s. Returns the totals (prompts, new tokens, seconds)."""
+    prompt to ``out`` (stdout), in order. ``compile``: the decode steps under torch.compile, or "cuda-graph"
+    (``Decoder``'s). ``options``: ``requests_for``'s. Returns the totals (prompts, new tokens, seconds)."""
     out = sys.stdout if out is None else out
     items = read_prompts(path)
     requests = requests_for(run, items, **options)

@@ -51,9 +51,9 @@ def load_run(run_dir, device: str | torch.device = "cpu") -> LoadedRun:
 def generate_ids(run: LoadedRun, prompt: str, *, max_new_tokens: int = 200, mode: str = "recurrent",
                  prefill: str = "parallel", temperature: float = 1.0, top_k: int | None = None,
                  top_p: float | None = None, seed: int = 0, stop_at_eos: bool = True,
-                 chunk_size: int | None = None, compile: bool = False) -> list[int]:
-    """Token ids of ``[eos] + prompt`` and its continuation (the leading ``eos`` included); ``compile``: the decode
-    steps under torch.compile (``hybrid.models.decoding.decode_step``)."""
+                 chunk_size: int | None = None, compile: bool | str = False) -> list[int]:
+    """Token ids of ``[eos] + prompt`` and its continuation (the leading ``eos`` included); ``compile``:
+    ``generate``'s (the decode steps under torch.compile, or "cuda-graph": ``hybrid.models.decoding.decode_step``)."""
     tok = run.tokenizer
     device = run.model.embed.weight.device
     ids = torch.tensor([[tok.eos_id] + tok.encode(prompt)], dtype=torch.long, device=device)

@@ -40,6 +40,9 @@ def test_train_then_generate(trained, capsys):
     assert recurrent == parallel == compiled
     assert generate_main(["--run", str(trained), "--temperature", "1", "--top-k", "5", "--top-p", "0.9",
                           "--seed", "1", "--max-new-tokens", "10", "--device", "cpu"]) == 0
+    capsys.readouterr()
+    assert generate_main([*common, "--cuda-graph"]) == 2  # a CUDA graph replays on a GPU
+    assert "--cuda-graph: expected a CUDA device (--device cuda), got cpu" in capsys.readouterr().err
 
 
 def test_train_prints_progress_and_layout(corpus, tmp_path, capsys):

@@ -65,6 +65,8 @@ ADDED = {
     ("hybrid-generate", "--max-batch"): "issue 45: how many of those prompts are decoded at once",
     ("hybrid-generate", "--compile"): "the decode steps under torch.compile (generate's and the Decoder's compile), "
                                       "for GPU decoding bound by its ops' dispatch",
+    ("hybrid-generate", "--cuda-graph"): "the decode step recorded as a CUDA graph and replayed (generate's and the "
+                                         "Decoder's compile='cuda-graph'): GPU decoding bound by kernel launches",
     ("hybrid-train", "--cp"): "issue 44: context parallelism, each sequence split across N ranks of a data × context "
                               "mesh",
     **{(command, "--skip-rows-without-text"): "issue 47: the data section's, shared by every command that reads "

@@ -4,12 +4,17 @@ and the prefill's seconds after a warm-up prefill of two chunks (whose seconds, 
 tuning, are recorded apart: on the H100 the hybrid's first 16K prefill took 39 s),
 the hybrid (window 512) against the Transformer (a growing KV cache; global attention through SDPA), both
 ``small`` in bf16 weights.
-Each step is timed twice from the same prefilled state: eagerly (``step="eager"``), one Python call per token
-as ``generate`` does by default, and through ``generate(..., compile=True)``'s compiled step (``step="compiled"``,
-``torch.compile(model, dynamic=True)``: one compile for every context and batch, its seconds in the first row's
-``warm_up_steps_s``). On a GPU an eager step is bound by its few hundred kernel launches; compiled, they fuse."""
+Each step is timed three ways from the same prefilled state: eagerly (``step="eager"``), one Python call per
+token as ``generate`` does by default; replayed from a CUDA graph (``step="graphed"``,
+``generate(..., compile="cuda-graph")``: the first step eager into the rows form, the second records; a global
+cache attends over the prompt plus the new tokens); and through ``generate(..., compile=True)``'s compiled step
+(``step="compiled"``, ``torch.compile(model, dynamic=True)``: one compile for every context and batch, its
+seconds in the first row's ``warm_up_steps_s``). On a GPU an eager step is bound by its few hundred kernel
+launches; a graph launches them at once, and compiled, the elementwise ones fuse. A dry run records the graph
+with its CPU stand-in (``compile="traced-graph"``)."""
 from __future__ import annotations
 
+import itertools
 import time
 
 import torch
@@ -30,22 +35,26 @@ def _model(name: str, size: str, device):
     return HybridLM(config).to(device).eval()
 
 
-STEPS = ("eager", "compiled")
+STEPS = ("eager", "graphed", "compiled")
+PASSES = (("eager", "graphed"), ("compiled",))  # both models' eager and graphed rows before the compiles
 
 
-def steppers(model, dry_run: bool) -> dict:
-    """The two ways to run a decode step, ``(token (B,), state) → (logits (B, V), state)``: the model's own
-    ``step`` and ``generate``'s compiled step (in a dry run Dynamo hands its graph to the eager backend: the
-    trace is rehearsed, Inductor's CPU compile would cost the test a minute)."""
+def steppers(model, dry_run: bool, capacity: int) -> dict:
+    """The three ways to run a decode step, ``(token (B,), state) → (logits (B, V), state)``: the model's own
+    ``step``, ``generate``'s CUDA-graph step (a global cache of ``capacity`` slots) and its compiled step. In a
+    dry run the graph is the CPU stand-in's, and Dynamo hands its graph to the eager backend: the trace is
+    rehearsed, Inductor's CPU compile would cost the test a minute."""
     from hybrid.models.decoding import decode_step
 
+    def wrapped(step):
+        def one(token, state):
+            logits, state = step(token[:, None], state=state)  # (B, 1, V)
+            return logits[:, 0], state
+        return one
+
+    graphed = decode_step(model, "traced-graph" if dry_run else "cuda-graph", capacity=capacity)
     compiled = decode_step(model, {"backend": "eager"} if dry_run else True)
-
-    def compiled_step(token, state):
-        logits, state = compiled(token[:, None], state=state)  # (B, 1, V)
-        return logits[:, 0], state
-
-    return {"eager": model.step, "compiled": compiled_step}
+    return {"eager": model.step, "graphed": wrapped(graphed), "compiled": wrapped(compiled)}
 
 
 def _time_steps(ctx: CheckContext, step, token, state, new_tokens: int) -> dict:
@@ -93,25 +102,23 @@ def run(ctx: CheckContext) -> None:
     else:
         size, contexts, batches, new_tokens = "small", (16384, 4096, 65536), (16, 1), 32
     models = {name: _model(name, size, ctx.device) for name in ("hybrid", "transformer")}
-    ways = {name: steppers(model, ctx.dry_run) for name, model in models.items()}
-    for context in contexts:
-        for batch in batches:
-            for name, model in models.items():
-                labels = {step: dict(model=name, size=size, context=context, batch=batch, step=step)
-                          for step in STEPS}
-                todo = {step: ways[name][step] for step in STEPS if not ctx.measured_before("decoding", labels[step])}
-                if not todo or not ctx.has_time(20, "decoding", f"{labels[next(iter(todo))]}"):
-                    continue
-                done = []
-                try:
-                    with window_backend(BACKENDS[name]), torch.no_grad():
-                        for step, result in measure(ctx, model, batch, context, new_tokens, todo):
-                            ctx.record("decoding", **labels[step], **result)
-                            done.append(step)
-                except Exception as exc:  # noqa: BLE001
-                    oom = isinstance(exc, torch.cuda.OutOfMemoryError)
-                    error = "out of memory" if oom else f"{type(exc).__name__}: {exc}"[:400]
-                    for step in [s for s in todo if s not in done]:
-                        ctx.record("decoding", **labels[step], error=error)
-                if ctx.device.type == "cuda":
-                    torch.cuda.empty_cache()
+    for context, batch, steps, (name, model) in itertools.product(contexts, batches, PASSES, models.items()):
+        labels = {step: dict(model=name, size=size, context=context, batch=batch, step=step)
+                  for step in steps}
+        ways = steppers(model, ctx.dry_run, capacity=context + new_tokens + 2)
+        todo = {step: ways[step] for step in steps if not ctx.measured_before("decoding", labels[step])}
+        if not todo or not ctx.has_time(20, "decoding", f"{labels[next(iter(todo))]}"):
+            continue
+        done = []
+        try:
+            with window_backend(BACKENDS[name]), torch.no_grad():
+                for step, result in measure(ctx, model, batch, context, new_tokens, todo):
+                    ctx.record("decoding", **labels[step], **result)
+                    done.append(step)
+        except Exception as exc:  # noqa: BLE001
+            oom = isinstance(exc, torch.cuda.OutOfMemoryError)
+            error = "out of memory" if oom else f"{type(exc).__name__}: {exc}"[:400]
+            for step in [s for s in todo if s not in done]:
+                ctx.record("decoding", **labels[step], error=error)
+        if ctx.device.type == "cuda":
+            torch.cuda.empty_cache()

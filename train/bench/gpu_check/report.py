@@ -103,7 +103,7 @@ def _sections(rows: list[dict]) -> list[str]:
                                  ("first step s", "first_step_s"), ("error", "error")])
     decoding = _measured(rows, "decoding")
     if decoding:
-        lines += ["### Decoding (recurrent steps after a chunked prefill; eager, and `generate(compile=True)`'s)", ""]
+        lines += ["### Decoding (recurrent steps after a chunked prefill: eager, from a CUDA graph, compiled)", ""]
         match = ("context", "batch", "step")
         lines += _table(decoding, [("context", "context"), ("batch", "batch"), ("step", "step"), ("model", "model"),
                                    ("ms / step", "ms_per_step"), ("tokens/s", "tokens_per_s"),

@@ -1,0 +1,104 @@
+"""Recording a decode step once and replaying it: a CUDA graph, or its CPU stand-in for tests and dry runs.
+
+``record(run, tensors)`` returns ``replay()``. ``run()`` is one decode step on fixed tensors; recording leaves
+``tensors`` (the static state's) as they were, and each ``replay()`` then does what ``run()`` did, on whatever the
+tensors hold by then, with none of its Python.
+
+- ``record_cuda_graph``: ``torch.cuda.CUDAGraph``. One warm-up run first, on a side stream (lazy initialisation,
+  the Triton kernels' first compile), whose writes are undone from a snapshot, and which refuses what a capture
+  could not hold as the stand-in does; the capture itself runs nothing.
+- ``record_traced``: the CPU stand-in. ``make_fx`` traces ``run()`` into a graph of aten ops whose constants are
+  the same tensors (the same memory), which a replay reads and writes as a CUDA graph would. A step that a CUDA
+  graph could not hold raises: one that reads a tensor back (a host sync), builds a tensor from host data (a copy
+  from the host), or has an output of data-dependent shape. A step whose Python decides on values would replay
+  its first decision: the tests compare replays with eager steps.
+"""
+from __future__ import annotations
+
+import os
+import traceback
+from collections.abc import Callable
+
+import torch
+from torch import Tensor
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from .graph_state import copy_into
+
+# ops a CUDA graph cannot hold, with what they mean
+_HOST_OPS = {
+    "_local_scalar_dense": "reads a tensor back to the host (a sync)",
+    "lift_fresh_copy": "builds a tensor from host data (a copy from the host)",
+    "nonzero": "has an output of data-dependent shape",
+    "masked_select": "has an output of data-dependent shape",
+    "unique": "has an output of data-dependent shape",
+}
+
+
+def record_cuda_graph(run: Callable[[], None], tensors: list[Tensor]) -> Callable[[], None]:
+    """``run`` recorded as a CUDA graph; returns its ``replay``."""
+    snapshot = [t.clone() for t in tensors]
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side), _RefuseHostOps():
+        run()  # warm-up, outside the capture (where a sync would break it with a CUDA error instead)
+    torch.cuda.current_stream().wait_stream(side)
+    copy_into(tensors, snapshot)
+    del snapshot
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        run()
+    return graph.replay
+
+
+def record_traced(run: Callable[[], None], tensors: list[Tensor]) -> Callable[[], None]:
+    """``run`` traced into an aten graph over the same tensors (the CPU stand-in); returns its ``replay``."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    snapshot = [t.clone() for t in tensors]
+
+    def traced() -> Tensor:
+        run()
+        return torch.zeros(())  # make_fx wants a tensor out
+
+    try:
+        graph = make_fx(traced)()
+    except RuntimeError as e:  # make_fx refuses some reads back itself
+        if "_local_scalar_dense" not in str(e):
+            raise
+        copy_into(tensors, snapshot)
+        frames = [f for f in traceback.extract_tb(e.__traceback__) if f"{os.sep}torch{os.sep}" not in f.filename]
+        where = f"{frames[-1].filename}:{frames[-1].lineno}" if frames else None
+        raise _refusal("_local_scalar_dense", where) from None
+    copy_into(tensors, snapshot)
+    for node in graph.graph.nodes:
+        name = getattr(getattr(node.target, "_schema", None), "name", "").removeprefix("aten::")
+        if name in _HOST_OPS:
+            raise _refusal(name, None)
+    return lambda: graph()
+
+
+class _RefuseHostOps(TorchDispatchMode):
+    """Raises ``_refusal`` at the first op a CUDA graph cannot hold."""
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = func._schema.name.removeprefix("aten::")
+        out = func(*args, **(kwargs or {}))
+        host_in = any(isinstance(a, Tensor) and a.device.type == "cpu" and a.dim() for a in args)
+        if name in _HOST_OPS or (name in ("_to_copy", "copy_") and host_in and isinstance(out, Tensor)
+                                 and out.device.type != "cpu"):
+            here = os.path.abspath(__file__)
+            frames = [f for f in traceback.extract_stack()
+                      if f"{os.sep}torch{os.sep}" not in f.filename and os.path.abspath(f.filename) != here]
+            raise _refusal(name if name in _HOST_OPS else "lift_fresh_copy",
+                           f"{frames[-1].filename}:{frames[-1].lineno}" if frames else None)
+        return out
+
+
+def _refusal(op: str, where: str | None) -> ValueError:
+    at = f", at {where}" if where else ""
+    return ValueError(f"step: expected a decode step a CUDA graph can hold, got one that {_HOST_OPS[op]} "
+                      f"(aten.{op}{at})")
+
+
+RECORDERS = {"cuda": record_cuda_graph, "traced": record_traced}

@@ -1,0 +1,139 @@
+"""The decode step recorded once as a CUDA graph and replayed for every token (``generate(..., compile="cuda-graph")``).
+
+An eager decode step is a few hundred small ops, each launched from Python: on a GPU the step is bound by the
+launches, not by the arithmetic (docs/decoding.md). A CUDA graph launches the whole step at once. It replays
+fixed kernels on fixed memory, so the step it records must keep its shapes and memory from token to token, and
+must never read a value back to the host:
+
+- the state is in the rows form (a ragged batch: every row at its own position, a tensor), where positions,
+  cache slots and masks are tensors. A state that is not (a prompt decoded at one position) takes one eager step
+  in the rows form first;
+- a global attention cache attends over a fixed capacity of slots, the unwritten ones masked
+  (``RowKVCache.fix``); ``capacity`` (by default twice what the state holds) grows by recording again;
+- everything else (windows' rings, R / M / G states) already has a fixed size.
+
+``GraphedStep`` keeps one graph per layout of state (batch size, capacity, dtypes) and a static state for each:
+the state it returns *is* that static state, and the next call with it only copies the token in and replays.
+Called with any other state (a new prompt, a batch after requests joined or left), it copies that state into
+the graph of its layout, or records one. Like an eager step on a window's ring, a call consumes its state: the
+state returned before is overwritten by the next replay (``clone()`` a state to keep it).
+
+Each token's logits are those of the eager step in the rows form, up to float rounding (the same kernels, except
+a global cache masked over its capacity). ``recorder="traced"`` records on the CPU with ``make_fx`` instead, a
+stand-in that replays the same way and refuses what a CUDA graph cannot hold (tests/models/decoding).
+"""
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from hybrid.checks import check_int, recording_graph
+
+from .graph_recorders import RECORDERS
+from .graph_state import StateLayout, copy_into, fix_caches, global_capacity, global_spans, is_rows_state, same_memory
+
+
+class _Graph:
+    """One recorded step over its static state, token and logits."""
+
+    def __init__(self, model, state, token: Tensor, record):
+        self.state = state
+        self.layout = StateLayout(state)
+        self.tensors = list(self.layout.tensors)
+        self.counters = self.layout.read_counters()
+        self.capacity = global_capacity(state)
+        self.token = token.clone()  # (B, 1)
+        self.logits = torch.empty(token.shape[0], 1, model.config.vocab_size, dtype=model.embed.weight.dtype,
+                                  device=token.device)  # (B, 1, V)
+        self.advance = [0] * len(self.counters)
+
+        def run() -> None:
+            self.layout.put_back(self.tensors)
+            self.layout.write_counters(self.counters)
+            with recording_graph():
+                logits, out = model(self.token, state=self.state)
+            out_layout = StateLayout(out)
+            if out_layout.key != self.layout.key:
+                raise ValueError("state: expected a decode step that keeps the state's layout (a CUDA graph "
+                                 "replays fixed memory), got one that changes it")
+            for static, new in zip(self.tensors, out_layout.tensors):
+                if not same_memory(static, new):
+                    static.copy_(new)
+            self.logits.copy_(logits)
+            self.advance = [after - before for after, before in zip(out_layout.read_counters(), self.counters)]
+
+        self.replay = record(run, self.tensors)
+        self.layout.put_back(self.tensors)
+        self.layout.write_counters(self.counters)
+
+    def fits_one_more(self) -> bool:
+        """The next token fits the global caches' capacity."""
+        return self.capacity is None or max(global_spans(self.state)) + 1 <= self.capacity
+
+    def load(self, state) -> None:
+        """Copy ``state`` (laid out as this graph's) into the static state."""
+        copy_into(self.tensors, self.layout.tensors_of(state))
+        self.counters = StateLayout(state).read_counters()
+
+    def step(self, token: Tensor):
+        """One replay; the static state's objects are pointed back at the graph's memory first (a row operation
+        on a returned state, ``put`` say, may have pointed them elsewhere)."""
+        self.layout.put_back(self.tensors)
+        self.token.copy_(token)
+        self.replay()
+        self.counters = [c + a for c, a in zip(self.counters, self.advance)]
+        self.layout.write_counters(self.counters)
+        return self.logits.clone(), self.state
+
+
+class GraphedStep:
+    """``step(token (B, 1), state=state)`` -> (logits ``(B, 1, V)``, next state), replayed from a recorded graph
+    (see the module docstring). ``recorder``: "cuda" (a CUDA graph; the model on a CUDA device) or "traced" (the
+    CPU stand-in); ``capacity``: the slots of a global attention cache's graph (default: twice the state's span,
+    doubled again when a row reaches it); ``max_graphs``: graphs kept, the oldest dropped first."""
+
+    def __init__(self, model, recorder: str = "cuda", capacity: int | None = None, max_graphs: int = 8):
+        if recorder not in RECORDERS:
+            raise ValueError(f"recorder: expected one of {sorted(RECORDERS)}, got {recorder!r}")
+        device = model.embed.weight.device
+        if recorder == "cuda" and device.type != "cuda":
+            raise ValueError(f"compile: 'cuda-graph' records the decode step as a CUDA graph and needs the model "
+                             f"on a CUDA device, got one on {device.type}")
+        self.model, self.record = model, RECORDERS[recorder]
+        self.capacity = check_int("capacity", capacity, low=1, allow_none=True)
+        self.max_graphs = check_int("max_graphs", max_graphs, low=1)
+        self.graphs: dict[tuple, _Graph] = {}
+        self.live: _Graph | None = None  # the graph whose static state was returned last
+        self.counts = {"eager": 0, "recorded": 0, "loaded": 0, "replayed": 0}
+
+    @torch.no_grad()
+    def __call__(self, token: Tensor, state=None):
+        live = self.live
+        if live is not None and state is live.state:
+            if live.fits_one_more():
+                self.counts["replayed"] += 1
+                return live.step(token)
+            self.graphs = {key: g for key, g in self.graphs.items() if g is not live}  # outgrown: drop it
+        self.live = None
+        if state is None or not is_rows_state(state):  # one eager step into the rows form
+            self.counts["eager"] += 1
+            return self.model(token, state=None if state is None else state.ragged_copy())
+        prepared = state.clone()
+        spans = global_spans(prepared)
+        if spans:  # global caches: the next token's slot must fit
+            needed = max(spans) + 1
+            fix_caches(prepared, self.capacity if self.capacity and self.capacity >= needed else 2 * needed)
+        layout = StateLayout(prepared)
+        graph = self.graphs.get(layout.key)
+        if graph is None:
+            while len(self.graphs) >= self.max_graphs:
+                self.graphs.pop(next(iter(self.graphs)))
+            graph = _Graph(self.model, prepared, token, self.record)
+            self.graphs[layout.key] = graph
+            self.counts["recorded"] += 1
+        else:
+            graph.load(prepared)
+            self.counts["loaded"] += 1
+        self.live = graph
+        self.counts["replayed"] += 1
+        return graph.step(token)

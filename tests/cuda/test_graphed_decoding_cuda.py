@@ -1,0 +1,35 @@
+"""The decode step as a real CUDA graph (models/decoding/graphed_step.py): every replayed step's logits equal the
+eager step's in float32 on the GPU, for each preset, past a window's wrap and a global cache's regrowth; generate
+gives the eager greedy tokens. (The CPU stand-in's tests: tests/models/decoding/test_graphed_step.py.)"""
+import pytest
+import torch
+
+from hybrid.models import HybridConfig, HybridLM
+from hybrid.models.decoding.graphed_step import GraphedStep
+from hybrid.models.decoding.prompts import prefill
+from hybrid.models.generation import generate
+
+PRESETS = {"hybrid": dict(window=8), "transformer": {}, "retnet": {}, "vo-rnn": dict(rnn_selective=True),
+           "vo-gla": {}}
+
+
+@pytest.mark.parametrize("preset", list(PRESETS))
+def test_replayed_cuda_graph_steps_equal_eager_steps(cuda, preset):
+    torch.manual_seed(0)
+    model = HybridLM(HybridConfig.preset(preset, "tiny", **PRESETS[preset])).to(cuda).eval()
+    g = torch.Generator().manual_seed(1)
+    prompts = [torch.randint(0, model.config.vocab_size, (n,), generator=g).to(cuda) for n in (5, 19, 1, 12)]
+    forced = torch.randint(0, model.config.vocab_size, (4, 40), generator=g).to(cuda)
+    with torch.no_grad():
+        _, state = prefill(model, prompts)
+        eager_state = state.clone()
+        step = GraphedStep(model, "cuda")
+        for t in range(forced.shape[1]):
+            want, eager_state = model(forced[:, t:t + 1], state=eager_state)
+            got, state = step(forced[:, t:t + 1], state=state)
+            err = ((got - want).abs().max() / want.abs().max()).item()
+            assert err <= 1e-5, f"step {t}: relative error {err:.3g}"
+    assert step.counts["replayed"] == forced.shape[1] and step.counts["eager"] == 0
+    ids = torch.randint(0, model.config.vocab_size, (3, 9), generator=g).to(cuda)
+    want = generate(model, ids, 12, temperature=0)
+    assert torch.equal(generate(model, ids, 12, temperature=0, compile="cuda-graph"), want)

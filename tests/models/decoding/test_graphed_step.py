@@ -1,0 +1,132 @@
+"""The decode step recorded once and replayed (models/decoding/graphed_step.py), through its CPU stand-in
+("traced-graph": make_fx over the same memory, replayed as a CUDA graph would be; the CUDA graph itself is in
+tests/cuda). Every replayed step's logits equal the eager step's in float64 for every mixer and option, across
+a window's wrap and a global cache's regrowth; the returned state continues eagerly; generate and continuous
+batching give the eager tokens; a step a CUDA graph cannot hold is refused in one line."""
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from hybrid.models import HybridConfig
+from hybrid.models.decoding.decoder import Request, generate_many
+from hybrid.models.decoding.graph_recorders import record_traced
+from hybrid.models.decoding.graphed_step import GraphedStep
+from hybrid.models.decoding.prompts import prefill
+from hybrid.models.generation import generate
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+VOCAB = 23
+WINDOW = 4
+TINY = dict(d_model=16, n_heads=2, n_layers=3, vocab_size=VOCAB)
+CASES = {
+    "transformer": HybridConfig.preset("transformer", "tiny", **TINY),
+    "transformer-gqa-learned-positions": HybridConfig.preset(
+        "transformer", "tiny", **{**TINY, "n_heads": 4}, n_kv_heads=2, abs_pos="learned", abs_pos_max_len=64),
+    "hybrid-window": HybridConfig.preset("hybrid", "tiny", **TINY, window=WINDOW),
+    "hybrid-carope-sinusoidal": HybridConfig.preset("hybrid", "tiny", **TINY, window=WINDOW, carope=True,
+                                                    abs_pos="sinusoidal"),
+    "hybrid-shared-kv-global": HybridConfig.preset("hybrid", "tiny", **TINY, window=None, shared_kv=True),
+    "retnet": HybridConfig.preset("retnet", "tiny", **TINY),
+    "vo-rnn-selective": HybridConfig.preset("vo-rnn", "tiny", **TINY, rnn_selective=True),
+    "vo-gla": HybridConfig.preset("vo-gla", "tiny", **TINY),
+}
+LENGTHS = [3, 9, 1, 6]  # ragged prompts: shorter and longer than the window
+STEPS = 3 * WINDOW + 1  # past the window's wrap, and past a global cache's first capacity
+
+
+def prompts_of(lengths, seed: int) -> list[torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(0, VOCAB, (n,), generator=g) for n in lengths]
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_replayed_steps_equal_eager_steps(name, float64_model_of):
+    model = float64_model_of(CASES[name])
+    forced = torch.randint(0, VOCAB, (len(LENGTHS), STEPS + 2), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        _, state = prefill(model, prompts_of(LENGTHS, seed=0))
+        eager_state = state.clone()
+        step = GraphedStep(model, "traced")
+        for t in range(STEPS):
+            want, eager_state = model(forced[:, t:t + 1], state=eager_state)
+            got, state = step(forced[:, t:t + 1], state=state)
+            err = (got - want).abs().max().item()
+            assert err <= 1e-12 * want.abs().max().item(), f"{name}, step {t}: max error {err:.3g}"
+        # the returned state is an ordinary one: it continues eagerly, and as a chunk
+        for t in (STEPS, STEPS + 1):
+            want, eager_state = model(forced[:, t:t + 1], state=eager_state)
+            got, state = model(forced[:, t:t + 1], state=state)
+            assert (got - want).abs().max().item() <= 1e-12 * want.abs().max().item(), f"{name}: eager after"
+    assert step.counts["replayed"] == STEPS and step.counts["eager"] == 0
+    grows = "transformer" in name or "global" in name  # the default capacity, twice the longest, is outgrown
+    assert (step.counts["recorded"] >= 2) == grows, step.counts
+
+
+def test_one_position_prompts_take_one_eager_step_then_replay(float64_model_of):
+    model = float64_model_of(CASES["hybrid-window"])
+    ids = torch.randint(0, VOCAB, (2, 7), generator=torch.Generator().manual_seed(3))
+    want = generate(model, ids, 9, temperature=0)
+    step = GraphedStep(model, "traced")
+    with torch.no_grad():
+        logits, state = model(ids)
+        tokens = [logits[:, -1].argmax(-1)]
+        for _ in range(8):
+            logits, state = step(tokens[-1][:, None], state=state)
+            tokens.append(logits[:, -1].argmax(-1))
+    assert torch.equal(torch.cat([ids, torch.stack(tokens, 1)], 1), want)
+    assert step.counts == {"eager": 1, "recorded": 1, "loaded": 0, "replayed": 7}
+    assert torch.equal(generate(model, ids, 9, temperature=0, compile="traced-graph"), want)
+
+
+@pytest.mark.parametrize("name", ["transformer", "hybrid-window"])
+def test_generate_and_continuous_batching_give_the_eager_tokens(name, model_of):
+    model = model_of(CASES[name])
+    prompts = prompts_of([5, 2, 8], seed=4)
+    want = generate(model, prompts, 6, temperature=0)
+    got = generate(model, prompts, 6, temperature=0, compile="traced-graph")
+    assert [g.tolist() for g in got] == [w.tolist() for w in want]
+    # requests join and leave: rows put into the graph's own state, the batch shrinking to fewer rows
+    rng = random.Random(5)
+    requests = [Request(prompt=[rng.randrange(VOCAB) for _ in range(rng.randint(1, 11))],
+                        max_new_tokens=rng.randint(1, 9), temperature=rng.choice([0, 0.7, 1.0]),
+                        stop_token=rng.choice([None, 3]), seed=i) for i in range(9)]
+    want = generate_many(model, requests, max_batch=3)
+    got = generate_many(model, requests, max_batch=3, compile="traced-graph")
+    assert [g.tolist() for g in got] == [w.tolist() for w in want]
+
+
+def test_a_step_a_cuda_graph_cannot_hold_is_refused():
+    x = torch.arange(4.0)
+    with pytest.raises(ValueError, match=r"reads a tensor back to the host \(a sync\)"):
+        record_traced(lambda: x.add_(float(x.sum())), [x])
+    with pytest.raises(ValueError, match="builds a tensor from host data"):
+        record_traced(lambda: x.add_(torch.tensor([1.0, 2.0, 3.0, 4.0])), [x])
+    with pytest.raises(ValueError, match="data-dependent shape"):
+        record_traced(lambda: x[:1].copy_((x > 1).nonzero()[:1, 0].double()), [x])
+    assert torch.equal(x, torch.arange(4.0))  # refused or recorded, the tensors are left as they were
+
+
+def test_recording_leaves_the_tensors_and_each_replay_runs_the_step():
+    x, y = torch.arange(3.0), torch.ones(3)
+
+    def run():
+        z = x * 2 + y  # an intermediate, recomputed by each replay
+        y.copy_(z)
+        x.add_(1)
+
+    replay = record_traced(run, [x, y])
+    assert torch.equal(x, torch.arange(3.0)) and torch.equal(y, torch.ones(3))
+    replay()
+    replay()
+    assert torch.equal(x, torch.arange(3.0) + 2) and torch.equal(y, torch.tensor([3.0, 7.0, 11.0]))
+
+
+def test_cuda_graph_needs_a_cuda_model(model_of):
+    model = model_of(CASES["hybrid-window"])
+    with pytest.raises(ValueError, match="needs the model on a CUDA device, got one on cpu"):
+        generate(model, torch.zeros(1, 3, dtype=torch.long), 2, compile="cuda-graph")
+    with pytest.raises(ValueError, match="expected True, False, a dict of torch.compile options, 'cuda-graph'"):
+        generate(model, torch.zeros(1, 3, dtype=torch.long), 2, compile="graph")
