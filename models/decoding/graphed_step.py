@@ -99,6 +99,11 @@ class GraphedStep:
         if recorder == "cuda" and device.type != "cuda":
             raise ValueError(f"compile: 'cuda-graph' records the decode step as a CUDA graph and needs the model "
                              f"on a CUDA device, got one on {device.type}")
+        for name, module in model.named_modules():
+            if getattr(module, "_threshold", None) is not None and hasattr(module, "cos_sin_rows"):
+                raise ValueError(f"compile: 'cuda-graph' replays fixed kernels, and {name}'s rotary scaling "
+                                 f"({module._rope_type}) picks its frequencies from the largest position, read back "
+                                 f"each step; decode this model eagerly or with compile=True")
         self.model, self.record = model, RECORDERS[recorder]
         self.capacity = check_int("capacity", capacity, low=1, allow_none=True)
         self.max_graphs = check_int("max_graphs", max_graphs, low=1)

@@ -124,6 +124,14 @@ def test_recording_leaves_the_tensors_and_each_replay_runs_the_step():
     assert torch.equal(x, torch.arange(3.0) + 2) and torch.equal(y, torch.tensor([3.0, 7.0, 11.0]))
 
 
+def test_a_length_dependent_rotary_scaling_is_refused_before_the_prefill(model_of):
+    config = HybridConfig.preset("transformer", "tiny", **TINY, rope_scaling={
+        "rope_type": "dynamic", "factor": 2.0, "original_max_position_embeddings": 8})
+    with pytest.raises(ValueError, match=r"blocks.0.mixer.rotary's rotary scaling \(dynamic\) picks its "
+                                         r"frequencies from the largest position"):
+        generate(model_of(config), [torch.arange(5), torch.arange(3)], 4, compile="traced-graph")
+
+
 def test_cuda_graph_needs_a_cuda_model(model_of):
     model = model_of(CASES["hybrid-window"])
     with pytest.raises(ValueError, match="needs the model on a CUDA device, got one on cpu"):
