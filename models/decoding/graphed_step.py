@@ -90,7 +90,8 @@ class GraphedStep:
     """``step(token (B, 1), state=state)`` -> (logits ``(B, 1, V)``, next state), replayed from a recorded graph
     (see the module docstring). ``recorder``: "cuda" (a CUDA graph; the model on a CUDA device) or "traced" (the
     CPU stand-in); ``capacity``: the slots of a global attention cache's graph (default: twice the state's span,
-    doubled again when a row reaches it); ``max_graphs``: graphs kept, the oldest dropped first."""
+    doubled again when a row reaches it; a graph of a larger capacity replaces the batch size's smaller ones);
+    ``max_graphs``: graphs kept, the oldest dropped first."""
 
     def __init__(self, model, recorder: str = "cuda", capacity: int | None = None, max_graphs: int = 8):
         if recorder not in RECORDERS:
@@ -131,6 +132,10 @@ class GraphedStep:
         layout = StateLayout(prepared)
         graph = self.graphs.get(layout.key)
         if graph is None:
+            capacity = global_capacity(prepared)
+            if capacity is not None:  # a larger capacity replaces the smaller ones of this batch size (memory)
+                smaller = lambda g: g.token.shape[0] == token.shape[0] and (g.capacity or 0) < capacity  # noqa: E731
+                self.graphs = {key: g for key, g in self.graphs.items() if not smaller(g)}
             while len(self.graphs) >= self.max_graphs:
                 self.graphs.pop(next(iter(self.graphs)))
             graph = _Graph(self.model, prepared, token, self.record)

@@ -63,6 +63,7 @@ def test_replayed_steps_equal_eager_steps(name, float64_model_of):
     assert step.counts["replayed"] == STEPS and step.counts["eager"] == 0
     grows = "transformer" in name or "global" in name  # the default capacity, twice the longest, is outgrown
     assert (step.counts["recorded"] >= 2) == grows, step.counts
+    assert len(step.graphs) == 1  # one batch size: an outgrown capacity's graph is dropped
 
 
 def test_one_position_prompts_take_one_eager_step_then_replay(float64_model_of):
