@@ -42,6 +42,7 @@ from einops import rearrange
 from torch import nn
 
 from hybrid.kernels import complex_scan, complex_scan_step
+from hybrid.kernels.complex_scan import complex_scan_transition_step
 from hybrid.kernels.context_parallel import complex_scan_cp
 from hybrid.kernels.varlen import packed_offsets
 
@@ -379,11 +380,36 @@ class VORecurrence(Mixer):
         self._check_state(state, B)
         gate = F.gelu(self.gate_proj(x))
         u, conv_state = self.conv.step(self.value_proj(x), state.conv)
-        v, log_decay, theta = self.scan_inputs(x.unsqueeze(1), u.unsqueeze(1))  # as a length-1 sequence
-        if log_decay.dim() == 4:
-            log_decay = log_decay[:, 0]
-        if theta.dim() == 4:
-            theta = theta[:, 0]
-        y, scan_state = complex_scan_step(v[:, 0], log_decay, theta, state.scan, check_values=False)
+        if self._token_free_transition() and not torch.is_grad_enabled() and not torch.compiler.is_compiling():
+            norm, transition = self._step_constants()  # (H, P) each
+            pairs = at_least_float32(u).reshape(B, self.n_heads, self.n_pairs, 2)  # (B, H, P, 2)
+            v = (pairs * norm.unsqueeze(-1)).reshape(B, self.n_heads, self.head_dim).to(u.dtype)  # as scan_inputs
+            y, scan_state = complex_scan_transition_step(v, transition, state.scan)
+        else:
+            v, log_decay, theta = self.scan_inputs(x.unsqueeze(1), u.unsqueeze(1))  # as a length-1 sequence
+            if log_decay.dim() == 4:
+                log_decay = log_decay[:, 0]
+            if theta.dim() == 4:
+                theta = theta[:, 0]
+            y, scan_state = complex_scan_step(v[:, 0], log_decay, theta, state.scan, check_values=False)
         out = self.out_proj(gate * self.readout(y).reshape(B, self.d_rnn).to(gate.dtype))
         return out, RecurrenceState(conv=conv_state, scan=scan_state)
+
+    def _token_free_transition(self) -> bool:
+        """γ and θ are parameters (or buffers) only: no selective gate, CARoPE or data-dependent angle."""
+        return not self.selective and self.carope is None and self.data_phase is None
+
+    def _step_constants(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The write norm sqrt(1 − γ²) and the transition γ e^{−iθ} (complex), each ``(H, P)``, of a layer whose γ
+        and θ depend on no token, computed as ``scan_inputs`` and ``complex_scan_step`` compute them and kept until
+        ``decay_nu`` or ``theta`` changes (its version counter, storage, dtype or device): a decode step without
+        autograd then skips ~10 small kernels a layer (on a GPU, eager decoding is bound by the launches; traced,
+        the step computes them, which Inductor fuses)."""
+        key = tuple((t._version, t.data_ptr(), t.dtype, t.device) for t in (self.decay_nu, self.theta))
+        memo = self.__dict__.get("_step_memo")
+        if memo is None or memo[0] != key:
+            log_decay, theta = self.log_decay(), at_least_float32(self.theta)  # (H, P) each
+            norm = torch.sqrt((-torch.expm1(2.0 * log_decay)).clamp_min(MIN_WRITE_SQ))
+            memo = (key, norm, torch.exp(torch.complex(log_decay, -theta)))
+            self.__dict__["_step_memo"] = memo
+        return memo[1], memo[2]

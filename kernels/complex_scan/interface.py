@@ -243,9 +243,15 @@ def complex_scan_step(
     if check_values:
         check_scan_values(log_decay_t, theta_t, ("log_decay_t", "theta_t"))
     state = check_state(state, "state", (B, H, D), x_t)
-    real = state_dtype(x_t.dtype)
-    xc = torch.view_as_complex(x_t.to(real).reshape(B, H, P, 2).contiguous())  # (B, H, P) complex
-    a = torch.exp(torch.complex(log_decay_t, -theta_t))
-    s = xc if state is None else a * torch.view_as_complex(state.reshape(B, H, P, 2)) + xc
+    return complex_scan_transition_step(x_t, torch.exp(torch.complex(log_decay_t, -theta_t)), state)
+
+
+def complex_scan_transition_step(x_t: torch.Tensor, transition: torch.Tensor, state: torch.Tensor | None):
+    """``complex_scan_step`` from its transition ``a = γ e^{−iθ}`` (complex, broadcastable to ``(B, H, D/2)``),
+    unchecked: ``s = a · state + x_t``. A caller whose γ and θ are parameters computes ``a`` once for many
+    steps (``hybrid.recurrence``)."""
+    B, H, D = x_t.shape
+    xc = torch.view_as_complex(x_t.to(state_dtype(x_t.dtype)).reshape(B, H, D // 2, 2).contiguous())  # (B, H, P)
+    s = xc if state is None else transition * torch.view_as_complex(state.reshape(B, H, D // 2, 2)) + xc
     new_state = torch.view_as_real(s).reshape(B, H, D)
     return new_state.to(x_t.dtype), new_state

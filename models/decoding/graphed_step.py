@@ -18,9 +18,11 @@ Called with any other state (a new prompt, a batch after requests joined or left
 the graph of its layout, or records one. Like an eager step on a window's ring, a call consumes its state: the
 state returned before is overwritten by the next replay (``clone()`` a state to keep it).
 
-Each token's logits are those of the eager step in the rows form, up to float rounding (the same kernels, except
-a global cache masked over its capacity). ``recorder="traced"`` records on the CPU with ``make_fx`` instead, a
-stand-in that replays the same way and refuses what a CUDA graph cannot hold (tests/models/decoding).
+A graph serves the weights it was recorded with: after changing them in place (a training step), build a new
+``GraphedStep`` (``generate`` builds one per call). Each token's logits are those of the eager step in the rows
+form, up to float rounding (the same kernels, except a global cache masked over its capacity).
+``recorder="traced"`` records on the CPU with ``make_fx`` instead, a stand-in that replays the same way and
+refuses what a CUDA graph cannot hold (tests/models/decoding).
 """
 from __future__ import annotations
 
@@ -65,6 +67,9 @@ class _Graph:
         self.replay = record(run, self.tensors)
         self.layout.put_back(self.tensors)
         self.layout.write_counters(self.counters)
+        # what the step read from the modules' memos (an R layer's transition) stays alive for the replays, even
+        # if a later eager step replaces a memo: a graph serves the weights it was recorded with
+        self.memos = [module.__dict__["_step_memo"] for module in model.modules() if "_step_memo" in module.__dict__]
 
     def fits_one_more(self) -> bool:
         """The next token fits the global caches' capacity."""

@@ -189,6 +189,37 @@ def test_step_from_no_state_equals_forward():
     torch.testing.assert_close(s_t.scan, s.scan)
 
 
+@pytest.mark.parametrize("variant", ["static", "learned", "scaled-theta", "partial-rotary", "selective", "data"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_decode_steps_without_autograd_reuse_the_transition_bit_for_bit(variant, dtype):
+    """A decode step without autograd takes sqrt(1 − γ²) and γ e^{−iθ} of a token-free transition from a memo;
+    its outputs and states are the bits of the step that computes them (under autograd), step after step, and a
+    parameter changed in place (an optimizer step, load_state_dict) is seen at the next step."""
+    kw = dict(phase="learned") if variant == "learned" else VARIANTS[variant]
+    m = make(dtype=dtype, **kw)
+    xs = x_of(3, 5, 12, dtype)
+
+    def steps():
+        state, ys = None, []
+        for t in range(xs.shape[1]):
+            y, state = m.step(xs[:, t], state)
+            ys.append(y)
+        return torch.stack(ys), state.scan
+
+    with torch.no_grad():
+        memo_y, memo_s = steps()
+    want_y, want_s = (t.detach() for t in steps())  # autograd on: computed each step
+    assert torch.equal(memo_y, want_y) and torch.equal(memo_s, want_s)
+    assert ("_step_memo" in m.__dict__) == m._token_free_transition()
+    with torch.no_grad():
+        m.decay_nu.add_(0.5)  # in place, as an optimizer would
+        if isinstance(m.theta, torch.nn.Parameter):
+            m.theta.mul_(1.5)
+        memo_y, _ = steps()
+    want_y = steps()[0].detach()
+    assert torch.equal(memo_y, want_y)
+
+
 def test_state_size_is_fixed():
     m = make(dtype=torch.float32, d_model=16, n_heads=2)
     _, s64 = m(x_of(1, 64, 16, torch.float32))
