@@ -156,12 +156,14 @@ class RowKVCache:
         return None if self.v is None else (self.v if self.window or self.fixed else self.v[:, : self.span])
 
     def fix(self, capacity: int) -> None:
-        """Attend over `capacity` slots from now on (a global cache; at least `span`): the buffer grows to exactly
-        that once, zero-filled (see `reserve`), and stays until a call needs more."""
+        """Attend over `capacity` slots from now on (a global cache; at least `span`): the buffer is resized to
+        exactly that once, the slots past `span` zero-filled (see `reserve`), and stays until a call needs more.
+        Exactly: a buffer grown geometrically may hold twice the entries, and every step would read them all."""
         if self.window:
             return
-        if self.k.shape[1] < capacity:
-            self._grow(max(capacity, self.span))
+        capacity = max(capacity, self.span)
+        if self.k.shape[1] != capacity:
+            self._resize(capacity)
         self.fixed = True
 
     def reserve(self, capacity: int) -> None:
@@ -170,9 +172,10 @@ class RowKVCache:
         still poison the weighted sum (0 · NaN)."""
         if self.window or self.k.shape[1] >= capacity:
             return
-        self._grow(max(capacity, 2 * self.k.shape[1]))
+        self._resize(max(capacity, 2 * self.k.shape[1]))
 
-    def _grow(self, capacity: int) -> None:
+    def _resize(self, capacity: int) -> None:
+        """`capacity` ≥ `span` slots: the first `span` kept, the rest zeros."""
         grow = lambda t: torch.cat([t[:, : self.span], t.new_zeros(t.shape[0], capacity - self.span, *t.shape[2:])],
                                    dim=1)  # noqa: E731  (B, capacity, G, D)
         self.k = grow(self.k)

@@ -220,3 +220,16 @@ def test_a_fixed_global_rows_cache_attends_over_its_capacity_and_grows_past_it()
             exact(got_v[b, :n], want_v[b, :n])
         assert fixed.span == growing.span
     assert fixed.k.shape[1] > 7  # grown past the capacity (geometrically, as `reserve` grows)
+
+
+def test_fixing_a_geometrically_grown_global_cache_shrinks_it_to_the_capacity():
+    """A buffer grown to twice its entries would make every fixed step read them all: `fix` resizes exactly."""
+    cache = RowKVCache(entries(4, 0), entries(4, 1), torch.tensor([4, 2]), None, 4)
+    cache.reserve(5)  # grows geometrically, to 8
+    assert cache.k.shape[1] == 8
+    cache.fix(6)
+    assert cache.k.shape[1] == cache.v.shape[1] == 6 and cache.keys.shape[1] == 6
+    exact(cache.k[:, :4], entries(4, 0))
+    exact(cache.v[:, 4:], torch.zeros(B, 2, G, D, dtype=torch.float64))
+    cache.fix(3)  # never below the entries held
+    assert cache.k.shape[1] == 4

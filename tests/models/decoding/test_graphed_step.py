@@ -82,6 +82,21 @@ def test_one_position_prompts_take_one_eager_step_then_replay(float64_model_of):
     assert torch.equal(generate(model, ids, 9, temperature=0, compile="traced-graph"), want)
 
 
+def test_a_global_cache_is_recorded_at_the_capacity_asked_for(float64_model_of):
+    """generate asks for the prompt plus the new tokens; the eager step into the rows form grew the buffer
+    geometrically (to twice the prompt), and the graph reads exactly the capacity asked for."""
+    model = float64_model_of(CASES["transformer"])
+    ids = torch.randint(0, VOCAB, (2, 13), generator=torch.Generator().manual_seed(6))
+    step = GraphedStep(model, "traced", capacity=13 + 5)
+    with torch.no_grad():
+        logits, state = model(ids)
+        for _ in range(4):
+            logits, state = step(logits[:, -1:].argmax(-1), state=state)
+    (graph,) = step.graphs.values()
+    assert graph.capacity == 18 and step.counts["recorded"] == 1
+    assert {layer.cache.k.shape[1] for layer in state.layers} == {18}
+
+
 @pytest.mark.parametrize("name", ["transformer", "hybrid-window"])
 def test_generate_and_continuous_batching_give_the_eager_tokens(name, model_of):
     model = model_of(CASES[name])
