@@ -122,7 +122,6 @@ def reads_back(x: torch.Tensor) -> bool:
     return x.device.type == "cpu" and not torch.compiler.is_compiling() and not _RECORDING[0]
 
 
-
 def check_float_tensor(name: str, x, dtypes=None) -> None:
     """``x`` is a floating-point tensor (of one of ``dtypes`` when given)."""
     if not isinstance(x, torch.Tensor):

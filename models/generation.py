@@ -124,11 +124,11 @@ def generate(
     if prefill not in PREFILL_MODES:
         raise ValueError(f"prefill: expected 'parallel' or 'chunked', got {prefill!r}")
     check_sampling(temperature, top_k, top_p)
-    longest = max(len(p) for p in prompts) if ragged else input_ids.shape[1]
-    step = decode_step(model, compile, capacity=longest + max_new_tokens)
     if compile is not False and (mode != "recurrent" or draft is not None):
         raise ValueError(f"compile: compiles the decode steps of mode 'recurrent' without a draft model, got mode "
                          f"{mode!r}{' with a draft' if draft is not None else ''}")
+    longest = max(len(p) for p in prompts) if ragged else input_ids.shape[1]
+    step = decode_step(model, compile, capacity=longest + max_new_tokens)
     V = model.config.vocab_size
     vocab_limit = check_int("vocab_limit", vocab_limit, low=1, high=V, allow_none=True)
     check_int("eos_token_id", eos_token_id, low=0, high=(V if vocab_limit is None else vocab_limit) - 1,
