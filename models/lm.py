@@ -34,6 +34,7 @@ from hybrid.checks import check_int, check_sequence_states, reads_back
 from hybrid.kernels.varlen import (PackedOffsets, dynamic_count, host_offsets, packed_offsets,
                                    positions_in_sequence)
 from hybrid.mixer import offset_arguments
+from hybrid.rotary.module import forget_rows
 
 from .config import HybridConfig
 from .context_parallel import forward_shard
@@ -305,6 +306,7 @@ class HybridLM(nn.Module):
         return self.lm_head(self.norm(h)), layers
 
     def _forward_block(self, ids: torch.Tensor, state: HybridState, output_final_state: bool = True):
+        forget_rows()  # the layers of this block share one per-row rotary table, no other call's
         h = self._embed(ids, state.offset)  # (B, T, d_model)
         logits, layers = self._run_blocks(h, state.layers, state.offset, None, output_final_state)
         if not output_final_state:
@@ -342,6 +344,7 @@ class HybridLM(nn.Module):
     def _step(self, token_ids: torch.Tensor, state: HybridState):
         """``step`` on checked ids and state: the one decode route (``step``, ``forward`` at T = 1 with a state,
         the recurrent mode, ``generate``)."""
+        forget_rows()  # the layers of this step share one per-row rotary table, no other step's
         h = self._embed(token_ids, state.offset)  # (B, d_model)
         layers = []
         for block, layer_state in zip(self.blocks, state.layers):

@@ -16,6 +16,16 @@ def _check_count(name: str, v) -> int:
     return check_int(name, v, low=0)
 
 
+# cos_sin_rows's last answer, shared by every Rotary of equal schedule: (positions tensor, key, (cos, sin))
+_LAST_ROWS: list = [None]
+
+
+def forget_rows() -> None:
+    """Drop ``cos_sin_rows``'s last answer. A model calls it before each step: the answer is for the layers of one
+    step (a CUDA graph's replay rewrites a positions tensor without touching its version counter)."""
+    _LAST_ROWS[0] = None
+
+
 class Rotary(nn.Module):
     """Rotary position embedding for heads of size `dim`, rotating the first `R = rotary_dim or dim` channels.
 
@@ -52,6 +62,7 @@ class Rotary(nn.Module):
         self._tables: dict = {}  # (frequency key, device) -> (cos, sin), each (n, R/2) for positions 0 … n−1
         self._freqs: dict = {}   # total length -> dynamic NTK's θ (CPU float32)
         self._last = None        # (key, device, offset, seq_len, cos, sin) for length-specific frequencies
+        self._schedule_key = (int(R), self.base, repr(self.scaling))  # equal keys, equal frequencies
 
     def extra_repr(self) -> str:
         scaling = "" if self.scaling is None else f", scaling={self.scaling}"
@@ -144,16 +155,30 @@ class Rotary(nn.Module):
         decode step reads nothing back to the host. Where the frequencies depend on the length (dynamic /
         longrope) the largest position decides whether a row is past the threshold: that one is read back (a
         sync off the CPU), and a row past it gets its own `cos_sin` call.
+
+        The layers of one decode step ask for the same rows: the last answer is kept, for the same positions
+        tensor (unchanged since) and schedule, outside torch.compile, where it saves every attention layer after
+        the first ~10 small ops a token.
         """
         seq_len = _check_count("seq_len", seq_len)
         device = offsets.device if device is None else torch.device(device)
+        theta = self._plain_theta()
+        memo_key = None
+        if self._threshold is None and not torch.compiler.is_compiling():
+            memo_key = (offsets._version, seq_len, device, theta.dtype, self._schedule_key)
+            memo = _LAST_ROWS[0]
+            if memo is not None and memo[0] is offsets and memo[1] == memo_key:
+                return memo[2]
         positions = offsets.long()[:, None] + torch.arange(seq_len, device=offsets.device)  # (B, T)
         if self._threshold is not None and positions.numel() and int(positions.max()) + 1 > self._threshold:
             parts = [self.cos_sin(seq_len, o, device) for o in offsets.tolist()]  # each (T, R/2), its own total
             cos, sin = torch.stack([c for c, _ in parts]), torch.stack([s for _, s in parts])  # (B, T, R/2)
         else:
-            cos, sin = self._cos_sin_at(positions, self._plain_theta(), device)  # (B, T, R/2)
-        return cos[:, :, None], sin[:, :, None]  # (B, T, 1, R/2)
+            cos, sin = self._cos_sin_at(positions, theta, device)  # (B, T, R/2)
+        out = cos[:, :, None], sin[:, :, None]  # (B, T, 1, R/2)
+        if memo_key is not None:
+            _LAST_ROWS[0] = (offsets, memo_key, out)
+        return out
 
     def cos_sin_packed(self, cu_seqlens: torch.Tensor, total: int, offsets: torch.Tensor | None = None,
                        max_offset: int = 0, device=None):

@@ -73,3 +73,27 @@ def test_cos_sin_rows_read_nothing_back_without_a_length_dependence():
     dynamic = Rotary(8, scaling={"rope_type": "dynamic", "factor": 4.0, "original_max_position_embeddings": 6})
     with pytest.raises(Exception, match="(?i)graph break|data-dependent|Unsupported"):
         torch.compile(dynamic.cos_sin_rows, fullgraph=True, backend="eager")(offsets, 2)  # reads the largest
+
+
+def test_the_layers_of_a_step_share_their_rows_and_no_other_step_does():
+    """``cos_sin_rows`` keeps its last answer for the same positions tensor and an equal schedule (the attention
+    layers of one decode step): the same tensors, equal to computing them; another schedule, other positions
+    or positions changed in place are computed afresh; ``forget_rows`` (a model's every step) drops it, so a
+    CUDA graph's replay, which rewrites positions without bumping their version, leaves nothing stale."""
+    from hybrid.rotary.module import forget_rows
+
+    forget_rows()
+    first, second = Rotary(8, base=500.0), Rotary(8, base=500.0)  # two layers of one model
+    offsets = torch.tensor([0, 7, 3000, 41])
+    cos, sin = first.cos_sin_rows(offsets, 1)
+    assert second.cos_sin_rows(offsets, 1)[0] is cos  # shared
+    for b, o in enumerate(offsets.tolist()):
+        assert torch.equal(cos[b, :, 0], first.cos_sin(1, o)[0]) and torch.equal(sin[b, :, 0], first.cos_sin(1, o)[1])
+    assert Rotary(8, base=100.0).cos_sin_rows(offsets, 1)[0] is not cos  # another schedule
+    cos, _ = first.cos_sin_rows(offsets, 1)
+    offsets.add_(1)  # in place: its version moves
+    moved, _ = first.cos_sin_rows(offsets, 1)
+    assert torch.equal(moved[1, 0, 0], first.cos_sin(1, 8)[0][0])
+    offsets.data.add_(1)  # as a graph's replay writes it: the version stays
+    forget_rows()
+    assert torch.equal(first.cos_sin_rows(offsets, 1)[0][1, 0, 0], first.cos_sin(1, 9)[0][0])
