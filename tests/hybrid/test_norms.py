@@ -54,3 +54,25 @@ def test_norm_bad_args():
         RMSNorm(4, eps=-1.0)
     with pytest.raises(ValueError, match="x"):
         RMSNorm(4)(torch.randn(2, 5))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
+@pytest.mark.parametrize("weighted", [True, False])
+def test_rms_norm_is_the_written_formula_to_the_bit_on_the_cpu(dtype, weighted):
+    """``rms_norm`` goes through ``F.rms_norm`` (one fused kernel on CUDA); on the CPU its values and gradients are
+    the bits of the formula written out in at least float32, odd sizes."""
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(3, 7, 33, generator=g, dtype=F64).to(dtype).requires_grad_()
+    w = torch.randn(33, generator=g, dtype=F64).to(dtype).requires_grad_() if weighted else None
+    grad_out = torch.randn(3, 7, 33, generator=g, dtype=F64).to(dtype)
+
+    def written(x, w):
+        xf = x.to(torch.promote_types(x.dtype, torch.float32))
+        y = xf * torch.rsqrt(xf.pow(2).mean(dim=-1, keepdim=True) + 1e-6)
+        return (y if w is None else y * w.to(xf.dtype)).to(x.dtype)
+
+    inputs = [x] if w is None else [x, w]
+    got, want = rms_norm(x, w), written(x, w)
+    assert torch.equal(got, want)
+    for a, b in zip(torch.autograd.grad(got, inputs, grad_out), torch.autograd.grad(want, inputs, grad_out)):
+        assert torch.equal(a, b)
