@@ -131,9 +131,12 @@ class GraphedStep:
             return self.model(token, state=None if state is None else state.ragged_copy())
         prepared = state.clone()
         spans = global_spans(prepared)
-        if spans:  # global caches: the next token's slot must fit
+        if spans:  # global caches: the next token's slot must fit, in a graph of this batch size if one has room
             needed = max(spans) + 1
-            fix_caches(prepared, self.capacity if self.capacity and self.capacity >= needed else 2 * needed)
+            roomy = [g.capacity for g in self.graphs.values()
+                     if g.token.shape[0] == token.shape[0] and (g.capacity or 0) >= needed]
+            fix_caches(prepared, max(roomy) if roomy else
+                       self.capacity if self.capacity and self.capacity >= needed else 2 * needed)
         layout = StateLayout(prepared)
         graph = self.graphs.get(layout.key)
         if graph is None:
