@@ -20,6 +20,8 @@ import dataclasses
 import torch
 from torch import Tensor
 
+from hybrid.attention_state import AttentionState, is_rows
+
 _HOST_VALUES = (int, float, bool, str, type(None))
 COUNTERS = ("span",)  # host counters a step advances: copied in, kept out of the key
 
@@ -79,13 +81,6 @@ class StateLayout:
         walk(state, "state")
         self.key = tuple(key)
 
-    def tensors_of(self, state) -> list[Tensor]:
-        """``state``'s tensors in this layout's order (``state`` laid out as this one: same ``key``)."""
-        other = StateLayout(state)
-        if other.key != self.key:
-            raise ValueError("state: expected a state laid out as the recorded one, got another layout")
-        return other.tensors
-
     def put_back(self, tensors: list[Tensor]) -> None:
         """Point every place of the laid-out state at ``tensors`` (in this layout's order)."""
         for owner, name, i in self.places:
@@ -104,37 +99,34 @@ def same_memory(a: Tensor, b: Tensor) -> bool:
     return a.data_ptr() == b.data_ptr() and a.shape == b.shape and a.stride() == b.stride() and a.dtype == b.dtype
 
 
+def _global_rows(state) -> list:
+    """The attention layer states of ``state`` whose cache is a global rows cache (``RowKVCache``, no window)."""
+    return [layer for layer in state.layers
+            if isinstance(layer, AttentionState) and is_rows(layer) and layer.cache.window is None]
+
+
 def fix_caches(state, capacity: int) -> None:
     """Every global rows cache of ``state`` attends over ``capacity`` slots from now on (``RowKVCache.fix``), and
     its attention state's ``k`` / ``v`` are the cache's buffers themselves."""
-    for layer in state.layers:
-        cache = getattr(layer, "cache", None)
-        if cache is not None and hasattr(cache, "fix") and cache.window is None:
-            cache.fix(capacity)
-            layer.k, layer.v = cache.keys, cache.values
+    for layer in _global_rows(state):
+        layer.cache.fix(capacity)
+        layer.k, layer.v = layer.cache.keys, layer.cache.values
 
 
 def global_spans(state) -> list[int]:
     """The span (host bound on the lengths) of each global rows cache of ``state``."""
-    return [layer.cache.span for layer in state.layers
-            if hasattr(getattr(layer, "cache", None), "fix") and layer.cache.window is None]
+    return [layer.cache.span for layer in _global_rows(state)]
 
 
 def global_capacity(state) -> int | None:
     """The slots of the global rows caches of ``state`` (one capacity for all), None without one."""
-    sizes = {layer.cache.k.shape[1] for layer in state.layers
-             if hasattr(getattr(layer, "cache", None), "fix") and layer.cache.window is None}
+    sizes = {layer.cache.k.shape[1] for layer in _global_rows(state)}
     return max(sizes) if sizes else None
 
 
 def is_rows_state(state) -> bool:
     """Every attention layer of ``state`` (a ragged ``HybridState``) is in the rows form with its entries."""
-    if not state.ragged:
-        return False
-    for layer in state.layers:
-        if hasattr(layer, "cache") and not hasattr(layer.cache, "lengths"):
-            return False
-    return True
+    return state.ragged and all(is_rows(layer) for layer in state.layers if isinstance(layer, AttentionState))
 
 
 def copy_into(static: list[Tensor], given: list[Tensor]) -> None:

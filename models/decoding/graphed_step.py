@@ -38,9 +38,9 @@ from .graph_state import StateLayout, copy_into, fix_caches, global_capacity, gl
 class _Graph:
     """One recorded step over its static state, token and logits."""
 
-    def __init__(self, model, state, token: Tensor, record):
+    def __init__(self, model, state, layout: StateLayout, token: Tensor, record):
         self.state = state
-        self.layout = StateLayout(state)
+        self.layout = layout  # the state's
         self.tensors = list(self.layout.tensors)
         self.counters = self.layout.read_counters()
         self.capacity = global_capacity(state)
@@ -75,10 +75,10 @@ class _Graph:
         """The next token fits the global caches' capacity."""
         return self.capacity is None or max(global_spans(self.state)) + 1 <= self.capacity
 
-    def load(self, state) -> None:
-        """Copy ``state`` (laid out as this graph's) into the static state."""
-        copy_into(self.tensors, self.layout.tensors_of(state))
-        self.counters = StateLayout(state).read_counters()
+    def load(self, layout: StateLayout) -> None:
+        """Copy the state ``layout`` walked (laid out as this graph's: the same ``key``) into the static state."""
+        copy_into(self.tensors, layout.tensors)
+        self.counters = layout.read_counters()
 
     def step(self, token: Tensor):
         """One replay; the static state's objects are pointed back at the graph's memory first (a row operation
@@ -146,11 +146,11 @@ class GraphedStep:
                 self.graphs = {key: g for key, g in self.graphs.items() if not smaller(g)}
             while len(self.graphs) >= self.max_graphs:
                 self.graphs.pop(next(iter(self.graphs)))
-            graph = _Graph(self.model, prepared, token, self.record)
+            graph = _Graph(self.model, prepared, layout, token, self.record)
             self.graphs[layout.key] = graph
             self.counts["recorded"] += 1
         else:
-            graph.load(prepared)
+            graph.load(layout)
             self.counts["loaded"] += 1
         self.live = graph
         self.counts["replayed"] += 1

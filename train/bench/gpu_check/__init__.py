@@ -13,7 +13,8 @@ runs), each writing what it measured as it goes:
    torch backend compiled, accelerated-scan's complex scan and fla's HGRN scans where installed.
 3. ``models``: training tokens/s and peak memory of the hybrids, RetNet and vo-rnn against the Transformer on
    SDPA, bf16 autocast, eager and compiled, padded and packed, T = 2K … 32K.
-4. ``decoding``: ms/token and state bytes after 4K, 16K and 64K prompts at batch 1 and 16, eager and compiled steps.
+4. ``decoding``: ms/token and state bytes after 4K, 16K and 64K prompts at batch 1 and 16: eager steps, steps
+   replayed from a CUDA graph and compiled steps.
 5. ``training``: a 300-step ``small`` hybrid run with bf16 and ``--compile`` through ``hybrid-train``: its loss
    curve, and recurrent against parallel greedy samples.
 
