@@ -16,6 +16,8 @@ import time
 import traceback
 from pathlib import Path
 
+from ..compile_cache import NOTE_VARIABLE
+
 PARTS = {  # name → default seconds: one H100 command of at most 9 minutes in all (docs/gpu.md splits it in two)
     "correctness": 110,
     "scan": 80,
@@ -116,6 +118,7 @@ def _header(args, argv) -> dict:
     return {"device": device, "torch": torch.__version__, "triton": triton_version,
             "python": platform.python_version(), "date": datetime.datetime.now().strftime("%Y-%m-%d %H:%M"),
             "commit": _commit(args.commit), "dry_run": args.dry_run,
+            "compile_cache": os.environ.get(NOTE_VARIABLE, "not carried: Triton's and Inductor's default folders"),
             "command": "python -m hybrid.train.bench.gpu_check " + " ".join(argv)}
 
 

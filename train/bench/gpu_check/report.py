@@ -191,7 +191,9 @@ def write_outputs(out: Path, header: dict, parts: dict, rows: list[dict], target
     lines = [f"# GPU check: {header['device']}", "",
              f"{header['date']}; commit {header['commit']}; torch {header['torch']}, triton {header['triton']}, "
              f"Python {header['python']}; {'DRY RUN (CPU, tiny sizes)' if header['dry_run'] else 'full sizes'}.", "",
-             f"`{header['command']}`", "", "| part | status | seconds | limit s | rows |", "|---|---|---:|---:|---:|"]
+             f"`{header['command']}`", "",
+             f"Compile caches at the start: {header.get('compile_cache', 'not recorded')}.", "",
+             "| part | status | seconds | limit s | rows |", "|---|---|---:|---:|---:|"]
     for name, status in parts.items():
         lines.append(f"| {name} | {status['status']} | {_fmt(status.get('seconds'))} | {_fmt(status.get('limit'))} | "
                      f"{status.get('rows', 0)} |")

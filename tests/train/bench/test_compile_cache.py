@@ -1,0 +1,141 @@
+"""``python -m hybrid.train.bench.compile_cache``: a command's Triton and Inductor caches saved to one file and
+restored under another root in a later run, where they hit. The Triton kernel is compiled for sm_90 ahead of
+time (no GPU needed), outside the interpreter that the rest of the suite runs under."""
+import json
+import os
+import subprocess
+import sys
+import tarfile
+
+import pytest
+
+from hybrid.train.bench import compile_cache
+
+COMPILES = '''
+import json, torch, triton, triton.language as tl
+from torch._dynamo.utils import counters
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+@triton.jit
+def copy_kernel(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(y_ptr + i, tl.load(x_ptr + i, mask=i < n), mask=i < n)
+
+signature = {"x_ptr": "*fp32", "y_ptr": "*fp32", "n": "i32", "BLOCK": "constexpr"}
+kernel = triton.compile(ASTSource(copy_kernel, signature, {"BLOCK": 128}), target=GPUTarget("cuda", 90, 32))
+x = torch.randn(37, dtype=torch.float64)
+y = torch.compile(lambda t: torch.sin(t) * 2 + t.cos())(x)
+torch.testing.assert_close(y, torch.sin(x) * 2 + x.cos(), rtol=1e-12, atol=1e-12)
+print(json.dumps({"asm": sorted(kernel.asm), "inductor": dict(counters["inductor"])}))
+'''
+
+
+def wrapped(tmp_path, *args, command=None):
+    env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "TRITON_CACHE_DIR",
+                                                               "TORCHINDUCTOR_CACHE_DIR")}
+    command = command or [sys.executable, str(tmp_path / "compiles.py")]
+    return subprocess.run([sys.executable, "-m", "hybrid.train.bench.compile_cache", *map(str, args), "--",
+                           *command], capture_output=True, text=True, env=env, timeout=300)
+
+
+def last_json(done):
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    return json.loads([line for line in done.stdout.splitlines() if line.startswith("{")][-1])
+
+
+def test_a_saved_cache_hits_when_restored_under_another_root(tmp_path):
+    (tmp_path / "compiles.py").write_text(COMPILES)
+    saved = tmp_path / "cache.tgz"
+    first = last_json(wrapped(tmp_path, "--root", tmp_path / "first", "--save", saved, "--note", "commit abc"))
+    assert {"cubin", "ptx", "ttir"} <= set(first["asm"])  # compiled here, every level of text
+    assert first["inductor"].get("fxgraph_cache_miss") == 1 and not first["inductor"].get("fxgraph_cache_hit")
+    with tarfile.open(saved) as tar:
+        names = tar.getnames()
+    assert not [n for n in names if n.endswith(compile_cache.TRITON_TEXTS)], names
+    assert any(n.endswith(".cubin") for n in names) and any("/fxgraph/" in n for n in names)
+
+    (tmp_path / "first").rename(tmp_path / "gone")  # nothing of the first root is left to find
+    done = wrapped(tmp_path, "--root", tmp_path / "second", "--restore", saved)
+    second = last_json(done)
+    assert second["asm"] == ["cubin"]  # loaded from the restored, trimmed entry: a fresh compile has every text
+    assert second["inductor"].get("fxgraph_cache_hit") == 1 and not second["inductor"].get("fxgraph_cache_miss")
+    assert "restored 1 Triton kernels, 0 autotunings, 1 Inductor graphs" in done.stdout and "commit abc" in done.stdout
+    (group,) = (tmp_path / "second" / "triton").rglob("__grp__*")
+    members = json.loads(group.read_text())["child_paths"].values()
+    assert members and all(p.startswith(str(tmp_path / "second")) for p in members)
+
+
+def fake_root(root, incompressible_bytes: int):
+    """A Triton entry (binary, metadata, a text) and an Inductor graph of random, incompressible bytes."""
+    entry = root / "triton" / "HASH"
+    entry.mkdir(parents=True)
+    (entry / "k.cubin").write_bytes(b"\0" * 1000)
+    (entry / "k.json").write_text("{}")
+    (entry / "k.ptx").write_bytes(os.urandom(incompressible_bytes))
+    (entry / "__grp__k.json").write_text(json.dumps({"child_paths": {
+        n: str(entry / n) for n in ("k.cubin", "k.json", "k.ptx")}}))
+    (root / "triton" / "AUTO").mkdir()
+    (root / "triton" / "AUTO" / "scan.autotune.json").write_text("{}")
+    graph = root / "inductor" / "fxgraph" / "ab" / "entry"
+    graph.mkdir(parents=True)
+    (graph / "0").write_bytes(os.urandom(incompressible_bytes))
+
+
+def test_a_file_too_large_leaves_inductor_out_then_everything(tmp_path):
+    fake_root(tmp_path / "root", 300_000)
+    target = tmp_path / "c.tgz"
+    said = compile_cache.save(tmp_path / "root", target, max_mib=1.0)
+    assert said.startswith("compile cache: saved 1 Triton kernels, 1 autotunings, 1 Inductor graphs")
+    said = compile_cache.save(tmp_path / "root", target, max_mib=0.2)  # the .ptx is left out, the graph is not
+    assert "saved 1 Triton kernels, 1 autotunings, 0 Inductor graphs" in said and "1 Inductor graphs left out" in said
+    with tarfile.open(target) as tar:
+        assert not [n for n in tar.getnames() if n.startswith("inductor")]
+        group = json.load(tar.extractfile("triton/HASH/__grp__k.json"))
+    assert sorted(group["child_paths"]) == ["k.cubin", "k.json"]
+    said = compile_cache.save(tmp_path / "root", tmp_path / "none.tgz", max_mib=1e-4)
+    assert said.startswith("compile cache: not saved") and not (tmp_path / "none.tgz").exists()
+    assert not list(tmp_path.glob("*.part"))
+
+
+def test_a_missing_or_broken_file_is_a_cold_start_and_the_command_still_runs(tmp_path, capfd):
+    show_cache = [sys.executable, "-c", "import os, sys; print(os.environ['TRITON_CACHE_DIR']); sys.exit(3)"]
+    rc = compile_cache.main(["--root", str(tmp_path / "r"), "--restore", str(tmp_path / "absent.tgz"), "--",
+                             *show_cache])
+    said = capfd.readouterr().out
+    assert rc == 3  # the command's own exit status
+    assert f"cold start: no file at {tmp_path / 'absent.tgz'}" in said and str(tmp_path / "r" / "triton") in said
+    (tmp_path / "broken.tgz").write_bytes(b"not a tar")
+    rc = compile_cache.main(["--root", str(tmp_path / "r"), "--restore", str(tmp_path / "broken.tgz"), "--",
+                             sys.executable, "-c", "pass"])
+    assert rc == 0 and "cold start: could not restore" in capfd.readouterr().out
+
+
+@pytest.mark.parametrize("args,message", [
+    ([], "COMMAND: expected '-- COMMAND [ARG ...]' to run, got nothing"),
+    (["--save", "EXISTING", "--", "true"], "--save: expected a new file (or --overwrite), got"),
+    (["--max-mib", "0", "--", "true"], "--max-mib: expected a size > 0, got 0"),
+])
+def test_bad_arguments_get_one_line(tmp_path, capsys, args, message):
+    (tmp_path / "EXISTING").write_text("a user's file")
+    args = [str(tmp_path / a) if a == "EXISTING" else a for a in args]
+    assert compile_cache.main(args) == 2
+    said = capsys.readouterr().err
+    assert message in said and len(said.strip().splitlines()) == 1
+    assert (tmp_path / "EXISTING").read_text() == "a user's file"
+
+
+def test_the_gpu_checks_report_says_what_was_restored(tmp_path):
+    """The check under the wrapper, as docs/gpu.md runs it: its header names the caches, and the saved file is
+    an eighth file at most beside its outputs."""
+    out = tmp_path / "out"
+    check = [sys.executable, "-m", "hybrid.train.bench.gpu_check", "--out", str(out), "--dry-run", "--parts",
+             "models", "--limits", "models=1"]
+    done = wrapped(tmp_path, "--root", tmp_path / "r", "--restore", tmp_path / "none.tgz", "--save",
+                   out / "compile_cache.tgz", command=check)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    header = json.loads((out / "results.json").read_text())["header"]
+    assert header["compile_cache"] == f"cold start: no file at {tmp_path / 'none.tgz'}"
+    assert f"Compile caches at the start: cold start: no file at {tmp_path / 'none.tgz'}." in (
+        out / "report.md").read_text()
+    assert (out / "compile_cache.tgz").is_file() and len(list(out.iterdir())) <= 8

@@ -1,0 +1,212 @@
+"""Carry Triton's and torch.compile's caches from one device session to the next.
+
+A lent device machine starts bare, so every session compiles every Triton kernel, autotunes every scan tile and
+compiles every Inductor graph again. On 2026-11-27 the `gpu-long` budget's first model took 190 s, of which 22 s
+were training, and autotuning took most of the check's scan part. This wraps any command:
+
+    python -m hybrid.train.bench.compile_cache [--restore FILE] [--save FILE] [--root DIR] -- COMMAND [ARG ...]
+
+1. ``--restore`` unpacks an earlier session's caches into ``--root`` (a missing file is a cold start);
+2. the command runs with Triton (``TRITON_CACHE_DIR``) and Inductor (``TORCHINDUCTOR_CACHE_DIR``) pointed there;
+3. ``--save`` packs the root into one ``.tgz`` that fits what the device tool brings back (one file of at most
+   16 MiB). Triton's intermediate texts (``.ttir``, ``.ttgir``, ``.llir``, ``.ptx``, ``.source``) stay behind:
+   a cache hit loads only the binary and its metadata, and the texts are three quarters of the bytes.
+
+Every entry is keyed by a hash of its source, compiler versions and options, so a changed kernel or another
+torch simply misses. Triton's group files name their members by absolute path; a restore rewrites them for
+the new root. Inductor's kernels are kept once, in Triton's folder, not also inside its graph entries.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import io
+import json
+import os
+import subprocess
+import sys
+import tarfile
+import tempfile
+from importlib import metadata
+from pathlib import Path
+
+MANIFEST = "compile_cache.json"
+TRITON_TEXTS = (".ttir", ".ttgir", ".llir", ".ptx", ".source", ".amdgcn")
+DEFAULT_MAX_MIB = 15.0  # the device tool brings back files of at most 16 MiB
+NOTE_VARIABLE = "HYBRID_COMPILE_CACHE"  # the command learns what was restored
+
+
+def environment(root: Path) -> dict[str, str]:
+    """The variables that point Triton and Inductor at ``root``."""
+    return {"TRITON_CACHE_DIR": str(root / "triton"), "TORCHINDUCTOR_CACHE_DIR": str(root / "inductor"),
+            # Inductor's graph entries would otherwise hold a second copy of each kernel, texts included
+            "TORCHINDUCTOR_BUNDLE_TRITON_INTO_FX_GRAPH_CACHE": "0"}
+
+
+def census(root: Path) -> dict[str, int]:
+    """What a cache root holds: compiled Triton kernels, autotuning results, Inductor graphs, and bytes."""
+    root = Path(root)
+    triton, inductor = root / "triton", root / "inductor"
+    files = [p for p in root.rglob("*") if p.is_file()] if root.is_dir() else []
+    return {"triton_kernels": sum(1 for p in files if p.name.startswith("__grp__") and triton in p.parents),
+            "autotunings": sum(1 for p in files if p.name.endswith(".autotune.json")),
+            "inductor_graphs": sum(1 for p in files if (inductor / "fxgraph") in p.parents),
+            "bytes": sum(p.stat().st_size for p in files)}
+
+
+def describe(counts: dict) -> str:
+    return (f"{counts['triton_kernels']} Triton kernels, {counts['autotunings']} autotunings, "
+            f"{counts['inductor_graphs']} Inductor graphs")
+
+
+def _versions() -> dict[str, str]:
+    found = {"python": ".".join(map(str, sys.version_info[:3]))}
+    for name in ("torch", "triton"):
+        try:
+            found[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            found[name] = "not installed"
+    return found
+
+
+def _is_triton_text(path: Path) -> bool:
+    return path.suffix in TRITON_TEXTS
+
+
+def _group_without_texts(path: Path) -> bytes | None:
+    """A Triton group file listing only the members that are packed, or None if it is not one."""
+    try:
+        group = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    members = group.get("child_paths") if isinstance(group, dict) else None
+    if not isinstance(members, dict):
+        return None
+    kept = {name: p for name, p in members.items() if not _is_triton_text(Path(p))}
+    return json.dumps({**group, "child_paths": kept}).encode()
+
+
+def _pack(root: Path, target: Path, parts: tuple[str, ...], note: str) -> None:
+    """Write ``parts`` of ``root`` (its subfolders' names) and a manifest into the gzipped tar ``target``."""
+    manifest = {"root": str(root.resolve()), "made": datetime.datetime.now().strftime("%Y-%m-%d %H:%M"),
+                "note": note, "parts": list(parts), **_versions()}
+    with tarfile.open(target, "w:gz") as tar:
+        for part in parts:
+            for path in sorted((root / part).rglob("*")):
+                if not path.is_file() or path.suffix == ".lock" or _is_triton_text(path):
+                    continue
+                name = str(path.relative_to(root))
+                body = _group_without_texts(path) if path.name.startswith("__grp__") else None
+                if body is None:
+                    tar.add(path, arcname=name, recursive=False)
+                else:
+                    info = tarfile.TarInfo(name)
+                    info.size, info.mtime = len(body), int(path.stat().st_mtime)
+                    tar.addfile(info, io.BytesIO(body))
+        body = json.dumps(manifest, indent=1).encode()
+        info = tarfile.TarInfo(MANIFEST)
+        info.size = len(body)
+        tar.addfile(info, io.BytesIO(body))
+
+
+def save(root: Path, target: Path, max_mib: float = DEFAULT_MAX_MIB, note: str = "") -> str:
+    """Pack ``root`` into ``target``: everything if it fits in ``max_mib``, else Triton's part alone, else
+    nothing. Returns one line saying which."""
+    root, target = Path(root), Path(target)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    limit = max_mib * 2 ** 20
+    for parts in (("triton", "inductor"), ("triton",)):
+        with tempfile.NamedTemporaryFile(dir=target.parent, suffix=".part", delete=False) as handle:
+            scratch = Path(handle.name)
+        try:
+            _pack(root, scratch, parts, note)
+            size = scratch.stat().st_size
+            if size <= limit:
+                os.replace(scratch, target)
+                counts = census(root)
+                left = "" if "inductor" in parts else f"; {counts['inductor_graphs']} Inductor graphs left out to fit"
+                counts["inductor_graphs"] *= "inductor" in parts
+                return f"compile cache: saved {describe(counts)} to {target} ({size / 2 ** 20:.1f} MiB){left}"
+        finally:
+            scratch.unlink(missing_ok=True)
+    return f"compile cache: not saved: even Triton's kernels alone pack to more than --max-mib {max_mib:g}"
+
+
+def _relocate_groups(root: Path, old_root: str) -> None:
+    """Point every restored Triton group file's members at ``root`` instead of the root they were packed from."""
+    new_root = str(root.resolve())
+    for path in root.rglob("__grp__*"):
+        group = json.loads(path.read_text())
+        members = group.get("child_paths", {})
+        group["child_paths"] = {name: new_root + p[len(old_root):] if p.startswith(old_root + os.sep) else p
+                                for name, p in members.items()}
+        path.write_text(json.dumps(group))
+
+
+def restore(source: Path, root: Path) -> str:
+    """Unpack ``source`` into ``root`` (a missing file is a cold start). Returns one line saying what it did."""
+    source, root = Path(source), Path(root)
+    if not source.is_file():
+        return f"compile cache: cold start: no file at {source}"
+    root.mkdir(parents=True, exist_ok=True)
+    with tarfile.open(source, "r:gz") as tar:
+        members = [m for m in tar.getmembers() if m.name != MANIFEST]
+        manifest = json.load(tar.extractfile(MANIFEST))
+        tar.extractall(root, members=members, filter="data")
+    _relocate_groups(root, manifest["root"])
+    made = ", ".join(f"{k} {manifest[k]}" for k in ("made", "torch", "triton") if manifest.get(k))
+    note = f", {manifest['note']}" if manifest.get("note") else ""
+    return f"compile cache: restored {describe(census(root))} into {root} (packed {made}{note})"
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m hybrid.train.bench.compile_cache", allow_abbrev=False,
+                                description="Run a command with Triton's and Inductor's caches restored from, "
+                                            "and saved to, one file (docs/gpu.md).")
+    p.add_argument("--restore", type=Path, help="a .tgz saved by an earlier run (missing: a cold start)")
+    p.add_argument("--save", type=Path, help="where to pack the caches after the command (.tgz)")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing --save file")
+    p.add_argument("--root", type=Path, default=Path(tempfile.gettempdir()) / "hybrid-compile-cache",
+                   help="the cache folder the command uses (default: %(default)s)")
+    p.add_argument("--max-mib", type=float, default=DEFAULT_MAX_MIB,
+                   help="largest --save file; past it, Inductor's graphs are left out (default: %(default)s)")
+    p.add_argument("--note", default="", help="a line kept in the saved file's manifest, e.g. the commit")
+    p.add_argument("command", nargs=argparse.REMAINDER, help="-- then the command to run")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    problem = None
+    if not command:
+        problem = "COMMAND: expected '-- COMMAND [ARG ...]' to run, got nothing"
+    elif args.save is not None and args.save.exists() and not args.overwrite:
+        problem = f"--save: expected a new file (or --overwrite), got {args.save}, which exists"
+    elif args.max_mib <= 0:
+        problem = f"--max-mib: expected a size > 0, got {args.max_mib:g}"
+    if problem:
+        print(f"compile_cache: {problem}", file=sys.stderr)
+        return 2
+    if args.restore is not None:
+        try:
+            said = restore(args.restore, args.root)
+        except (OSError, tarfile.TarError, ValueError, KeyError) as exc:  # a bad file costs a cold start only
+            said = f"compile cache: cold start: could not restore {args.restore}: {type(exc).__name__}: {exc}"
+    else:
+        said = f"compile cache: {describe(census(args.root))} already in {args.root}"
+    print(said, flush=True)
+    # the note reaches the command's reports (gpu_check's header), so its compile seconds read right
+    env = {**os.environ, **environment(args.root), NOTE_VARIABLE: said.removeprefix("compile cache: ")}
+    child = subprocess.Popen(command, env=env)
+    try:
+        rc = child.wait()
+    except KeyboardInterrupt:  # the command gets the signal too: let it end, then keep what it compiled
+        rc = child.wait()
+    if args.save is not None:
+        print(save(args.root, args.save, args.max_mib, args.note), flush=True)
+    return rc
+
+
+if __name__ == "__main__":
+    sys.exit(main())
