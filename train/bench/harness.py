@@ -110,12 +110,15 @@ def _train_config(budget: Budget, model: HybridConfig, seed: int, *, data, token
 
 def suite_specs(suite_name: str, budget: Budget, *, vocab_size: int, data=None, tokenizer=None,
                 device: str = "auto", sets: dict | None = None, skip_rows_without_text: bool = False,
-                compile: bool = False) -> list[RunSpec]:
+                compile: bool = False, data_digest: str | None = None) -> list[RunSpec]:
     """One RunSpec per model and seed (and, for ``extension``, per fine-tune and seed), in run order; ``compile``:
-    each run's training step under ``torch.compile`` (``--compile``; the measurements run the model eager)."""
+    each run's training step under ``torch.compile`` (``--compile``; the measurements run the model eager);
+    ``data_digest``: the prepared tokens' ``content_digest``, kept in every record."""
     suite = SUITES[suite_name]
     configs = suite_configs(suite, budget, vocab_size, sets)
     common = {"suite": suite_name, "budget": budget.to_dict(), "factors": [1, *suite.factors]}
+    if data_digest is not None:
+        common["data_digest"] = data_digest
     specs = []
     for name, config in configs.items():
         for seed in budget.seeds:
@@ -259,6 +262,10 @@ def check_records_match(directory: Path, specs: list[RunSpec]) -> None:
             raise ValueError(f"out: {directory / spec.run} was trained with another model or training config than "
                              f"this command asks for (budget, --steps, --seq-len, --window, --set, --data); use "
                              f"another --out")
+        digest, was = spec.config.get("data_digest"), record["config"].get("data_digest", "not recorded")
+        if digest is not None and was != digest:  # the same --data path can hold other text on another machine
+            raise ValueError(f"out: {directory / spec.run} was trained on other tokens than --data gives here "
+                             f"(data digest {was[:12]}, here {digest[:12]}); use another --out")
         # the global model's config has no window, but its past-the-window buckets do
         window, was = spec.config["budget"]["extra"].get("window"), _record_window(record)
         if window != was:
@@ -279,10 +286,11 @@ def run_bench(suite_name: str, budget: Budget, *, out, data=None, tokenizer=None
     if verbose:
         s = prepared.stats
         print(f"data: {s['source']}: {s['train_tokens']:,} train / {s['valid_tokens']:,} valid tokens "
-              f"({s['tokenizer']})", flush=True)
+              f"({s['tokenizer']}; tokens' sha256 {prepared.content_digest[:12]})", flush=True)
     vocab = round_vocab_size(prepared.tokenizer.vocab_size)
     specs = suite_specs(suite_name, budget, vocab_size=vocab, data=data, tokenizer=tokenizer, device=device,
-                        sets=sets, skip_rows_without_text=skip_rows_without_text, compile=compile)
+                        sets=sets, skip_rows_without_text=skip_rows_without_text, compile=compile,
+                        data_digest=prepared.content_digest)
     check_records_match(Path(out) / suite_name, specs)
     return run_suite(Path(out) / suite_name, specs, make_execute(budget), suite=suite_name, verbose=verbose,
                      time_limit=time_limit)

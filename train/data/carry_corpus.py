@@ -17,6 +17,9 @@ distribution's ``METADATA`` or ``PKG-INFO`` (its README) into ``DIR``, one file 
   the repository, the carried wheels and this folder stay under the device's 64 MiB.
 
 The folder is written beside ``DIR`` and renamed into place when complete; ``DIR`` must not exist yet.
+
+``--pinned`` reads pinned pure-Python wheels instead of this installation (``pinned_corpus``): the same folder
+on any machine, its digest checked. docs/gpu.md carries that one.
 """
 from __future__ import annotations
 
@@ -26,6 +29,7 @@ import heapq
 import os
 import sys
 import sysconfig
+import tempfile
 from pathlib import Path
 
 __all__ = ["site_dirs", "package_files", "choose", "build", "main", "SUFFIXES", "MAX_FILE_BYTES"]
@@ -155,7 +159,32 @@ def parser() -> argparse.ArgumentParser:
                    help="the folder's size cap in MiB (default: 48, for the device's 64 MiB with the repository)")
     p.add_argument("--site", action="append", default=None, metavar="DIR",
                    help="a site-packages folder to read, repeatable (default: the running Python's)")
+    p.add_argument("--pinned", action="store_true",
+                   help="read the pinned pure-Python wheels instead (pinned_corpus.py): the same folder on any "
+                        "machine, its digest checked; what docs/gpu.md carries")
+    p.add_argument("--wheels", type=Path, default=None, metavar="DIR",
+                   help="where --pinned keeps the downloaded wheels (default: <HYBRID_CACHE>/corpus-wheels)")
     return p
+
+
+def _pinned_site(wheels: Path | None, scratch: Path) -> Path:
+    from . import pinned_corpus
+    from .prepare import default_cache_dir
+
+    folder = wheels if wheels is not None else default_cache_dir() / "corpus-wheels"
+    return pinned_corpus.unpack(pinned_corpus.download(folder), scratch / "site-packages")
+
+
+def _check_pinned(out: Path, summary: dict, max_mib: float) -> None:
+    """A pinned build at the pinned size must give the pinned folder; another one is removed, not carried."""
+    from .pinned_corpus import PINNED_DIGEST, PINNED_MAX_MIB
+
+    if max_mib == PINNED_MAX_MIB and summary["digest"] != PINNED_DIGEST:
+        import shutil
+
+        shutil.rmtree(out)
+        raise ValueError(f"--pinned: expected sha256 {PINNED_DIGEST}, got {summary['digest']} (removed {out}): "
+                         f"the wheels or the selection rules changed")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -163,11 +192,20 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if not 0 < args.max_mib < float("inf"):
             raise ValueError(f"--max-mib: expected a positive number of MiB, got {args.max_mib:g}")
+        if args.pinned and args.site is not None:
+            raise ValueError("--pinned: expected no --site beside it (it reads the pinned wheels), got both")
         sites = None if args.site is None else [Path(s) for s in args.site]
         for site in sites or []:
             if not site.is_dir():
                 raise ValueError(f"--site: expected a folder, got {site}")
-        summary = build(args.out, max_bytes=int(args.max_mib * 2**20), sites=sites)
+        if Path(args.out).exists():
+            raise ValueError(f"--out: expected a folder that does not exist yet, got {args.out}")
+        with tempfile.TemporaryDirectory(prefix="carry_corpus_") as scratch:
+            if args.pinned:
+                sites = [_pinned_site(args.wheels, Path(scratch))]
+            summary = build(args.out, max_bytes=int(args.max_mib * 2**20), sites=sites)
+        if args.pinned:
+            _check_pinned(Path(args.out), summary, args.max_mib)
     except ValueError as e:
         print(f"carry_corpus: error: {e}", file=sys.stderr)
         return 2

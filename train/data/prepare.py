@@ -18,6 +18,7 @@ Cache directory: `cache_dir=`, else `$HYBRID_CACHE`, else `$XDG_CACHE_HOME/hybri
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -129,6 +130,15 @@ class PreparedData:
     def bpb(self, mean_loss: float) -> float:
         """Bits per byte of a mean loss (nats per target token) over the validation stream."""
         return _bpb.loss_to_bpb(mean_loss, self.bytes_per_token)
+
+    @functools.cached_property
+    def content_digest(self) -> str:
+        """sha256 of the tokenizer's fingerprint and both token streams: equal exactly when a model would be trained
+        and scored on the same tokens, whichever folder, path or machine they came from."""
+        digest = hashlib.sha256(f"{self.tokenizer.fingerprint}|{self.train.dtype}|{len(self.train)}|".encode())
+        digest.update(np.ascontiguousarray(self.train).data)
+        digest.update(np.ascontiguousarray(self.valid).data)
+        return digest.hexdigest()
 
     def unigram_bpb(self, alpha: float = 1.0) -> float:
         """The baseline: a unigram model fitted on train, scored on validation, in bits per byte."""

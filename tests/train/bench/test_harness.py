@@ -2,6 +2,8 @@
 counts and training budgets across every suite, the budget window."""
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
@@ -60,6 +62,33 @@ def test_a_run_measured_at_another_window_is_refused(tmp_path, corpus, records_o
     err = capsys.readouterr().err
     assert "was measured at window 8, this command asks for 4 (--window)" in err and err.count("\n") == 1
     assert records_of(out / "baselines") == records
+
+
+def test_a_run_trained_on_other_tokens_is_refused(tmp_path, corpus, records_of, smoke_flags, capsys):
+    """Records name the tokens they were trained and scored on: the same --data path holding other text (another
+    machine's corpus folder), or a record from before digests, is not continued."""
+    from hybrid.train.data import prepare_data
+
+    out = tmp_path / "bench"
+    argv = ["--suite", "baselines", "--models", "transformer", "--out", str(out), "--data", str(corpus),
+            *smoke_flags]
+    assert bench_main(argv) == 0
+    records = records_of(out / "baselines")
+    assert records[0]["config"]["data_digest"] == prepare_data(corpus).content_digest
+    capsys.readouterr()
+    assert bench_main(argv) == 0 and records_of(out / "baselines") == records  # the same tokens: skipped
+
+    document = sorted(p for p in corpus.rglob("*") if p.is_file())[0]
+    document.write_text(document.read_text() + "\none more line\n")
+    assert bench_main(argv) == 2
+    err = capsys.readouterr().err
+    assert "was trained on other tokens than --data gives here (data digest " in err and err.count("\n") == 1
+
+    document.write_text(document.read_text().removesuffix("\none more line\n"))
+    del records[0]["config"]["data_digest"]
+    (out / "baselines" / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    assert bench_main(argv) == 2
+    assert "(data digest not recorded, here " in capsys.readouterr().err
 
 
 def test_set_overrides_every_model_before_sizing():

@@ -118,3 +118,19 @@ def test_prepared_data_bpb_and_baseline(corpus_dir, tmp_path):
     x, y = next(data.train_loader(seq_len=16, batch_size=2))
     assert x.shape == (2, 16)
     assert sum(y.numel() for _, y in data.valid_batches(16, 4)) == len(data.valid) - 1
+
+
+def test_content_digest_names_the_tokens_not_the_folder(corpus_dir, tmp_path):
+    """Equal for the same documents read from another folder (another machine's path), different when one
+    document changes by a letter: what the bench's records compare before continuing a suite."""
+    import shutil
+
+    root, texts = corpus_dir
+    here = prepare_data(root, cache_dir=tmp_path / "a")
+    copy = tmp_path / "elsewhere"
+    shutil.copytree(root, copy)
+    assert prepare_data(copy, cache_dir=tmp_path / "b").content_digest == here.content_digest
+    (copy / "doc03.txt").write_text(texts["doc03.txt"].replace("document", "Document"), encoding="utf-8")
+    changed = prepare_data(copy, cache_dir=tmp_path / "b")
+    assert changed.content_digest != here.content_digest and len(changed.train) + len(changed.valid) == len(
+        here.train) + len(here.valid)
