@@ -122,6 +122,9 @@ def save(root: Path, target: Path, max_mib: float = DEFAULT_MAX_MIB, note: str =
             _pack(root, scratch, parts, note)
             size = scratch.stat().st_size
             if size <= limit:
+                umask = os.umask(0)
+                os.umask(umask)
+                scratch.chmod(0o666 & ~umask)  # a temporary file is private; the saved one reads like any other
                 os.replace(scratch, target)
                 counts = census(root)
                 left = "" if "inductor" in parts else f"; {counts['inductor_graphs']} Inductor graphs left out to fit"

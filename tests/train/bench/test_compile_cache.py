@@ -85,8 +85,13 @@ def fake_root(root, incompressible_bytes: int):
 def test_a_file_too_large_leaves_inductor_out_then_everything(tmp_path):
     fake_root(tmp_path / "root", 300_000)
     target = tmp_path / "c.tgz"
-    said = compile_cache.save(tmp_path / "root", target, max_mib=1.0)
+    umask = os.umask(0o022)
+    try:
+        said = compile_cache.save(tmp_path / "root", target, max_mib=1.0)
+    finally:
+        os.umask(umask)
     assert said.startswith("compile cache: saved 1 Triton kernels, 1 autotunings, 1 Inductor graphs")
+    assert target.stat().st_mode & 0o777 == 0o644  # not the private mode of the temporary file it was written as
     said = compile_cache.save(tmp_path / "root", target, max_mib=0.2)  # the .ptx is left out, the graph is not
     assert "saved 1 Triton kernels, 1 autotunings, 0 Inductor graphs" in said and "1 Inductor graphs left out" in said
     with tarfile.open(target) as tar:
