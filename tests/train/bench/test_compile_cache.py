@@ -144,3 +144,14 @@ def test_the_gpu_checks_report_says_what_was_restored(tmp_path):
     assert f"Compile caches at the start: cold start: no file at {tmp_path / 'none.tgz'}." in (
         out / "report.md").read_text()
     assert (out / "compile_cache.tgz").is_file() and len(list(out.iterdir())) <= 8
+
+
+def test_suite_records_say_what_the_wrapper_restored(monkeypatch):
+    """hybrid-bench's records (their ``machine``) carry the wrapper's note, so a first step's seconds are read as
+    warm or cold."""
+    from hybrid.train.suite.records import machine
+
+    monkeypatch.delenv(compile_cache.NOTE_VARIABLE, raising=False)
+    assert "compile_cache" not in machine()
+    monkeypatch.setenv(compile_cache.NOTE_VARIABLE, "restored 3 Triton kernels")
+    assert machine()["compile_cache"] == "restored 3 Triton kernels"
