@@ -159,7 +159,7 @@ def restore(source: Path, root: Path) -> str:
     _relocate_groups(root, manifest["root"])
     made = ", ".join(f"{k} {manifest[k]}" for k in ("made", "torch", "triton") if manifest.get(k))
     note = f", {manifest['note']}" if manifest.get("note") else ""
-    return f"compile cache: restored {describe(census(root))} into {root} (packed {made}{note})"
+    return f"compile cache: restored {source} into {root}, which holds {describe(census(root))} (packed {made}{note})"
 
 
 def parser() -> argparse.ArgumentParser:

@@ -60,7 +60,8 @@ def test_a_saved_cache_hits_when_restored_under_another_root(tmp_path):
     second = last_json(done)
     assert second["asm"] == ["cubin"]  # loaded from the restored, trimmed entry: a fresh compile has every text
     assert second["inductor"].get("fxgraph_cache_hit") == 1 and not second["inductor"].get("fxgraph_cache_miss")
-    assert "restored 1 Triton kernels, 0 autotunings, 1 Inductor graphs" in done.stdout and "commit abc" in done.stdout
+    assert f"restored {saved} into {tmp_path / 'second'}, which holds 1 Triton kernels, 0 autotunings, 1 Inductor " \
+           f"graphs (packed made " in done.stdout and "commit abc" in done.stdout
     (group,) = (tmp_path / "second" / "triton").rglob("__grp__*")
     members = json.loads(group.read_text())["child_paths"].values()
     assert members and all(p.startswith(str(tmp_path / "second")) for p in members)
@@ -155,3 +156,28 @@ def test_suite_records_say_what_the_wrapper_restored(monkeypatch):
     assert "compile_cache" not in machine()
     monkeypatch.setenv(compile_cache.NOTE_VARIABLE, "restored 3 Triton kernels")
     assert machine()["compile_cache"] == "restored 3 Triton kernels"
+
+
+def device_lines() -> list[str]:
+    """The device command lines of docs/gpu.md that train or check (one shell line each)."""
+    from pathlib import Path
+
+    doc = (Path(__file__).resolve().parents[3] / "docs" / "gpu.md").read_text(encoding="utf-8")
+    return [line for line in doc.splitlines() if line.startswith("export ")
+            and ("hybrid.train.bench.gpu_check" in line or "hybrid.train.cli.bench" in line)]
+
+
+def test_every_device_command_runs_under_the_wrapper_as_documented():
+    """docs/gpu.md's commands restore the committed file, save into $OUT beside at most seven other files, and
+    give the wrapper arguments it takes: a typo there would cost a device session its warm start."""
+    import shlex
+
+    lines = device_lines()
+    assert len(lines) >= 5
+    for line in lines:
+        assert len(line) < 2000  # the device tool's limit for one command line
+        words = shlex.split(line.split("python3 -m hybrid.train.bench.compile_cache", 1)[1].split("|")[0])
+        args = compile_cache.parser().parse_args(words)
+        assert args.restore.as_posix() == "docs/research/gpu/compile_cache.tgz"
+        assert args.save.as_posix() == "$OUT/compile_cache.tgz" and args.command[0] == "--"
+        assert args.command[1] in ("python3", "timeout") and args.root.as_posix() == "/tmp/hcc"
