@@ -109,7 +109,8 @@ def generate(
     ``compile``: True, or a dict of ``torch.compile`` options, runs every decode step under
     ``torch.compile(model, dynamic=True, ...)`` (``decode_step``); "cuda-graph" records the step once as a CUDA
     graph and replays it (``decoding/graphed_step.py``; a global cache holds the longest prompt plus
-    ``max_new_tokens``). The prefill stays eager. Mode "recurrent", without a draft.
+    ``max_new_tokens``), and "compiled-cuda-graph" records it as ``torch.compile`` runs it (fewer kernels). The
+    prefill stays eager. Mode "recurrent", without a draft.
     """
     ragged = not isinstance(input_ids, torch.Tensor) or attention_mask is not None or lengths is not None
     if ragged:

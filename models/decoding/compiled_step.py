@@ -8,7 +8,8 @@ import torch.fx.experimental._config as fx_config
 from .graphed_step import GraphedStep
 
 
-GRAPHS = {"cuda-graph": "cuda", "traced-graph": "traced"}  # compile= value: GraphedStep's recorder
+# compile= value: GraphedStep's recorder, and whether the step it records is compiled
+GRAPHS = {"cuda-graph": ("cuda", False), "compiled-cuda-graph": ("cuda", True), "traced-graph": ("traced", False)}
 
 
 def decode_step(model: torch.nn.Module, compile=False, capacity: int | None = None):
@@ -21,18 +22,21 @@ def decode_step(model: torch.nn.Module, compile=False, capacity: int | None = No
 
     ``compile="cuda-graph"``: the eager step recorded as a CUDA graph and replayed (``graphed_step.GraphedStep``;
     ``capacity``: the slots of a global attention cache, e.g. the longest prompt plus the new tokens);
-    ``"traced-graph"``: the same with its CPU stand-in (tests and dry runs; slower than eager)."""
+    ``"compiled-cuda-graph"``: the same, recording the step as ``torch.compile`` runs it (Inductor's fused kernels:
+    fewer launches a step); ``"traced-graph"``: the eager one with its CPU stand-in (tests and dry runs; slower
+    than eager)."""
     if compile is False:
         return model
     if isinstance(compile, str) and compile in GRAPHS:
-        return GraphedStep(model, GRAPHS[compile], capacity)
+        recorder, compiled = GRAPHS[compile]
+        return GraphedStep(model, recorder, capacity, compiled=compiled)
     if compile is True:
         options = {}
     elif isinstance(compile, dict):
         options = dict(compile)
     else:
-        raise ValueError(f"compile: expected True, False, a dict of torch.compile options, 'cuda-graph' or "
-                         f"'traced-graph', got {compile!r}")
+        raise ValueError(f"compile: expected True, False, a dict of torch.compile options, or one of "
+                         f"{sorted(GRAPHS)}, got {compile!r}")
     compiled = torch.compile(model, **{"dynamic": True, **options})
 
     def step(*args, **kwargs):

@@ -79,7 +79,7 @@ class Decoder:
     how prompts are read ("parallel" or "chunked"); ``vocab_limit``: ids from it up are never produced; ``seed``:
     the seed of requests that give none (plus their index); ``compile``: True or a dict of ``torch.compile``
     options runs the decode steps compiled, "cuda-graph" replays them from CUDA graphs, one per batch size
-    (``decode_step``)."""
+    ("compiled-cuda-graph": graphs of the compiled step; ``decode_step``)."""
 
     def __init__(self, model, max_batch: int = 8, *, prefill: str = "parallel", chunk_size: int | None = None,
                  vocab_limit: int | None = None, seed: int = 0, compile=False):

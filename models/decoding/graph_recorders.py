@@ -1,17 +1,23 @@
 """Recording a decode step once and replaying it: a CUDA graph, or its CPU stand-in for tests and dry runs.
 
-``record(run, tensors)`` returns ``replay()``. ``run()`` is one decode step on fixed tensors; recording leaves
-``tensors`` (the static state's) as they were, and each ``replay()`` then does what ``run()`` did, on whatever the
-tensors hold by then, with none of its Python.
+``record(run, tensors, check)`` returns ``replay()``. ``run()`` is one decode step on fixed tensors; recording
+leaves ``tensors`` (the static state's) as they were, and each ``replay()`` then does what ``run()`` did, on
+whatever the tensors hold by then, with none of its Python. ``check()`` is the same step run eagerly: ``run``
+itself, or, when ``run`` calls a ``torch.compile``d model, its eager twin (Dynamo compiles nothing under the
+dispatch mode that looks for what a capture cannot hold, so the eager step is the one looked at).
 
-- ``record_cuda_graph``: ``torch.cuda.CUDAGraph``. One warm-up run first, on a side stream (lazy initialisation,
-  the Triton kernels' first compile), whose writes are undone from a snapshot, and which refuses what a capture
-  could not hold as the stand-in does; the capture itself runs nothing.
+- ``record_cuda_graph``: ``torch.cuda.CUDAGraph``. One warm-up of ``check`` first, on a side stream (lazy
+  initialisation, the Triton kernels' first compile), which refuses what a capture could not hold as the stand-in
+  does; then, for a compiled ``run``, one warm-up of ``run`` (Dynamo's and Inductor's compile, outside the
+  capture). Their writes are undone from a snapshot, and the capture itself runs nothing.
 - ``record_traced``: the CPU stand-in. ``make_fx`` traces ``run()`` into a graph of aten ops whose constants are
   the same tensors (the same memory), which a replay reads and writes as a CUDA graph would. A step that a CUDA
   graph could not hold raises: one that reads a tensor back (a host sync), builds a tensor from host data (a copy
   from the host), or has an output of data-dependent shape. A step whose Python decides on values would replay
   its first decision: the tests compare replays with eager steps.
+- ``record_rerun``: the CPU stand-in for a compiled step, which ``make_fx`` cannot trace. It looks at the eager
+  twin as the CUDA recorder does, then each ``replay()`` runs the step again, its Python included (a compiled
+  step may compile again when a host counter it read has moved; a CUDA graph keeps the first recording).
 """
 from __future__ import annotations
 
@@ -35,13 +41,19 @@ _HOST_OPS = {
 }
 
 
-def record_cuda_graph(run: Callable[[], None], tensors: list[Tensor]) -> Callable[[], None]:
-    """``run`` recorded as a CUDA graph; returns its ``replay``."""
+def record_cuda_graph(run: Callable[[], None], tensors: list[Tensor],
+                      check: Callable[[], None] | None = None) -> Callable[[], None]:
+    """``run`` recorded as a CUDA graph (``check``: its eager twin, if ``run`` is compiled); returns its
+    ``replay``."""
     snapshot = [t.clone() for t in tensors]
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side), _RefuseHostOps():
-        run()  # warm-up, outside the capture (where a sync would break it with a CUDA error instead)
+    with torch.cuda.stream(side):
+        with _RefuseHostOps():
+            (check or run)()  # warm-up, outside the capture (where a sync would break it with a CUDA error instead)
+        if check is not None and check is not run:
+            copy_into(tensors, snapshot)
+            run()  # the compile, outside the capture
     torch.cuda.current_stream().wait_stream(side)
     copy_into(tensors, snapshot)
     del snapshot
@@ -51,9 +63,14 @@ def record_cuda_graph(run: Callable[[], None], tensors: list[Tensor]) -> Callabl
     return graph.replay
 
 
-def record_traced(run: Callable[[], None], tensors: list[Tensor]) -> Callable[[], None]:
+def record_traced(run: Callable[[], None], tensors: list[Tensor],
+                  check: Callable[[], None] | None = None) -> Callable[[], None]:
     """``run`` traced into an aten graph over the same tensors (the CPU stand-in); returns its ``replay``."""
     from torch.fx.experimental.proxy_tensor import make_fx
+
+    if check is not None and check is not run:
+        raise ValueError("recorder: 'traced' records an eager step (make_fx does not trace a torch.compile'd "
+                         "one), got a compiled step")
 
     snapshot = [t.clone() for t in tensors]
 
@@ -76,6 +93,19 @@ def record_traced(run: Callable[[], None], tensors: list[Tensor]) -> Callable[[]
         if name in _HOST_OPS:
             raise _refusal(name, None)
     return lambda: graph()
+
+
+def record_rerun(run: Callable[[], None], tensors: list[Tensor],
+                 check: Callable[[], None] | None = None) -> Callable[[], None]:
+    """The stand-in for a compiled step (see the module docstring); returns ``run`` itself as the replay."""
+    snapshot = [t.clone() for t in tensors]
+    with _RefuseHostOps():
+        (check or run)()
+    copy_into(tensors, snapshot)
+    if check is not None and check is not run:
+        run()  # the compile, before the first replay
+        copy_into(tensors, snapshot)
+    return run
 
 
 class _RefuseHostOps(TorchDispatchMode):
@@ -101,4 +131,4 @@ def _refusal(op: str, where: str | None) -> ValueError:
                       f"(aten.{op}{at})")
 
 
-RECORDERS = {"cuda": record_cuda_graph, "traced": record_traced}
+RECORDERS = {"cuda": record_cuda_graph, "traced": record_traced, "rerun": record_rerun}

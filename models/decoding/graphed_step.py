@@ -23,6 +23,10 @@ A graph serves the weights it was recorded with: after changing them in place (a
 form, up to float rounding (the same kernels, except a global cache masked over its capacity).
 ``recorder="traced"`` records on the CPU with ``make_fx`` instead, a stand-in that replays the same way and
 refuses what a CUDA graph cannot hold (tests/models/decoding).
+
+``compiled=True`` records the step as ``torch.compile(model, dynamic=False)`` runs it: Inductor fuses its
+elementwise ops, so a replay launches fewer kernels (``compile="compiled-cuda-graph"``). The eager step is still
+the one checked for what a graph cannot hold. Its CPU stand-in is ``recorder="rerun"``.
 """
 from __future__ import annotations
 
@@ -36,9 +40,10 @@ from .graph_state import StateLayout, copy_into, fix_caches, global_capacity, gl
 
 
 class _Graph:
-    """One recorded step over its static state, token and logits."""
+    """One recorded step over its static state, token and logits (``compiled``: the step is that
+    ``torch.compile`` of ``model``; the eager ``model`` is its twin for the recorder's checks)."""
 
-    def __init__(self, model, state, layout: StateLayout, token: Tensor, record):
+    def __init__(self, model, state, layout: StateLayout, token: Tensor, record, compiled=None):
         self.state = state
         self.layout = layout  # the state's
         self.tensors = list(self.layout.tensors)
@@ -49,11 +54,11 @@ class _Graph:
                                   device=token.device)  # (B, 1, V)
         self.advance = [0] * len(self.counters)
 
-        def run() -> None:
+        def run(step=model if compiled is None else compiled) -> None:
             self.layout.put_back(self.tensors)
             self.layout.write_counters(self.counters)
             with recording_graph():
-                logits, out = model(self.token, state=self.state)
+                logits, out = step(self.token, state=self.state)
             out_layout = StateLayout(out)
             if out_layout.key != self.layout.key:
                 raise ValueError("state: expected a decode step that keeps the state's layout (a CUDA graph "
@@ -64,7 +69,7 @@ class _Graph:
             self.logits.copy_(logits)
             self.advance = [after - before for after, before in zip(out_layout.read_counters(), self.counters)]
 
-        self.replay = record(run, self.tensors)
+        self.replay = record(run, self.tensors, check=(lambda: run(model)) if compiled is not None else None)
         self.layout.put_back(self.tensors)
         self.layout.write_counters(self.counters)
         # what the step read from the modules' memos (an R layer's transition) stays alive for the replays, even
@@ -93,14 +98,23 @@ class _Graph:
 
 class GraphedStep:
     """``step(token (B, 1), state=state)`` -> (logits ``(B, 1, V)``, next state), replayed from a recorded graph
-    (see the module docstring). ``recorder``: "cuda" (a CUDA graph; the model on a CUDA device) or "traced" (the
-    CPU stand-in); ``capacity``: the slots of a global attention cache's graph (default: twice the state's span,
-    doubled again when a row reaches it; a graph of a larger capacity replaces the batch size's smaller ones);
-    ``max_graphs``: graphs kept, the oldest dropped first."""
+    (see the module docstring). ``recorder``: "cuda" (a CUDA graph; the model on a CUDA device), "traced" (the
+    CPU stand-in) or "rerun" (the CPU stand-in for a compiled step); ``capacity``: the slots of a global
+    attention cache's graph (default: twice the state's span, doubled again when a row reaches it; a graph of a
+    larger capacity replaces the batch size's smaller ones);
+    ``max_graphs``: graphs kept, the oldest dropped first; ``compiled``: record the step as ``torch.compile``
+    (``dynamic=False``) runs it, its elementwise ops fused by Inductor, so that the graph launches fewer kernels
+    (True, or a dict of ``torch.compile`` options; each graph's layout compiles once, before its recording)."""
 
-    def __init__(self, model, recorder: str = "cuda", capacity: int | None = None, max_graphs: int = 8):
+    def __init__(self, model, recorder: str = "cuda", capacity: int | None = None, max_graphs: int = 8,
+                 compiled: bool | dict = False):
         if recorder not in RECORDERS:
             raise ValueError(f"recorder: expected one of {sorted(RECORDERS)}, got {recorder!r}")
+        if not isinstance(compiled, (bool, dict)):
+            raise ValueError(f"compiled: expected True, False or a dict of torch.compile options, got {compiled!r}")
+        if compiled is not False and recorder == "traced":
+            raise ValueError("compiled: expected the 'cuda' or 'rerun' recorder (make_fx, the 'traced' stand-in, "
+                             "does not trace a torch.compile'd step), got recorder 'traced'")
         device = model.embed.weight.device
         if recorder == "cuda" and device.type != "cuda":
             raise ValueError(f"compile: 'cuda-graph' records the decode step as a CUDA graph and needs the model "
@@ -111,6 +125,8 @@ class GraphedStep:
                                  f"({module._rope_type}) picks its frequencies from the largest position, read back "
                                  f"each step; decode this model eagerly or with compile=True")
         self.model, self.record = model, RECORDERS[recorder]
+        options = {} if compiled is True else compiled or None
+        self.compiled = None if options is None else torch.compile(model, **{"dynamic": False, **options})
         self.capacity = check_int("capacity", capacity, low=1, allow_none=True)
         self.max_graphs = check_int("max_graphs", max_graphs, low=1)
         self.graphs: dict[tuple, _Graph] = {}
@@ -146,7 +162,7 @@ class GraphedStep:
                 self.graphs = {key: g for key, g in self.graphs.items() if not smaller(g)}
             while len(self.graphs) >= self.max_graphs:
                 self.graphs.pop(next(iter(self.graphs)))
-            graph = _Graph(self.model, prepared, layout, token, self.record)
+            graph = _Graph(self.model, prepared, layout, token, self.record, self.compiled)
             self.graphs[layout.key] = graph
             self.counts["recorded"] += 1
         else:

@@ -62,8 +62,8 @@ def test_inductor_decodes_as_eager(one_torch_thread):
 
 
 @pytest.mark.parametrize("kwargs, message", [
-    (dict(compile="yes"), "compile: expected True, False, a dict of torch.compile options, 'cuda-graph' or "
-                            "'traced-graph', got 'yes'"),
+    (dict(compile="yes"), "compile: expected True, False, a dict of torch.compile options, or one of "
+                            "['compiled-cuda-graph', 'cuda-graph', 'traced-graph'], got 'yes'"),
     (dict(compile=True, mode="parallel"),
      "compile: compiles the decode steps of mode 'recurrent' without a draft model, got mode 'parallel'"),
     (dict(compile=True, draft="DRAFT"),

@@ -117,6 +117,43 @@ def test_generate_and_continuous_batching_give_the_eager_tokens(name, model_of):
     assert counts["loaded"] >= counts["recorded"] - 1, counts
 
 
+@pytest.mark.parametrize("name, steps", [("hybrid-window", STEPS), ("vo-gla", STEPS), ("transformer", 6)])
+def test_compiled_replays_equal_eager_steps(name, steps, float64_model_of):
+    """The step as torch.compile runs it (``compiled=True``: what a CUDA graph then records), through its CPU
+    stand-in: every replay equals the eager step in float64, and a layout compiles once, however many tokens follow
+    (a global cache's host span, which its stand-in replays read, recompiles it: fewer steps there)."""
+    from torch._dynamo.utils import counters
+
+    torch.compiler.reset()
+    counters.clear()
+    model = float64_model_of(CASES[name])
+    forced = torch.randint(0, VOCAB, (len(LENGTHS), steps), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        _, state = prefill(model, prompts_of(LENGTHS, seed=0))
+        eager_state = state.clone()
+        step = GraphedStep(model, "rerun", compiled=True)
+        for t in range(steps):
+            want, eager_state = model(forced[:, t:t + 1], state=eager_state)
+            got, state = step(forced[:, t:t + 1], state=state)
+            err = (got - want).abs().max().item()
+            assert err <= 1e-12 * want.abs().max().item(), f"{name}, step {t}: max error {err:.3g}"
+    assert step.counts["replayed"] == steps and counters["stats"]["unique_graphs"] >= 1
+    if name != "transformer":
+        assert counters["stats"]["unique_graphs"] == 1 and not counters["recompiles"], dict(counters["recompiles"])
+    torch.compiler.reset()
+
+
+def test_a_compiled_step_needs_a_recorder_that_can_hold_it(model_of):
+    model = model_of(CASES["hybrid-window"])
+    with pytest.raises(ValueError, match=r"^compiled: expected the 'cuda' or 'rerun' recorder \(make_fx, the "
+                                         r"'traced' stand-in, does not trace a torch.compile'd step\), got recorder "
+                                         r"'traced'$"):
+        GraphedStep(model, "traced", compiled=True)
+    with pytest.raises(ValueError, match=r"^compiled: expected True, False or a dict of torch.compile options, "
+                                         r"got 'yes'$"):
+        GraphedStep(model, "rerun", compiled="yes")
+
+
 def test_a_step_a_cuda_graph_cannot_hold_is_refused():
     x = torch.arange(4.0)
     with pytest.raises(ValueError, match=r"reads a tensor back to the host \(a sync\)"):
@@ -155,5 +192,8 @@ def test_cuda_graph_needs_a_cuda_model(model_of):
     model = model_of(CASES["hybrid-window"])
     with pytest.raises(ValueError, match="needs the model on a CUDA device, got one on cpu"):
         generate(model, torch.zeros(1, 3, dtype=torch.long), 2, compile="cuda-graph")
-    with pytest.raises(ValueError, match="expected True, False, a dict of torch.compile options, 'cuda-graph'"):
+    with pytest.raises(ValueError, match="needs the model on a CUDA device, got one on cpu"):
+        generate(model, torch.zeros(1, 3, dtype=torch.long), 2, compile="compiled-cuda-graph")
+    with pytest.raises(ValueError, match=r"expected True, False, a dict of torch.compile options, or one of "
+                                         r"\['compiled-cuda-graph', 'cuda-graph', 'traced-graph'\], got 'graph'"):
         generate(model, torch.zeros(1, 3, dtype=torch.long), 2, compile="graph")

@@ -7,11 +7,13 @@ the hybrid (window 512) against the Transformer (a growing KV cache; global atte
 Each step is timed three ways from the same prefilled state: eagerly (``step="eager"``), one Python call per
 token as ``generate`` does by default; replayed from a CUDA graph (``step="graphed"``,
 ``generate(..., compile="cuda-graph")``: the first step eager into the rows form, the second records; a global
-cache attends over the prompt plus the new tokens); and through ``generate(..., compile=True)``'s compiled step
-(``step="compiled"``, ``torch.compile(model, dynamic=True)``: one compile for every context and batch, its
-seconds in the first row's ``warm_up_steps_s``). On a GPU an eager step is bound by its few hundred kernel
-launches; a graph launches them at once, and compiled, the elementwise ones fuse. A dry run records the graph
-with its CPU stand-in (``compile="traced-graph"``)."""
+cache attends over the prompt plus the new tokens); replayed from a CUDA graph of the compiled step
+(``step="graphed-compiled"``, ``compile="compiled-cuda-graph"``: Inductor's fused kernels recorded, fewer launches
+a replay); and through ``generate(..., compile=True)``'s compiled step (``step="compiled"``,
+``torch.compile(model, dynamic=True)``: one compile for every context and batch, its seconds in the first row's
+``warm_up_steps_s``). On a GPU an eager step is bound by its few hundred kernel launches; a graph launches them at
+once, and compiled, the elementwise ones fuse. A dry run records the graphs with their CPU stand-ins
+(``compile="traced-graph"``, and ``GraphedStep(..., "rerun", compiled=...)``)."""
 from __future__ import annotations
 
 import itertools
@@ -35,16 +37,18 @@ def _model(name: str, size: str, device):
     return HybridLM(config).to(device).eval()
 
 
-STEPS = ("eager", "graphed", "compiled")
-PASSES = (("eager", "graphed"), ("compiled",))  # both models' eager and graphed rows before the compiles
+STEPS = ("eager", "graphed", "graphed-compiled", "compiled")
+# both models' eager and graphed rows before the compiles, and the compiled graph before the dynamic compile
+PASSES = (("eager", "graphed"), ("graphed-compiled", "compiled"))
 
 
 def steppers(model, dry_run: bool, capacity: int) -> dict:
-    """The three ways to run a decode step, ``(token (B,), state) → (logits (B, V), state)``: the model's own
-    ``step``, ``generate``'s CUDA-graph step (a global cache of ``capacity`` slots) and its compiled step. In a
-    dry run the graph is the CPU stand-in's, and Dynamo hands its graph to the eager backend: the trace is
-    rehearsed, Inductor's CPU compile would cost the test a minute."""
+    """The ways to run a decode step, ``(token (B,), state) → (logits (B, V), state)``: the model's own ``step``,
+    ``generate``'s CUDA-graph steps (a global cache of ``capacity`` slots), eager and compiled, and its compiled
+    step. In a dry run the graphs are the CPU stand-ins', and Dynamo hands its graphs to the eager backend: the
+    traces are rehearsed, Inductor's CPU compile would cost the test a minute."""
     from hybrid.models.decoding import decode_step
+    from hybrid.models.decoding.graphed_step import GraphedStep
 
     def wrapped(step):
         def one(token, state):
@@ -53,8 +57,13 @@ def steppers(model, dry_run: bool, capacity: int) -> dict:
         return one
 
     graphed = decode_step(model, "traced-graph" if dry_run else "cuda-graph", capacity=capacity)
+    if dry_run:
+        graphed_compiled = GraphedStep(model, "rerun", capacity, compiled={"backend": "eager"})
+    else:
+        graphed_compiled = decode_step(model, "compiled-cuda-graph", capacity=capacity)
     compiled = decode_step(model, {"backend": "eager"} if dry_run else True)
-    return {"eager": model.step, "graphed": wrapped(graphed), "compiled": wrapped(compiled)}
+    return {"eager": model.step, "graphed": wrapped(graphed), "graphed-compiled": wrapped(graphed_compiled),
+            "compiled": wrapped(compiled)}
 
 
 def _time_steps(ctx: CheckContext, step, token, state, new_tokens: int) -> dict:

@@ -138,12 +138,14 @@ def test_the_decoding_targets_read_eager_and_graphed_steps():
     rows = [_row("decoding", model=m, context=16384, batch=16, step=step, tokens_per_s=tps)
             for m, step, tps in [("hybrid", "compiled", 9000.0), ("transformer", "compiled", 1000.0),
                                  ("hybrid", "eager", 1300.0), ("transformer", "eager", 1000.0),
-                                 ("hybrid", "graphed", 12000.0), ("transformer", "graphed", 2000.0)]]
+                                 ("hybrid", "graphed", 12000.0), ("transformer", "graphed", 2000.0),
+                                 ("hybrid", "graphed-compiled", 16000.0),
+                                 ("transformer", "graphed-compiled", 4000.0)]]
     decoding = [t for t in targets.evaluate(rows) if t["target"].startswith("decoding")]
-    assert [(t["measured"], t["met"]) for t in decoding] == [("1.30×", False), ("6.00×", True)]
+    assert [(t["measured"], t["met"]) for t in decoding] == [("1.30×", False), ("6.00×", True), ("4.00×", False)]
     eager_only = [r for r in rows if r["step"] == "eager"]
     decoding = [t for t in targets.evaluate(eager_only) if t["target"].startswith("decoding")]
-    assert [t["met"] for t in decoding] == [False, None]
+    assert [t["met"] for t in decoding] == [False, None, None]
 
 
 def _row(section, **kw):
@@ -164,8 +166,8 @@ def test_targets_met_missed_and_unmeasured():
     got = {t["target"].split(" ")[0] + t["target"][-12:]: t for t in targets.evaluate(rows)}
     met = [t["met"] for t in targets.evaluate(rows)]
     # fwd 85 % ≥ 80: met; fwd+bwd 43 % < 60: missed; accelerated-scan: not measured; 8K: 1.2 ≥ 1.15: met;
-    # 16K and decoding (eager, graphed): not measured; syncs: worst 3 > 0: missed
-    assert met == [True, False, None, True, None, None, None, False], got
+    # 16K and decoding (eager, graphed, graphed compiled): not measured; syncs: worst 3 > 0: missed
+    assert met == [True, False, None, True, None, None, None, None, False], got
     # the scan's targets read the default setting (what users get), not a faster non-default one
     assert (default, tile) == ("ours (triton, runs, 3 stages)", "ours (triton, tile)")
     rows.append(_row("scan speed", shape=targets.MAIN_SHAPE, dtype="bfloat16", mode="dependent",
