@@ -1,7 +1,8 @@
 """The decode step as a real CUDA graph (models/decoding/graphed_step.py): every replayed step's logits equal the
 eager step's in float32 on the GPU, for each preset, past a window's wrap and a global cache's regrowth, the
-eager step recorded and the compiled one (``compiled=True``, Inductor's kernels in the graph); generate gives the
-eager greedy tokens. (The CPU stand-ins' tests: tests/models/decoding/test_graphed_step.py.)"""
+eager step recorded, and for the decoding target's two models the compiled one (``compiled=True``, Inductor's
+kernels in the graph); generate gives the eager greedy tokens. (The CPU stand-ins' tests:
+tests/models/decoding/test_graphed_step.py.)"""
 import pytest
 import torch
 
@@ -14,8 +15,11 @@ PRESETS = {"hybrid": dict(window=8), "transformer": {}, "retnet": {}, "vo-rnn": 
            "vo-gla": {}}
 
 
-@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
-@pytest.mark.parametrize("preset", list(PRESETS))
+# each compiled case compiles a model (device time): the decoding target's two models
+CASES = [(preset, False) for preset in PRESETS] + [("hybrid", True), ("transformer", True)]
+
+
+@pytest.mark.parametrize("preset, compiled", CASES, ids=[f"{p}-{'compiled' if c else 'eager'}" for p, c in CASES])
 def test_replayed_cuda_graph_steps_equal_eager_steps(cuda, preset, compiled):
     torch.manual_seed(0)
     model = HybridLM(HybridConfig.preset(preset, "tiny", **PRESETS[preset])).to(cuda).eval()
