@@ -11,8 +11,9 @@ and ``hybrid::complex_scan_backward`` (torch.compile traces through them, fullgr
 arguments, picks a backend and runs packed sequences (``cu_seqlens``, fla's op contract): ``complex_scan(x,
 log_decay, theta, initial_state=None, *, output_final_state=False, cu_seqlens=None, ...) -> (y, final or None)``.
 """
-from .interface import complex_scan, complex_scan_step, complex_scan_transition_step, resolve_backend
+from .interface import (complex_scan, complex_scan_step, complex_scan_transition_step, resolve_backend,
+                        transition_pairs)
 from .reference import complex_scan_reference
 
 __all__ = ["complex_scan", "complex_scan_step", "complex_scan_transition_step", "complex_scan_reference",
-           "resolve_backend"]
+           "resolve_backend", "transition_pairs"]

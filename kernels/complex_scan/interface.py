@@ -243,15 +243,36 @@ def complex_scan_step(
     if check_values:
         check_scan_values(log_decay_t, theta_t, ("log_decay_t", "theta_t"))
     state = check_state(state, "state", (B, H, D), x_t)
+    if torch.compiler.is_compiling():  # Inductor generates no code for complex tensors: real pairs fuse
+        return complex_scan_transition_step(x_t, transition_pairs(log_decay_t, theta_t), state)
     return complex_scan_transition_step(x_t, torch.exp(torch.complex(log_decay_t, -theta_t)), state)
 
 
+def transition_pairs(log_decay: torch.Tensor, theta: torch.Tensor) -> torch.Tensor:
+    """The transition ``a = γ e^{−iθ}`` as real pairs ``(..., 2)``: ``(γ cos θ, −γ sin θ)``, ``γ = exp(log_decay)``."""
+    magnitude = torch.exp(log_decay)
+    return torch.stack((magnitude * torch.cos(theta), -(magnitude * torch.sin(theta))), dim=-1)
+
+
 def complex_scan_transition_step(x_t: torch.Tensor, transition: torch.Tensor, state: torch.Tensor | None):
-    """``complex_scan_step`` from its transition ``a = γ e^{−iθ}`` (complex, broadcastable to ``(B, H, D/2)``),
-    unchecked: ``s = a · state + x_t``. A caller whose γ and θ are parameters computes ``a`` once for many
-    steps (``hybrid.recurrence``)."""
+    """``complex_scan_step`` from its transition ``a = γ e^{−iθ}``, unchecked: ``s = a · state + x_t``. A caller
+    whose γ and θ are parameters computes ``a`` once for many steps (``hybrid.recurrence``).
+
+    ``a`` complex, broadcastable to ``(B, H, D/2)``: a complex product, the fewest ops eagerly. ``a`` real pairs
+    ``(..., D/2, 2)`` (``transition_pairs``): the product written out, ``(a_r s_r − a_i s_i, a_r s_i + a_i s_r)``,
+    what a compiled step takes, since Inductor generates no code for complex tensors and fuses this
+    (docs/decoding.md, "The compiled step in the graph")."""
     B, H, D = x_t.shape
-    xc = torch.view_as_complex(x_t.to(state_dtype(x_t.dtype)).reshape(B, H, D // 2, 2).contiguous())  # (B, H, P)
-    s = xc if state is None else transition * torch.view_as_complex(state.reshape(B, H, D // 2, 2)) + xc
-    new_state = torch.view_as_real(s).reshape(B, H, D)
+    x = x_t.to(state_dtype(x_t.dtype))
+    if transition.is_complex():
+        xc = torch.view_as_complex(x.reshape(B, H, D // 2, 2).contiguous())  # (B, H, P)
+        s = xc if state is None else transition * torch.view_as_complex(state.reshape(B, H, D // 2, 2)) + xc
+        new_state = torch.view_as_real(s).reshape(B, H, D)
+    else:
+        pairs = x.reshape(B, H, D // 2, 2)  # (B, H, P, 2)
+        if state is not None:
+            a_r, a_i = transition.unbind(-1)
+            s_r, s_i = state.reshape(B, H, D // 2, 2).unbind(-1)  # (B, H, P) each
+            pairs = torch.stack((a_r * s_r - a_i * s_i, a_r * s_i + a_i * s_r), dim=-1) + pairs
+        new_state = pairs.reshape(B, H, D)
     return new_state.to(x_t.dtype), new_state

@@ -195,6 +195,37 @@ def test_step_repeated_equals_scan(dependent):
     assert_close_scaled(state, fin, 1e-12, "final state")
 
 
+@pytest.mark.parametrize("dependent", [False, True])
+def test_step_in_real_pairs_equals_the_complex_step(dependent):
+    """The transition as real pairs (what a compiled step takes: Inductor generates no code for complex tensors)
+    gives the complex product's states, step after step, from a state and from none; and a compiled step
+    (Dynamo tracing it, the eager backend) takes that path and equals the scan."""
+    from hybrid.kernels.complex_scan import complex_scan_transition_step, transition_pairs
+
+    x, ld, th, s0 = inputs(2, 9, 3, 10, dependent=dependent, init=True)
+    y, fin = complex_scan(x, ld, th, s0, output_final_state=True, backend="torch")
+    traced = []
+
+    def backend(gm, example_inputs):  # Dynamo's graph, run as traced
+        traced.extend(str(node.target) for node in gm.graph.nodes)
+        return gm.forward
+
+    compiled = torch.compile(complex_scan_step, backend=backend, fullgraph=True)
+    for state in (s0, None):
+        real_state = complex_state = compiled_state = state
+        for t in range(x.shape[1]):
+            ld_t, th_t = (ld[:, t], th[:, t]) if dependent else (ld, th)
+            a = torch.exp(torch.complex(ld_t, -th_t))
+            y_c, complex_state = complex_scan_transition_step(x[:, t], a, complex_state)
+            y_r, real_state = complex_scan_transition_step(x[:, t], transition_pairs(ld_t, th_t), real_state)
+            assert_close_scaled(y_r, y_c, 1e-14, f"step {t}")
+            _, compiled_state = compiled(x[:, t], ld_t, th_t, compiled_state, check_values=False)
+        assert_close_scaled(real_state, complex_state, 1e-14, "final state")
+        if state is not None:
+            assert_close_scaled(compiled_state, fin, 1e-12, "compiled final state")
+    assert traced and not [t for t in traced if "complex" in t], traced  # no complex op reaches the compiler
+
+
 def test_step_from_zero_state_and_dtypes():
     x, ld, th, _ = inputs(2, 1, 3, 4, dependent=False, dtype=torch.bfloat16)
     y_t, state = complex_scan_step(x[:, 0], ld, th, None)
