@@ -96,6 +96,20 @@ class _Graph:
         return self.logits.clone(), self.state
 
 
+def _loads_in_place(graph: _Graph, state, given: StateLayout) -> bool:
+    """``state`` (laid out as ``graph``'s static state) can be copied into it as it is, without a clone first: its
+    global caches have room for the next token, and each tensor is either the static one itself (a cache that
+    continuous batching wrote rows into, in place) or shares no memory with any static one (so no copy reads
+    what an earlier copy wrote). Continuous batching over global attention then copies the new rows' states, not
+    the whole cache twice."""
+    spans = global_spans(state)
+    if spans and (graph.capacity is None or max(spans) + 1 > graph.capacity):
+        return False
+    static = {t.untyped_storage().data_ptr() for t in graph.tensors}
+    return all(same_memory(s, g) or g.untyped_storage().data_ptr() not in static
+               for s, g in zip(graph.tensors, given.tensors))
+
+
 class GraphedStep:
     """``step(token (B, 1), state=state)`` -> (logits ``(B, 1, V)``, next state), replayed from a recorded graph
     (see the module docstring). ``recorder``: "cuda" (a CUDA graph; the model on a CUDA device), "traced" (the
@@ -145,6 +159,14 @@ class GraphedStep:
         if state is None or not is_rows_state(state):  # one eager step into the rows form
             self.counts["eager"] += 1
             return self.model(token, state=None if state is None else state.ragged_copy())
+        given = StateLayout(state)
+        graph = self.graphs.get(given.key)
+        if graph is not None and _loads_in_place(graph, state, given):  # e.g. rows put into a returned state
+            graph.load(given)
+            self.counts["loaded"] += 1
+            self.live = graph
+            self.counts["replayed"] += 1
+            return graph.step(token)
         prepared = state.clone()
         spans = global_spans(prepared)
         if spans:  # global caches: the next token's slot must fit, in a graph of this batch size if one has room

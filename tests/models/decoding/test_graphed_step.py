@@ -13,6 +13,7 @@ import torch
 from hybrid.models import HybridConfig
 from hybrid.models.decoding.decoder import Decoder, Request, generate_many
 from hybrid.models.decoding.graph_recorders import record_traced
+from hybrid.models.decoding.graph_state import copy_into
 from hybrid.models.decoding.graphed_step import GraphedStep
 from hybrid.models.decoding.prompts import prefill
 from hybrid.models.generation import generate
@@ -80,6 +81,43 @@ def test_one_position_prompts_take_one_eager_step_then_replay(float64_model_of):
     assert torch.equal(torch.cat([ids, torch.stack(tokens, 1)], 1), want)
     assert step.counts == {"eager": 1, "recorded": 1, "loaded": 0, "replayed": 7}
     assert torch.equal(generate(model, ids, 9, temperature=0, compile="traced-graph"), want)
+
+
+@pytest.mark.parametrize("name", ["transformer", "hybrid-shared-kv-global"])
+def test_rows_put_into_a_returned_state_copy_the_rows_not_the_cache(name, float64_model_of, monkeypatch):
+    """Continuous batching writes a joining request's rows into the state a replay returned (its global cache,
+    in place) and steps again: the step loads that state into its graph without cloning it, copying the rows'
+    new states and lengths but not the cache, and computes the eager step."""
+    from hybrid.models.decoding import graphed_step
+
+    model = float64_model_of(CASES[name])
+    forced = torch.randint(0, VOCAB, (3, 6), generator=torch.Generator().manual_seed(8))
+    copied = []  # the static tensors written by a copy
+
+    def counting_copy_into(static, given):
+        copied.extend(s for s, g in zip(static, given) if not graphed_step.same_memory(s, g))
+        return copy_into(static, given)
+
+    with torch.no_grad():
+        _, state = prefill(model, prompts_of([5, 8, 3], seed=0))
+        eager_state = state.clone()
+        step = GraphedStep(model, "traced", capacity=32)
+        for t in range(3):
+            _, eager_state = model(forced[:, t:t + 1], state=eager_state)
+            _, state = step(forced[:, t:t + 1], state=state)
+        _, joining = prefill(model, prompts_of([6], seed=9))
+        rows = torch.tensor([1])
+        state, eager_state = state.put(rows, joining), eager_state.put(rows, joining.clone())
+        caches = [layer.cache for layer in state.layers if getattr(layer, "cache", None) is not None]
+        buffers = {t.data_ptr() for cache in caches for t in (cache.k, cache.v) if t is not None}
+        monkeypatch.setattr(graphed_step, "copy_into", counting_copy_into)
+        for t in range(3, 6):
+            want, eager_state = model(forced[:, t:t + 1], state=eager_state)
+            got, state = step(forced[:, t:t + 1], state=state)
+            assert (got - want).abs().max().item() <= 1e-12 * want.abs().max().item(), f"{name}, step {t}"
+    assert step.counts["loaded"] == 1 and step.counts["recorded"] == 1, step.counts
+    assert caches and buffers and copied  # lengths, positions and recurrent states: not the cache's buffers
+    assert not [t for t in copied if t.data_ptr() in buffers], [tuple(t.shape) for t in copied]
 
 
 def test_a_global_cache_is_recorded_at_the_capacity_asked_for(float64_model_of):
