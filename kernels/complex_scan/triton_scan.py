@@ -41,6 +41,9 @@ __all__ = ["triton_forward", "triton_backward", "forced_blocks", "scan_layout", 
 
 # Decided once, when this module is imported (that is also when ``triton.jit`` decides).
 _INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
+# Multiplies and adds fused into FMAs, as every kernel here was compiled, measured and checked: asked for at each
+# launch, since Triton 3.9 warns that its default turns to no fusion in 3.10 (TRITON_DEFAULT_FP_FUSION).
+FP_FUSION = {"enable_fp_fusion": True}
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -532,7 +535,8 @@ def _forward(x, log_decay, theta, initial_state, save_ck, blocks=None):
     th_sb, th_st, th_static = _broadcast_strides(theta, B)
     h0 = initial_state if initial_state is not None else final
     args = (x, y, log_decay, theta, h0, final, ck, T, H, P, nck, ld_sb, ld_st, th_sb, th_st, tuning_bucket(T))
-    flags = dict(LD_STATIC=ld_static, TH_STATIC=th_static, HAS_H0=initial_state is not None, SAVE_CK=save_ck)
+    flags = dict(LD_STATIC=ld_static, TH_STATIC=th_static, HAS_H0=initial_state is not None, SAVE_CK=save_ck,
+                 **FP_FUSION)
     if tune:
         tuned = tuned_kernel(layout, "fwd", _STAGES)
         tuned[lambda m: (B * H, triton.cdiv(P, m["BP"]))](*args, **flags)
@@ -576,7 +580,7 @@ def _backward(x, log_decay, theta, ck, ck_tile, dy, dfinal, needs, blocks=None):
     args = (x, dummy if dy is None else dy, log_decay, theta, ck, dummy if dfinal is None else dfinal,
             dx, dld, dth, dh0,
             T, H, P, ck.shape[2], ld_sb, ld_st, th_sb, th_st, dld_sb, dld_st, dth_sb, dth_st, tuning_bucket(T))
-    flags = dict(LD_STATIC=ld_static, TH_STATIC=th_static, CK_BT=ck_bt,
+    flags = dict(LD_STATIC=ld_static, TH_STATIC=th_static, CK_BT=ck_bt, **FP_FUSION,
                  HAS_DY=dy is not None, HAS_DHT=dfinal is not None,
                  NEED_DX=need_dx, NEED_DLD=need_dld, NEED_DTH=need_dth, NEED_DH0=need_dh0)
     if layout == "tile":

@@ -330,7 +330,7 @@ def compile_one(spec: Specialisation, arch: int = 90) -> dict:
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    from hybrid.kernels.complex_scan.triton_scan import time_tile
+    from hybrid.kernels.complex_scan.triton_scan import FP_FUSION, time_tile
 
     fn = _kernel_fn(spec.kernel)
     row = {"kernel": spec.kernel, "label": spec.label(), "dtype": spec.dtype, "num_warps": spec.num_warps,
@@ -338,7 +338,8 @@ def compile_one(spec: Specialisation, arch: int = 90) -> dict:
     start = time.perf_counter()
     try:
         src = ASTSource(fn, _signature(fn, spec), dict(spec.constexprs), attrs=_aligned(fn, spec))
-        compiled = triton.compile(src, target=GPUTarget("cuda", arch, 32), options={"num_warps": spec.num_warps})
+        compiled = triton.compile(src, target=GPUTarget("cuda", arch, 32),
+                                  options={"num_warps": spec.num_warps, **FP_FUSION})  # as the launches ask
         row.update(ok=True, shared_bytes=int(compiled.metadata.shared), has_cubin="cubin" in compiled.asm)
         row.update(resource_usage(compiled.asm["ptx"], arch))
         row.update(access_widths(compiled.asm["ptx"]))
