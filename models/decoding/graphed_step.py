@@ -69,7 +69,11 @@ class _Graph:
             self.logits.copy_(logits)
             self.advance = [after - before for after, before in zip(out_layout.read_counters(), self.counters)]
 
-        self.replay = record(run, self.tensors, check=(lambda: run(model)) if compiled is not None else None)
+        if compiled is None:
+            self.replay = record(run, self.tensors)
+        else:
+            with _room_to_compile():
+                self.replay = record(run, self.tensors, check=lambda: run(model))
         self.layout.put_back(self.tensors)
         self.layout.write_counters(self.counters)
         # what the step read from the modules' memos (an R layer's transition) stays alive for the replays, even
@@ -94,6 +98,23 @@ class _Graph:
         self.counters = [c + a for c, a in zip(self.counters, self.advance)]
         self.layout.write_counters(self.counters)
         return self.logits.clone(), self.state
+
+
+def _room_to_compile():
+    """Dynamo's limits while a compiled step is recorded. Each layout (batch size, capacity) compiles the model's
+    step anew (``dynamic=False``), and past Dynamo's recompile limit (8 by default, for every model of a class
+    together: one code object) the step would run eagerly without a word, and the graph would hold the eager
+    kernels under a compiled step's name. So the limit is raised, and reaching it fails instead."""
+    import torch._dynamo
+
+    config = torch._dynamo.config
+    limit = "recompile_limit" if hasattr(config, "recompile_limit") else "cache_size_limit"
+    options = {limit: max(getattr(config, limit), 64)}
+    for name in ("fail_on_recompile_limit_hit", "fail_on_cache_limit_hit"):
+        if hasattr(config, name):
+            options[name] = True
+            break
+    return config.patch(**options)
 
 
 def _loads_in_place(graph: _Graph, state, given: StateLayout) -> bool:

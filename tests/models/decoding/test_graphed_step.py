@@ -181,6 +181,26 @@ def test_compiled_replays_equal_eager_steps(name, steps, float64_model_of):
     torch.compiler.reset()
 
 
+def test_every_layout_records_a_compiled_step_past_dynamos_recompile_limit(model_of):
+    """Nine batch sizes, nine layouts: each compiles the model's step anew (dynamic=False), one more than Dynamo's
+    default limit, past which it would run eagerly without a word and the graph would hold the eager kernels
+    (Dynamo's eager backend here: the trace is what counts)."""
+    from torch._dynamo.utils import counters
+
+    torch.compiler.reset()
+    counters.clear()
+    model = model_of(HybridConfig.preset("transformer", "tiny", **{**TINY, "n_layers": 1}))  # a short trace
+    step = GraphedStep(model, "rerun", compiled={"backend": "eager"})
+    with torch.no_grad():
+        for batch in range(2, 11):  # (one prompt alone would take an eager step: no ragged rows to record)
+            _, state = prefill(model, prompts_of([3 + b % 4 for b in range(batch)], seed=batch))
+            want, _ = model(torch.ones(batch, 1, dtype=torch.long), state=state.clone())
+            got, _ = step(torch.ones(batch, 1, dtype=torch.long), state=state)
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+    assert step.counts["recorded"] == 9 and counters["stats"]["unique_graphs"] == 9, dict(counters["stats"])
+    torch.compiler.reset()
+
+
 def test_a_compiled_step_needs_a_recorder_that_can_hold_it(model_of):
     model = model_of(CASES["hybrid-window"])
     with pytest.raises(ValueError, match=r"^compiled: expected the 'cuda' or 'rerun' recorder \(make_fx, the "

@@ -114,6 +114,8 @@ def run(ctx: CheckContext) -> None:
     for context, batch, steps, (name, model) in itertools.product(contexts, batches, PASSES, models.items()):
         labels = {step: dict(model=name, size=size, context=context, batch=batch, step=step)
                   for step in steps}
+        if "compiled" in steps:  # each row compiles afresh: Dynamo's limit of 8 compiles of HybridLM.forward,
+            torch.compiler.reset()  # all models together, would otherwise turn later rows eager without a word
         ways = steppers(model, ctx.dry_run, capacity=context + new_tokens + 2)
         todo = {step: ways[step] for step in steps if not ctx.measured_before("decoding", labels[step])}
         if not todo or not ctx.has_time(20, "decoding", f"{labels[next(iter(todo))]}"):
