@@ -45,18 +45,11 @@ def record_cuda_graph(run: Callable[[], None], tensors: list[Tensor],
                       check: Callable[[], None] | None = None) -> Callable[[], None]:
     """``run`` recorded as a CUDA graph (``check``: its eager twin, if ``run`` is compiled); returns its
     ``replay``."""
-    snapshot = [t.clone() for t in tensors]
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
-        with _RefuseHostOps():
-            (check or run)()  # warm-up, outside the capture (where a sync would break it with a CUDA error instead)
-        if check is not None and check is not run:
-            copy_into(tensors, snapshot)
-            run()  # the compile, outside the capture
+        _warm_up(run, tensors, check)  # outside the capture, where a sync would break it with a CUDA error instead
     torch.cuda.current_stream().wait_stream(side)
-    copy_into(tensors, snapshot)
-    del snapshot
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         run()
@@ -98,14 +91,20 @@ def record_traced(run: Callable[[], None], tensors: list[Tensor],
 def record_rerun(run: Callable[[], None], tensors: list[Tensor],
                  check: Callable[[], None] | None = None) -> Callable[[], None]:
     """The stand-in for a compiled step (see the module docstring); returns ``run`` itself as the replay."""
+    _warm_up(run, tensors, check)
+    return run
+
+
+def _warm_up(run: Callable[[], None], tensors: list[Tensor], check: Callable[[], None] | None) -> None:
+    """The eager step (``check``, else ``run``) under ``_RefuseHostOps``, then a compiled ``run`` once (its compile);
+    ``tensors`` are left as they were after each."""
     snapshot = [t.clone() for t in tensors]
     with _RefuseHostOps():
         (check or run)()
     copy_into(tensors, snapshot)
     if check is not None and check is not run:
-        run()  # the compile, before the first replay
+        run()
         copy_into(tensors, snapshot)
-    return run
 
 
 class _RefuseHostOps(TorchDispatchMode):

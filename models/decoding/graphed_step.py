@@ -80,9 +80,10 @@ class _Graph:
         # if a later eager step replaces a memo: a graph serves the weights it was recorded with
         self.memos = [module.__dict__["_step_memo"] for module in model.modules() if "_step_memo" in module.__dict__]
 
-    def fits_one_more(self) -> bool:
-        """The next token fits the global caches' capacity."""
-        return self.capacity is None or max(global_spans(self.state)) + 1 <= self.capacity
+    def fits_one_more(self, state=None) -> bool:
+        """The next token of ``state`` (default: the static one) fits this graph's global caches' capacity."""
+        spans = global_spans(self.state if state is None else state)
+        return not spans or (self.capacity is not None and max(spans) + 1 <= self.capacity)
 
     def load(self, layout: StateLayout) -> None:
         """Copy the state ``layout`` walked (laid out as this graph's: the same ``key``) into the static state."""
@@ -123,8 +124,7 @@ def _loads_in_place(graph: _Graph, state, given: StateLayout) -> bool:
     continuous batching wrote rows into, in place) or shares no memory with any static one (so no copy reads
     what an earlier copy wrote). Continuous batching over global attention then copies the new rows' states, not
     the whole cache twice."""
-    spans = global_spans(state)
-    if spans and (graph.capacity is None or max(spans) + 1 > graph.capacity):
+    if not graph.fits_one_more(state):
         return False
     static = {t.untyped_storage().data_ptr() for t in graph.tensors}
     return all(same_memory(s, g) or g.untyped_storage().data_ptr() not in static
@@ -180,24 +180,19 @@ class GraphedStep:
         if state is None or not is_rows_state(state):  # one eager step into the rows form
             self.counts["eager"] += 1
             return self.model(token, state=None if state is None else state.ragged_copy())
-        given = StateLayout(state)
-        graph = self.graphs.get(given.key)
-        if graph is not None and _loads_in_place(graph, state, given):  # e.g. rows put into a returned state
-            graph.load(given)
-            self.counts["loaded"] += 1
-            self.live = graph
-            self.counts["replayed"] += 1
-            return graph.step(token)
-        prepared = state.clone()
-        spans = global_spans(prepared)
-        if spans:  # global caches: the next token's slot must fit, in a graph of this batch size if one has room
-            needed = max(spans) + 1
-            roomy = [g.capacity for g in self.graphs.values()
-                     if g.token.shape[0] == token.shape[0] and (g.capacity or 0) >= needed]
-            fix_caches(prepared, max(roomy) if roomy else
-                       self.capacity if self.capacity and self.capacity >= needed else 2 * needed)
-        layout = StateLayout(prepared)
+        layout = StateLayout(state)
         graph = self.graphs.get(layout.key)
+        if graph is None or not _loads_in_place(graph, state, layout):  # (rows put into a returned state load)
+            prepared = state.clone()
+            spans = global_spans(prepared)
+            if spans:  # global caches: the next token's slot must fit, in a graph of this batch size with room
+                needed = max(spans) + 1
+                roomy = [g.capacity for g in self.graphs.values()
+                         if g.token.shape[0] == token.shape[0] and (g.capacity or 0) >= needed]
+                fix_caches(prepared, max(roomy) if roomy else
+                           self.capacity if self.capacity and self.capacity >= needed else 2 * needed)
+            layout = StateLayout(prepared)
+            graph = self.graphs.get(layout.key)
         if graph is None:
             capacity = global_capacity(prepared)
             if capacity is not None:  # a larger capacity replaces the smaller ones of this batch size (memory)

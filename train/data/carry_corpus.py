@@ -123,12 +123,17 @@ def choose(sites: list[Path], max_bytes: int):
         yield relative, data
 
 
-def build(out, *, max_bytes: int, sites: list[Path] | None = None) -> dict:
-    """Write the corpus into ``out`` (which must not exist); return ``{"files", "bytes", "packages", "digest"}``
-    (digest: sha256 over every path and its bytes, in order)."""
+def _new_folder(out) -> Path:
     out = Path(out)
     if out.exists():
         raise ValueError(f"--out: expected a folder that does not exist yet, got {out}")
+    return out
+
+
+def build(out, *, max_bytes: int, sites: list[Path] | None = None) -> dict:
+    """Write the corpus into ``out`` (which must not exist); return ``{"files", "bytes", "packages", "digest"}``
+    (digest: sha256 over every path and its bytes, in order)."""
+    out = _new_folder(out)
     if max_bytes <= 0:
         raise ValueError(f"max_bytes: expected a positive size, got {max_bytes}")
     sites = site_dirs() if sites is None else [Path(s) for s in sites]
@@ -198,8 +203,7 @@ def main(argv: list[str] | None = None) -> int:
         for site in sites or []:
             if not site.is_dir():
                 raise ValueError(f"--site: expected a folder, got {site}")
-        if Path(args.out).exists():
-            raise ValueError(f"--out: expected a folder that does not exist yet, got {args.out}")
+        _new_folder(args.out)  # before any download
         with tempfile.TemporaryDirectory(prefix="carry_corpus_") as scratch:
             if args.pinned:
                 sites = [_pinned_site(args.wheels, Path(scratch))]
