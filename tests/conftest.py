@@ -84,6 +84,24 @@ def one_torch_thread():
     torch.set_num_threads(before)
 
 
+class _GraphRecorder:
+    """A ``torch.compile`` backend that runs each of Dynamo's graphs as traced and keeps it in ``graphs``: how a
+    test counts compiles and sees what reached the compiler, without Inductor's time."""
+
+    def __init__(self):
+        self.graphs: list = []
+
+    def __call__(self, gm, example_inputs):
+        self.graphs.append(gm)
+        return gm.forward
+
+
+@pytest.fixture
+def graph_recorder():
+    """``graph_recorder()``: a new recording backend (``_GraphRecorder``); its ``graphs`` fill as Dynamo compiles."""
+    return _GraphRecorder
+
+
 # CI installs every optional extra (.ci/run sets HYBRID_NO_SKIPS=1): there a test that skips for a missing
 # package is a check that silently did not run, so it fails instead. Only the GPU's absence may skip, and the
 # packages CI deliberately leaves out, each registered here with the reason its skip gives (the same string).

@@ -196,7 +196,7 @@ def test_step_repeated_equals_scan(dependent):
 
 
 @pytest.mark.parametrize("dependent", [False, True])
-def test_step_in_real_pairs_equals_the_complex_step(dependent):
+def test_step_in_real_pairs_equals_the_complex_step(dependent, graph_recorder):
     """The transition as real pairs (what a compiled step takes: Inductor generates no code for complex tensors)
     gives the complex product's states, step after step, from a state and from none; and a compiled step
     (Dynamo tracing it, the eager backend) takes that path and equals the scan."""
@@ -204,12 +204,7 @@ def test_step_in_real_pairs_equals_the_complex_step(dependent):
 
     x, ld, th, s0 = inputs(2, 9, 3, 10, dependent=dependent, init=True)
     y, fin = complex_scan(x, ld, th, s0, output_final_state=True, backend="torch")
-    traced = []
-
-    def backend(gm, example_inputs):  # Dynamo's graph, run as traced
-        traced.extend(str(node.target) for node in gm.graph.nodes)
-        return gm.forward
-
+    backend = graph_recorder()
     compiled = torch.compile(complex_scan_step, backend=backend, fullgraph=True)
     for state in (s0, None):
         real_state = complex_state = compiled_state = state
@@ -223,6 +218,7 @@ def test_step_in_real_pairs_equals_the_complex_step(dependent):
         assert_close_scaled(real_state, complex_state, 1e-14, "final state")
         if state is not None:
             assert_close_scaled(compiled_state, fin, 1e-12, "compiled final state")
+    traced = [str(node.target) for gm in backend.graphs for node in gm.graph.nodes]
     assert traced and not [t for t in traced if "complex" in t], traced  # no complex op reaches the compiler
 
 

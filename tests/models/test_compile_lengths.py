@@ -38,25 +38,22 @@ CASES = {
 }
 
 
-def model_and_counter(case: str):
+def model_and_counter(case: str, graph_recorder):
     preset, overrides = CASES[case]
     torch.compiler.reset()
     torch.manual_seed(0)
     config = HybridConfig.preset(preset, "tiny", **{"d_model": 32, "n_layers": 2, "n_heads": 2, "vocab_size": 64,
                                                     **overrides})
-    graphs = []
-
-    def counting(gm, example_inputs):
-        graphs.append(gm)
-        return gm.forward
+    counting = graph_recorder()
+    graphs = counting.graphs
 
     return HybridLM(config).double().eval(), counting, graphs
 
 
 @pytest.mark.parametrize("scope", ["model", "blocks"])
 @pytest.mark.parametrize("case", list(CASES))
-def test_new_prompt_lengths_reuse_the_symbolic_graph(case, scope, one_torch_thread):
-    model, counting, graphs = model_and_counter(case)
+def test_new_prompt_lengths_reuse_the_symbolic_graph(case, scope, one_torch_thread, graph_recorder):
+    model, counting, graphs = model_and_counter(case, graph_recorder)
     if scope == "blocks":
         compiled = CompiledBlocks(model, backend=counting, fullgraph=True)
     else:
@@ -76,10 +73,10 @@ def test_new_prompt_lengths_reuse_the_symbolic_graph(case, scope, one_torch_thre
 
 
 @pytest.mark.parametrize("case", ["transformer", "hybrid", "vo-gla"])
-def test_decode_steps_reuse_the_symbolic_graph(case, one_torch_thread):
+def test_decode_steps_reuse_the_symbolic_graph(case, one_torch_thread, graph_recorder):
     """A prompt, then five decode steps: the first step traces the state's path, the second once more with the
     offset symbolic, and every later step reuses it."""
-    model, counting, graphs = model_and_counter(case)
+    model, counting, graphs = model_and_counter(case, graph_recorder)
     compiled = torch.compile(model, backend=counting, fullgraph=True)
     g = torch.Generator().manual_seed(2)
     ids = torch.randint(0, 64, (2, 21), generator=g)
@@ -98,7 +95,7 @@ def test_decode_steps_reuse_the_symbolic_graph(case, one_torch_thread):
 
 
 @pytest.mark.parametrize("case", ["transformer-window", "hybrid", "retnet"])
-def test_ragged_decode_steps_trace_whole(case, one_torch_thread):
+def test_ragged_decode_steps_trace_whole(case, one_torch_thread, graph_recorder):
     """Decode steps of a ragged batch (every row at its own position, after an eager packed prefill of prompts of
     5, 17 and 9 tokens) trace whole, in at most two graphs for every step (the second with a size symbolic, as
     the hybrid's second step); logits equal eager's.
@@ -106,7 +103,7 @@ def test_ragged_decode_steps_trace_whole(case, one_torch_thread):
     their largest (a host sync per layer on a GPU)."""
     from hybrid.models.decoding.prompts import prefill
 
-    model, counting, graphs = model_and_counter(case)
+    model, counting, graphs = model_and_counter(case, graph_recorder)
     compiled = torch.compile(model, backend=counting, fullgraph=True)
     g = torch.Generator().manual_seed(3)
     prompts = [torch.randint(0, 64, (n,), generator=g) for n in (5, 17, 9)]

@@ -22,14 +22,11 @@ def tiny(case: str, dtype=torch.float64) -> HybridLM:
 
 
 @pytest.mark.parametrize("case", list(CASES))
-def test_compiled_decode_steps_give_the_eager_tokens(case, one_torch_thread):
+def test_compiled_decode_steps_give_the_eager_tokens(case, one_torch_thread, graph_recorder):
     torch.compiler.reset()
     model = tiny(case)
-    graphs = []
-
-    def counting(gm, example_inputs):
-        graphs.append(gm)
-        return gm.forward
+    counting = graph_recorder()
+    graphs = counting.graphs
 
     options = {"backend": counting, "fullgraph": True}
     g = torch.Generator().manual_seed(5)

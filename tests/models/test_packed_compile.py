@@ -47,7 +47,8 @@ def packed_batches(n_batches: int, seed: int = 1):
         yield torch.randint(0, 64, (1, T), generator=g), torch.tensor([0, *cuts, T])
 
 
-def compiled_with_a_count(case: str, window_backend: str, scope: str = "model", recompute: str = "none"):
+def compiled_with_a_count(case: str, window_backend: str, graph_recorder, scope: str = "model",
+                          recompute: str = "none"):
     """The case's tiny model in float64 (compiled and eager agree to its rounding), its attention on
     ``window_backend``, compiled (``scope`` "model": whole; "blocks": ``CompiledBlocks``, the trainer's
     ``--compile``) with a backend that records each graph (and runs it as traced): ``(model, compiled, graphs)``."""
@@ -60,11 +61,8 @@ def compiled_with_a_count(case: str, window_backend: str, scope: str = "model", 
     for block in model.blocks:
         if hasattr(block.mixer, "window_backend"):
             block.mixer.window_backend = window_backend
-    graphs = []
-
-    def counting(gm, example_inputs):
-        graphs.append(gm)
-        return gm.forward
+    counting = graph_recorder()
+    graphs = counting.graphs
 
     if scope == "blocks":
         return model, CompiledBlocks(model, backend=counting), graphs
@@ -95,8 +93,8 @@ def graphs_after_each_batch(model, compiled, graphs, traced_whole: bool) -> list
 
 
 @pytest.mark.parametrize("case", list(CASES))
-def test_compiled_packed_training_builds_a_bounded_number_of_graphs(case, one_torch_thread):
-    model, compiled, graphs = compiled_with_a_count(case, "blocked")
+def test_compiled_packed_training_builds_a_bounded_number_of_graphs(case, one_torch_thread, graph_recorder):
+    model, compiled, graphs = compiled_with_a_count(case, "blocked", graph_recorder)
     counts = graphs_after_each_batch(model, compiled, graphs, traced_whole=True)
     assert counts[0] == counts[-1] <= MOST_GRAPHS, f"graphs after each batch (N = 2 … 7): {counts}"
     torch.compiler.reset()
@@ -104,12 +102,13 @@ def test_compiled_packed_training_builds_a_bounded_number_of_graphs(case, one_to
 
 @pytest.mark.parametrize("recompute", ["none", "all"])
 @pytest.mark.parametrize("case", list(CASES))
-def test_compiled_blocks_build_one_graph_per_kind_of_block(case, recompute, one_torch_thread):
+def test_compiled_blocks_build_one_graph_per_kind_of_block(case, recompute, one_torch_thread, graph_recorder):
     """``CompiledBlocks`` (the trainer's ``--compile``), offsets as the trainer hands them over (with their host
     values): one graph for each kind of block (R, A, ...: Dynamo reuses a block's graph for every block of its
     kind), whatever N; logits and gradients equal eager, with activation checkpointing (``recompute="all"``: the
     compiled block runs again in backward) too."""
-    model, compiled, graphs = compiled_with_a_count(case, "blocked", scope="blocks", recompute=recompute)
+    model, compiled, graphs = compiled_with_a_count(case, "blocked", graph_recorder, scope="blocks",
+                                                    recompute=recompute)
     counts = graphs_after_each_batch(model, compiled, graphs, traced_whole=False)
     kinds = len(set(model.config.layer_types))
     assert counts[0] == counts[-1] == kinds, f"graphs after each batch (N = 2 … 7): {counts}, {kinds} kinds"
@@ -121,7 +120,7 @@ def test_compiled_blocks_build_one_graph_per_kind_of_block(case, recompute, one_
 @pytest.mark.parametrize("scope", ["model", "blocks"])
 @pytest.mark.parametrize("case", ["transformer", "transformer-window", "hybrid"])
 def test_compiled_packed_flex_attention_builds_its_mask_outside_the_graph(case, scope, one_torch_thread,
-                                                                          monkeypatch):
+                                                                          monkeypatch, graph_recorder):
     """The FlexAttention way (the GPU's) builds its document mask in a function torch.compile does not trace: one
     graph break per attention layer, whose resumed frame guards on no offset. Compiled, the model has the offset
     tensor alone, so the mask is built from it on the device, with no value read back (a host sync), once a step
@@ -140,7 +139,7 @@ def test_compiled_packed_flex_attention_builds_its_mask_outside_the_graph(case, 
 
     monkeypatch.setattr(flex, "_document_block_mask", counted("from host values", flex._document_block_mask))
     monkeypatch.setattr(flex, "_document_mask", counted("on the device", flex._document_mask))
-    model, compiled, graphs = compiled_with_a_count(case, "flex", scope=scope)
+    model, compiled, graphs = compiled_with_a_count(case, "flex", graph_recorder, scope=scope)
     model.eval()
     counts = []
     with torch.no_grad():

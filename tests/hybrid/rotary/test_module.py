@@ -189,18 +189,15 @@ def test_integer_tensors_are_refused():
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
-def test_compiled_rows_equal_the_table_and_leave_no_side_effect(dtype):
+def test_compiled_rows_equal_the_table_and_leave_no_side_effect(dtype, graph_recorder):
     """Under torch.compile the rows are computed in the graph, never stored: a cache filled while tracing made every
     compiled model trace twice (its guard "no table yet" fails at the second call). One graph for three calls at
     three offsets, the rows those of the eager table (float64 angles, one rounding; bfloat16 buffers: from the
     float32 copy), and the cache still empty."""
     rot = Rotary(12, rotary_dim=10, base=500.0).to(dtype)
     x = torch.randn(2, 7, 3, 12, dtype=torch.float64).to(dtype)
-    graphs = []
-
-    def counting(gm, example_inputs):
-        graphs.append(gm)
-        return gm.forward
+    counting = graph_recorder()
+    graphs = counting.graphs
 
     compiled = torch.compile(rot, backend=counting, dynamic=True)
     got = [compiled(x, offset=offset) for offset in (0, 5, 9)]
@@ -212,7 +209,7 @@ def test_compiled_rows_equal_the_table_and_leave_no_side_effect(dtype):
 
 
 @pytest.mark.parametrize("rope_type", ["dynamic", "longrope"])
-def test_compiled_rows_past_a_length_threshold_equal_eager_and_leave_no_side_effect(rope_type):
+def test_compiled_rows_past_a_length_threshold_equal_eager_and_leave_no_side_effect(rope_type, graph_recorder):
     """Past L0 the frequencies of dynamic NTK depend on the total length and longrope's switch to the long factors.
     Under torch.compile they are computed in the graph too (longrope's from a copy made at construction): eager
     caches them, and a frequency or row stored while tracing made every call past L0 trace again. Totals 11, 16
@@ -223,11 +220,8 @@ def test_compiled_rows_past_a_length_threshold_equal_eager_and_leave_no_side_eff
         scaling.update(short_factor=[1.0, 1.5, 2.0, 2.5, 3.0], long_factor=[1.0, 3.0, 5.0, 7.0, 9.0])
     rot = Rotary(12, rotary_dim=10, base=500.0, scaling=scaling).double()
     x = torch.randn(2, 11, 3, 12, dtype=torch.float64)
-    graphs = []
-
-    def counting(gm, example_inputs):
-        graphs.append(gm)
-        return gm.forward
+    counting = graph_recorder()
+    graphs = counting.graphs
 
     compiled = torch.compile(rot, backend=counting)
     calls = [(x, 0), (x[:, :7], 9), (x, 5), (x[:, :9], 3)]

@@ -54,17 +54,14 @@ def test_outputs_equal_each_request_decoded_alone(name, float64_model_of):
 
 
 @pytest.mark.parametrize("name", ["hybrid", "transformer"])
-def test_compiled_decode_steps_give_the_eager_outputs(name, float64_model_of):
+def test_compiled_decode_steps_give_the_eager_outputs(name, float64_model_of, graph_recorder):
     """``compile``: the decode steps under torch.compile(model, dynamic=True) (a tracing backend here; Inductor in
     tests/models/test_generation_compile.py): the same tokens bit for bit, with no graph break, while rows join,
     finish and the batch shrinks, and a bounded number of graphs (the batch is a symbolic size)."""
     torch.compiler.reset()
     model = float64_model_of(CASES[name])
-    graphs = []
-
-    def counting(gm, example_inputs):
-        graphs.append(gm)
-        return gm.forward
+    counting = graph_recorder()
+    graphs = counting.graphs
 
     requests = mixed_requests(10, seed=3)
     want = generate_many(model, requests, max_batch=4, seed=7)

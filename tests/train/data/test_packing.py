@@ -32,15 +32,12 @@ def test_compiled_offsets_stay_a_tensor():
     assert isinstance(out, torch.Tensor) and torch.equal(out, cu)
 
 
-def test_compiled_offsets_are_dynamic_in_their_count():
+def test_compiled_offsets_are_dynamic_in_their_count(graph_recorder):
     """The trainer's offsets make one graph serve every document count N: the first compile is already dynamic in
     N, so a batch with another N does not recompile (unmarked, the second call would: automatic dynamic shapes)."""
     torch.compiler.reset()
-    graphs = []
-
-    def counting(gm, example_inputs):
-        graphs.append(gm)
-        return gm.forward
+    counting = graph_recorder()
+    graphs = counting.graphs
 
     lengths = torch.compile(lambda cu: cu[1:] - cu[:-1], backend=counting)
     for cu in (torch.tensor([0, 3, 9, 12]), torch.tensor([0, 1, 2, 7, 10, 12])):

@@ -250,19 +250,17 @@ def test_documents_packing_feeds_document_offsets_to_training_and_validation(cor
     assert docs.losses[1] == stream.losses[1] or docs.losses[3] != stream.losses[3]  # the contexts differ
 
 
-def test_compiled_training_on_packed_documents_compiles_once_for_every_document_count(corpus, tmp_path, monkeypatch):
+def test_compiled_training_on_packed_documents_compiles_once_for_every_document_count(corpus, tmp_path, monkeypatch,
+                                                                                    graph_recorder):
     """--compile with packing="documents": the document count N changes from step to step, the graphs do not. The
     stage hands the model the offsets with their host values (no read back), the model hands its compiled blocks
     the tensor alone, marked dynamic in its length (``HybridLM.blocks_run_as``), and the blocks' training path reads
     no Python value of N. A counting backend stands in for inductor."""
     import hybrid.train.lm.stage as stage
 
-    graphs, counts = [], []
+    counting, counts = graph_recorder(), []
+    graphs = counting.graphs
     compile_ = torch.compile
-
-    def counting(gm, example_inputs):
-        graphs.append(gm)
-        return gm.forward
 
     def on_device(cu, device, compiled):
         assert not compiled
