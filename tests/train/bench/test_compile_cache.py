@@ -3,6 +3,7 @@ restored under another root in a later run, where they hit. The Triton kernel is
 time (no GPU needed), outside the interpreter that the rest of the suite runs under."""
 import json
 import os
+import re
 import subprocess
 import sys
 import tarfile
@@ -142,8 +143,9 @@ def test_the_gpu_checks_report_says_what_was_restored(tmp_path):
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     header = json.loads((out / "results.json").read_text())["header"]
     assert header["compile_cache"] == f"cold start: no file at {tmp_path / 'none.tgz'}"
-    assert f"Compile caches at the start: cold start: no file at {tmp_path / 'none.tgz'}." in (
-        out / "report.md").read_text()
+    assert f"Compile caches at the start: cold start: no file at {tmp_path / 'none.tgz'}; Triton build " \
+        f"{header['triton_build']}." in (out / "report.md").read_text()
+    assert re.fullmatch(r"[0-9a-f]{12}", header["triton_build"])
     assert (out / "compile_cache.tgz").is_file() and len(list(out.iterdir())) <= 8
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import hashlib
 import importlib
 import json
 import os
@@ -17,6 +18,7 @@ import traceback
 from pathlib import Path
 
 from ..compile_cache import NOTE_VARIABLE
+from .triton_compiles import listen, summarize
 
 PARTS = {  # name → default seconds: one H100 command of at most 9 minutes in all (docs/gpu.md splits it in two)
     "correctness": 110,
@@ -102,6 +104,16 @@ def _commit(given: str | None) -> str:
     return os.environ.get("HYBRID_COMMIT", "unknown")
 
 
+def triton_build() -> str:
+    """The first 12 hex digits of the sha256 of ``triton_key()`` (Triton's sources and native library): the
+    build every Triton cache entry is keyed by, so a prewarmed cache (``prewarm``) is used only where they match."""
+    try:
+        from triton.runtime.cache import triton_key
+    except ImportError:
+        return "none"
+    return hashlib.sha256(triton_key().encode("utf-8")).hexdigest()[:12]
+
+
 def _header(args, argv) -> dict:
     import torch
 
@@ -119,6 +131,7 @@ def _header(args, argv) -> dict:
             "python": platform.python_version(), "date": datetime.datetime.now().strftime("%Y-%m-%d %H:%M"),
             "commit": _commit(args.commit), "dry_run": args.dry_run,
             "compile_cache": os.environ.get(NOTE_VARIABLE, "not carried: Triton's and Inductor's default folders"),
+            "triton_build": triton_build(),
             "command": "python -m hybrid.train.bench.gpu_check " + " ".join(argv)}
 
 
@@ -151,7 +164,9 @@ def _run_part(name: str, limit: float, args, work: Path) -> tuple[dict, list[dic
         status = "killed at its limit"
     seconds = time.monotonic() - start
     rows = _read_rows(work / f"{name}.jsonl", name)
-    return {"status": status, "seconds": round(seconds, 1), "limit": round(limit), "rows": len(rows)}, rows
+    counts = summarize(work / f"{name}.triton")
+    return {"status": status, "seconds": round(seconds, 1), "limit": round(limit), "rows": len(rows),
+            **({"triton": counts} if counts else {})}, rows
 
 
 def _child(args) -> int:
@@ -166,6 +181,7 @@ def _child(args) -> int:
                        work=work, repo=_repo(),
                        measured=measured_rows(args.skip_measured) if args.skip_measured else None)
     module = importlib.import_module(f"{__package__}.part_{args.child}")
+    listen(work / f"{args.child}.triton")  # the report's count of Triton kernels loaded / compiled
     try:
         module.run(ctx)
     except Exception as exc:  # noqa: BLE001 - recorded, so the report says where the part broke

@@ -15,7 +15,8 @@ import torch
 
 from .context import rel_error
 
-__all__ = ["TOLERANCE", "scan_errors", "packed_offsets", "window_errors", "conv_errors", "tolerance_for"]
+__all__ = ["TOLERANCE", "scan_errors", "scan_case", "triton_scan_run", "packed_offsets", "window_errors", "conv_errors",
+           "tolerance_for"]
 
 # relative error allowed for (dtype, quantity): "out" = y or a gradient in the input's dtype, "fp32" = the rest
 TOLERANCE = {
@@ -66,19 +67,30 @@ def _scan_run(leaves, ups, cu, backend, dtype):
     return dict(zip(("y", "final", "grad x", "grad log_decay", "grad theta", "grad initial_state"), (y, final, *grads)))
 
 
-def scan_errors(device, dtype, T, mode, *, B=2, H=3, D=32, packed_edge: int | None = None, seed=0) -> dict:
-    """Relative errors of ``complex_scan(backend="triton")`` on ``device`` against float64: the sequential
-    reference up to 4096 steps, the blocked torch backend in float64 beyond (itself checked against the
-    reference in tests/kernels). ``packed_edge``: one packed row (B = 1) with boundaries around multiples of it.
-    mode: "static" ((H, P) decay and angle), "dependent" ((B, T, H, P) both) or "mixed" (static decay,
-    dependent angle)."""
+def scan_case(device, dtype, T, mode, *, B=2, H=3, D=32, packed_edge: int | None = None, seed=0):
+    """The inputs of one ``scan_errors`` case: ``(leaves, upstream gradients, cu_seqlens or None)``."""
     cu = None
     if packed_edge is not None:
         B = 1
         cu = packed_offsets(T, packed_edge, torch.Generator().manual_seed(seed + 1)).to(device)
     n_states = B if cu is None else cu.numel() - 1
     leaves, ups = _scan_inputs(B, T, H, D, dtype, mode, device, seed, n_states)
-    ours = _scan_run(leaves, ups, cu, "triton", dtype)
+    return leaves, ups, cu
+
+
+def triton_scan_run(leaves, ups, cu, dtype) -> dict:
+    """``complex_scan(backend="triton")`` on a ``scan_case``: its outputs and the gradients of every leaf."""
+    return _scan_run(leaves, ups, cu, "triton", dtype)
+
+
+def scan_errors(device, dtype, T, mode, *, B=2, H=3, D=32, packed_edge: int | None = None, seed=0) -> dict:
+    """Relative errors of ``complex_scan(backend="triton")`` on ``device`` against float64: the sequential
+    reference up to 4096 steps, the blocked torch backend in float64 beyond (itself checked against the
+    reference in tests/kernels). ``packed_edge``: one packed row (B = 1) with boundaries around multiples of it.
+    mode: "static" ((H, P) decay and angle), "dependent" ((B, T, H, P) both) or "mixed" (static decay,
+    dependent angle)."""
+    leaves, ups, cu = scan_case(device, dtype, T, mode, B=B, H=H, D=D, packed_edge=packed_edge, seed=seed)
+    ours = triton_scan_run(leaves, ups, cu, dtype)
     ref_backend = "reference" if T <= 4096 else "torch"
     ref = _scan_run([t.double() for t in leaves], ups, cu, ref_backend, torch.float64)
     return {name: rel_error(ours[name], ref[name]) for name in ours}

@@ -23,8 +23,11 @@ from .context import CheckContext, median_time
 CK_INTERVAL = 64  # the checkpoint spacing counted (the tuned kernels use 32–128)
 
 
+SHAPE = (8, 8192, 16, 128)  # B, T, H, D of every speed row (the dry run's: (1, 24, 2, 8))
+
+
 def _shape(ctx):
-    return (1, 24, 2, 8) if ctx.dry_run else (8, 8192, 16, 128)
+    return (1, 24, 2, 8) if ctx.dry_run else SHAPE
 
 
 def _inputs(shape, dtype, mode, device, grad=False):
@@ -228,6 +231,16 @@ def _fla_hgrn(ctx, shape, copy_gbs):
                            pct_copy=100 * gbs / copy_gbs)
 
 
+def speed_rows() -> tuple[list, list]:
+    """Our rows as ``(setting, dtype, mode, name suffix)``, in ``run``'s order: the default at every dtype and
+    decay with the baseline second, then (after the other libraries) the explored settings."""
+    bf16, f32 = torch.bfloat16, torch.float32
+    first = [(DEFAULT, bf16, "dependent", ""), (BASELINE, bf16, "dependent", "")]
+    first += [(DEFAULT, dtype, mode, "") for dtype, mode in ((bf16, "static"), (bf16, "mixed"), (f32, "dependent"))]
+    first.append((DEFAULT, f32, "real", ", θ = 0"))
+    return first, [(setting, bf16, "dependent", "") for setting in EXPLORE]
+
+
 def run(ctx: CheckContext) -> None:
     shape = _shape(ctx)
     B, T, H, D = shape
@@ -242,16 +255,14 @@ def run(ctx: CheckContext) -> None:
         _time_impl(ctx, ours_name(backend, *setting) + suffix, _ours(backend), shape, dtype, mode, copies[dtype],
                    label, within=_within(setting), setting=setting)
 
-    time_setting(DEFAULT, torch.bfloat16, "dependent")
-    time_setting(BASELINE, torch.bfloat16, "dependent")
-    for dtype, mode in ((torch.bfloat16, "static"), (torch.bfloat16, "mixed"), (torch.float32, "dependent")):
-        time_setting(DEFAULT, dtype, mode)
-    time_setting(DEFAULT, torch.float32, "real", ", θ = 0")
+    first, explored = speed_rows()
+    for row in first:
+        time_setting(*row)
     if ctx.device.type == "cuda":
         _accelerated_scan(ctx, shape, copies[torch.float32])
         _fla_hgrn(ctx, shape, copies[torch.float32])
-    for setting in EXPLORE:
-        time_setting(setting, torch.bfloat16, "dependent")
+    for row in explored:
+        time_setting(*row)
     if ctx.device.type == "cuda":
         # the compiled torch backend: only its speed on a GPU is of interest
         label = dict(shape=f"{B}x{T}x{H}x{D}", dtype="bfloat16", mode="dependent")

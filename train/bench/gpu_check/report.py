@@ -183,6 +183,13 @@ def _atomic_write(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
+def _kernels(counts: dict | None) -> str:
+    """``12 / 3 (41 s)``: what ``triton_compiles.summarize`` counted in a part."""
+    if not counts:
+        return ""
+    return f"{counts['loaded']} / {counts['compiled']} ({_fmt(counts['compile_s'])} s)"
+
+
 def write_outputs(out: Path, header: dict, parts: dict, rows: list[dict], targets: list[dict]) -> None:
     """``parts``: part name → its status dict; ``rows``: every recorded row (with ``part`` and ``section``)."""
     out.mkdir(parents=True, exist_ok=True)
@@ -192,11 +199,13 @@ def write_outputs(out: Path, header: dict, parts: dict, rows: list[dict], target
              f"{header['date']}; commit {header['commit']}; torch {header['torch']}, triton {header['triton']}, "
              f"Python {header['python']}; {'DRY RUN (CPU, tiny sizes)' if header['dry_run'] else 'full sizes'}.", "",
              f"`{header['command']}`", "",
-             f"Compile caches at the start: {header.get('compile_cache', 'not recorded')}.", "",
-             "| part | status | seconds | limit s | rows |", "|---|---|---:|---:|---:|"]
+             f"Compile caches at the start: {header.get('compile_cache', 'not recorded')}; Triton build "
+             f"{header.get('triton_build', 'not recorded')}.", "",
+             "| part | status | seconds | limit s | rows | Triton kernels: from the cache / compiled (compile s) |",
+             "|---|---|---:|---:|---:|---|"]
     for name, status in parts.items():
         lines.append(f"| {name} | {status['status']} | {_fmt(status.get('seconds'))} | {_fmt(status.get('limit'))} | "
-                     f"{status.get('rows', 0)} |")
+                     f"{status.get('rows', 0)} | {_kernels(status.get('triton'))} |")
     lines += ["", "## Targets", ""]
     lines += _table(targets, [("target", "target"), ("measured", "measured"), ("met", "met")])
     lines += ["## Measured", ""] + _sections(rows)

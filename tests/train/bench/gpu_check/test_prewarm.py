@@ -1,0 +1,140 @@
+"""The prewarm compiles the check's scan kernels for the H100 without a GPU, into the cache entries a device's
+JIT looks up: a second process loads every one of them and compiles nothing. ``device_keys`` keys them as
+another build of the same Triton release would. Run in child processes: under TRITON_INTERPRET=1 (set for the
+rest of the suite) ``triton.jit`` builds nothing compilable, and the prewarm swaps Triton's driver."""
+import hashlib
+import json
+import os
+import re
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from hybrid.train.bench.gpu_check.triton_compiles import summarize
+
+
+def _prewarm(cache: Path, *args: str) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["TRITON_CACHE_DIR"] = str(cache)
+    return subprocess.run([sys.executable, "-m", "hybrid.train.bench.gpu_check.prewarm", *args],
+                          capture_output=True, text=True, env=env, timeout=600)
+
+
+def test_a_second_process_loads_every_kernel_the_first_compiled(tmp_path):
+    # the correctness part's first case: float32, T = 1000, static decay, in the default setting (2 kernels)
+    first = _prewarm(tmp_path, "--parts", "correctness", "--limit", "1")
+    assert first.returncode == 0, first.stderr[-3000:]
+    assert re.search(r"sm_90: 2 kernels compiled \([\d.]+ s\), 0 already in", first.stdout), first.stdout
+    metadata = [json.loads(p.read_text()) for p in tmp_path.rglob("*.json") if not p.name.startswith("__grp__")]
+    kernels = sorted(m["name"] for m in metadata)
+    assert kernels == ["runs_bwd_kernel", "runs_fwd_kernel"], kernels
+    for m in metadata:
+        assert m["target"] == {"backend": "cuda", "arch": 90, "warp_size": 32}, m["target"]
+    assert len(list(tmp_path.rglob("*.cubin"))) == 2
+
+    again = _prewarm(tmp_path, "--parts", "correctness", "--limit", "1")
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert re.search(r"sm_90: 0 kernels compiled \(0.0 s\), 2 already in", again.stdout), again.stdout
+
+
+def _wheel(path: Path, version: str, files: dict) -> Path:
+    wheel = path / f"triton-{version}-cp312-cp312-manylinux_2_28_x86_64.whl"
+    with zipfile.ZipFile(wheel, "w") as z:
+        for name, data in files.items():
+            z.writestr(name, data)
+    return wheel
+
+
+def _keys(wheel: Path) -> subprocess.CompletedProcess:
+    code = ("import sys, triton.runtime.cache as c; from hybrid.train.bench.gpu_check.prewarm import device_keys\n"
+            "before = c.triton_key()\n"
+            "with device_keys(sys.argv[1]) as key:\n"
+            "    assert c.triton_key() == key\n"
+            "assert c.triton_key() == before\n"
+            "print(before); print(key)")
+    return subprocess.run([sys.executable, "-c", code, str(wheel)], capture_output=True, text=True, timeout=120)
+
+
+def test_device_keys_swap_only_the_libtriton_hash(tmp_path):
+    import triton
+
+    root = Path(triton.__file__).parent
+    other = b"another build of libtriton"
+    wheel = _wheel(tmp_path, triton.__version__, {"triton/__init__.py": (root / "__init__.py").read_bytes(),
+                                                  "triton/_C/libtriton.so": other})
+    done = _keys(wheel)
+    assert done.returncode == 0, done.stderr[-3000:]
+    ours, theirs = done.stdout.split()
+    real = hashlib.sha256((root / "_C" / "libtriton.so").read_bytes()).hexdigest()
+    assert real in ours and theirs == ours.replace(real, hashlib.sha256(other).hexdigest())
+
+
+@pytest.mark.parametrize("version, edited, message", [
+    (None, True, "expected the same files as this Triton but for its .so files, got 1 differing, "
+                 "e.g. triton/__init__.py"),
+    ("0.0.1", False, "expected Triton {version} (this one), got 0.0.1"),
+])
+def test_device_keys_refuse_another_release_or_other_sources(tmp_path, version, edited, message):
+    import triton
+
+    source = (Path(triton.__file__).parent / "__init__.py").read_bytes() + (b"\n# edited\n" if edited else b"")
+    wheel = _wheel(tmp_path, version or triton.__version__, {"triton/__init__.py": source,
+                                                             "triton/_C/libtriton.so": b"x"})
+    done = _keys(wheel)
+    assert done.returncode != 0
+    assert f"ValueError: --device-wheel: {message.format(version=triton.__version__)}" in done.stderr
+
+
+def test_bad_parts_get_one_line(tmp_path):
+    done = _prewarm(tmp_path, "--parts", "decoding")
+    assert done.returncode == 2
+    assert done.stderr.strip() == ("prewarm: --parts: expected names among ['correctness', 'scan', 'models'], "
+                                   "got 'decoding'")
+
+
+def test_the_compile_count_reads_what_triton_reported(tmp_path):
+    log = tmp_path / "part.triton"
+    assert summarize(log) is None
+    log.write_text("loaded runs_fwd_kernel\ncompiled runs_bwd_kernel 2.50\ncompiled runs_fwd_kernel 1.25\n")
+    assert summarize(log) == {"loaded": 1, "compiled": 2, "compile_s": 3.8}
+
+
+def test_the_report_gives_each_part_its_kernels_loaded_and_compiled(tmp_path):
+    from hybrid.train.bench.gpu_check.report import write_outputs
+
+    header = {"device": "H100", "date": "2026-11-28", "commit": "abc", "torch": "2.11", "triton": "3.6.0",
+              "python": "3.12", "dry_run": False, "command": "python -m hybrid.train.bench.gpu_check"}
+    parts = {"correctness": {"status": "finished", "seconds": 80.0, "limit": 200, "rows": 3,
+                             "triton": {"loaded": 41, "compiled": 2, "compile_s": 6.5}},
+             "scan": {"status": "finished", "seconds": 50.0, "limit": 90, "rows": 0}}
+    write_outputs(tmp_path, header, parts, [], [])
+    report = (tmp_path / "report.md").read_text()
+    assert "| correctness | finished | 80 | 200 | 3 | 41 / 2 (6.5 s) |" in report
+    assert "| scan | finished | 50 | 90 | 0 |  |" in report
+
+
+def test_the_models_scan_calls_are_recorded_from_a_training_step():
+    """The hybrid's R layers: a static decay and angle on padded rows, a restarted (time-varying) decay on the
+    trainer's packed row; the gradient reaches x and the decay, not the fixed rotary angle."""
+    import torch
+
+    from hybrid.models import HybridConfig
+    from hybrid.train.bench.gpu_check.prewarm_models import _recording, recorded_scan_calls, replay
+
+    config = HybridConfig.preset("hybrid", "tiny", d_model=64, n_layers=3, n_heads=2, pattern="RRA", window=8,
+                                 vocab_size=64)
+    calls = recorded_scan_calls(config, tokens=32)
+    assert [(c.time_static, c.batch_broadcast, c.needs_grad) for c in calls] == [
+        ((False, True), (False, False), (True, True, False, False)),  # packed: decay restarted at documents
+        ((True, True), (True, True), (True, True, False, False)),  # padded: one decay and angle for all
+    ]
+    assert {(c.dtype, c.heads, c.head_dim, c.gate_dtypes) for c in calls} == {
+        (torch.bfloat16, 2, 32, (torch.float32, torch.float32))}
+    recorded = []
+    with _recording(recorded):  # a replay makes the call it replays (here on the CPU backend)
+        for call in calls:
+            replay(call, 3, 17, backend="cpu")
+    assert recorded == calls
