@@ -30,6 +30,8 @@ import tempfile
 from importlib import metadata
 from pathlib import Path
 
+from .triton_rekey import rekey
+
 MANIFEST = "compile_cache.json"
 TRITON_TEXTS = (".ttir", ".ttgir", ".llir", ".ptx", ".source", ".amdgcn")
 DEFAULT_MAX_MIB = 15.0  # the device tool brings back files of at most 16 MiB
@@ -157,9 +159,14 @@ def restore(source: Path, root: Path) -> str:
         manifest = json.load(tar.extractfile(MANIFEST))
         tar.extractall(root, members=members, filter="data")
     _relocate_groups(root, manifest["root"])
+    try:  # prewarmed kernels made for another build of this Triton release
+        renamed = rekey(root / "triton")
+    except Exception as exc:  # noqa: BLE001 - the kernels stay under their names: they compile again
+        renamed = f"compile cache: prewarmed Triton kernels not renamed: {type(exc).__name__}: {exc}"
     made = ", ".join(f"{k} {manifest[k]}" for k in ("made", "torch", "triton") if manifest.get(k))
     note = f", {manifest['note']}" if manifest.get("note") else ""
-    return f"compile cache: restored {source} into {root}, which holds {describe(census(root))} (packed {made}{note})"
+    return (f"compile cache: restored {source} into {root}, which holds {describe(census(root))} (packed {made}"
+            f"{note})" + (f"; {renamed.removeprefix('compile cache: ')}" if renamed else ""))
 
 
 def parser() -> argparse.ArgumentParser:

@@ -97,22 +97,26 @@ def compile_only(arch: int = 90):
         self.cache_results = False  # ... nor on disk: the GPU times its own
         return tune_run(self, *args, **kwargs)
 
+    noting: list = []  # the tiles of the forward being tuned
+
     def bench_noting_tile(self, *args, config, **meta):
-        _FORWARD_TILES.add(triton_scan.time_tile(config.kwargs))
+        if noting:
+            noting[-1].add(triton_scan.time_tile(config.kwargs))
         return bench(self, *args, config=config, **meta)
 
     def forward_noting_tiles(*args, **kwargs):
+        noting.append(set())
+        try:
+            out = forward(*args, **kwargs)
+        finally:
+            tiles = noting.pop()
+        # the next backward follows the GPU's pick among these (ck_tile < 0: the runs layout)
         _FORWARD_TILES.clear()
-        out = forward(*args, **kwargs)
-        if _FORWARD_TILES:  # the backward follows the GPU's pick among these (ck_tile < 0: the runs layout)
-            tiles = sorted(_FORWARD_TILES)
-            _FORWARD_TILES.clear()
-            _FORWARD_TILES.update(-t if out[3] < 0 else t for t in tiles)
+        _FORWARD_TILES.update(-t if out[3] < 0 else t for t in tiles)
         return out
 
     def backward_for_every_tile(x, log_decay, theta, checkpoints, ck_tile, *rest):
-        tiles = sorted(_FORWARD_TILES) or [ck_tile]
-        for tile in tiles:
+        for tile in sorted(_FORWARD_TILES) or [ck_tile]:  # each call here follows its own forward
             grads = backward(x, log_decay, theta, checkpoints, tile, *rest)
         return grads
 
@@ -138,8 +142,9 @@ def _sha256(data: bytes) -> str:
 
 @contextlib.contextmanager
 def device_keys(wheel: str | Path):
-    """Inside, Triton keys its cache entries as the Triton of ``wheel`` (the device's build) would. The wheel
-    must be this Triton's release with byte-identical files except its native libraries."""
+    """Inside, Triton keys its cache entries as the Triton of ``wheel`` (the device's build) would; yields that
+    ``triton_key()`` and the sha256 of the wheel's ``libtriton``. The wheel must be this Triton's release with
+    byte-identical files except its native libraries."""
     import triton
     import triton.runtime.cache as cache
 
@@ -159,6 +164,7 @@ def device_keys(wheel: str | Path):
             raise ValueError(f"--device-wheel: expected the same files as this Triton but for its .so files, got "
                              f"{len(differ)} differing, e.g. {differ[0]}")
         library = z.read("triton/_C/libtriton.so")
+    library_sha256 = _sha256(library)
     ours = os.path.realpath(root / "_C" / "libtriton.so")
     with tempfile.TemporaryDirectory() as tmp:
         theirs = Path(tmp) / "libtriton.so"
@@ -174,7 +180,7 @@ def device_keys(wheel: str | Path):
     original = cache.triton_key
     cache.triton_key = lambda: key
     try:
-        yield key
+        yield key, library_sha256
     finally:
         cache.triton_key = original
 
@@ -221,7 +227,9 @@ def model_calls(setting: tuple):
 
 def planned_calls(parts):
     """Every call of ``parts``, in the order a device session reaches them (docs/gpu.md's first command), so
-    that an interrupted prewarm has done the first ones; a rerun loads what is done and goes on."""
+    that an interrupted prewarm has done the first ones; a rerun loads what is done and goes on. Left out: the
+    correctness grid in the tile layout, which runs last and passed on the H100 twice (its 90 kernels would
+    take 4 of the cache file's 15 MiB)."""
     from .part_correctness import FIRST_PASS
     from .part_scan import DEFAULT, speed_rows
 
@@ -230,8 +238,7 @@ def planned_calls(parts):
             ("scan", lambda: scan_calls(first)),
             ("correctness", lambda: correctness_calls(DEFAULT, slice(FIRST_PASS, None))),
             ("models", lambda: model_calls(DEFAULT)),
-            ("scan", lambda: scan_calls(explored)),
-            ("correctness", lambda: correctness_calls(("tile", 1)))]
+            ("scan", lambda: scan_calls(explored))]
     for part, calls in plan:
         if part in parts:
             yield from calls()
@@ -256,9 +263,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"prewarm: --parts: expected names among {list(PARTS)}, got {args.parts!r}", file=sys.stderr)
         return 2
     import triton
-    from triton.runtime.cache import triton_key
+    from triton import knobs
 
     from hybrid.kernels.complex_scan.triton_scan import scan_layout
+
+    from ..triton_rekey import identity, noting_keys, this_build
 
     from .triton_compiles import listen, summarize
 
@@ -266,11 +275,13 @@ def main(argv: list[str] | None = None) -> int:
         log = Path(tmp) / "compiles"
         listen(log)
         try:
-            key = stack.enter_context(device_keys(args.device_wheel)) if args.device_wheel else triton_key()
+            build = identity(*stack.enter_context(device_keys(args.device_wheel))) if args.device_wheel \
+                else this_build()[1]
         except ValueError as exc:
             print(f"prewarm: {exc}", file=sys.stderr)
             return 2
-        build = hashlib.sha256(key.encode("utf-8")).hexdigest()[:12]  # as the device's report names it
+        # each entry's key parts beside it, so that a device with another build of this release renames them
+        stack.enter_context(noting_keys(Path(knobs.cache.dir), build))
         start = time.monotonic()
         with compile_only(args.arch):
             for i, (label, setting, call) in enumerate(planned_calls(parts)):
@@ -285,8 +296,8 @@ def main(argv: list[str] | None = None) -> int:
                       flush=True)
         counts = summarize(log) or {"loaded": 0, "compiled": 0, "compile_s": 0.0}
     folder = os.environ.get("TRITON_CACHE_DIR", "Triton's default cache folder")
-    print(f"prewarm: Triton {triton.__version__} (build {build}), sm_{args.arch}: {counts['compiled']} kernels "
-          f"compiled ({counts['compile_s']} s), {counts['loaded']} already in {folder}; "
+    print(f"prewarm: Triton {triton.__version__} (build {build['build']}), sm_{args.arch}: {counts['compiled']} "
+          f"kernels compiled ({counts['compile_s']} s), {counts['loaded']} already in {folder}; "
           f"{time.monotonic() - start:.0f} s in all")
     return 0
 

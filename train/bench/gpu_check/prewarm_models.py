@@ -1,10 +1,11 @@
-"""The scan calls a benchmark suite's models make in a training step, for ``prewarm``: recorded from one tiny
-step on the CPU (the trainer's packed batch, bf16 autocast as on a GPU), then replayed at the budget's batch.
+"""The scan calls a benchmark suite's models make in a training step, for ``prewarm``: recorded from tiny steps
+on the CPU (the trainer's packed row and padded rows, bf16 autocast as on a GPU), then replayed at the budget's
+batch.
 
 What a Triton compile depends on is the same in both: the dtypes, which of decay and angle vary in time or
 batch, the initial state, which inputs need gradients, and whether the sizes are multiples of 16. Only the
 autotuner's choice depends on the size itself, so the replay takes the budget's tokens a step (``gpu-long``:
-32 × 2048 packed into one row), as the device does. The final state is never used in training (no ``dfinal``).
+32 × 2048, packed into one row and as 32 rows), as the device does. The final state is never used in training (no ``dfinal``).
 """
 from __future__ import annotations
 
@@ -42,7 +43,7 @@ def _record(x, log_decay, theta, initial_state) -> ScanCall:
     B, T, H, D = x.shape
     gates = [normalise_decay_like(g, B, T, H, D // 2) for g in (log_decay, theta)]  # (Bd, Td, H, P)
     grad = torch.is_grad_enabled()
-    return ScanCall(dtype=x.dtype, heads=x.shape[2], head_dim=x.shape[3],
+    return ScanCall(dtype=x.dtype, heads=H, head_dim=D,
                     batch_broadcast=tuple(g.shape[0] == 1 and B > 1 for g in gates),
                     time_static=tuple(g.shape[1] == 1 for g in gates),
                     gate_dtypes=tuple(g.dtype for g in gates), has_initial_state=initial_state is not None,

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from hybrid.train.bench.gpu_check.triton_compiles import summarize
+from hybrid.train.bench.triton_rekey import SIDECAR, this_build
 
 
 def _prewarm(cache: Path, *args: str) -> subprocess.CompletedProcess:
@@ -23,21 +24,52 @@ def _prewarm(cache: Path, *args: str) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, env=env, timeout=600)
 
 
-def test_a_second_process_loads_every_kernel_the_first_compiled(tmp_path):
+def test_a_second_process_loads_every_kernel_the_first_compiled_for_another_build(tmp_path):
+    """Compiled for another build of this Triton (a wheel whose libtriton differs), the entries are renamed by
+    ``rekey`` (as ``compile_cache`` does after a restore) and then load in a process of this build."""
+    import triton
+
+    cache = tmp_path / "cache"
+    wheel = _wheel(tmp_path, triton.__version__, {"triton/__init__.py": (Path(triton.__file__).parent /
+                                                                        "__init__.py").read_bytes(),
+                                                  "triton/_C/libtriton.so": b"another build"})
     # the correctness part's first case: float32, T = 1000, static decay, in the default setting (2 kernels)
-    first = _prewarm(tmp_path, "--parts", "correctness", "--limit", "1")
+    first = _prewarm(cache, "--parts", "correctness", "--limit", "1", "--device-wheel", str(wheel))
     assert first.returncode == 0, first.stderr[-3000:]
     assert re.search(r"sm_90: 2 kernels compiled \([\d.]+ s\), 0 already in", first.stdout), first.stdout
-    metadata = [json.loads(p.read_text()) for p in tmp_path.rglob("*.json") if not p.name.startswith("__grp__")]
-    kernels = sorted(m["name"] for m in metadata)
-    assert kernels == ["runs_bwd_kernel", "runs_fwd_kernel"], kernels
+    metadata = [json.loads(p.read_text()) for p in cache.rglob("*.json")
+                if not p.name.startswith("__grp__") and p.name != SIDECAR]
+    assert sorted(m["name"] for m in metadata) == ["runs_bwd_kernel", "runs_fwd_kernel"]
     for m in metadata:
         assert m["target"] == {"backend": "cuda", "arch": 90, "warp_size": 32}, m["target"]
-    assert len(list(tmp_path.rglob("*.cubin"))) == 2
+    assert len(list(cache.rglob("*.cubin"))) == 2 and len(json.loads((cache / SIDECAR).read_text())) == 2
 
-    again = _prewarm(tmp_path, "--parts", "correctness", "--limit", "1")
+    renamed = _rekey(cache)
+    assert renamed.returncode == 0, renamed.stderr[-3000:]
+    assert re.fullmatch(r"compile cache: 2 prewarmed Triton kernels renamed for this Triton build \([0-9a-f]{12}\)",
+                        renamed.stdout.strip()), renamed.stdout
+    assert _rekey(cache).stdout.strip() == "None"  # keyed for this build now
+
+    again = _prewarm(cache, "--parts", "correctness", "--limit", "1")
     assert again.returncode == 0, again.stderr[-3000:]
     assert re.search(r"sm_90: 0 kernels compiled \(0.0 s\), 2 already in", again.stdout), again.stdout
+
+
+def _rekey(cache: Path) -> subprocess.CompletedProcess:
+    code = "import sys; from hybrid.train.bench.triton_rekey import rekey; print(rekey(sys.argv[1]))"
+    return subprocess.run([sys.executable, "-c", code, str(cache)], capture_output=True, text=True, timeout=120)
+
+
+def test_rekey_leaves_entries_made_from_other_sources(tmp_path):
+    entry = tmp_path / "ABC"
+    entry.mkdir()
+    (tmp_path / SIDECAR).write_text(json.dumps({"ABC": {"parts": ["s", "12.8-90", "o", "[]"], "build": "b",
+                                                        "sources": "another release"}}))
+    done = _rekey(tmp_path)
+    assert done.stdout.strip() == ("compile cache: 0 prewarmed Triton kernels renamed for this Triton build ("
+                                   f"{this_build()[1]['build']}); left 1 made from other Triton sources and 0 by "
+                                   "another ptxas or for another target")
+    assert entry.is_dir()
 
 
 def _wheel(path: Path, version: str, files: dict) -> Path:
@@ -51,7 +83,7 @@ def _wheel(path: Path, version: str, files: dict) -> Path:
 def _keys(wheel: Path) -> subprocess.CompletedProcess:
     code = ("import sys, triton.runtime.cache as c; from hybrid.train.bench.gpu_check.prewarm import device_keys\n"
             "before = c.triton_key()\n"
-            "with device_keys(sys.argv[1]) as key:\n"
+            "with device_keys(sys.argv[1]) as (key, _):\n"
             "    assert c.triton_key() == key\n"
             "assert c.triton_key() == before\n"
             "print(before); print(key)")
@@ -138,3 +170,29 @@ def test_the_models_scan_calls_are_recorded_from_a_training_step():
         for call in calls:
             replay(call, 3, 17, backend="cpu")
     assert recorded == calls
+
+
+def test_the_backward_is_compiled_for_every_tile_the_tuned_forward_may_pick(tmp_path):
+    """Two forward tiles (32 and 64 steps) and one backward tile that fits both: the GPU's autotuner may pick
+    either forward tile, and the backward's CK_BT follows it, so the prewarm compiles that backward twice."""
+    code = """
+import torch
+from hybrid.kernels.complex_scan import triton_scan
+from hybrid.train.bench.gpu_check.numerics import scan_case, triton_scan_run
+from hybrid.train.bench.gpu_check.prewarm import compile_only
+from hybrid.train.bench.gpu_check.triton_compiles import listen, summarize
+triton_scan._FWD_CONFIGS = [(32, 16, 4), (64, 16, 4)]  # (BT, BP, warps): the tile layout compiles fastest
+triton_scan._BWD_CONFIGS = [(64, 16, 4)]
+triton_scan._AUTOTUNE_MIN_WORK = 0
+listen("compiles")
+with compile_only(), triton_scan.scan_layout("tile"):
+    triton_scan_run(*scan_case(torch.device("cpu"), torch.float32, 64, "dependent", B=1, H=1, D=32), torch.float32)
+print(open("compiles").read())
+"""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["TRITON_CACHE_DIR"] = str(tmp_path / "cache")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=tmp_path,
+                          timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    names = sorted(line.split()[1] for line in done.stdout.splitlines() if line.startswith("compiled"))
+    assert names == ["_scan_bwd_kernel", "_scan_bwd_kernel", "_scan_fwd_kernel", "_scan_fwd_kernel"], done.stdout
