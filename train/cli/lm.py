@@ -7,7 +7,6 @@ and an interrupted one with 130. ``HYBRID_TRACEBACK=1`` shows the full traceback
 from __future__ import annotations
 
 import argparse
-import gc
 import os
 import shlex
 
@@ -145,14 +144,7 @@ def _train(args: argparse.Namespace) -> int:
 
 def train_main(argv: list[str] | None = None) -> int:
     """``hybrid-train``: returns the exit status (the console script exits with it)."""
-    status = run_command(train_parser(), argv, _train)
-    # An FSDP2-sharded model sits in reference cycles (its hooks and state point back at it), so it outlives the
-    # run until a garbage collection; left to interpreter shutdown, tearing down the gloo process group's
-    # objects there can abort the process (SIGABRT; pytorch/pytorch#179291). Collect while Python is whole (only
-    # under torchrun: one process never shards, and a full collection costs a test calling this ~0.4 s).
-    if env_int("WORLD_SIZE", 1) > 1:
-        gc.collect()
-    return status
+    return run_command(train_parser(), argv, _train)  # which collects an FSDP2 model's cycles under torchrun
 
 # ---------------------------------------------------------------------------------------------- generate
 

@@ -13,6 +13,7 @@ The rules they keep (docs/design.md, "The commands' shared rules"):
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import math
 import os
@@ -21,7 +22,7 @@ import sys
 from hybrid.models import HybridConfig
 
 from ..data import HubOfflineError
-from ..parallel.device import DEVICE_NAMES, check_device
+from ..parallel.device import DEVICE_NAMES, check_device, env_int
 
 __all__ = [
     "Parser", "UsageError", "USER_ERRORS", "TRACEBACK_ENV", "show_tracebacks",
@@ -185,13 +186,26 @@ def run_command(parser: argparse.ArgumentParser, argv: list[str] | None, run) ->
     except SystemExit as e:
         return e.code
     threads = getattr(args, "threads", None)
-    if threads is None:
-        return guarded(parser.prog, lambda: run(args))
-    import torch
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(threads)
     try:
-        return guarded(parser.prog, lambda: run(args))
+        if threads is None:
+            return guarded(parser.prog, lambda: run(args))
+        import torch
+
+        before = torch.get_num_threads()
+        torch.set_num_threads(threads)
+        try:
+            return guarded(parser.prog, lambda: run(args))
+        finally:
+            torch.set_num_threads(before)
     finally:
-        torch.set_num_threads(before)
+        _collect_under_torchrun()
+
+
+def _collect_under_torchrun() -> None:
+    """An FSDP2-sharded model sits in reference cycles (its hooks and state point back at it), so it outlives the
+    command until a garbage collection; left to interpreter shutdown, tearing down the gloo process group's
+    objects there can abort the process (SIGABRT, "terminate called without an active exception";
+    pytorch/pytorch#179291). Collect while Python is whole: only under torchrun (one process never shards, and
+    a full collection costs a test calling a command ~0.4 s)."""
+    if env_int("WORLD_SIZE", 1) > 1:
+        gc.collect()

@@ -58,6 +58,11 @@ report = {"rank": int(os.environ["RANK"]), "writes": len(writes), "layer_types":
           "val_kl": result.val_kl}
 with open(sys.argv[2].format(rank=report["rank"]), "w") as f:
     json.dump(report, f)
+# A sharded (FSDP2) student sits in reference cycles: dropped and collected here, not at interpreter shutdown,
+# where tearing down what holds the gloo group can abort the rank (docs/training.md, "Leaving the job").
+del distiller, result
+import gc
+gc.collect()
 """
 
 
