@@ -4,9 +4,9 @@ and the initial state, in fp32 / bf16 / fp16, static / data-dependent / mixed de
 import pytest
 import torch
 
-from hybrid.train.bench.gpu_check.numerics import scan_errors, tolerance_for
-
-F32, BF16, F16 = torch.float32, torch.bfloat16, torch.float16
+# the cases live beside the comparisons, where the prewarm (gpu_check.prewarm) reads them too
+from hybrid.train.bench.gpu_check.numerics import (DTYPES, LONG_CASES, MODES, PACKED_AUTOTUNED, PACKED_EDGES,
+                                                   PACKED_MODES, SHORT_LENGTHS, scan_errors, tolerance_for)
 
 
 def assert_within(errors: dict, dtype) -> None:
@@ -14,29 +14,25 @@ def assert_within(errors: dict, dtype) -> None:
     assert not bad, f"relative errors over tolerance: {bad}"
 
 
-@pytest.mark.parametrize("dtype", [F32, BF16, F16], ids=["fp32", "bf16", "fp16"])
-@pytest.mark.parametrize("mode", ["static", "dependent", "mixed"])
-@pytest.mark.parametrize("T", [1, 2, 63, 65, 1000])
+@pytest.mark.parametrize("dtype", DTYPES, ids=["fp32", "bf16", "fp16"])
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("T", SHORT_LENGTHS)
 def test_short(cuda, dtype, mode, T):
     assert_within(scan_errors(cuda, dtype, T, mode, seed=T), dtype)
 
 
-@pytest.mark.parametrize("dtype,T,mode,kw", [
-    (F32, 8192, "dependent", {}),
-    (BF16, 8192, "dependent", {"B": 4, "H": 4, "D": 64}),  # 2^22 pair-steps: the autotuned kernels
-    (F16, 8192, "static", {}),
-    (F32, 65536, "dependent", {"B": 1, "H": 2}),
-    (BF16, 65536, "mixed", {"B": 1, "H": 2}),
-])
+@pytest.mark.parametrize("dtype,T,mode,kw", LONG_CASES)
 def test_long(cuda, dtype, T, mode, kw):
     assert_within(scan_errors(cuda, dtype, T, mode, **kw), dtype)
 
 
-@pytest.mark.parametrize("edge", [32, 64, 128])
-@pytest.mark.parametrize("mode", ["dependent", "mixed", "static"])
+@pytest.mark.parametrize("edge", PACKED_EDGES)
+@pytest.mark.parametrize("mode", PACKED_MODES)
 def test_packed_boundaries_at_tile_edges(cuda, edge, mode):
-    assert_within(scan_errors(cuda, F32, 4 * edge + 3, mode, packed_edge=edge, seed=edge), F32)
+    assert_within(scan_errors(cuda, torch.float32, 4 * edge + 3, mode, packed_edge=edge, seed=edge), torch.float32)
 
 
 def test_packed_autotuned(cuda):
-    assert_within(scan_errors(cuda, BF16, 8192, "dependent", packed_edge=64, H=8, D=128), BF16)
+    dtype, T, mode, kw = PACKED_AUTOTUNED
+    assert_within(scan_errors(cuda, dtype, T, mode, **kw), dtype)
+

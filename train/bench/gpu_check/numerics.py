@@ -15,8 +15,8 @@ import torch
 
 from .context import rel_error
 
-__all__ = ["TOLERANCE", "scan_errors", "scan_case", "triton_scan_run", "packed_offsets", "window_errors", "conv_errors",
-           "tolerance_for"]
+__all__ = ["TOLERANCE", "scan_errors", "scan_case", "triton_scan_run", "cuda_test_cases", "packed_offsets",
+           "window_errors", "conv_errors", "tolerance_for"]
 
 # relative error allowed for (dtype, quantity): "out" = y or a gradient in the input's dtype, "fp32" = the rest
 TOLERANCE = {
@@ -65,6 +65,33 @@ def _scan_run(leaves, ups, cu, backend, dtype):
     loss = (y * ups[0].to(y.dtype)).sum() + (final * ups[1].to(final.dtype)).sum()
     grads = torch.autograd.grad(loss, ts)
     return dict(zip(("y", "final", "grad x", "grad log_decay", "grad theta", "grad initial_state"), (y, final, *grads)))
+
+
+# The scan cases of tests/cuda/test_scan_cuda.py (``pytest -m cuda``, run by the correctness part), kept here so
+# that ``prewarm`` compiles their kernels too: every dtype × decay mode at short lengths, long and autotuned
+# lengths, and packed rows with boundaries at, before and after every time tile.
+SHORT_LENGTHS = (1, 2, 63, 65, 1000)
+LONG_CASES = [
+    (torch.float32, 8192, "dependent", {}),
+    (torch.bfloat16, 8192, "dependent", {"B": 4, "H": 4, "D": 64}),  # 2^22 pair-steps: the autotuned kernels
+    (torch.float16, 8192, "static", {}),
+    (torch.float32, 65536, "dependent", {"B": 1, "H": 2}),
+    (torch.bfloat16, 65536, "mixed", {"B": 1, "H": 2}),
+]
+PACKED_EDGES = (32, 64, 128)
+PACKED_MODES = ("dependent", "mixed", "static")
+PACKED_AUTOTUNED = (torch.bfloat16, 8192, "dependent", {"packed_edge": 64, "H": 8, "D": 128})
+MODES = ("static", "dependent", "mixed")
+DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def cuda_test_cases() -> list[tuple]:
+    """``(dtype, T, mode, scan_errors keywords)`` of every scan case of the CUDA tests, in their order."""
+    cases = [(dtype, T, mode, {"seed": T}) for T in SHORT_LENGTHS for mode in MODES for dtype in DTYPES]
+    cases += LONG_CASES
+    cases += [(torch.float32, 4 * edge + 3, mode, {"packed_edge": edge, "seed": edge})
+              for mode in PACKED_MODES for edge in PACKED_EDGES]
+    return cases + [PACKED_AUTOTUNED]
 
 
 def scan_case(device, dtype, T, mode, *, B=2, H=3, D=32, packed_edge: int | None = None, seed=0):

@@ -7,9 +7,9 @@ that a device session loads them instead of compiling them.
 On the H100, compiling took most of the check's first parts: 29 scan cases in 170 s, and the scan part's
 autotuner compiles 6 tiles forward and 6 backward for every flag combination on first use (docs/gpu.md); so do
 the recurrent models of the check's models part and of the ``gpu-long`` budget (``prewarm_models``). Here
-each call the check would make runs through the library's real code path, CPU tensors of the real shapes
-included, with Triton's driver replaced by one that names the GPU (``GPUTarget("cuda", arch, 32)``) and
-launches nothing: every kernel is compiled exactly as the GPU's JIT would compile it, into the same cache
+each scan call the check would make (the CUDA tests' included) runs through the library's real code path, CPU
+tensors of the real shapes included, with Triton's driver replaced by one that names the GPU
+(``GPUTarget("cuda", arch, 32)``) and launches nothing: every kernel is compiled exactly as the GPU's JIT would compile it, into the same cache
 entry. The autotuner compiles every tile it may pick, and never keeps a pick (its timings would be made up);
 the backward is compiled for every forward tile the GPU's autotuner may choose (its ``CK_BT``).
 
@@ -35,7 +35,8 @@ from types import SimpleNamespace
 
 PARTS = ("correctness", "scan", "models")
 
-__all__ = ["compile_only", "device_keys", "correctness_calls", "scan_calls", "model_calls", "planned_calls", "main"]
+__all__ = ["compile_only", "device_keys", "correctness_calls", "cuda_test_calls", "scan_calls", "model_calls",
+           "planned_calls", "main"]
 
 
 class _CompileOnlyDriver:
@@ -185,20 +186,33 @@ def device_keys(wheel: str | Path):
         cache.triton_key = original
 
 
-def correctness_calls(setting: tuple, cases: slice = slice(None)):
-    """(label, setting, call) for the correctness part's scan cases (a slice of ``_scan_cases``) in one kernel
-    setting: ``complex_scan(backend="triton")`` forward and backward, as ``scan_errors`` runs it."""
+def _scan_case_calls(prefix: str, setting: tuple, cases):
+    """(label, setting, call) running each ``(dtype, T, mode, kw)`` case as ``scan_errors`` runs the Triton
+    backend: ``complex_scan(backend="triton")`` forward and backward."""
     import torch
 
     from .numerics import scan_case, triton_scan_run
-    from .part_correctness import _scan_cases
 
-    for dtype, T, mode, kw in _scan_cases(SimpleNamespace(dry_run=False))[cases]:
-        label = f"correctness {setting[0]}/{setting[1]} {str(dtype).replace('torch.', '')} T={T} {mode} {kw or ''}"
+    for dtype, T, mode, kw in cases:
+        label = f"{prefix} {setting[0]}/{setting[1]} {str(dtype).replace('torch.', '')} T={T} {mode} {kw or ''}"
 
         def call(dtype=dtype, T=T, mode=mode, kw=kw):
             triton_scan_run(*scan_case(torch.device("cpu"), dtype, T, mode, **kw), dtype)
         yield label, setting, call
+
+
+def correctness_calls(setting: tuple, cases: slice = slice(None)):
+    """The correctness part's scan cases (a slice of ``_scan_cases``) in one kernel setting."""
+    from .part_correctness import _scan_cases
+
+    yield from _scan_case_calls("correctness", setting, _scan_cases(SimpleNamespace(dry_run=False))[cases])
+
+
+def cuda_test_calls(setting: tuple):
+    """The scan cases of the CUDA tests (``pytest -m cuda``, which the correctness part runs)."""
+    from .numerics import cuda_test_cases
+
+    yield from _scan_case_calls("CUDA tests", setting, cuda_test_cases())
 
 
 def scan_calls(rows):
@@ -236,6 +250,7 @@ def planned_calls(parts):
     first, explored = speed_rows()
     plan = [("correctness", lambda: correctness_calls(DEFAULT, slice(None, FIRST_PASS))),
             ("scan", lambda: scan_calls(first)),
+            ("correctness", lambda: cuda_test_calls(DEFAULT)),
             ("correctness", lambda: correctness_calls(DEFAULT, slice(FIRST_PASS, None))),
             ("models", lambda: model_calls(DEFAULT)),
             ("scan", lambda: scan_calls(explored))]
