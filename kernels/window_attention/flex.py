@@ -12,6 +12,7 @@ only so that tests can check this path's mask against the reference.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib.util
 import inspect
@@ -32,13 +33,34 @@ def _compiled_flex():
     return torch.compile(flex_attention)
 
 
+# Graphs Dynamo may build for the compiled FlexAttention (and the compiled create_block_mask) before it gives up
+# and runs them eager. Its default, 8, was reached on an H100 by one benchmark run (2026-11-28): training (bf16
+# autocast, grad) then measuring at 1-8x the length (float32, no grad) recompiled for every grad mode, autocast
+# state, dtype and length, and the eager FlexAttention that followed materialised the whole score matrix (64 GiB
+# at 16K tokens: out of memory).
+RECOMPILE_ROOM = 64
+
+
+@contextlib.contextmanager
+def _room_to_recompile():
+    """Outside a compiled region, Dynamo's recompile limit raised to ``RECOMPILE_ROOM`` (inside one, the
+    enclosing compile decides)."""
+    limit = getattr(torch._dynamo.config, "recompile_limit", None)
+    if torch.compiler.is_compiling() or limit is None or limit >= RECOMPILE_ROOM:
+        yield
+        return
+    with torch._dynamo.config.patch(recompile_limit=RECOMPILE_ROOM):
+        yield
+
+
 def _create_block_mask(mask_mod, n_queries: int, n_keys: int, device: str):
     from torch.nn.attention.flex_attention import create_block_mask
 
     # compiled on CUDA: eager create_block_mask evaluates the mask over the whole (T, S) grid
     compile_it = device.startswith("cuda") and "_compile" in inspect.signature(create_block_mask).parameters
     extra = {"_compile": True} if compile_it else {}
-    return create_block_mask(mask_mod, None, None, n_queries, n_keys, device=device, **extra)
+    with _room_to_recompile():
+        return create_block_mask(mask_mod, None, None, n_queries, n_keys, device=device, **extra)
 
 
 @functools.lru_cache(maxsize=32)
@@ -118,6 +140,7 @@ def window_attention_flex(q: Tensor, k: Tensor, v: Tensor, window: int | None, s
         k, v = k[:, start:], v[:, start:]  # (B, S', G, D)
         block_mask = _block_mask(T, S - start, window, str(q.device))
     attend = _compiled_flex() if q.is_cuda else flex_attention
-    o = attend(q.transpose(1, 2), k.to(q.dtype).transpose(1, 2), v.to(q.dtype).transpose(1, 2),
-               block_mask=block_mask, scale=scale, enable_gqa=H != G)  # (B, H, T, D)
+    with _room_to_recompile():
+        o = attend(q.transpose(1, 2), k.to(q.dtype).transpose(1, 2), v.to(q.dtype).transpose(1, 2),
+                   block_mask=block_mask, scale=scale, enable_gqa=H != G)  # (B, H, T, D)
     return o.transpose(1, 2)  # (B, T, H, D)
