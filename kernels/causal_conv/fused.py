@@ -36,6 +36,14 @@ def causal_conv1d_module():
     return cc
 
 
+@torch.compiler.assume_constant_result
+def causal_conv1d_importable() -> bool:
+    """Whether ``causal_conv1d_module`` finds the package; a constant to torch.compile, which runs it once while
+    tracing instead of tracing the import (an import that fails cannot be traced: on an H100 without the package,
+    2026-11-28, every fullgraph compile of a model with a conv stopped there)."""
+    return causal_conv1d_module() is not None
+
+
 def shape_and_dtypes_fit(channels: int, width: int, *dtypes: torch.dtype) -> bool:
     return 2 <= width <= 4 and channels % 8 == 0 and all(dt in FUSED_DTYPES for dt in dtypes)
 

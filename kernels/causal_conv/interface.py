@@ -23,7 +23,7 @@ from ..env import read_env
 from ..varlen import check_cu_seqlens
 from .checks import check_input, check_state, check_weight_bias
 from .depthwise import causal_conv1d_torch
-from .fused import causal_conv1d_fused, causal_conv1d_module, shape_and_dtypes_fit
+from .fused import causal_conv1d_fused, causal_conv1d_importable, shape_and_dtypes_fit
 from .reference import causal_conv1d_reference
 
 BACKENDS = ("causal_conv1d", "torch", "reference")
@@ -40,7 +40,7 @@ def select_conv_backend(device, channels: int, width: int, *dtypes: torch.dtype)
         return _checked(choice, BACKEND_ENV)
     if torch.device(device).type != "cuda" or not shape_and_dtypes_fit(channels, width, *dtypes):
         return "torch"
-    return "causal_conv1d" if causal_conv1d_module() is not None else "torch"
+    return "causal_conv1d" if causal_conv1d_importable() else "torch"
 
 
 def resolve_conv_backend(backend: str | None, x: Tensor, weight: Tensor) -> str:
@@ -54,7 +54,7 @@ def resolve_conv_backend(backend: str | None, x: Tensor, weight: Tensor) -> str:
 
 
 def _checked(backend: str, source: str) -> str:
-    if backend == "causal_conv1d" and causal_conv1d_module() is None:
+    if backend == "causal_conv1d" and not causal_conv1d_importable():
         raise ValueError(f"{source}: 'causal_conv1d' needs the causal_conv1d package (pip install "
                          "'causal-conv1d>=1.4'), which does not import here")
     return backend

@@ -408,3 +408,13 @@ def test_bad_step_arguments():
         causal_conv1d_step(torch.zeros(2, 1, 4), w)
     with pytest.raises(ValueError, match=r"^state: expected None or shape \(2, 2, 4\)"):
         causal_conv1d_step(torch.zeros(2, 4), w, None, torch.zeros(2, 3, 4))
+
+
+def test_compiled_code_asks_whether_the_package_imports_without_tracing_the_import():
+    """On a GPU without causal-conv1d, every fullgraph compile of a model with a conv stopped at the traced import
+    of the package (an H100, 2026-11-28); the probe is a constant to torch.compile."""
+    from hybrid.kernels.causal_conv.fused import causal_conv1d_importable
+
+    expected = causal_conv1d_importable()
+    compiled = torch.compile(lambda x: x + causal_conv1d_importable(), fullgraph=True, backend="eager")
+    assert compiled(torch.zeros(1)).item() == float(expected)
