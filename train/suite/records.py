@@ -18,8 +18,15 @@ import torch
 RESULTS_FILE = "results.jsonl"
 
 
+COMMIT_VARIABLE = "HYBRID_COMMIT"  # the commit of a copy without its own .git (a lent device's), as the caller knows it
+
+
 def git_commit(where: str | os.PathLike | None = None) -> str:
-    """The commit of the repository holding this source file (``"unknown"`` outside one), ``+dirty`` if modified."""
+    """``$HYBRID_COMMIT`` when set, else the commit of the repository holding this source file (``"unknown"``
+    outside one), ``+dirty`` if modified. A device machine's copy of the checkout may sit inside another
+    repository, whose commit is not this code's (2026-11-28: records named a commit of an earlier session)."""
+    if os.environ.get(COMMIT_VARIABLE):
+        return os.environ[COMMIT_VARIABLE]
     where = Path(where) if where is not None else Path(__file__).resolve().parent
     try:
         commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=where, capture_output=True, text=True,
