@@ -20,6 +20,7 @@ import inspect
 import torch
 from torch import Tensor
 
+from ..dynamo_limits import recompile_room
 from ..varlen import PackedOffsets, device_offsets
 from .varlen import query_key_positions
 
@@ -41,16 +42,10 @@ def _compiled_flex():
 RECOMPILE_ROOM = 64
 
 
-@contextlib.contextmanager
 def _room_to_recompile():
     """Outside a compiled region, Dynamo's recompile limit raised to ``RECOMPILE_ROOM`` (inside one, the
     enclosing compile decides)."""
-    limit = getattr(torch._dynamo.config, "recompile_limit", None)
-    if torch.compiler.is_compiling() or limit is None or limit >= RECOMPILE_ROOM:
-        yield
-        return
-    with torch._dynamo.config.patch(recompile_limit=RECOMPILE_ROOM):
-        yield
+    return contextlib.nullcontext() if torch.compiler.is_compiling() else recompile_room(RECOMPILE_ROOM)
 
 
 def _create_block_mask(mask_mod, n_queries: int, n_keys: int, device: str):

@@ -34,6 +34,7 @@ import torch
 from torch import Tensor
 
 from hybrid.checks import check_int, recording_graph
+from hybrid.kernels.dynamo_limits import recompile_room
 
 from .graph_recorders import RECORDERS
 from .graph_state import StateLayout, copy_into, fix_caches, global_capacity, global_spans, is_rows_state, same_memory
@@ -106,16 +107,7 @@ def _room_to_compile():
     step anew (``dynamic=False``), and past Dynamo's recompile limit (8 by default, for every model of a class
     together: one code object) the step would run eagerly without a word, and the graph would hold the eager
     kernels under a compiled step's name. So the limit is raised, and reaching it fails instead."""
-    import torch._dynamo
-
-    config = torch._dynamo.config
-    limit = "recompile_limit" if hasattr(config, "recompile_limit") else "cache_size_limit"
-    options = {limit: max(getattr(config, limit), 64)}
-    for name in ("fail_on_recompile_limit_hit", "fail_on_cache_limit_hit"):
-        if hasattr(config, name):
-            options[name] = True
-            break
-    return config.patch(**options)
+    return recompile_room(64, fail_at_limit=True)
 
 
 def _loads_in_place(graph: _Graph, state, given: StateLayout) -> bool:

@@ -21,7 +21,7 @@ from pathlib import Path
 
 SIDECAR = "prewarm_keys.json"
 
-__all__ = ["SIDECAR", "identity", "this_build", "noting_keys", "rekey"]
+__all__ = ["SIDECAR", "build_name", "identity", "this_build", "noting_keys", "rekey"]
 
 
 def _sha256(text: str) -> str:
@@ -33,10 +33,15 @@ def _folder(hex_hash: str) -> str:
     return base64.b32encode(bytes.fromhex(hex_hash)).decode("utf-8").rstrip("=")
 
 
+def build_name(key: str) -> str:
+    """A ``triton_key()``'s short name: the first 12 hex digits of its sha256 (the GPU check's report prints it)."""
+    return _sha256(key)[:12]
+
+
 def identity(key: str, libtriton_sha256: str) -> dict:
-    """``{"build": …, "sources": …}`` of a ``triton_key()``: the build hashes it whole (as the GPU check's report
-    prints it), the sources hash it with its ``libtriton`` digest blanked (equal for two builds of one release)."""
-    return {"build": _sha256(key)[:12], "sources": _sha256(key.replace(libtriton_sha256, "libtriton"))[:16]}
+    """``{"build": …, "sources": …}`` of a ``triton_key()``: the build hashes it whole (``build_name``), the
+    sources hash it with its ``libtriton`` digest blanked (equal for two builds of one release)."""
+    return {"build": build_name(key), "sources": _sha256(key.replace(libtriton_sha256, "libtriton"))[:16]}
 
 
 def this_build() -> tuple[str, dict]:

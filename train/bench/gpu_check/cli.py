@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import hashlib
 import importlib
 import json
 import os
@@ -18,6 +17,7 @@ import traceback
 from pathlib import Path
 
 from ..compile_cache import NOTE_VARIABLE
+from ..triton_rekey import build_name
 from .triton_compiles import listen, summarize
 
 PARTS = {  # name → default seconds: one H100 command of at most 9 minutes in all (docs/gpu.md splits it in two)
@@ -105,13 +105,13 @@ def _commit(given: str | None) -> str:
 
 
 def triton_build() -> str:
-    """The first 12 hex digits of the sha256 of ``triton_key()`` (Triton's sources and native library): the
+    """The short name of ``triton_key()`` (Triton's sources and native library, ``triton_rekey.build_name``): the
     build every Triton cache entry is keyed by, so a prewarmed cache (``prewarm``) is used only where they match."""
     try:
         from triton.runtime.cache import triton_key
     except ImportError:
         return "none"
-    return hashlib.sha256(triton_key().encode("utf-8")).hexdigest()[:12]
+    return build_name(triton_key())
 
 
 def _header(args, argv) -> dict:

@@ -70,9 +70,6 @@ def _compile_without_timing(kernel_call, *args, quantiles=None, **kwargs):
     return [1.0, 1.0, 1.0] if quantiles is not None else 1.0
 
 
-_FORWARD_TILES: set = set()  # the time tiles the last autotuned forward could pick
-
-
 @contextlib.contextmanager
 def compile_only(arch: int = 90):
     """Inside, every Triton kernel of the library compiles for ``sm_{arch}`` and none launches; the scan takes
@@ -99,6 +96,7 @@ def compile_only(arch: int = 90):
         return tune_run(self, *args, **kwargs)
 
     noting: list = []  # the tiles of the forward being tuned
+    forward_tiles: set = set()  # the tiles the last tuned forward could pick, for the backward that follows it
 
     def bench_noting_tile(self, *args, config, **meta):
         if noting:
@@ -112,12 +110,12 @@ def compile_only(arch: int = 90):
         finally:
             tiles = noting.pop()
         # the next backward follows the GPU's pick among these (ck_tile < 0: the runs layout)
-        _FORWARD_TILES.clear()
-        _FORWARD_TILES.update(-t if out[3] < 0 else t for t in tiles)
+        forward_tiles.clear()
+        forward_tiles.update(-t if out[3] < 0 else t for t in tiles)
         return out
 
     def backward_for_every_tile(x, log_decay, theta, checkpoints, ck_tile, *rest):
-        for tile in sorted(_FORWARD_TILES) or [ck_tile]:  # each call here follows its own forward
+        for tile in sorted(forward_tiles) or [ck_tile]:  # each call here follows its own forward
             grads = backward(x, log_decay, theta, checkpoints, tile, *rest)
         return grads
 
@@ -134,7 +132,6 @@ def compile_only(arch: int = 90):
         driver._active = active
         for tuned in triton_scan._TUNED.values():  # tuned later on a real device
             tuned.cache.clear()
-        _FORWARD_TILES.clear()
 
 
 def _sha256(data: bytes) -> str:
@@ -296,7 +293,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"prewarm: {exc}", file=sys.stderr)
             return 2
         # each entry's key parts beside it, so that a device with another build of this release renames them
-        stack.enter_context(noting_keys(Path(knobs.cache.dir), build))
+        folder = knobs.cache.dir
+        stack.enter_context(noting_keys(Path(folder), build))
         start = time.monotonic()
         with compile_only(args.arch):
             for i, (label, setting, call) in enumerate(planned_calls(parts)):
@@ -310,7 +308,6 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{time.monotonic() - t0:6.1f} s  {now['compiled'] - before['compiled']:3d} compiled  {label}",
                       flush=True)
         counts = summarize(log) or {"loaded": 0, "compiled": 0, "compile_s": 0.0}
-    folder = os.environ.get("TRITON_CACHE_DIR", "Triton's default cache folder")
     print(f"prewarm: Triton {triton.__version__} (build {build['build']}), sm_{args.arch}: {counts['compiled']} "
           f"kernels compiled ({counts['compile_s']} s), {counts['loaded']} already in {folder}; "
           f"{time.monotonic() - start:.0f} s in all")
