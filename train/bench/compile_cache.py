@@ -27,6 +27,7 @@ import subprocess
 import sys
 import tarfile
 import tempfile
+import zlib
 from importlib import metadata
 from pathlib import Path
 
@@ -62,6 +63,7 @@ def describe(counts: dict) -> str:
 
 
 def _versions() -> dict[str, str]:
+    """This wrapper's Python, torch and Triton (its command may run others: ``kernel_builds`` says which)."""
     found = {"python": ".".join(map(str, sys.version_info[:3]))}
     for name in ("torch", "triton"):
         try:
@@ -69,6 +71,25 @@ def _versions() -> dict[str, str]:
         except metadata.PackageNotFoundError:
             found[name] = "not installed"
     return found
+
+
+def kernel_builds(root: Path, left_out: frozenset = frozenset()) -> dict[str, int]:
+    """How many of ``root``'s Triton kernels each Triton release compiled, for which target, from the kernels'
+    own metadata: ``{"Triton 3.6.0, cuda sm_90": n}``. The wrapper's own versions can differ: a prewarm runs
+    the device's Triton under another one."""
+    counts: dict[str, int] = {}
+    for entry in _triton_entries(Path(root)):
+        if entry in left_out:
+            continue
+        for group in entry.glob("__grp__*.json"):
+            try:
+                meta = json.loads((entry / group.name.removeprefix("__grp__")).read_text())
+                target = meta["target"]
+                build = f"Triton {meta['triton_version']}, {target['backend']} sm_{target['arch']}"
+            except (OSError, ValueError, KeyError, TypeError):
+                build = "unknown"
+            counts[build] = counts.get(build, 0) + 1
+    return dict(sorted(counts.items()))
 
 
 def _is_triton_text(path: Path) -> bool:
@@ -88,14 +109,21 @@ def _group_without_texts(path: Path) -> bytes | None:
     return json.dumps({**group, "child_paths": kept}).encode()
 
 
-def _pack(root: Path, target: Path, parts: tuple[str, ...], note: str) -> None:
-    """Write ``parts`` of ``root`` (its subfolders' names) and a manifest into the gzipped tar ``target``."""
+def _packed_files(entry: Path) -> list[Path]:
+    """The files of ``entry`` (or ``entry`` itself, a file) that a save packs: no locks, no Triton texts."""
+    paths = sorted(entry.rglob("*")) if entry.is_dir() else [entry]
+    return [p for p in paths if p.is_file() and p.suffix != ".lock" and not _is_triton_text(p)]
+
+
+def _pack(root: Path, target: Path, parts: tuple[str, ...], note: str, left_out: frozenset = frozenset()) -> None:
+    """Write ``parts`` of ``root`` (its subfolders' names), less the entries ``left_out`` (folders), and a
+    manifest into the gzipped tar ``target``."""
     manifest = {"root": str(root.resolve()), "made": datetime.datetime.now().strftime("%Y-%m-%d %H:%M"),
-                "note": note, "parts": list(parts), **_versions()}
+                "note": note, "parts": list(parts), **_versions(), "kernels": kernel_builds(root, left_out)}
     with tarfile.open(target, "w:gz") as tar:
         for part in parts:
-            for path in sorted((root / part).rglob("*")):
-                if not path.is_file() or path.suffix == ".lock" or _is_triton_text(path):
+            for path in _packed_files(root / part):
+                if path.parent in left_out:
                     continue
                 name = str(path.relative_to(root))
                 body = _group_without_texts(path) if path.name.startswith("__grp__") else None
@@ -111,30 +139,93 @@ def _pack(root: Path, target: Path, parts: tuple[str, ...], note: str) -> None:
         tar.addfile(info, io.BytesIO(body))
 
 
+def _triton_entries(root: Path) -> list[Path]:
+    """Triton's cache entries under ``root``: one folder per compiled kernel or autotuning, named by its key."""
+    folder = root / "triton"
+    return sorted(p for p in folder.iterdir() if p.is_dir()) if folder.is_dir() else []
+
+
+def _keep_first(entry: Path) -> tuple:
+    """The order in which a trimmed save keeps Triton's entries: the library's own kernels (those a prewarm made
+    among them) and the autotunings first, then Inductor's generated kernels (``triton_*``); newest first."""
+    names = [p.name for p in entry.iterdir()]
+    inductors = any(n.startswith("__grp__triton_") for n in names)
+    tuned = any(n.endswith(".autotune.json") for n in names)
+    newest = max((p.stat().st_mtime for p in entry.iterdir()), default=0.0)
+    return (inductors and not tuned, -newest, entry.name)
+
+
+def _packed_cost(entry: Path) -> int:
+    """About how many bytes ``entry`` adds to a saved file: its packed files compressed, plus their headers."""
+    files = _packed_files(entry)
+    return len(zlib.compress(b"".join(p.read_bytes() for p in files), 9)) + 64 * len(files)
+
+
+def _pack_if_fits(root: Path, target: Path, parts: tuple[str, ...], note: str, left_out: frozenset,
+                  limit: float) -> int:
+    """Pack as ``_pack`` does, into ``target`` only if the file is at most ``limit`` bytes; returns its size."""
+    with tempfile.NamedTemporaryFile(dir=target.parent, suffix=".part", delete=False) as handle:
+        scratch = Path(handle.name)
+    try:
+        _pack(root, scratch, parts, note, left_out)
+        size = scratch.stat().st_size
+        if size <= limit:
+            umask = os.umask(0)
+            os.umask(umask)
+            scratch.chmod(0o666 & ~umask)  # a temporary file is private; the saved one reads like any other
+            os.replace(scratch, target)
+        return size
+    finally:
+        scratch.unlink(missing_ok=True)
+
+
+def census_of(entries) -> dict[str, int]:
+    """``census``'s Triton counts over some of Triton's entries (folders)."""
+    names = [p.name for entry in entries for p in entry.iterdir() if p.is_file()]
+    return {"triton_kernels": sum(n.startswith("__grp__") for n in names),
+            "autotunings": sum(n.endswith(".autotune.json") for n in names)}
+
+
+def _saved(root: Path, target: Path, size: int, parts: tuple[str, ...], left_out: frozenset) -> str:
+    counts, gone = census(root), census_of(left_out)
+    left = [] if "inductor" in parts else [f"{counts['inductor_graphs']} Inductor graphs"]
+    if left_out:
+        left.append(f"{gone['triton_kernels']} Triton kernels and {gone['autotunings']} autotunings")
+    counts["inductor_graphs"] *= "inductor" in parts
+    counts["triton_kernels"] -= gone["triton_kernels"]
+    counts["autotunings"] -= gone["autotunings"]
+    said = f"compile cache: saved {describe(counts)} to {target} ({size / 2 ** 20:.1f} MiB)"
+    return said + (f"; {' and '.join(left)} left out to fit" if left else "")
+
+
 def save(root: Path, target: Path, max_mib: float = DEFAULT_MAX_MIB, note: str = "") -> str:
-    """Pack ``root`` into ``target``: everything if it fits in ``max_mib``, else Triton's part alone, else
+    """Pack ``root`` into ``target``: everything if it fits in ``max_mib``; else Triton's part alone; else as
+    many of Triton's entries as fit, the library's kernels and the autotunings first (``_keep_first``); else
     nothing. Returns one line saying which."""
     root, target = Path(root), Path(target)
     target.parent.mkdir(parents=True, exist_ok=True)
     limit = max_mib * 2 ** 20
     for parts in (("triton", "inductor"), ("triton",)):
-        with tempfile.NamedTemporaryFile(dir=target.parent, suffix=".part", delete=False) as handle:
-            scratch = Path(handle.name)
-        try:
-            _pack(root, scratch, parts, note)
-            size = scratch.stat().st_size
-            if size <= limit:
-                umask = os.umask(0)
-                os.umask(umask)
-                scratch.chmod(0o666 & ~umask)  # a temporary file is private; the saved one reads like any other
-                os.replace(scratch, target)
-                counts = census(root)
-                left = "" if "inductor" in parts else f"; {counts['inductor_graphs']} Inductor graphs left out to fit"
-                counts["inductor_graphs"] *= "inductor" in parts
-                return f"compile cache: saved {describe(counts)} to {target} ({size / 2 ** 20:.1f} MiB){left}"
-        finally:
-            scratch.unlink(missing_ok=True)
-    return f"compile cache: not saved: even Triton's kernels alone pack to more than --max-mib {max_mib:g}"
+        size = _pack_if_fits(root, target, parts, note, frozenset(), limit)
+        if size <= limit:
+            return _saved(root, target, size, parts, frozenset())
+    entries = sorted(_triton_entries(root), key=_keep_first)
+    costs = {entry: _packed_cost(entry) for entry in entries}
+    aim = 0.95 * limit
+    for _ in range(6):  # each try aims lower by how far the last one missed
+        kept, total = [], 0
+        for entry in entries:
+            if total + costs[entry] <= aim:
+                kept.append(entry)
+                total += costs[entry]
+        if not kept:
+            break
+        left_out = frozenset(entries) - frozenset(kept)
+        size = _pack_if_fits(root, target, ("triton",), note, left_out, limit)
+        if size <= limit:
+            return _saved(root, target, size, ("triton",), left_out)
+        aim *= 0.97 * limit / size
+    return f"compile cache: not saved: not even one of Triton's kernels packs into --max-mib {max_mib:g}"
 
 
 def _relocate_groups(root: Path, old_root: str) -> None:
@@ -163,7 +254,9 @@ def restore(source: Path, root: Path) -> str:
         renamed = rekey(root / "triton")
     except Exception as exc:  # noqa: BLE001 - the kernels stay under their names: they compile again
         renamed = f"compile cache: prewarmed Triton kernels not renamed: {type(exc).__name__}: {exc}"
-    made = ", ".join(f"{k} {manifest[k]}" for k in ("made", "torch", "triton") if manifest.get(k))
+    made = ", ".join(f"{k} {manifest[k]}" for k in ("made", "torch") if manifest.get(k))
+    builds = manifest.get("kernels") or ({"Triton " + manifest["triton"]: None} if manifest.get("triton") else {})
+    made += "".join(f", {build}" + (f" ×{n}" if n else "") for build, n in builds.items())
     note = f", {manifest['note']}" if manifest.get("note") else ""
     return (f"compile cache: restored {source} into {root}, which holds {describe(census(root))} (packed {made}"
             f"{note})" + (f"; {renamed.removeprefix('compile cache: ')}" if renamed else ""))
@@ -179,7 +272,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--root", type=Path, default=Path(tempfile.gettempdir()) / "hybrid-compile-cache",
                    help="the cache folder the command uses (default: %(default)s)")
     p.add_argument("--max-mib", type=float, default=DEFAULT_MAX_MIB,
-                   help="largest --save file; past it, Inductor's graphs are left out (default: %(default)s)")
+                   help="largest --save file; past it, Inductor's graphs are left out, then Triton's kernels, "
+                        "Inductor's and the oldest first (default: %(default)s)")
     p.add_argument("--note", default="", help="a line kept in the saved file's manifest, e.g. the commit")
     p.add_argument("command", nargs=argparse.REMAINDER, help="-- then the command to run")
     return p

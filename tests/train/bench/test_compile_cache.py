@@ -105,6 +105,47 @@ def test_a_file_too_large_leaves_inductor_out_then_everything(tmp_path):
     assert not list(tmp_path.glob("*.part"))
 
 
+def kernel_entry(root, name: str, cubin_bytes: int, age_s: float):
+    """A Triton entry holding one compiled kernel of ``cubin_bytes`` random bytes, made ``age_s`` seconds ago."""
+    entry = root / "triton" / f"H{name.upper()}"
+    entry.mkdir(parents=True)
+    (entry / f"{name}.cubin").write_bytes(os.urandom(cubin_bytes))
+    (entry / f"{name}.json").write_text(json.dumps({"name": name, "triton_version": "3.6.0",
+                                                    "target": {"backend": "cuda", "arch": 90, "warp_size": 32}}))
+    (entry / f"__grp__{name}.json").write_text(json.dumps({"child_paths": {
+        n: str(entry / n) for n in (f"{name}.cubin", f"{name}.json")}}))
+    for path in entry.iterdir():
+        os.utime(path, (path.stat().st_mtime - age_s,) * 2)
+    return entry
+
+
+def test_past_the_cap_triton_keeps_the_librarys_kernels_first_then_the_newest(tmp_path):
+    """When Triton's part alone is too large (a warm machine holding two commands' kernels), the save keeps
+    the library's kernels (a prewarm's among them) and the autotunings, then Inductor's newest kernels, and says
+    how many it left out (before, it saved nothing)."""
+    root = tmp_path / "root"
+    ours = [kernel_entry(root, f"runs_fwd_kernel_{i}", 100_000, age_s=1000) for i in range(3)]
+    inductors = [kernel_entry(root, f"triton_poi_fused_{i}", 100_000, age_s=500 - 100 * i) for i in range(4)]
+    (root / "triton" / "AUTO").mkdir()
+    (root / "triton" / "AUTO" / "runs_fwd_kernel.autotune.json").write_text("{}")
+    (root / "triton" / "prewarm_keys.json").write_text("{}")
+    said = compile_cache.save(root, tmp_path / "c.tgz", max_mib=0.5)  # room for about 4 of the 7 kernels
+    with tarfile.open(tmp_path / "c.tgz") as tar:
+        names = tar.getnames()
+        manifest = json.load(tar.extractfile(compile_cache.MANIFEST))
+    assert tmp_path.joinpath("c.tgz").stat().st_size <= 0.5 * 2 ** 20
+    kept = {n.split("/")[1] for n in names if n.startswith("triton/") and n.count("/") == 2}
+    assert {e.name for e in ours} | {"AUTO"} <= kept, kept
+    assert "triton/prewarm_keys.json" in names
+    kept_inductors = [e.name for e in inductors if e.name in kept]
+    assert kept_inductors == [e.name for e in inductors[::-1]][:len(kept_inductors)]  # the newest ones
+    assert 1 <= len(kept_inductors) < len(inductors)
+    assert manifest["kernels"] == {"Triton 3.6.0, cuda sm_90": len(ours) + len(kept_inductors)}  # not the wrapper's
+    left = len(inductors) - len(kept_inductors)
+    assert said.startswith(f"compile cache: saved {len(ours) + len(kept_inductors)} Triton kernels, 1 autotunings, "
+                           f"0 Inductor graphs") and f"{left} Triton kernels and 0 autotunings left out" in said, said
+
+
 def test_a_missing_or_broken_file_is_a_cold_start_and_the_command_still_runs(tmp_path, capfd):
     show_cache = [sys.executable, "-c", "import os, sys; print(os.environ['TRITON_CACHE_DIR']); sys.exit(3)"]
     rc = compile_cache.main(["--root", str(tmp_path / "r"), "--restore", str(tmp_path / "absent.tgz"), "--",

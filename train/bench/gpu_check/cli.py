@@ -21,11 +21,12 @@ from ..triton_rekey import build_name
 from .triton_compiles import listen, summarize
 
 PARTS = {  # name → default seconds: one H100 command of at most 9 minutes in all (docs/gpu.md splits it in two)
-    "correctness": 110,
-    "scan": 80,
-    "models": 170,
+    "correctness": 80,
+    "tests": 100,
+    "scan": 70,
+    "models": 140,
     "decoding": 60,
-    "training": 120,
+    "training": 90,
 }
 DRY_RUN_SECONDS = 120  # per part, on a CPU
 GRACE_S = 20  # beyond its limit before a part is killed (it stops itself at its deadline)
@@ -92,8 +93,10 @@ def _repo() -> Path | None:
 
 
 def _commit(given: str | None) -> str:
-    if given:
-        return given
+    """``--commit``, else ``$HYBRID_COMMIT`` (docs/gpu.md's device commands set it), else git's HEAD. The device
+    machine's copy has no ``.git``, and a git there can find another repository around it."""
+    if given or os.environ.get("HYBRID_COMMIT"):
+        return given or os.environ["HYBRID_COMMIT"]
     repo = _repo()
     if repo is not None:
         try:
@@ -101,7 +104,7 @@ def _commit(given: str | None) -> str:
                                   text=True, timeout=10).stdout.strip() or "unknown"
         except (OSError, subprocess.SubprocessError):
             pass
-    return os.environ.get("HYBRID_COMMIT", "unknown")
+    return "unknown"
 
 
 def triton_build() -> str:

@@ -67,7 +67,7 @@ def _scan_run(leaves, ups, cu, backend, dtype):
     return dict(zip(("y", "final", "grad x", "grad log_decay", "grad theta", "grad initial_state"), (y, final, *grads)))
 
 
-# The scan cases of tests/cuda/test_scan_cuda.py (``pytest -m cuda``, run by the correctness part), kept here so
+# The scan cases of tests/cuda/test_scan_cuda.py (``pytest -m cuda``, run by the tests part), kept here so
 # that ``prewarm`` compiles their kernels too: every dtype × decay mode at short lengths, long and autotuned
 # lengths, and packed rows with boundaries at, before and after every time tile.
 SHORT_LENGTHS = (1, 2, 63, 65, 1000)

@@ -206,7 +206,8 @@ def correctness_calls(setting: tuple, cases: slice = slice(None)):
 
 
 def cuda_test_calls(setting: tuple):
-    """The scan cases of the CUDA tests (``pytest -m cuda``, which the correctness part runs)."""
+    """The scan cases of the CUDA tests (``pytest -m cuda``, which the check's tests part runs): the prewarm's
+    ``correctness`` part compiles them too."""
     from .numerics import cuda_test_cases
 
     yield from _scan_case_calls("CUDA tests", setting, cuda_test_cases())

@@ -24,7 +24,7 @@ def test_every_part_runs_and_reports(tmp_path):
     assert len(files) <= 8 and all((out / f).is_file() and (out / f).stat().st_size < 16 << 20 for f in files)
     assert {"report.md", "results.json", "pytest.log", "train.log"} <= set(files), files
     results = json.loads((out / "results.json").read_text())
-    assert set(results["parts"]) == {"correctness", "scan", "models", "decoding", "training"}
+    assert set(results["parts"]) == {"correctness", "tests", "scan", "models", "decoding", "training"}
     assert all(p["status"] == "finished" for p in results["parts"].values()), results["parts"]
     sections = {r["section"] for r in results["rows"] if "skipped" not in r}
     assert {"scan", "window", "conv", "compile", "pytest", "scan speed", "models", "decoding", "training",

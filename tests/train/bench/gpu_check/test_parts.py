@@ -1,8 +1,10 @@
 """The GPU check's pieces that can be checked without a GPU: the sync counter's plumbing, the targets read off
 measured rows, and the report's tables."""
 import os
+import types
 import warnings
 
+import pytest
 import torch
 
 from hybrid.train.bench.gpu_check import part_correctness, part_scan, report, targets
@@ -42,6 +44,24 @@ def test_sync_counter_names_the_phase(monkeypatch):
     assert ran == ["f", "o"] and modes == ["warn", "default"] * 3
     assert len(sites) == 1 and sites[0].startswith("backward: ") and "(sync)" in sites[0], sites
     assert list(stacks) == sites and stacks[sites[0]][-1].endswith("(sync)")  # innermost frame last
+
+
+def test_sync_counter_leaves_out_the_debug_modes_own_notice(monkeypatch):
+    """The first ``set_sync_debug_mode`` call of a process warns that the mode is a prototype; that notice is no
+    sync (the H100 sessions counted it as one in whichever step they measured first)."""
+    notice = "Synchronization debug mode is a prototype feature and does not yet detect all synchronizing operations"
+    monkeypatch.setattr(torch.cuda, "set_sync_debug_mode", lambda mode: warnings.warn(notice))
+
+    def sync():
+        warnings.warn("Warning: called a synchronizing CUDA operation (function item)")
+
+    with warnings.catch_warnings(record=True) as passed:
+        warnings.simplefilter("always")
+        quiet = part_correctness.count_syncs({"forward": lambda: None, "backward": lambda: None})
+        one = part_correctness.count_syncs({"forward": sync}, roots=(os.path.dirname(__file__),))
+    assert quiet == []
+    assert len(one) == 1 and one[0].startswith("forward: ") and "(sync)" in one[0], one
+    assert {str(w.message) for w in passed} == {notice}  # passed on untouched
 
 
 def test_training_step_phases_run_one_step_on_the_cpu():
@@ -207,3 +227,60 @@ def test_the_gpu_scan_cases_cover_every_dtype_and_mode_first():
     assert [kw.get("packed_edge") for *_, kw in cases[9:14]] == [32, 64, 128, 64, 64]
     assert part_correctness.FIRST_PASS == 14  # the part's first pass: these 14, before the compile and the syncs
     assert {T for _, T, _, kw in cases[-18:]} == {1, 65}
+
+
+VERBOSE_LOG = """\
+tests/cuda/test_model_cuda.py::test_compiled_fullgraph_equals_eager[static] PASSED [ 10%]
+tests/cuda/test_model_cuda.py::test_compiled_fullgraph_equals_eager[selective] FAILED [ 20%]
+tests/cuda/test_scan_cuda.py::test_short[fp32-static-1] PASSED [ 30%]
+tests/cuda/test_scan_cuda.py::test_short[fp32-static-7] SKIPPED (needs CUDA) [ 40%]
+"""
+
+
+def test_tests_part_reads_a_verbose_log_cut_short():
+    """A suite killed at the part's limit prints no summary: the verbose lines say what ran."""
+    from hybrid.train.bench.gpu_check import part_tests
+
+    assert part_tests.outcomes(VERBOSE_LOG) == {"passed": 2, "failed": 1, "skipped": 1}
+    summary = VERBOSE_LOG + ("FAILED tests/cuda/test_model_cuda.py::test_compiled_fullgraph_equals_eager[selective]"
+                             " - x\n")
+    summary += "ERROR tests/cuda/test_scan_cuda.py::test_long - RuntimeError\n"
+    assert part_tests.failed_tests(summary) == ["tests/cuda/test_model_cuda.py::test_compiled_fullgraph_equals_eager"
+                                                "[selective]", "tests/cuda/test_scan_cuda.py::test_long"]
+
+
+def test_tests_part_child_counts_its_triton_kernels(tmp_path, monkeypatch):
+    """The pytest child's plugin points Triton's compilation listener at the part's count file."""
+    import importlib
+
+    knobs = pytest.importorskip("triton").knobs
+    from hybrid.train.bench.gpu_check import pytest_triton_listener
+
+    monkeypatch.setattr(knobs.compilation, "listener", None)
+    monkeypatch.setenv(pytest_triton_listener.LISTEN_VARIABLE, str(tmp_path / "tests.triton"))
+    importlib.reload(pytest_triton_listener)
+    knobs.compilation.listener(src=types.SimpleNamespace(name="scan_fwd"), metadata=None, metadata_group=None,
+                               times=types.SimpleNamespace(total=2_500_000), cache_hit=False)
+    knobs.compilation.listener(src=types.SimpleNamespace(name="scan_bwd"), metadata=None, metadata_group=None,
+                               times=None, cache_hit=True)
+    assert (tmp_path / "tests.triton").read_text() == "compiled scan_fwd 2.50\nloaded scan_bwd\n"
+
+
+def test_tests_part_runs_every_cuda_test_file_cheap_ones_first():
+    from pathlib import Path
+
+    from hybrid.train.bench.gpu_check import part_tests
+
+    repo = Path(__file__).resolve().parents[4]
+    args = part_tests.cuda_tests(repo)
+    files = sorted(f"tests/cuda/{p.name}" for p in (repo / "tests" / "cuda").glob("test_*.py"))
+    assert args[:2] == ["-m", "cuda"] and sorted(args[2:]) == files and len(files) >= 4
+    assert args[2] == "tests/cuda/test_scan_cuda.py" and args[-1] == "tests/cuda/test_graphed_decoding_cuda.py"
+
+
+def test_the_checks_commit_comes_from_the_device_commands_variable_before_git(monkeypatch):
+    """On the device machine a git can find another repository around the copy (the records of 2026-11-28)."""
+    from hybrid.train.bench.gpu_check import cli
+
+    monkeypatch.setenv("HYBRID_COMMIT", "abc1234")
+    assert cli._commit(None) == "abc1234" and cli._commit("def5678") == "def5678"

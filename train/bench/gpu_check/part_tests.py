@@ -1,0 +1,87 @@
+"""Part 2, tests: the CUDA test suite (``pytest -m cuda tests/cuda``), then the Triton, window and conv test files
+on the GPU, each in a ``pytest`` child process.
+
+A part of its own, so that it has its own time limit: inside the correctness part it came after the scan's grid
+and was never reached on the H100 (2026-11-26 to 2026-11-28). ``pytest`` runs verbose, so that a suite stopped at
+the part's limit still says, test by test, what passed; the child counts its Triton kernels into the part's
+loaded / compiled column (``pytest_triton_listener``)."""
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+
+from .context import CheckContext
+from .importable import child_env
+from .pytest_triton_listener import LISTEN_VARIABLE
+
+# tests/cuda's files in the order they run: the cheap ones first (the scan's kernels come prewarmed), the
+# compiles next, the CUDA-graph captures (each compiled case compiles a model) last; any other file after them
+CUDA_TEST_ORDER = ("test_scan_cuda.py", "test_model_cuda.py", "test_window_conv_cuda.py",
+                   "test_graphed_decoding_cuda.py")
+TRITON_TEST_FILES = ["tests/kernels/test_complex_scan_triton.py", "tests/kernels/test_complex_scan_varlen.py",
+                     "tests/kernels/test_window_attention.py", "tests/kernels/test_causal_conv.py"]
+MIN_SECONDS = 20  # less is not enough to import torch, collect and start CUDA
+_OUTCOME = re.compile(r"^(\S+::\S+) (PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS)\b")
+
+
+def outcomes(log: str) -> dict[str, int]:
+    """How many tests ``pytest -v`` printed as each outcome, by the lines it prints as it goes (a run killed at
+    its limit prints no summary)."""
+    counts: dict[str, int] = {}
+    for line in log.splitlines():
+        found = _OUTCOME.match(line)
+        if found:
+            counts[found.group(2).lower()] = counts.get(found.group(2).lower(), 0) + 1
+    return counts
+
+
+def failed_tests(log: str) -> list[str]:
+    """The failed and erroring tests' ids, from the verbose lines or the ``-rfE`` summary, once each."""
+    names = [m.group(1) for m in map(_OUTCOME.match, log.splitlines()) if m and m.group(2) in ("FAILED", "ERROR")]
+    names += [line.split(" ", 1)[1].split(" - ")[0] for line in log.splitlines()
+              if line.startswith(("FAILED ", "ERROR ")) and " " in line]
+    return list(dict.fromkeys(names))
+
+
+def cuda_tests(repo) -> list[str]:
+    """``pytest`` arguments for the CUDA tests: ``-m cuda`` and tests/cuda's files, in ``CUDA_TEST_ORDER``."""
+    found = sorted(p.name for p in (repo / "tests" / "cuda").glob("test_*.py")) if repo is not None else []
+    ordered = [n for n in CUDA_TEST_ORDER if n in found] + [n for n in found if n not in CUDA_TEST_ORDER]
+    return ["-m", "cuda", *(f"tests/cuda/{name}" for name in ordered)] if ordered else ["-m", "cuda", "tests/cuda"]
+
+
+def run_pytest(ctx: CheckContext, args: list[str], reserve: float = 0.0) -> None:
+    """``pytest args`` in a child process, leaving ``reserve`` seconds of the part for what follows. Its log goes
+    back as pytest.log."""
+    if ctx.repo is None or not (ctx.repo / "tests").is_dir():
+        ctx.record("pytest", skipped=" ".join(args), reason="no tests/ folder beside the package (not a checkout)")
+        return
+    limit = ctx.left() - 5 - reserve
+    if limit < MIN_SECONDS:
+        ctx.record("pytest", skipped=" ".join(args), reason=f"time: {ctx.left():.0f} s left")
+        return
+    cmd = [sys.executable, "-m", "pytest", "-v", "-p", "no:cacheprovider", "-rfE", "--durations=15",
+           "-p", f"{__package__}.pytest_triton_listener", *args]
+    env = dict(child_env(ctx.work), **{LISTEN_VARIABLE: str(ctx.work / f"{ctx.part}.triton")})
+    try:
+        done = subprocess.run(cmd, cwd=ctx.repo, env=env, capture_output=True, text=True, timeout=limit)
+        out, rc = done.stdout + done.stderr, done.returncode
+    except subprocess.TimeoutExpired as exc:
+        out = "".join(s.decode(errors="replace") if isinstance(s, bytes) else (s or "")
+                      for s in (exc.stdout, exc.stderr))
+        rc = "timeout"
+    with open(ctx.work / "pytest.log", "a") as fh:
+        fh.write(f"$ {' '.join(cmd)}\n{out}\n")
+    lines = out.strip().splitlines()
+    summary = lines[-1].strip("= ") if lines and rc != "timeout" else ", ".join(f"{n} {k}" for k, n in outcomes(out).items())
+    ctx.record("pytest", target=" ".join(args), returncode=rc, summary=summary,
+               failed=failed_tests(out)[:20], ok=rc == 0)
+
+
+def run(ctx: CheckContext) -> None:
+    """The CUDA tests first (no GPU has run them yet), then the test files that run on the GPU when there is
+    one (on the CPU they ran in CI already, so a dry run leaves them out)."""
+    run_pytest(ctx, cuda_tests(ctx.repo))
+    if not ctx.dry_run:
+        run_pytest(ctx, TRITON_TEST_FILES)
