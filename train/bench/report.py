@@ -163,9 +163,18 @@ def position_table(groups) -> str:
             "does not.\n\n" + markdown_table(head, rows))
 
 
+def machine_name(record: dict) -> str:
+    """The accelerator a record was measured on, else its CPU count and operating system."""
+    m = record.get("machine") or {}
+    return m.get("gpu") or f"{m.get('cpus', '?')} CPUs, {str(m.get('platform', '?')).split('-')[0]}"
+
+
 def cost_table(groups, contexts) -> str:
     head = ["model", "train tokens/s", "train memory"] + [f"decode ms/token @{c}" for c in contexts] \
         + [f"state @{c}" for c in contexts]
+    # a suite continued in another session can finish on another device (the lent GPU is an H100 or an H200)
+    machines = {model: sorted({machine_name(r) for r in runs}) for model, runs in groups.items()}
+    mixed = len({name for names in machines.values() for name in names}) > 1
     rows = []
     kind = ""
     for model, runs in groups.items():
@@ -174,10 +183,13 @@ def cost_table(groups, contexts) -> str:
         kind = runs[0]["metrics"].get("memory_kind", kind)
         rows.append([model, _cell(runs, "tokens_per_s", 0), _bytes(mem if math.isfinite(mem) else None)]
                     + [f"{decode[str(c)]['ms_per_token']:.2f}" if decode.get(str(c)) else "–" for c in contexts]
-                    + [_bytes(decode[str(c)]["state_bytes"]) if decode.get(str(c)) else "–" for c in contexts])
+                    + [_bytes(decode[str(c)]["state_bytes"]) if decode.get(str(c)) else "–" for c in contexts]
+                    + ["; ".join(machines[model])] * mixed)
+    note = (" **These runs come from more than one machine** (last column): compare timings only between rows "
+            "of the same machine; the losses do not depend on it." if mixed else "")
     return (f"## Cost\n\nTraining at L (tokens/s: median of the training log; memory: {kind}). Decoding one "
             "sequence after a chunked prefill of the context (first seed). Timings are only meaningful from a "
-            "quiet machine.\n\n" + markdown_table(head, rows) + phase_table(groups))
+            f"quiet machine.{note}\n\n" + markdown_table(head + ["machine"] * mixed, rows) + phase_table(groups))
 
 
 def phase_table(groups) -> str:

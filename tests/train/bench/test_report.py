@@ -15,3 +15,21 @@ def test_spearman_against_hand_computed_values():
     # d = rank differences (0, 0, 1, -1, 0): ρ = 1 − 6·Σd² / (n(n²−1)) = 1 − 12/120
     assert spearman([1, 2, 3, 4, 5], [1, 2, 4, 3, 5]) == pytest.approx(0.9)
     assert math.isnan(spearman([1, 1], [1, 2]))
+
+
+def test_the_cost_table_names_the_machines_when_runs_come_from_several():
+    """A suite continued in another device session can finish on another GPU: its timings must not read as
+    comparable."""
+    from hybrid.train.bench.report import cost_table
+
+    def run(model, gpu, tokens_per_s):
+        return {"model": model, "machine": {"gpu": gpu, "platform": "Linux-6.8-x86_64"},
+                "metrics": {"tokens_per_s": tokens_per_s, "train_memory_bytes": 2 ** 30, "memory_kind": "peak"}}
+
+    same = cost_table({"transformer": [run("transformer", "NVIDIA H100 80GB HBM3", 1.3e6)],
+                       "hybrid": [run("hybrid", "NVIDIA H100 80GB HBM3", 1.1e6)]}, [])
+    assert "more than one machine" not in same and "| machine |" not in same
+    mixed = cost_table({"transformer": [run("transformer", "NVIDIA H100 80GB HBM3", 1.3e6)],
+                        "hybrid": [run("hybrid", "NVIDIA H200", 1.6e6)]}, [])
+    assert "**These runs come from more than one machine**" in mixed
+    assert "| machine |" in mixed and mixed.rstrip().endswith("| NVIDIA H200 |"), mixed
