@@ -117,6 +117,16 @@ def triton_build() -> str:
     return build_name(triton_key())
 
 
+def device_name(dry_run: bool) -> str:
+    """The device the parts measure on, as the report's header names it."""
+    import torch
+
+    if torch.cuda.is_available() and not dry_run:
+        props = torch.cuda.get_device_properties(0)
+        return f"{props.name} ({props.multi_processor_count} SMs, {props.total_memory / 2 ** 30:.0f} GiB)"
+    return f"{platform.machine()} CPU, {os.cpu_count()} cores"
+
+
 def _header(args, argv) -> dict:
     import torch
 
@@ -125,12 +135,7 @@ def _header(args, argv) -> dict:
         triton_version = triton.__version__
     except ImportError:
         triton_version = "not installed"
-    if torch.cuda.is_available() and not args.dry_run:
-        props = torch.cuda.get_device_properties(0)
-        device = f"{props.name} ({props.multi_processor_count} SMs, {props.total_memory / 2 ** 30:.0f} GiB)"
-    else:
-        device = f"{platform.machine()} CPU, {os.cpu_count()} cores"
-    return {"device": device, "torch": torch.__version__, "triton": triton_version,
+    return {"device": device_name(args.dry_run), "torch": torch.__version__, "triton": triton_version,
             "python": platform.python_version(), "date": datetime.datetime.now().strftime("%Y-%m-%d %H:%M"),
             "commit": _commit(args.commit), "dry_run": args.dry_run,
             "compile_cache": os.environ.get(NOTE_VARIABLE, "not carried: Triton's and Inductor's default folders"),
@@ -182,7 +187,8 @@ def _child(args) -> int:
     ctx = CheckContext(part=args.child, device=device, dry_run=args.dry_run,
                        deadline=time.monotonic() + args.seconds, log=work / f"{args.child}.jsonl",
                        work=work, repo=_repo(),
-                       measured=measured_rows(args.skip_measured) if args.skip_measured else None)
+                       measured=measured_rows(args.skip_measured, device_name(args.dry_run))
+                       if args.skip_measured else None)
     module = importlib.import_module(f"{__package__}.part_{args.child}")
     listen(work / f"{args.child}.triton")  # the report's count of Triton kernels loaded / compiled
     try:

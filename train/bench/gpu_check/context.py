@@ -26,10 +26,12 @@ def _row_key(section: str, row: dict) -> str:
     return json.dumps([section, *(row.get(k, ROW_DEFAULTS.get(k)) for k in ROW_KEYS[section])])
 
 
-def measured_rows(paths: str | Path) -> dict[str, str]:
+def measured_rows(paths: str | Path, device: str | None = None) -> dict[str, str]:
     """The rows that earlier runs' ``results.json`` files (comma-separated paths) measured (no error, not skipped)
-    in the sections of ``ROW_KEYS``, by key, each with its run's commit. One-line ``ValueError`` for a file that is
-    no such report."""
+    in the sections of ``ROW_KEYS``, by key, each with its run's commit. With ``device``, a file measured on
+    another device (its header's) counts for nothing: a ratio such as the hybrid's tokens/s over the
+    Transformer's needs both rows from one device (the lent GPU is an H100 or an H200). One-line ``ValueError``
+    for a file that is no such report."""
     found = {}
     for path in [p for p in str(paths).split(",") if p.strip()]:
         try:
@@ -38,6 +40,11 @@ def measured_rows(paths: str | Path) -> dict[str, str]:
         except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
             raise ValueError(f"--skip-measured: expected a results.json written by this check, got {path!r} "
                              f"({type(exc).__name__}: {exc})") from None
+        theirs = data.get("header", {}).get("device")
+        if device is not None and theirs != device:
+            print(f"--skip-measured: {path.strip()} was measured on {theirs}, not {device}: its rows run again",
+                  flush=True)
+            continue
         found.update({_row_key(r["section"], r): commit for r in rows
                       if r.get("section") in ROW_KEYS and "skipped" not in r and "error" not in r})
     return found

@@ -108,6 +108,23 @@ def test_rows_an_earlier_run_measured_are_skipped(tmp_path):
     assert all(r["reason"] == "measured by the earlier run at commit abc1234" for r in logged)
 
 
+def test_rows_measured_on_another_device_are_measured_again(tmp_path, capsys):
+    """The lent GPU is an H100 or an H200: a ratio of two rows (hybrid over Transformer) needs both from one
+    device, so an earlier run on another device skips nothing."""
+    import json
+
+    from hybrid.train.bench.gpu_check.context import measured_rows
+
+    row = {"part": "models", "section": "models", "model": "transformer", "T": 8192, "batch": "padded",
+           "execution": "eager", "tokens_per_s": 1.0}
+    h100 = "NVIDIA H100 80GB HBM3 (132 SMs, 79 GiB)"
+    (tmp_path / "results.json").write_text(json.dumps({"header": {"commit": "abc1234", "device": h100},
+                                                       "rows": [row]}))
+    assert len(measured_rows(tmp_path / "results.json", h100)) == 1
+    assert measured_rows(tmp_path / "results.json", "NVIDIA H200 (132 SMs, 140 GiB)") == {}
+    assert "was measured on NVIDIA H100 80GB HBM3 (132 SMs, 79 GiB), not NVIDIA H200" in capsys.readouterr().out
+
+
 def test_rows_measured_under_other_scan_kernels_are_measured_again(tmp_path):
     """A models row of a model that runs the Triton scan names the scan's kernels; the rows an earlier run measured
     under others (before the runs layout became the default they had no ``scan``) run again, the rest are
