@@ -51,13 +51,12 @@ def cuda_tests(repo) -> list[str]:
     return ["-m", "cuda", *(f"tests/cuda/{name}" for name in ordered)] if ordered else ["-m", "cuda", "tests/cuda"]
 
 
-def run_pytest(ctx: CheckContext, args: list[str], reserve: float = 0.0) -> None:
-    """``pytest args`` in a child process, leaving ``reserve`` seconds of the part for what follows. Its log goes
-    back as pytest.log."""
+def run_pytest(ctx: CheckContext, args: list[str]) -> None:
+    """``pytest args`` in a child process, until the part's deadline. Its log goes back as pytest.log."""
     if ctx.repo is None or not (ctx.repo / "tests").is_dir():
         ctx.record("pytest", skipped=" ".join(args), reason="no tests/ folder beside the package (not a checkout)")
         return
-    limit = ctx.left() - 5 - reserve
+    limit = ctx.left() - 5
     if limit < MIN_SECONDS:
         ctx.record("pytest", skipped=" ".join(args), reason=f"time: {ctx.left():.0f} s left")
         return
@@ -74,7 +73,11 @@ def run_pytest(ctx: CheckContext, args: list[str], reserve: float = 0.0) -> None
     with open(ctx.work / "pytest.log", "a") as fh:
         fh.write(f"$ {' '.join(cmd)}\n{out}\n")
     lines = out.strip().splitlines()
-    summary = lines[-1].strip("= ") if lines and rc != "timeout" else ", ".join(f"{n} {k}" for k, n in outcomes(out).items())
+    if rc == "timeout":  # no summary line, but the verbose lines say what finished
+        summary = "stopped at the part's limit after " + (
+            ", ".join(f"{n} {k}" for k, n in outcomes(out).items()) or "no test")
+    else:
+        summary = lines[-1].strip("= ") if lines else ""
     ctx.record("pytest", target=" ".join(args), returncode=rc, summary=summary,
                failed=failed_tests(out)[:20], ok=rc == 0)
 

@@ -301,3 +301,26 @@ def test_the_checks_commit_comes_from_the_device_commands_variable_before_git(mo
 
     monkeypatch.setenv("HYBRID_COMMIT", "abc1234")
     assert cli._commit(None) == "abc1234" and cli._commit("def5678") == "def5678"
+
+
+def test_a_suite_stopped_at_the_parts_limit_says_what_finished(tmp_path, monkeypatch):
+    """pytest's child is killed at the part's deadline; its verbose lines, unbuffered, still name the tests that
+    finished, and the row says it was stopped."""
+    import json
+    import time
+
+    from hybrid.train.bench.gpu_check import part_tests
+    from hybrid.train.bench.gpu_check.context import CheckContext
+
+    (tmp_path / "tests").mkdir()
+    (tmp_path / "tests" / "test_slow.py").write_text(
+        "import time\n\ndef test_quick():\n    pass\n\ndef test_hangs():\n    time.sleep(120)\n")
+    monkeypatch.setattr(part_tests, "MIN_SECONDS", 1)
+    monkeypatch.setenv("PYTHONUNBUFFERED", "1")  # as the check's parts run
+    ctx = CheckContext(part="tests", device=torch.device("cpu"), dry_run=True, deadline=time.monotonic() + 30,
+                       log=tmp_path / "tests.jsonl", work=tmp_path, repo=tmp_path)
+    part_tests.run_pytest(ctx, ["tests/test_slow.py"])
+    (row,) = [json.loads(line) for line in (tmp_path / "tests.jsonl").read_text().splitlines()]
+    assert row["returncode"] == "timeout" and row["ok"] is False
+    assert row["summary"] == "stopped at the part's limit after 1 passed", row
+    assert "test_slow.py::test_quick PASSED" in (tmp_path / "pytest.log").read_text()
