@@ -15,10 +15,11 @@ from .context import CheckContext
 from .importable import child_env
 from .pytest_triton_listener import LISTEN_VARIABLE
 
-# tests/cuda's files in the order they run: the cheap ones first (the scan's kernels come prewarmed), the
-# compiles next, the CUDA-graph captures (each compiled case compiles a model) last; any other file after them
-CUDA_TEST_ORDER = ("test_scan_cuda.py", "test_model_cuda.py", "test_window_conv_cuda.py",
-                   "test_graphed_decoding_cuda.py")
+# tests/cuda's files in the order they run (any other file after them): the scan's first (its kernels come
+# prewarmed), then the models', the CUDA-graph captures (milliseconds each) and the windows' (FlexAttention
+# compiles a kernel per shape); the tests that compile a model with Inductor run last (``pytest_compiled_last``)
+CUDA_TEST_ORDER = ("test_scan_cuda.py", "test_model_cuda.py", "test_graphed_decoding_cuda.py",
+                   "test_window_conv_cuda.py")
 TRITON_TEST_FILES = ["tests/kernels/test_complex_scan_triton.py", "tests/kernels/test_complex_scan_varlen.py",
                      "tests/kernels/test_window_attention.py", "tests/kernels/test_causal_conv.py"]
 MIN_SECONDS = 20  # less is not enough to import torch, collect and start CUDA
@@ -61,7 +62,7 @@ def run_pytest(ctx: CheckContext, args: list[str]) -> None:
         ctx.record("pytest", skipped=" ".join(args), reason=f"time: {ctx.left():.0f} s left")
         return
     cmd = [sys.executable, "-m", "pytest", "-v", "-p", "no:cacheprovider", "-rfE", "--durations=15",
-           "-p", f"{__package__}.pytest_triton_listener", *args]
+           "-p", f"{__package__}.pytest_triton_listener", "-p", f"{__package__}.pytest_compiled_last", *args]
     env = dict(child_env(ctx.work), **{LISTEN_VARIABLE: str(ctx.work / f"{ctx.part}.triton")})
     try:
         done = subprocess.run(cmd, cwd=ctx.repo, env=env, capture_output=True, text=True, timeout=limit)

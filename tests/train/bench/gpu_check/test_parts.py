@@ -292,7 +292,7 @@ def test_tests_part_runs_every_cuda_test_file_cheap_ones_first():
     args = part_tests.cuda_tests(repo)
     files = sorted(f"tests/cuda/{p.name}" for p in (repo / "tests" / "cuda").glob("test_*.py"))
     assert args[:2] == ["-m", "cuda"] and sorted(args[2:]) == files and len(files) >= 4
-    assert args[2] == "tests/cuda/test_scan_cuda.py" and args[-1] == "tests/cuda/test_graphed_decoding_cuda.py"
+    assert args[2] == "tests/cuda/test_scan_cuda.py" and args[-1] == "tests/cuda/test_window_conv_cuda.py"
 
 
 def test_the_checks_commit_comes_from_the_device_commands_variable_before_git(monkeypatch):
@@ -324,3 +324,13 @@ def test_a_suite_stopped_at_the_parts_limit_says_what_finished(tmp_path, monkeyp
     assert row["returncode"] == "timeout" and row["ok"] is False
     assert row["summary"] == "stopped at the part's limit after 1 passed", row
     assert "test_slow.py::test_quick PASSED" in (tmp_path / "pytest.log").read_text()
+
+
+def test_the_tests_that_compile_a_model_run_last():
+    from hybrid.train.bench.gpu_check.pytest_compiled_last import pytest_collection_modifyitems
+
+    ids = ["m.py::test_compiled_fullgraph[static]", "m.py::test_modes[hybrid]", "g.py::test_steps[hybrid-compiled]",
+           "g.py::test_steps[hybrid-eager]", "w.py::test_window[bf16]"]
+    items = [types.SimpleNamespace(nodeid=i) for i in ids]
+    pytest_collection_modifyitems(None, None, items)
+    assert [i.nodeid for i in items] == [ids[1], ids[3], ids[4], ids[0], ids[2]]
