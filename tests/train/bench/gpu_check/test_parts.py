@@ -304,26 +304,35 @@ def test_the_checks_commit_comes_from_the_device_commands_variable_before_git(mo
 
 
 def test_a_suite_stopped_at_the_parts_limit_says_what_finished(tmp_path, monkeypatch):
-    """pytest's child is killed at the part's deadline; its verbose lines, unbuffered, still name the tests that
-    finished, and the row says it was stopped."""
+    """pytest's child is killed at the part's deadline: no summary line, but its verbose lines (unbuffered, as
+    the check's parts run) still name the tests that finished, and the row says it was stopped."""
     import json
+    import subprocess
     import time
 
     from hybrid.train.bench.gpu_check import part_tests
     from hybrid.train.bench.gpu_check.context import CheckContext
 
+    printed = (b"tests/test_slow.py::test_quick PASSED     [ 50%]\n"
+               b"tests/test_slow.py::test_other FAILED     [100%]\ntests/test_slow.py::test_hangs ")
+    asked = {}
+
+    def killed_at_the_limit(cmd, timeout, **kwargs):
+        asked.update(cmd=cmd, timeout=timeout, env=kwargs["env"])
+        raise subprocess.TimeoutExpired(cmd, timeout, output=printed, stderr=None)
+
+    monkeypatch.setattr(part_tests.subprocess, "run", killed_at_the_limit)
     (tmp_path / "tests").mkdir()
-    (tmp_path / "tests" / "test_slow.py").write_text(
-        "import time\n\ndef test_quick():\n    pass\n\ndef test_hangs():\n    time.sleep(120)\n")
-    monkeypatch.setattr(part_tests, "MIN_SECONDS", 1)
-    monkeypatch.setenv("PYTHONUNBUFFERED", "1")  # as the check's parts run
-    ctx = CheckContext(part="tests", device=torch.device("cpu"), dry_run=True, deadline=time.monotonic() + 30,
+    ctx = CheckContext(part="tests", device=torch.device("cpu"), dry_run=True, deadline=time.monotonic() + 60,
                        log=tmp_path / "tests.jsonl", work=tmp_path, repo=tmp_path)
     part_tests.run_pytest(ctx, ["tests/test_slow.py"])
     (row,) = [json.loads(line) for line in (tmp_path / "tests.jsonl").read_text().splitlines()]
     assert row["returncode"] == "timeout" and row["ok"] is False
-    assert row["summary"] == "stopped at the part's limit after 1 passed", row
+    assert row["summary"] == "stopped at the part's limit after 1 passed, 1 failed", row
+    assert row["failed"] == ["tests/test_slow.py::test_other"]
     assert "test_slow.py::test_quick PASSED" in (tmp_path / "pytest.log").read_text()
+    assert 50 < asked["timeout"] <= 55 and "-v" in asked["cmd"]  # the part's time left, less 5 s
+    assert asked["env"][part_tests.LISTEN_VARIABLE] == str(tmp_path / "tests.triton")
 
 
 def test_the_tests_that_compile_a_model_run_last():
