@@ -4,7 +4,7 @@ on the GPU, each in a ``pytest`` child process.
 A part of its own, so that it has its own time limit: inside the correctness part it came after the scan's grid
 and was never reached on the H100 (2026-11-26 to 2026-11-28). ``pytest`` runs verbose, so that a suite stopped at
 the part's limit still says, test by test, what passed; the child counts its Triton kernels into the part's
-loaded / compiled column (``pytest_triton_listener``)."""
+loaded / compiled column (``pytest_plugin``)."""
 from __future__ import annotations
 
 import re
@@ -13,11 +13,11 @@ import sys
 
 from .context import CheckContext
 from .importable import child_env
-from .pytest_triton_listener import LISTEN_VARIABLE
+from .pytest_plugin import LISTEN_VARIABLE
 
 # tests/cuda's files in the order they run (any other file after them): the scan's first (its kernels come
 # prewarmed), then the models', the CUDA-graph captures (milliseconds each) and the windows' (FlexAttention
-# compiles a kernel per shape); the tests that compile a model with Inductor run last (``pytest_compiled_last``)
+# compiles a kernel per shape); the tests that compile a model with Inductor run last (``pytest_plugin``)
 CUDA_TEST_ORDER = ("test_scan_cuda.py", "test_model_cuda.py", "test_graphed_decoding_cuda.py",
                    "test_window_conv_cuda.py")
 TRITON_TEST_FILES = ["tests/kernels/test_complex_scan_triton.py", "tests/kernels/test_complex_scan_varlen.py",
@@ -62,7 +62,7 @@ def run_pytest(ctx: CheckContext, args: list[str]) -> None:
         ctx.record("pytest", skipped=" ".join(args), reason=f"time: {ctx.left():.0f} s left")
         return
     cmd = [sys.executable, "-m", "pytest", "-v", "-p", "no:cacheprovider", "-rfE", "--durations=15",
-           "-p", f"{__package__}.pytest_triton_listener", "-p", f"{__package__}.pytest_compiled_last", *args]
+           "-p", f"{__package__}.pytest_plugin", *args]
     env = dict(child_env(ctx.work), **{LISTEN_VARIABLE: str(ctx.work / f"{ctx.part}.triton")})
     try:
         done = subprocess.run(cmd, cwd=ctx.repo, env=env, capture_output=True, text=True, timeout=limit)

@@ -271,11 +271,11 @@ def test_tests_part_child_counts_its_triton_kernels(tmp_path, monkeypatch):
     import importlib
 
     knobs = pytest.importorskip("triton").knobs
-    from hybrid.train.bench.gpu_check import pytest_triton_listener
+    from hybrid.train.bench.gpu_check import pytest_plugin
 
     monkeypatch.setattr(knobs.compilation, "listener", None)
-    monkeypatch.setenv(pytest_triton_listener.LISTEN_VARIABLE, str(tmp_path / "tests.triton"))
-    importlib.reload(pytest_triton_listener)
+    monkeypatch.setenv(pytest_plugin.LISTEN_VARIABLE, str(tmp_path / "tests.triton"))
+    importlib.reload(pytest_plugin)
     knobs.compilation.listener(src=types.SimpleNamespace(name="scan_fwd"), metadata=None, metadata_group=None,
                                times=types.SimpleNamespace(total=2_500_000), cache_hit=False)
     knobs.compilation.listener(src=types.SimpleNamespace(name="scan_bwd"), metadata=None, metadata_group=None,
@@ -336,7 +336,7 @@ def test_a_suite_stopped_at_the_parts_limit_says_what_finished(tmp_path, monkeyp
 
 
 def test_the_tests_that_compile_a_model_run_last():
-    from hybrid.train.bench.gpu_check.pytest_compiled_last import pytest_collection_modifyitems
+    from hybrid.train.bench.gpu_check.pytest_plugin import pytest_collection_modifyitems
 
     ids = ["m.py::test_compiled_fullgraph[static]", "m.py::test_modes[hybrid]", "g.py::test_steps[hybrid-compiled]",
            "g.py::test_steps[hybrid-eager]", "w.py::test_window[bf16]"]
