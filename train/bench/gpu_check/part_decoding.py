@@ -1,4 +1,4 @@
-"""Part 4, decoding: after a prompt of 4K, 16K and 64K tokens (a chunked prefill), the mean time of one
+"""Part 5, decoding: after a prompt of 4K, 16K and 64K tokens (a chunked prefill), the mean time of one
 recurrent step for the whole batch, tokens/s (batch / step time) and the state's bytes, at batch 1 and 16,
 and the prefill's seconds after a warm-up prefill of two chunks (whose seconds, the first calls' compiling and
 tuning, are recorded apart: on the H100 the hybrid's first 16K prefill took 39 s),

@@ -1,4 +1,4 @@
-"""Part 3, models: training tokens/s and peak memory of one optimizer step (forward, loss, backward, AdamW)
+"""Part 4, models: training tokens/s and peak memory of one optimizer step (forward, loss, backward, AdamW)
 under bf16 autocast, as ``hybrid-train`` runs it on a GPU, for the hybrid, the selective hybrid, RetNet and
 vo-rnn against the Transformer (global attention through SDPA). Every model has the Transformer's width and
 head size, and its MLP width (``matched``) brings it to the Transformer's non-embedding size. Each row runs a

@@ -1,4 +1,4 @@
-"""Part 5, training: a 300-step ``small`` hybrid run through ``hybrid-train`` (``python -m hybrid.train``) with
+"""Part 6, training: a 300-step ``small`` hybrid run through ``hybrid-train`` (``python -m hybrid.train``) with
 ``--compile`` (bf16 autocast is the trainer's default on CUDA), on this Python's standard-library sources; its
 loss curve and tokens/s from ``metrics.jsonl``, then greedy samples of the trained model in recurrent and in
 parallel mode, which must be identical. On the H100 (2026-11-27) the compiled run had not logged its first step
