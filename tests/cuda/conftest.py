@@ -5,6 +5,23 @@ import pytest
 import torch
 
 
+# The files' order. What no GPU has run comes before what the GPU check's correctness part has checked there
+# since 2026-11-26 (the windows and the conv), so that a run stopped at a time limit (the check's tests part) has
+# run the new tests. The CUDA-graph captures come after every other new test: a capture that fails can leave the
+# process's CUDA context unusable, failing what runs after it. In each file the tests that compile a model with
+# Inductor (``compiled`` in their ids; tens of seconds each on a cold GPU) come last. Any other test (another
+# file here, or the rest of the suite, which uses the GPU too when there is one) runs before the captures.
+FILE_ORDER = ("test_scan_cuda.py", "test_model_cuda.py", "test_graphed_decoding_cuda.py", "test_window_conv_cuda.py")
+OTHERS = FILE_ORDER.index("test_graphed_decoding_cuda.py") - 0.5
+
+
+def run_order(item) -> tuple:
+    name = item.fspath.basename
+    if name not in FILE_ORDER:
+        return OTHERS, False
+    return FILE_ORDER.index(name), "compiled" in item.nodeid
+
+
 def pytest_collection_modifyitems(config, items):
     here = __file__.rsplit("/", 1)[0]
     no_cuda = pytest.mark.skip(reason="needs a CUDA device (none visible); on a GPU: pytest -m cuda, docs/gpu.md")
@@ -13,9 +30,7 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.cuda)
             if not torch.cuda.is_available():
                 item.add_marker(no_cuda)
-    # the CUDA-graph tests last: a capture that fails can leave the process's CUDA context unusable, and the
-    # other CUDA tests (the scan, windows, conv, compile) should have run by then
-    items.sort(key=lambda item: "graphed" in item.fspath.basename)
+    items.sort(key=run_order)  # stable: the rest keep their order
 
 
 @pytest.fixture

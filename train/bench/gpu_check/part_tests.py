@@ -15,11 +15,10 @@ from .context import CheckContext
 from .importable import child_env
 from .pytest_plugin import LISTEN_VARIABLE
 
-# tests/cuda's files in the order they run (any other file after them): the scan's first (its kernels come
-# prewarmed), then the models', the CUDA-graph captures (milliseconds each) and the windows' (FlexAttention
-# compiles a kernel per shape); the tests that compile a model with Inductor run last (``pytest_plugin``)
-CUDA_TEST_ORDER = ("test_scan_cuda.py", "test_model_cuda.py", "test_graphed_decoding_cuda.py",
-                   "test_window_conv_cuda.py")
+# the CUDA tests, in the order tests/cuda/conftest.py gives them: the new ones first, the CUDA-graph captures after
+# them, the tests that compile a model with Inductor last in each file, the windows and the conv (which the
+# correctness part has checked on the GPU) at the end
+CUDA_TESTS = ["-m", "cuda", "tests/cuda"]
 TRITON_TEST_FILES = ["tests/kernels/test_complex_scan_triton.py", "tests/kernels/test_complex_scan_varlen.py",
                      "tests/kernels/test_window_attention.py", "tests/kernels/test_causal_conv.py"]
 MIN_SECONDS = 20  # less is not enough to import torch, collect and start CUDA
@@ -43,13 +42,6 @@ def failed_tests(log: str) -> list[str]:
     names += [line.split(" ", 1)[1].split(" - ")[0] for line in log.splitlines()
               if line.startswith(("FAILED ", "ERROR ")) and " " in line]
     return list(dict.fromkeys(names))
-
-
-def cuda_tests(repo) -> list[str]:
-    """``pytest`` arguments for the CUDA tests: ``-m cuda`` and tests/cuda's files, in ``CUDA_TEST_ORDER``."""
-    found = sorted(p.name for p in (repo / "tests" / "cuda").glob("test_*.py")) if repo is not None else []
-    ordered = [n for n in CUDA_TEST_ORDER if n in found] + [n for n in found if n not in CUDA_TEST_ORDER]
-    return ["-m", "cuda", *(f"tests/cuda/{name}" for name in ordered)] if ordered else ["-m", "cuda", "tests/cuda"]
 
 
 def run_pytest(ctx: CheckContext, args: list[str]) -> None:
@@ -86,6 +78,6 @@ def run_pytest(ctx: CheckContext, args: list[str]) -> None:
 def run(ctx: CheckContext) -> None:
     """The CUDA tests first (no GPU has run them yet), then the test files that run on the GPU when there is
     one (on the CPU they ran in CI already, so a dry run leaves them out)."""
-    run_pytest(ctx, cuda_tests(ctx.repo))
+    run_pytest(ctx, CUDA_TESTS)
     if not ctx.dry_run:
         run_pytest(ctx, TRITON_TEST_FILES)

@@ -283,18 +283,6 @@ def test_tests_part_child_counts_its_triton_kernels(tmp_path, monkeypatch):
     assert (tmp_path / "tests.triton").read_text() == "compiled scan_fwd 2.50\nloaded scan_bwd\n"
 
 
-def test_tests_part_runs_every_cuda_test_file_cheap_ones_first():
-    from pathlib import Path
-
-    from hybrid.train.bench.gpu_check import part_tests
-
-    repo = Path(__file__).resolve().parents[4]
-    args = part_tests.cuda_tests(repo)
-    files = sorted(f"tests/cuda/{p.name}" for p in (repo / "tests" / "cuda").glob("test_*.py"))
-    assert args[:2] == ["-m", "cuda"] and sorted(args[2:]) == files and len(files) >= 4
-    assert args[2] == "tests/cuda/test_scan_cuda.py" and args[-1] == "tests/cuda/test_window_conv_cuda.py"
-
-
 def test_the_checks_commit_comes_from_the_device_commands_variable_before_git(monkeypatch):
     """On the device machine a git can find another repository around the copy (the records of 2026-11-28)."""
     from hybrid.train.bench.gpu_check import cli
@@ -335,11 +323,21 @@ def test_a_suite_stopped_at_the_parts_limit_says_what_finished(tmp_path, monkeyp
     assert asked["env"][part_tests.LISTEN_VARIABLE] == str(tmp_path / "tests.triton")
 
 
-def test_the_tests_that_compile_a_model_run_last():
-    from hybrid.train.bench.gpu_check.pytest_plugin import pytest_collection_modifyitems
+def test_the_cuda_tests_run_new_first_captures_after_them_compiles_last_in_each_file():
+    """The order tests/cuda/conftest.py gives (what the tests part reaches first when its time runs out): the
+    scan, the models (the Inductor compiles last), the CUDA-graph captures (eager, then compiled), then the windows
+    and the conv, which the correctness part has checked on the GPU."""
+    import subprocess
+    import sys
+    from pathlib import Path
 
-    ids = ["m.py::test_compiled_fullgraph[static]", "m.py::test_modes[hybrid]", "g.py::test_steps[hybrid-compiled]",
-           "g.py::test_steps[hybrid-eager]", "w.py::test_window[bf16]"]
-    items = [types.SimpleNamespace(nodeid=i) for i in ids]
-    pytest_collection_modifyitems(None, None, items)
-    assert [i.nodeid for i in items] == [ids[1], ids[3], ids[4], ids[0], ids[2]]
+    repo = Path(__file__).resolve().parents[4]
+    done = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
+                           "-m", "cuda", "tests/cuda"], cwd=repo, capture_output=True, text=True, timeout=300)
+    ids = [line for line in done.stdout.splitlines() if "::" in line]
+    files = [i.split("::")[0].rsplit("/", 1)[-1] for i in ids]
+    assert list(dict.fromkeys(files)) == ["test_scan_cuda.py", "test_model_cuda.py", "test_graphed_decoding_cuda.py",
+                                          "test_window_conv_cuda.py"], done.stdout[-2000:]
+    for name in ("test_model_cuda.py", "test_graphed_decoding_cuda.py"):
+        compiled = ["compiled" in i for i, f in zip(ids, files) if f == name]
+        assert any(compiled) and compiled == sorted(compiled), (name, compiled)  # every compile after the rest
