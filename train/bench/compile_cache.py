@@ -10,7 +10,8 @@ were training, and autotuning took most of the check's scan part. This wraps any
 2. the command runs with Triton (``TRITON_CACHE_DIR``) and Inductor (``TORCHINDUCTOR_CACHE_DIR``) pointed there;
 3. ``--save`` packs the root into one ``.tgz`` that fits what the device tool brings back (one file of at most
    16 MiB). Triton's intermediate texts (``.ttir``, ``.ttgir``, ``.llir``, ``.ptx``, ``.source``) stay behind:
-   a cache hit loads only the binary and its metadata, and the texts are three quarters of the bytes.
+   a cache hit loads only the binary and its metadata, and the texts are three quarters of the bytes. Past the
+   cap Inductor's graphs stay behind, then as many of Triton's kernels as it takes (``save``).
 
 Every entry is keyed by a hash of its source, compiler versions and options, so a changed kernel or another
 torch simply misses. Triton's group files name their members by absolute path; a restore rewrites them for
@@ -179,7 +180,7 @@ def _pack_if_fits(root: Path, target: Path, parts: tuple[str, ...], note: str, l
         scratch.unlink(missing_ok=True)
 
 
-def census_of(entries) -> dict[str, int]:
+def _census_of(entries) -> dict[str, int]:
     """``census``'s Triton counts over some of Triton's entries (folders)."""
     names = [p.name for entry in entries for p in entry.iterdir() if p.is_file()]
     return {"triton_kernels": sum(n.startswith("__grp__") for n in names),
@@ -187,7 +188,7 @@ def census_of(entries) -> dict[str, int]:
 
 
 def _saved(root: Path, target: Path, size: int, parts: tuple[str, ...], left_out: frozenset) -> str:
-    counts, gone = census(root), census_of(left_out)
+    counts, gone = census(root), _census_of(left_out)
     left = [] if "inductor" in parts else [f"{counts['inductor_graphs']} Inductor graphs"]
     if left_out:
         left.append(f"{gone['triton_kernels']} Triton kernels and {gone['autotunings']} autotunings")
