@@ -2,11 +2,11 @@
 and the initial state, in fp32 / bf16 / fp16, static / data-dependent / mixed decay and angle, lengths from 1 to
 65,536 (an autotuned size among them), and packed rows with boundaries at, before and after every time tile."""
 import pytest
-import torch
 
 # the cases live beside the comparisons, where the prewarm (gpu_check.prewarm) reads them too
 from hybrid.train.bench.gpu_check.numerics import (DTYPES, LONG_CASES, MODES, PACKED_AUTOTUNED, PACKED_EDGES,
-                                                   PACKED_MODES, SHORT_LENGTHS, scan_errors, tolerance_for)
+                                                   PACKED_MODES, SHORT_LENGTHS, packed_edge_case, scan_errors,
+                                                   short_case, tolerance_for)
 
 
 def assert_within(errors: dict, dtype) -> None:
@@ -18,7 +18,8 @@ def assert_within(errors: dict, dtype) -> None:
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("T", SHORT_LENGTHS)
 def test_short(cuda, dtype, mode, T):
-    assert_within(scan_errors(cuda, dtype, T, mode, seed=T), dtype)
+    dtype, T, mode, kw = short_case(dtype, T, mode)
+    assert_within(scan_errors(cuda, dtype, T, mode, **kw), dtype)
 
 
 @pytest.mark.parametrize("dtype,T,mode,kw", LONG_CASES)
@@ -29,10 +30,10 @@ def test_long(cuda, dtype, T, mode, kw):
 @pytest.mark.parametrize("edge", PACKED_EDGES)
 @pytest.mark.parametrize("mode", PACKED_MODES)
 def test_packed_boundaries_at_tile_edges(cuda, edge, mode):
-    assert_within(scan_errors(cuda, torch.float32, 4 * edge + 3, mode, packed_edge=edge, seed=edge), torch.float32)
+    dtype, T, mode, kw = packed_edge_case(edge, mode)
+    assert_within(scan_errors(cuda, dtype, T, mode, **kw), dtype)
 
 
 def test_packed_autotuned(cuda):
     dtype, T, mode, kw = PACKED_AUTOTUNED
     assert_within(scan_errors(cuda, dtype, T, mode, **kw), dtype)
-

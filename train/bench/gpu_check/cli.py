@@ -95,8 +95,10 @@ def _repo() -> Path | None:
 def _commit(given: str | None) -> str:
     """``--commit``, else ``$HYBRID_COMMIT`` (docs/gpu.md's device commands set it), else git's HEAD. The device
     machine's copy has no ``.git``, and a git there can find another repository around it."""
-    if given or os.environ.get("HYBRID_COMMIT"):
-        return given or os.environ["HYBRID_COMMIT"]
+    from ...suite.records import COMMIT_VARIABLE
+
+    if given or os.environ.get(COMMIT_VARIABLE):
+        return given or os.environ[COMMIT_VARIABLE]
     repo = _repo()
     if repo is not None:
         try:

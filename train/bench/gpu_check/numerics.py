@@ -15,8 +15,8 @@ import torch
 
 from .context import rel_error
 
-__all__ = ["TOLERANCE", "scan_errors", "scan_case", "triton_scan_run", "cuda_test_cases", "packed_offsets",
-           "window_errors", "conv_errors", "tolerance_for"]
+__all__ = ["TOLERANCE", "scan_errors", "scan_case", "triton_scan_run", "cuda_test_cases", "short_case",
+           "packed_edge_case", "packed_offsets", "window_errors", "conv_errors", "tolerance_for"]
 
 # relative error allowed for (dtype, quantity): "out" = y or a gradient in the input's dtype, "fp32" = the rest
 TOLERANCE = {
@@ -85,12 +85,21 @@ MODES = ("static", "dependent", "mixed")
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
+def short_case(dtype, T: int, mode: str) -> tuple:
+    """``(dtype, T, mode, scan_errors keywords)`` of a short-length CUDA test."""
+    return dtype, T, mode, {"seed": T}
+
+
+def packed_edge_case(edge: int, mode: str) -> tuple:
+    """``(dtype, T, mode, scan_errors keywords)`` of a packed CUDA test with boundaries at a time tile's edge."""
+    return torch.float32, 4 * edge + 3, mode, {"packed_edge": edge, "seed": edge}
+
+
 def cuda_test_cases() -> list[tuple]:
     """``(dtype, T, mode, scan_errors keywords)`` of every scan case of the CUDA tests, in their order."""
-    cases = [(dtype, T, mode, {"seed": T}) for T in SHORT_LENGTHS for mode in MODES for dtype in DTYPES]
+    cases = [short_case(dtype, T, mode) for T in SHORT_LENGTHS for mode in MODES for dtype in DTYPES]
     cases += LONG_CASES
-    cases += [(torch.float32, 4 * edge + 3, mode, {"packed_edge": edge, "seed": edge})
-              for mode in PACKED_MODES for edge in PACKED_EDGES]
+    cases += [packed_edge_case(edge, mode) for mode in PACKED_MODES for edge in PACKED_EDGES]
     return cases + [PACKED_AUTOTUNED]
 
 

@@ -218,8 +218,9 @@ def count_syncs(step, roots: tuple[str, ...] | None = None, stacks: dict | None 
 
     ``step`` is a callable, or a dict of named phases run in order, each under its own debug mode, with sites
     named ``"phase: site"``. A sync raised where no Python frame of ours is on the stack (torch's C++ code, the
-    autograd engine) surfaces at the next call back into Python, so the phase is what places it. ``stacks``, if given, receives each site's
-    innermost frames (the first time it is seen), to read where a site outside the library came from."""
+    autograd engine) surfaces at the next call back into Python, so the phase is what places it. ``stacks``, if
+    given, receives each site's innermost frames (the first time it is seen), to read where a site outside the
+    library came from."""
     roots = _library_roots() if roots is None else roots
     phases = step if isinstance(step, dict) else {"": step}
     sites = []

@@ -72,8 +72,7 @@ def _scan_fn(impl, x, ld, th, passes):
 
 
 # The kernel settings timed, as (layout, stages). The default at every dtype and decay; the earlier default (the
-# tile layout, whose other rows two sessions measured) beside it at bf16 with data-dependent decay; and, once the
-# comparisons with other libraries are done, the runs loop at other pipelining depths (the next tuning step).
+# tile layout, whose other rows two sessions measured) beside it at bf16 with data-dependent decay.
 DEFAULT = ("runs", 3)
 BASELINE = ("tile", 1)
 # Settings timed after the other libraries' rows, for a tuning question. The runs loop at 4 and 2 stages answered

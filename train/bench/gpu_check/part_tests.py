@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
+from collections import Counter
 
 from .context import CheckContext
 from .importable import child_env
@@ -28,12 +29,7 @@ _OUTCOME = re.compile(r"^(\S+::\S+) (PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS)\b"
 def outcomes(log: str) -> dict[str, int]:
     """How many tests ``pytest -v`` printed as each outcome, by the lines it prints as it goes (a run killed at
     its limit prints no summary)."""
-    counts: dict[str, int] = {}
-    for line in log.splitlines():
-        found = _OUTCOME.match(line)
-        if found:
-            counts[found.group(2).lower()] = counts.get(found.group(2).lower(), 0) + 1
-    return counts
+    return dict(Counter(m.group(2).lower() for m in map(_OUTCOME.match, log.splitlines()) if m))
 
 
 def failed_tests(log: str) -> list[str]:
