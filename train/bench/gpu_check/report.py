@@ -5,6 +5,8 @@ import json
 import os
 from pathlib import Path
 
+from .step_split import ceilings
+
 __all__ = ["write_outputs"]
 
 
@@ -101,6 +103,18 @@ def _sections(rows: list[dict]) -> list[str]:
                                  ("× transformer", _ratio(models, "tokens_per_s", match, "transformer")),
                                  ("step ms", "step_ms"), ("peak GiB", "peak_memory_gib"),
                                  ("first step s", "first_step_s"), ("error", "error")])
+        split = ceilings(rows)
+        if split:
+            lines += ["### The Transformer's step split by length, and the ratio it leaves other models", "",
+                      "Fitted to its rows: a step's time per token is a fixed part plus one growing with T "
+                      "(attention). A model with mixers that cost nothing, the rest of its step the Transformer's, "
+                      "would reach the ceiling; the hybrid's share is (its ratio − 1) / (ceiling − 1). The fit is "
+                      "exact with two lengths; its residual checks it with more (step_split.py).", ""]
+            lines += _table(split, [("execution", "execution"), ("batch", "batch"), ("T", "T"),
+                                    ("Transformer step ms", "step_ms"), ("fixed ms", "fixed_ms"),
+                                    ("attention ms", "attention_ms"), ("fit residual", "fit_residual"),
+                                    ("ceiling ×", "ceiling"), ("hybrid ×", "ratio"),
+                                    ("share of the ceiling's gain", "share_of_ceiling")])
     decoding = _measured(rows, "decoding")
     if decoding:
         lines += ["### Decoding (recurrent steps after a chunked prefill: eager, from a CUDA graph, compiled)", ""]
