@@ -17,19 +17,31 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-__all__ = ["PackedOffsets", "packed_offsets", "check_cu_seqlens", "device_offsets", "host_offsets", "sequence_ids",
-           "positions_in_sequence", "lengths", "dynamic_count"]
+__all__ = ["PackedOffsets", "aligned_row_length", "packed_offsets", "check_cu_seqlens", "device_offsets",
+           "host_offsets", "sequence_ids", "positions_in_sequence", "lengths", "dynamic_count"]
 
 
 @dataclass(frozen=True)
 class PackedOffsets:
     """Checked offsets of N packed sequences: ``cu_seqlens`` ``(N+1,)`` on the inputs' device, ``bounds`` the same
     offsets on the host and ``max_len`` the longest sequence (both None when they were made while torch.compile
-    traced, which reads nothing back)."""
+    traced, which reads nothing back).
+
+    ``row_len``: every multiple of it is a sequence start (``aligned_row_length``; a batch of windows packed by
+    documents: the window length), so an op that runs a sequence's steps one after another (the complex scan)
+    may run the packed row as ``total_T / row_len`` rows side by side, exactly as one row, with that many times
+    the parallelism. None: not known. Checked against ``bounds`` when both are given."""
 
     cu_seqlens: Tensor
     bounds: tuple[int, ...] | None
     max_len: int | None
+    row_len: int | None = None
+
+    def __post_init__(self):
+        if self.row_len is not None and self.bounds is not None and aligned_row_length(self.bounds,
+                                                                                      self.row_len) is None:
+            raise ValueError(f"row_len: expected a length whose every multiple is a sequence start of a packed "
+                             f"batch of {self.bounds[-1]} tokens, got {self.row_len}")
 
     @property
     def num_sequences(self) -> int:
@@ -42,7 +54,30 @@ class PackedOffsets:
         the stream)."""
         bounds = tuple(int(b) for b in bounds)
         on_device = torch.tensor(bounds, dtype=dtype).to(device, non_blocking=True)
-        return cls(on_device, bounds, max(b - a for a, b in zip(bounds, bounds[1:])))
+        return cls(on_device, bounds, max(b - a for a, b in zip(bounds, bounds[1:])), aligned_row_length(bounds))
+
+    def without_host_values(self, cu_seqlens: Tensor) -> "PackedOffsets":
+        """The offsets as a compiled region takes them: ``cu_seqlens`` (this one's, marked dynamic say) with no host
+        values, whose tuple would be a guard that changes every batch; ``row_len`` kept (a window length: the same
+        from batch to batch)."""
+        return PackedOffsets(cu_seqlens, None, None, self.row_len)
+
+
+def aligned_row_length(bounds, row_len: int | None = None) -> int | None:
+    """The shortest length ``L`` that divides the packed batch's ``bounds[-1]`` tokens and whose every multiple is
+    one of ``bounds`` (a sequence start), or with ``row_len``, that one if it qualifies; else None. A batch of
+    windows packed by documents gives its window length, or less where every window breaks at the same places;
+    a single sequence gives its length."""
+    total, starts = bounds[-1], set(bounds[:-1])
+    if row_len is not None:
+        candidates = [row_len]
+    else:
+        small = [d for d in range(1, int(total ** 0.5) + 1) if total % d == 0]
+        candidates = sorted(set(small) | {total // d for d in small})
+    for L in candidates:
+        if 0 < L <= total and total % L == 0 and all(k in starts for k in range(0, total, L)):
+            return L
+    return None
 
 
 def packed_offsets(cu_seqlens, total: int, device, name: str = "cu_seqlens",
@@ -60,7 +95,8 @@ def packed_offsets(cu_seqlens, total: int, device, name: str = "cu_seqlens",
     values = _checked(cu_seqlens, total, device, name, batch)
     if values is None:  # traced by torch.compile: nothing read back
         return PackedOffsets(cu_seqlens, None, None)
-    return PackedOffsets(cu_seqlens, tuple(values), max(b - a for a, b in zip(values, values[1:])))
+    return PackedOffsets(cu_seqlens, tuple(values), max(b - a for a, b in zip(values, values[1:])),
+                         aligned_row_length(values))
 
 
 def check_cu_seqlens(cu_seqlens, total: int, device, name: str = "cu_seqlens", batch: int | None = None) -> Tensor:

@@ -291,7 +291,7 @@ class HybridLM(nn.Module):
         records = torch.is_grad_enabled() and self.training
         blocks = self.blocks if self._block_calls is None else self._block_calls
         if self._block_calls is not None and isinstance(cu_seqlens, PackedOffsets):
-            cu_seqlens = PackedOffsets(dynamic_count(cu_seqlens.cu_seqlens), None, None)  # no host values
+            cu_seqlens = cu_seqlens.without_host_values(dynamic_count(cu_seqlens.cu_seqlens))
         for block, layer_state, recompute in zip(blocks, layer_states, self._recompute):
             if recompute and records:
                 # activation checkpointing: keep h, run the block again in backward. Under autograd every

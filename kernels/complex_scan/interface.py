@@ -21,6 +21,7 @@ import os
 import torch
 
 from ..env import read_env
+from ..varlen import PackedOffsets
 from . import cpu_scan
 from . import ops  # noqa: F401  (registers torch.ops.hybrid.complex_scan and its backward)
 from .blocked import default_block_size
@@ -107,7 +108,8 @@ def complex_scan(
         cu_seqlens: None, or ``(N+1,)`` int64 (int32 accepted) offsets on x's device: 0, strictly increasing,
             ``total_T``. Sequence n is ``x[:, cu_seqlens[n]:cu_seqlens[n+1]]``; its state starts from
             ``initial_state[n]`` (or zeros) and nothing crosses an offset: each sequence's outputs and
-            gradients are those it has run alone.
+            gradients are those it has run alone. A ``PackedOffsets`` whose ``row_len`` is known (every multiple
+            of it a sequence start: a batch of windows packed by documents) runs as that many rows side by side.
         block_size: block length of the torch backend's blocked scan (default ≈ √T); the Triton and cpu
             kernels tile on their own. (Not the model's ``chunk_size``, the length of its chunked mode.)
         backend: ``"triton"``, ``"cpu"``, ``"torch"`` or ``"reference"``; default ``$HYBRID_SCAN_BACKEND``, else
@@ -133,6 +135,7 @@ def complex_scan(
     if cu_seqlens is None:
         initial_state = check_state(initial_state, "initial_state", (B, H, D), x)
     else:
+        rows = cu_seqlens.row_len if isinstance(cu_seqlens, PackedOffsets) else None
         cu_seqlens = check_cu_seqlens(cu_seqlens, x)  # the tensor (a PackedOffsets gives its own: no read back)
         N = cu_seqlens.numel() - 1
         initial_state = check_state(initial_state, "initial_state", (N, H, D), x,
@@ -140,7 +143,7 @@ def complex_scan(
     check_block_size(block_size)
     which = resolve_backend(backend, x.device)
     if cu_seqlens is not None:
-        return _packed(x, log_decay, theta, initial_state, cu_seqlens, which, block_size, output_final_state)
+        return _packed(x, log_decay, theta, initial_state, cu_seqlens, which, block_size, output_final_state, rows)
     y, final = _scan(x, log_decay, theta, initial_state, which, block_size)
     return y, (final if output_final_state else None)
 
@@ -169,8 +172,13 @@ def _scan(x, log_decay, theta, initial_state, which, block_size):
 # ---------------------------------------------------------------------------------------------- packed
 
 
-def _packed(x, log_decay, theta, initial_state, cu_seqlens, which, block_size, output_final_state):
-    """N sequences packed into ``x`` ``(1, total_T, H, D)``: ``(y, (N, H, D) final states or None)``."""
+def _packed(x, log_decay, theta, initial_state, cu_seqlens, which, block_size, output_final_state, rows=None):
+    """N sequences packed into ``x`` ``(1, total_T, H, D)``: ``(y, (N, H, D) final states or None)``. ``rows``:
+    every multiple of it is a sequence start (``PackedOffsets.row_len``): the scan then runs ``total_T / rows``
+    rows side by side, the same arithmetic (each row starts from a zero state, as the restart there makes it),
+    with that many times the parallelism of one row: a GPU kernel walks time one step after another, one
+    program per (row, head, block of pairs), so one packed row of a training batch (B windows of L) would give it
+    B times fewer programs than the same batch padded."""
     _, T, H, D = x.shape
     P = D // 2
     cu = cu_seqlens.long()
@@ -185,7 +193,13 @@ def _packed(x, log_decay, theta, initial_state, cu_seqlens, which, block_size, o
     work = x.to(real) if (initial_state is not None or output_final_state) else x
     if initial_state is not None:
         work = work.index_add(1, starts, _carried_in(log_decay, theta, initial_state, starts).unsqueeze(0))
-    y, _ = _scan(work, _restarted(log_decay, starts, T), theta, None, which, block_size)
+    log_decay = _restarted(log_decay, starts, T)  # (1, T, H, P)
+    if rows is not None and rows < T:  # (1, T, ·, ·) -> (T / rows, rows, ·, ·): each row a run of whole sequences
+        side = lambda t: t.reshape(T // rows, rows, *t.shape[2:]) if t.shape[1] == T else t  # noqa: E731
+        y, _ = _scan(side(work), side(log_decay), side(theta), None, which, block_size)
+        y = y.reshape(1, T, H, D)
+    else:
+        y, _ = _scan(work, log_decay, theta, None, which, block_size)
     final = y[0, cu[1:] - 1] if output_final_state else None  # (N, H, D): y_t = s_t at each last token
     return y.to(x.dtype), final
 

@@ -169,6 +169,70 @@ def test_packed_equals_separate(backend, decay, init, one_torch_thread):
     assert_matches(ours, ref, tolerance(dtype), f"{backend} cu_seqlens={cu.tolist()}")
 
 
+def windows(rows: int, L: int) -> list[int]:
+    """Offsets of ``rows`` windows of ``L`` tokens packed by documents: every window start, plus documents of one
+    and two tokens and cuts at the interpreter's tile edge inside them (windows one token longer than the tile,
+    so that the windows' own edges fall off every tile edge)."""
+    g = gen()
+    bounds = set()
+    for r in range(rows):
+        inside = {1, 3, EDGE, *torch.randint(1, L, (2,), generator=g).tolist()} if r % 2 else {L - 1}
+        bounds |= {r * L} | {r * L + c for c in inside if 0 < c < L}
+    return sorted(bounds) + [rows * L]
+
+
+@pytest.mark.parametrize("backend", backends())
+@pytest.mark.parametrize("decay", ["static", "dependent", "mixed"])
+def test_windows_packed_by_documents_run_as_rows_side_by_side(backend, decay, monkeypatch, one_torch_thread):
+    """A ``PackedOffsets`` of windows packed by documents knows its window length (``row_len``), and the scan runs
+    the packed row as one row per window: the rows the kernel sees, and every output, final state and gradient
+    as each sequence run alone."""
+    from hybrid.kernels.complex_scan import interface
+    from hybrid.kernels.varlen import PackedOffsets
+
+    rows, L = (3, EDGE + 1) if backend.startswith("triton") else (4, 2 * EDGE + 1)
+    H, D = (2, 6) if backend.startswith("triton") else (3, 10)
+    bounds = windows(rows, L)
+    cu = torch.tensor(bounds)
+    dtype = dtype_of(backend)
+    leaves, ups = make(rows * L, H, D, cu, decay=decay, init=True, dtype=dtype)
+    seen = []
+    real_scan = interface._scan
+    monkeypatch.setattr(interface, "_scan", lambda x, *a: seen.append(tuple(x.shape)) or real_scan(x, *a))
+
+    def side_by_side(x, ld, th, s0):
+        dev = device_of(backend)
+        offsets = PackedOffsets.from_bounds(bounds, device=dev)
+        assert offsets.row_len == L
+        on = lambda t: None if t is None else t.to(dev)  # noqa: E731
+        with scan_layout("runs" if backend == "triton-runs" else "tile"):
+            y, final = complex_scan(on(x), on(ld), on(th), on(s0), cu_seqlens=offsets, output_final_state=True,
+                                    **options(backend))
+        return y.cpu(), final.cpu()
+
+    ours = run(side_by_side, leaves, ups, dtype)
+    ref = run(lambda *a: separate(*a, cu), leaves, ups, torch.float64)
+    assert_matches(ours, ref, tolerance(dtype), f"{backend} windows {bounds}")
+    if backend != "reference":  # (the reference runs each sequence alone, never the rows)
+        assert seen == [(rows, L, H, D)]
+
+
+def test_offsets_know_the_rows_their_every_multiple_starts():
+    from hybrid.kernels.varlen import PackedOffsets, aligned_row_length, packed_offsets
+
+    assert aligned_row_length(windows(4, 17)) == 17
+    assert aligned_row_length([0, 4, 8, 12, 14, 16]) == 4  # shorter than the windows when each breaks alike
+    assert aligned_row_length([0, 5, 8, 12, 16]) == 8
+    assert aligned_row_length([0, 3, 29]) == 29  # one row: nothing to split
+    assert aligned_row_length([0, 4, 8, 12, 16], 8) == 8 and aligned_row_length([0, 4, 9, 16], 8) is None
+    assert packed_offsets(torch.tensor([0, 2, 6, 8, 12]), 12, "cpu").row_len == 6
+    checked = PackedOffsets.from_bounds([0, 2, 6, 8, 12], device="cpu")
+    assert checked.row_len == 6 and checked.without_host_values(checked.cu_seqlens).row_len == 6
+    with pytest.raises(ValueError, match=r"^row_len: expected a length whose every multiple is a sequence start "
+                                         r"of a packed batch of 12 tokens, got 4$"):
+        PackedOffsets(checked.cu_seqlens, checked.bounds, checked.max_len, 4)
+
+
 @pytest.mark.parametrize("backend", ["cpu", "torch"])
 def test_int32_offsets_and_no_final_state(backend, one_torch_thread):
     if backend == "cpu" and not cpu_scan.available():

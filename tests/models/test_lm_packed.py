@@ -135,6 +135,37 @@ def test_packed_gradients_equal_separate(config, one_torch_thread, float64_model
         assert_close(g, h, f"grad of {name}", rel=1e-8)
 
 
+def test_the_loaders_windows_reach_the_scan_as_rows(one_torch_thread, float64_model_of, monkeypatch):
+    """A training batch packed by documents (``pack_documents``, handed over as the trainer does) reaches every R
+    layer's scan as one row per window, not one row of the whole batch (B times the GPU kernel's parallelism);
+    logits and gradients are those of the same batch run as one row."""
+    from hybrid.kernels.complex_scan import interface
+    from hybrid.kernels.varlen import PackedOffsets
+    from hybrid.train.data.packing import pack_documents, packed_on_device
+
+    model = float64_model_of(CONFIGS[3], seed=5).train()  # the hybrid: R, A with a window
+    B, L, eos = 3, 11, 0
+    x = torch.randint(1, VOCAB, (B, L), generator=torch.Generator().manual_seed(6))
+    x[0, 4], x[2, 1], x[2, 7] = eos, eos, eos  # documents inside the windows too
+    ids, _, cu = pack_documents(x, x, eos)
+    offsets = packed_on_device(cu, torch.device("cpu"), compiled=False)
+    one_row = PackedOffsets(offsets.cu_seqlens, offsets.bounds, offsets.max_len)  # row_len unknown
+    weights = torch.randn(1, B * L, VOCAB, dtype=torch.float64, generator=torch.Generator().manual_seed(7))
+    seen = []
+    real_scan = interface._scan
+    monkeypatch.setattr(interface, "_scan", lambda v, *a: seen.append(tuple(v.shape[:2])) or real_scan(v, *a))
+    results = []
+    for given in (offsets, one_row):
+        logits, _ = model(ids, cu_seqlens=given, output_final_state=False)
+        results.append((logits, torch.autograd.grad((logits * weights).sum(), list(model.parameters()))))
+    n_r = 2  # RRA: two R layers
+    assert offsets.row_len == L and seen == [(B, L)] * n_r + [(1, B * L)] * n_r
+    (rows_logits, rows_grads), (row_logits, row_grads) = results
+    assert_close(rows_logits, row_logits, "logits", rel=1e-12)
+    for (name, _), g, h in zip(model.named_parameters(), rows_grads, row_grads):
+        assert_close(g, h, f"grad of {name}", rel=1e-12)
+
+
 def test_padding_document_changes_nothing_else(one_torch_thread, float64_model_of):
     """A document of padding (any tokens) between two others leaves their logits and gradients as they were."""
     config = CONFIGS[3]  # the hybrid: R, A with a window

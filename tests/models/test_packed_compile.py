@@ -38,13 +38,16 @@ CASES = {
 MOST_GRAPHS = 1
 
 
-def packed_batches(n_batches: int, seed: int = 1):
-    """``n_batches`` packed rows of T tokens, the k-th with N = 2 + k documents at random offsets."""
+def packed_batches(n_batches: int, seed: int = 1, windows: int = 1):
+    """``n_batches`` packed rows of T tokens, the k-th with N = 2 + k documents at random offsets; with ``windows``,
+    the row is that many windows each starting a document (as the trainer packs: the scan runs them as rows), and
+    N counts their starts too."""
     g = torch.Generator().manual_seed(seed)
     for k in range(n_batches):
         n = 2 + k
-        cuts = sorted(torch.randperm(T - 1, generator=g)[: n - 1].add(1).tolist())
-        yield torch.randint(0, 64, (1, T), generator=g), torch.tensor([0, *cuts, T])
+        cuts = set(torch.randperm(T - 1, generator=g)[: n - 1].add(1).tolist())
+        cuts |= {w * (T // windows) for w in range(1, windows)}
+        yield torch.randint(0, 64, (1, T), generator=g), torch.tensor([0, *sorted(cuts), T])
 
 
 def compiled_with_a_count(case: str, window_backend: str, graph_recorder, scope: str = "model",
@@ -77,13 +80,17 @@ def loss_and_grads(model, forward, ids, cu):
     return logits.detach(), torch.autograd.grad(loss, list(model.parameters()))
 
 
-def graphs_after_each_batch(model, compiled, graphs, traced_whole: bool) -> list[int]:
-    """Six packed training batches (N = 2 … 7) through ``compiled``, the offsets as ``packed_on_device`` hands them
-    to a model ``traced_whole`` or not; logits and gradients equal eager's each time; the graph count after each."""
+def graphs_after_each_batch(model, compiled, graphs, traced_whole: bool, windows: int = 1) -> list[int]:
+    """Six packed training batches (N = 2 … 7, ``windows`` as ``packed_batches``) through ``compiled``, the offsets
+    as ``packed_on_device`` hands them to a model ``traced_whole`` or not; logits and gradients equal eager's each
+    time; the graph count after each."""
     model.train()
     counts = []
-    for ids, cu in packed_batches(6):
-        got_logits, got_grads = loss_and_grads(model, compiled, ids, packed_on_device(cu, ids.device, traced_whole))
+    for ids, cu in packed_batches(6, windows=windows):
+        offsets = packed_on_device(cu, ids.device, traced_whole)
+        if windows > 1 and not traced_whole:
+            assert offsets.row_len == T // windows
+        got_logits, got_grads = loss_and_grads(model, compiled, ids, offsets)
         counts.append(len(graphs))
         want_logits, want_grads = loss_and_grads(model, model, ids, cu)
         torch.testing.assert_close(got_logits, want_logits, rtol=1e-12, atol=1e-12)
@@ -106,10 +113,11 @@ def test_compiled_blocks_build_one_graph_per_kind_of_block(case, recompute, one_
     """``CompiledBlocks`` (the trainer's ``--compile``), offsets as the trainer hands them over (with their host
     values): one graph for each kind of block (R, A, ...: Dynamo reuses a block's graph for every block of its
     kind), whatever N; logits and gradients equal eager, with activation checkpointing (``recompute="all"``: the
-    compiled block runs again in backward) too."""
+    compiled block runs again in backward) too. The batches are the trainer's: windows, each starting a document,
+    which the R layers' scan runs as rows (the window length, the same in every batch, is in the graph)."""
     model, compiled, graphs = compiled_with_a_count(case, "blocked", graph_recorder, scope="blocks",
                                                     recompute=recompute)
-    counts = graphs_after_each_batch(model, compiled, graphs, traced_whole=False)
+    counts = graphs_after_each_batch(model, compiled, graphs, traced_whole=False, windows=2)
     kinds = len(set(model.config.layer_types))
     assert counts[0] == counts[-1] == kinds, f"graphs after each batch (N = 2 … 7): {counts}, {kinds} kinds"
     torch.compiler.reset()

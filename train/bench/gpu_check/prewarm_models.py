@@ -5,7 +5,9 @@ batch.
 What a Triton compile depends on is the same in both: the dtypes, which of decay and angle vary in time or
 batch, the initial state, which inputs need gradients, and whether the sizes are multiples of 16. Only the
 autotuner's choice depends on the size itself, so the replay takes the budget's tokens a step (``gpu-long``:
-32 × 2048, packed into one row and as 32 rows), as the device does. The final state is never used in training (no ``dfinal``).
+32 × 2048, as 32 rows, and as one row: the trainer's packed batch reaches the scan as one row per window, which its
+offsets know, and as one row where they do not, under a whole-model compile). The final state is never used in
+training (no ``dfinal``).
 """
 from __future__ import annotations
 
@@ -108,8 +110,8 @@ def replay(call: ScanCall, batch: int, steps: int, backend: str = "triton") -> N
 
 def suite_scan_calls(suite: str = "baselines", budget: str = "gpu-long",
                      models=("hybrid", "hybrid-selective", "vo-rnn")):
-    """(label, call) replaying each model's recorded scan calls at the budget's tokens a step: packed into one
-    row as the trainer packs them, and padded as ``batch_size`` rows."""
+    """(label, call) replaying each model's recorded scan calls at the budget's tokens a step: as one row (a packed
+    batch whose window length is not known) and as ``batch_size`` rows (padded, or packed by windows)."""
     import dataclasses
 
     from hybrid.train.bench.budgets import bench_budget

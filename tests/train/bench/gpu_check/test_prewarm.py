@@ -150,7 +150,8 @@ def test_the_report_gives_each_part_its_kernels_loaded_and_compiled(tmp_path):
 
 def test_the_models_scan_calls_are_recorded_from_a_training_step():
     """The hybrid's R layers: a static decay and angle on padded rows, a restarted (time-varying) decay on the
-    trainer's packed row; the gradient reaches x and the decay, not the fixed rotary angle."""
+    trainer's packed batch (its rows side by side, the angle shared); the gradient reaches x and the decay, not the
+    fixed rotary angle."""
     import torch
 
     from hybrid.models import HybridConfig
@@ -160,7 +161,7 @@ def test_the_models_scan_calls_are_recorded_from_a_training_step():
                                  vocab_size=64)
     calls = recorded_scan_calls(config, tokens=32)
     assert [(c.time_static, c.batch_broadcast, c.needs_grad) for c in calls] == [
-        ((False, True), (False, False), (True, True, False, False)),  # packed: decay restarted at documents
+        ((False, True), (False, True), (True, True, False, False)),  # packed, one row a window: decay restarted
         ((True, True), (True, True), (True, True, False, False)),  # padded: one decay and angle for all
     ]
     assert {(c.dtype, c.heads, c.head_dim, c.gate_dtypes) for c in calls} == {
