@@ -10,6 +10,7 @@
         HYBRID_SCAN_SHIFT       gather | load: how the Triton backward reads a_{t+1} (A/B timing)
         HYBRID_SCAN_LAYOUT      runs | tile: how the Triton scan spreads a time tile over threads (A/B timing)
         HYBRID_SCAN_STAGES      3 | 1 | 2 | 4: software pipelining of the runs layout's loop (1: none)
+        HYBRID_SCAN_SPLIT       auto | off: split few long rows in time on a GPU (complex_scan/time_split.py)
 
 Retention has one way of computing it (the reference is for tests), so it has no variable. A backend named in
 the call wins over the variable. Values are stripped and lower-cased; an empty one counts as unset.

@@ -26,6 +26,7 @@ from . import cpu_scan
 from . import ops  # noqa: F401  (registers torch.ops.hybrid.complex_scan and its backward)
 from .blocked import default_block_size
 from .reference import complex_scan_reference
+from .time_split import pieces_for, split_in_time
 from .checks import (
     check_block_size,
     check_cu_seqlens,
@@ -160,13 +161,20 @@ def _scan(x, log_decay, theta, initial_state, which, block_size):
     x = x.contiguous()
     log_decay = normalise_decay_like(log_decay, B, T, H, P)  # (Bd, Td, H, P)
     theta = normalise_decay_like(theta, B, T, H, P)
-    block = 0
-    if which == "torch":
-        block = block_size if block_size is not None else default_block_size(T)
-    inputs = (x, log_decay, theta) + ((initial_state,) if initial_state is not None else ())
-    save = torch.is_grad_enabled() and any(t.requires_grad for t in inputs)
-    y, final, _, _ = torch.ops.hybrid.complex_scan(x, log_decay, theta, initial_state, which, block, save)
-    return y, final
+
+    def op(x, log_decay, theta, initial_state):
+        block = 0
+        if which == "torch":
+            block = block_size if block_size is not None else default_block_size(x.shape[1])
+        inputs = (x, log_decay, theta) + ((initial_state,) if initial_state is not None else ())
+        save = torch.is_grad_enabled() and any(t.requires_grad for t in inputs)
+        y, final, _, _ = torch.ops.hybrid.complex_scan(x, log_decay, theta, initial_state, which, block, save)
+        return y, final
+
+    pieces = pieces_for(B, T, H, P, x.device, which)
+    if pieces > 1:  # few long rows: many short ones, twice (time_split.py)
+        return split_in_time(op, x, log_decay, theta, initial_state, pieces)
+    return op(x, log_decay, theta, initial_state)
 
 
 # ---------------------------------------------------------------------------------------------- packed

@@ -4,7 +4,7 @@ bf16 with data-dependent decay also the earlier default, the "tile" layout; ``EX
 against a device copy of the same bytes (the bandwidth ceiling, measured in the same run), accelerated-scan's
 complex scan, fla's HGRN scans (real decay, θ = 0) and the torch backend under ``torch.compile`` (last: its
 compile takes a minute). Before the other libraries, a training batch packed by documents, scanned as one row and
-as a row per window (``scan_packed_rows``).
+as a row per window (``scan_packed_rows``), and one long row in one pass and split in time (``scan_long_row``).
 
 Bytes are what each op must at least move, each input read once and each output written once:
 forward ``x + log_decay + theta`` read, ``y + final state`` written; forward+backward adds ``dy`` read and
@@ -19,7 +19,7 @@ import math
 
 import torch
 
-from . import scan_packed_rows
+from . import scan_long_row, scan_packed_rows
 from .context import CheckContext, median_time
 
 CK_INTERVAL = 64  # the checkpoint spacing counted (the tuned kernels use 32–128)
@@ -263,6 +263,7 @@ def run(ctx: CheckContext) -> None:
     for row in first:
         time_setting(*row)
     scan_packed_rows.run(ctx, backend, ours_name(backend, *DEFAULT))  # the trainer's packed batch, two ways
+    scan_long_row.run(ctx, backend, ours_name(backend, *DEFAULT))  # one long row: split in time, one pass
     if ctx.device.type == "cuda":
         _accelerated_scan(ctx, shape, copies[torch.float32])
         _fla_hgrn(ctx, shape, copies[torch.float32])

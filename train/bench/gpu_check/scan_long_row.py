@@ -1,0 +1,49 @@
+"""The scan part's long-row rows: one row of 65,536 steps through an R layer of the ``small`` models (8 heads of 64),
+scanned in one pass and split in time (``kernels/complex_scan/time_split.py``: 32 pieces of 2,048, twice).
+
+Why: one row gives the Triton kernels 16 programs on the H100's 132 SMs (a batch of one long document, a long
+prompt's prefill, the models part's 32K rows at two rows). Splitting moves twice the bytes through 32 times the
+programs. Predicted: split 3–7× faster than one pass (docs/research/gpu.md), which is why "auto" splits such
+grids by default since 2026-11-28; these rows are the measurement that keeps or reverts that default.
+"""
+from __future__ import annotations
+
+import torch
+
+from .context import CheckContext, median_time
+
+T, HEADS, HEAD_DIM = 65536, 8, 64
+
+
+def run(ctx: CheckContext, backend: str, name: str) -> None:
+    """Both ways, forward and forward+backward, bf16 with data-dependent decay, as ``scan speed`` rows named
+    ``name`` + ", split in time (auto)" / ", one pass"."""
+    from hybrid.kernels import complex_scan
+    from hybrid.kernels.complex_scan.time_split import pieces_for, time_split
+
+    steps, H, D = (32, 2, 8) if ctx.dry_run else (T, HEADS, HEAD_DIM)
+    g = torch.Generator(device=ctx.device).manual_seed(0)
+    x = torch.randn(1, steps, H, D, generator=g, device=ctx.device).to(torch.bfloat16)
+    ld = -(1e-3 + 0.5 * torch.rand(1, steps, H, D // 2, generator=g, device=ctx.device))
+    th = torch.randn(1, steps, H, D // 2, generator=g, device=ctx.device)
+    auto = pieces_for(1, steps, H, D // 2, ctx.device, backend)
+    if ctx.dry_run:
+        auto = 4  # (the CPU never splits by itself: rehearse the split)
+    for way, pieces in ((f", split in time (auto: {auto} pieces)", auto), (", one pass", 1)):
+        for passes in ("fwd", "fwd+bwd"):
+            if not ctx.has_time(15, "scan speed", f"{name}{way} {passes}"):
+                return
+            leaves = [t.detach().requires_grad_(passes != "fwd") for t in (x, ld, th)]
+            up = torch.randn_like(x)
+
+            def fn():
+                with torch.set_grad_enabled(passes != "fwd"), time_split(pieces):
+                    y = complex_scan(*leaves, backend=backend, check_values=False)[0]
+                    return y if passes == "fwd" else torch.autograd.grad(y, leaves, up)
+            label = dict(shape=f"1x{steps}x{H}x{D}", dtype="bfloat16", mode="dependent", impl=name + way)
+            try:
+                ms = median_time(fn, ctx, reps=1 if ctx.dry_run else 3, warmup=1)
+            except Exception as exc:  # noqa: BLE001 - a failing row is reported, the part goes on
+                ctx.record("scan speed", **label, passes=passes, error=f"{type(exc).__name__}: {exc}"[:300])
+                continue
+            ctx.record("scan speed", **label, passes=passes, ms=ms, pieces=pieces)
