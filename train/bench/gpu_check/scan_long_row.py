@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import torch
 
-from .context import CheckContext, median_time
+from .context import CheckContext
+from .scan_ways import time_ways
 
 T, HEADS, HEAD_DIM = 65536, 8, 64
 
@@ -29,21 +30,12 @@ def run(ctx: CheckContext, backend: str, name: str) -> None:
     auto = pieces_for(1, steps, H, D // 2, ctx.device, backend)
     if ctx.dry_run:
         auto = 4  # (the CPU never splits by itself: rehearse the split)
-    for way, pieces in ((f", split in time (auto: {auto} pieces)", auto), (", one pass", 1)):
-        for passes in ("fwd", "fwd+bwd"):
-            if not ctx.has_time(15, "scan speed", f"{name}{way} {passes}"):
-                return
-            leaves = [t.detach().requires_grad_(passes != "fwd") for t in (x, ld, th)]
-            up = torch.randn_like(x)
 
-            def fn():
-                with torch.set_grad_enabled(passes != "fwd"), time_split(pieces):
-                    y = complex_scan(*leaves, backend=backend, check_values=False)[0]
-                    return y if passes == "fwd" else torch.autograd.grad(y, leaves, up)
-            label = dict(shape=f"1x{steps}x{H}x{D}", dtype="bfloat16", mode="dependent", impl=name + way)
-            try:
-                ms = median_time(fn, ctx, reps=1 if ctx.dry_run else 3, warmup=1)
-            except Exception as exc:  # noqa: BLE001 - a failing row is reported, the part goes on
-                ctx.record("scan speed", **label, passes=passes, error=f"{type(exc).__name__}: {exc}"[:300])
-                continue
-            ctx.record("scan speed", **label, passes=passes, ms=ms, pieces=pieces)
+    def way(pieces):
+        def scan(*leaves):
+            with time_split(pieces):
+                return complex_scan(*leaves, backend=backend, check_values=False)[0]
+        return scan
+    time_ways(ctx, (x, ld, th), [(f"{name}, split in time (auto: {auto} pieces)", way(auto), {"pieces": auto}),
+                                 (f"{name}, one pass", way(1), {"pieces": 1})],
+              dict(shape=f"1x{steps}x{H}x{D}", dtype="bfloat16", mode="dependent"))

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import torch
 
-from .context import CheckContext, median_time
+from .context import CheckContext
+from .scan_ways import time_ways
 
 WINDOWS, WINDOW, HEADS, HEAD_DIM = 32, 2048, 8, 64
 
@@ -32,29 +33,17 @@ def _batch(ctx: CheckContext):
 
 
 def run(ctx: CheckContext, backend: str, name: str) -> None:
-    """Both ways, forward and forward+backward, as ``scan speed`` rows named ``name`` + ", one packed row" / ", a
-    row per window" (the ms; bytes are not counted here: the two ways move the same)."""
+    """Both ways, forward and forward+backward, as ``scan speed`` rows named ``name`` + ", a row per window" / ", one
+    packed row" (the ms; bytes are not counted here: the two ways move the same)."""
     from hybrid.kernels import complex_scan
     from hybrid.kernels.varlen import PackedOffsets
 
     (x, ld, th, bounds), shape = _batch(ctx)
     windows = PackedOffsets.from_bounds(bounds, device=ctx.device)
     one_row = PackedOffsets(windows.cu_seqlens, windows.bounds, windows.max_len)  # the window length unknown
-    for way, offsets in ((", a row per window", windows), (", one packed row", one_row)):
-        for passes in ("fwd", "fwd+bwd"):
-            if not ctx.has_time(15, "scan speed", f"{name}{way} {passes}"):
-                return
-            leaves = [t.detach().requires_grad_(passes != "fwd") for t in (x, ld, th)]
-            up = torch.randn_like(x)
 
-            def fn():
-                with torch.set_grad_enabled(passes != "fwd"):
-                    y = complex_scan(*leaves, cu_seqlens=offsets, backend=backend, check_values=False)[0]
-                    return y if passes == "fwd" else torch.autograd.grad(y, leaves, up)
-            label = dict(shape=shape, dtype="bfloat16", mode="static, restarted at documents", impl=name + way)
-            try:
-                ms = median_time(fn, ctx, reps=1 if ctx.dry_run else 3, warmup=1)
-            except Exception as exc:  # noqa: BLE001 - a failing row is reported, the part goes on
-                ctx.record("scan speed", **label, passes=passes, error=f"{type(exc).__name__}: {exc}"[:300])
-                continue
-            ctx.record("scan speed", **label, passes=passes, ms=ms, row_len=offsets.row_len)
+    def way(offsets):
+        return lambda *leaves: complex_scan(*leaves, cu_seqlens=offsets, backend=backend, check_values=False)[0]
+    time_ways(ctx, (x, ld, th), [(name + ", a row per window", way(windows), {"row_len": windows.row_len}),
+                                 (name + ", one packed row", way(one_row), {"row_len": None})],
+              dict(shape=shape, dtype="bfloat16", mode="static, restarted at documents"))
