@@ -32,8 +32,9 @@ MODELS = {  # name → (preset, overrides, window backend: None = the library's 
 
 COMPILED = "compiled blocks"  # hybrid-train --compile: each block under torch.compile (CompiledBlocks)
 
-# The models whose recurrent layers run the complex scan (R): their rows name the scan's kernels.
-SCAN_MODELS = ("hybrid", "hybrid (windows by SDPA)", "hybrid-selective", "vo-rnn")
+# The models whose layers run the complex scan: R, and retention's carry across tiles (since 2026-11-28, a Python
+# loop before). Their rows name the scan's kernels, so that ``--skip-measured`` measures rows of other kernels again.
+SCAN_MODELS = ("hybrid", "hybrid (windows by SDPA)", "hybrid-selective", "retnet", "vo-rnn")
 
 
 def plan(ctx: CheckContext) -> list[dict]:
