@@ -32,6 +32,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from ..complex_scan import complex_scan
 from ..matrix_state import empty_input_result
 from .checks import check_cu_seqlens, check_qkv, check_state, check_tile_size, decay_argument, state_dtype
 
@@ -50,8 +51,6 @@ def _carried(kv: Tensor, log_carry: Tensor) -> Tensor:
     A linear recurrence over the tiles with a real decay per head, run as the complex scan with every angle 0
     (each (Dk, Dv) state a row of Dk·Dv/2 pairs): one kernel on a GPU, instead of a Python loop of nT steps,
     which dominated a long packed row (65,536 tokens: 1,024 tiles, two launches each way and tile)."""
-    from ..complex_scan import complex_scan
-
     B, nT, H, Dk, Dv = kv.shape
     n = Dk * Dv
     x = kv.reshape(B, nT, H, n)  # (B, nT, H, Dk, Dv) -> (B, nT, H, Dk·Dv): a state as interleaved pairs

@@ -18,7 +18,7 @@ T, HEADS, HEAD_DIM = 65536, 8, 64
 
 def run(ctx: CheckContext, backend: str, name: str) -> None:
     """Both ways, forward and forward+backward, bf16 with data-dependent decay, as ``scan speed`` rows named
-    ``name`` + ", split in time (auto)" / ", one pass"."""
+    ``name`` + ", split in time (auto: C pieces)" / ", one pass"."""
     from hybrid.kernels import complex_scan
     from hybrid.kernels.complex_scan.time_split import pieces_for, time_split
 

@@ -46,7 +46,7 @@ def ceilings(rows: list[dict], model: str = "hybrid") -> list[dict]:
         fixed, per_t, residual = _fit([(r["T"], _per_token_s(r)) for r in base])
         ours = {r["T"]: r for r in group if r["model"] == model}
         for r in base:
-            tokens = r["tokens_per_s"] * r["step_ms"] / 1e3  # tokens a step
+            tokens = r["B"] * r["T"]  # a step's
             ceiling = _per_token_s(r) / fixed if fixed > 0 else None
             ratio = ours[r["T"]]["tokens_per_s"] / r["tokens_per_s"] if r["T"] in ours else None
             out.append({"execution": execution, "batch": batch, "T": r["T"], "step_ms": r["step_ms"],
