@@ -5,8 +5,9 @@ import pytest
 
 # the cases live beside the comparisons, where the prewarm (gpu_check.prewarm) reads them too
 from hybrid.train.bench.gpu_check.numerics import (DTYPES, LONG_CASES, MODES, PACKED_AUTOTUNED, PACKED_EDGES,
-                                                   PACKED_MODES, SHORT_LENGTHS, packed_edge_case, scan_errors,
-                                                   short_case, tolerance_for)
+                                                   PACKED_MODES, SHORT_LENGTHS, SPLIT_CASES, packed_edge_case,
+                                                   scan_errors, short_case, split_case_errors, tolerance_for,
+                                                   windows_as_rows_errors)
 
 
 def assert_within(errors: dict, dtype) -> None:
@@ -39,15 +40,11 @@ def test_packed_autotuned(cuda):
     assert_within(scan_errors(cuda, dtype, T, mode, **kw), dtype)
 
 
-@pytest.mark.parametrize("dtype,mode", [(DTYPES[0], "dependent"), (DTYPES[1], "mixed")], ids=["fp32", "bf16"])
-def test_split_in_time(cuda, dtype, mode):
+@pytest.mark.parametrize("case", SPLIT_CASES, ids=["fp32", "bf16"])
+def test_split_in_time(cuda, case):
     """A row cut into pieces (kernels/complex_scan/time_split.py), as "auto" cuts few long rows on a GPU: the same
     errors against float64 as one pass, initial state and all four gradients included."""
-    from hybrid.kernels.complex_scan.time_split import time_split
-
-    with time_split(4):
-        errors = scan_errors(cuda, dtype, 4 * 63, mode, B=1, H=2)
-    assert_within(errors, dtype)
+    assert_within(split_case_errors(cuda, case), case[0])
 
 
 def test_auto_splits_one_long_row_of_an_r_layer(cuda):
@@ -60,27 +57,5 @@ def test_auto_splits_one_long_row_of_an_r_layer(cuda):
 def test_windows_packed_by_documents_run_as_rows(cuda):
     """The trainer's packed batch (windows, each starting a document) scanned as a row per window
     (``PackedOffsets.row_len``): outputs and gradients against each sequence run alone in float64."""
-    import torch
-
-    from hybrid.kernels import complex_scan, complex_scan_reference
-    from hybrid.kernels.varlen import PackedOffsets
-    from hybrid.train.bench.gpu_check.context import rel_error
-
-    bounds = [0, 40, 77, 100, 163, 200, 300]  # three windows of 100 with documents inside
-    g = torch.Generator().manual_seed(5)
-    x = torch.randn(1, 300, 2, 32, generator=g, dtype=torch.float64)
-    ld = -(0.01 + 0.3 * torch.rand(1, 300, 2, 16, generator=g, dtype=torch.float64))
-    th = torch.randn(1, 300, 2, 16, generator=g, dtype=torch.float64)
-    up = torch.randn(1, 300, 2, 32, generator=g, dtype=torch.float64)
-    offsets = PackedOffsets.from_bounds(bounds, device=cuda)
-    assert offsets.row_len == 100
-
-    def run(fn, dtype, device):
-        leaves = [t.to(device, dtype).requires_grad_() for t in (x, ld, th)]
-        y = fn(*leaves)
-        return [y, *torch.autograd.grad((y * up.to(device, y.dtype)).sum(), leaves)]
-    ours = run(lambda *a: complex_scan(*a, cu_seqlens=offsets, backend="triton")[0], torch.float32, cuda)
-    ref = run(lambda *a: complex_scan_reference(*a, cu_seqlens=torch.tensor(bounds))[0], torch.float64, "cpu")
-    names = ("y", "grad x", "grad log_decay", "grad theta")
-    errors = {n: rel_error(a, b) for n, a, b in zip(names, ours, ref)}
+    errors = windows_as_rows_errors(cuda)
     assert all(e < 1e-5 for e in errors.values()), errors

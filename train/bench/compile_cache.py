@@ -4,9 +4,12 @@ A lent device machine starts bare, so every session compiles every Triton kernel
 compiles every Inductor graph again. On 2026-11-27 the `gpu-long` budget's first model took 190 s, of which 22 s
 were training, and autotuning took most of the check's scan part. This wraps any command:
 
-    python -m hybrid.train.bench.compile_cache [--restore FILE] [--save FILE] [--root DIR] -- COMMAND [ARG ...]
+    python -m hybrid.train.bench.compile_cache [--base FILE] [--restore FILE] [--save FILE] [--root DIR]
+        -- COMMAND [ARG ...]
 
-1. ``--restore`` unpacks an earlier session's caches into ``--root`` (a missing file is a cold start);
+1. ``--restore`` unpacks an earlier session's caches into ``--root`` (a missing file is a cold start); ``--base``
+   first unpacks a file that travels on its own (the prewarm's kernels, made without a GPU: ``gpu_check.prewarm``),
+   whose entries the save then leaves out, so that what a session adds fits its own file;
 2. the command runs with Triton (``TRITON_CACHE_DIR``) and Inductor (``TORCHINDUCTOR_CACHE_DIR``) pointed there;
 3. ``--save`` packs the root into one ``.tgz`` that fits what the device tool brings back (one file of at most
    16 MiB). Triton's intermediate texts (``.ttir``, ``.ttgir``, ``.llir``, ``.ptx``, ``.source``) stay behind:
@@ -32,7 +35,7 @@ import zlib
 from importlib import metadata
 from pathlib import Path
 
-from .triton_rekey import rekey
+from .triton_rekey import SIDECAR, rekey
 
 MANIFEST = "compile_cache.json"
 TRITON_TEXTS = (".ttir", ".ttgir", ".llir", ".ptx", ".source", ".amdgcn")
@@ -124,7 +127,7 @@ def _pack(root: Path, target: Path, parts: tuple[str, ...], note: str, left_out:
     with tarfile.open(target, "w:gz") as tar:
         for part in parts:
             for path in _packed_files(root / part):
-                if path.parent in left_out:
+                if path.parent in left_out or path in left_out:
                     continue
                 name = str(path.relative_to(root))
                 body = _group_without_texts(path) if path.name.startswith("__grp__") else None
@@ -187,30 +190,37 @@ def _census_of(entries) -> dict[str, int]:
             "autotunings": sum(n.endswith(".autotune.json") for n in names)}
 
 
-def _saved(root: Path, target: Path, size: int, parts: tuple[str, ...], left_out: frozenset) -> str:
-    counts, gone = census(root), _census_of(left_out)
+def _saved(root: Path, target: Path, size: int, parts: tuple[str, ...], left_out: frozenset,
+           based: frozenset = frozenset()) -> str:
+    counts, gone, carried = census(root), _census_of(left_out), _census_of(based)
     left = [] if "inductor" in parts else [f"{counts['inductor_graphs']} Inductor graphs"]
     if left_out:
         left.append(f"{gone['triton_kernels']} Triton kernels and {gone['autotunings']} autotunings")
     counts["inductor_graphs"] *= "inductor" in parts
-    counts["triton_kernels"] -= gone["triton_kernels"]
-    counts["autotunings"] -= gone["autotunings"]
+    for kind in ("triton_kernels", "autotunings"):
+        counts[kind] -= gone[kind] + carried[kind]
     said = f"compile cache: saved {describe(counts)} to {target} ({size / 2 ** 20:.1f} MiB)"
+    if based:
+        said += f", not the {carried['triton_kernels']} Triton kernels of --base"
     return said + (f"; {' and '.join(left)} left out to fit" if left else "")
 
 
-def save(root: Path, target: Path, max_mib: float = DEFAULT_MAX_MIB, note: str = "") -> str:
-    """Pack ``root`` into ``target``: everything if it fits in ``max_mib``; else Triton's part alone; else as
-    many of Triton's entries as fit, the library's kernels and the autotunings first (``_keep_first``); else
-    nothing. Returns one line saying which."""
+def save(root: Path, target: Path, max_mib: float = DEFAULT_MAX_MIB, note: str = "",
+         base: frozenset = frozenset()) -> str:
+    """Pack ``root`` into ``target``, but for Triton's entries named in ``base`` (``restore_base``'s): everything
+    if it fits in ``max_mib``; else Triton's part alone; else as many of Triton's entries as fit, the library's
+    kernels and the autotunings first (``_keep_first``); else nothing. Returns one line saying which."""
     root, target = Path(root), Path(target)
     target.parent.mkdir(parents=True, exist_ok=True)
     limit = max_mib * 2 ** 20
+    based = frozenset(p for p in _triton_entries(root) if p.name in base)
+    # the prewarm's key sidecar travels with --base's file
+    unsaved = based | ({root / "triton" / SIDECAR} if based else set())
     for parts in (("triton", "inductor"), ("triton",)):
-        size = _pack_if_fits(root, target, parts, note, frozenset(), limit)
+        size = _pack_if_fits(root, target, parts, note, unsaved, limit)
         if size <= limit:
-            return _saved(root, target, size, parts, frozenset())
-    entries = sorted(_triton_entries(root), key=_keep_first)
+            return _saved(root, target, size, parts, frozenset(), based)
+    entries = sorted((p for p in _triton_entries(root) if p not in based), key=_keep_first)
     costs = {entry: _packed_cost(entry) for entry in entries}
     aim = 0.95 * limit
     for _ in range(6):  # each try aims lower by how far the last one missed
@@ -222,9 +232,9 @@ def save(root: Path, target: Path, max_mib: float = DEFAULT_MAX_MIB, note: str =
         if not kept:
             break
         left_out = frozenset(entries) - frozenset(kept)
-        size = _pack_if_fits(root, target, ("triton",), note, left_out, limit)
+        size = _pack_if_fits(root, target, ("triton",), note, left_out | unsaved, limit)
         if size <= limit:
-            return _saved(root, target, size, ("triton",), left_out)
+            return _saved(root, target, size, ("triton",), left_out, based)
         aim *= 0.97 * limit / size
     return f"compile cache: not saved: not even one of Triton's kernels packs into --max-mib {max_mib:g}"
 
@@ -238,6 +248,21 @@ def _relocate_groups(root: Path, old_root: str) -> None:
         group["child_paths"] = {name: new_root + p[len(old_root):] if p.startswith(old_root + os.sep) else p
                                 for name, p in members.items()}
         path.write_text(json.dumps(group))
+
+
+def restore_base(source: Path, root: Path) -> tuple[str, frozenset]:
+    """``restore`` of a file that travels on its own; also returns the names of Triton's entries it left in
+    ``root`` (after renaming for this build), which ``save`` leaves out. A missing file holds none."""
+    said = restore(source, root)
+    if not Path(source).is_file():
+        return said, frozenset()
+    with tarfile.open(source, "r:gz") as tar:
+        names = {Path(m.name).parts[1] for m in tar.getmembers()
+                 if m.name.startswith("triton/") and len(Path(m.name).parts) > 2}
+    sidecar = Path(root) / "triton" / SIDECAR  # renamed entries: the names they have now
+    if sidecar.is_file():
+        names |= set(json.loads(sidecar.read_text()))
+    return said, frozenset(n for n in names if (Path(root) / "triton" / n).is_dir())
 
 
 def restore(source: Path, root: Path) -> str:
@@ -267,6 +292,8 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m hybrid.train.bench.compile_cache", allow_abbrev=False,
                                 description="Run a command with Triton's and Inductor's caches restored from, "
                                             "and saved to, one file (docs/gpu.md).")
+    p.add_argument("--base", type=Path, help="a .tgz restored first whose Triton kernels --save leaves out "
+                                             "(the prewarm's, committed apart; missing: none)")
     p.add_argument("--restore", type=Path, help="a .tgz saved by an earlier run (missing: a cold start)")
     p.add_argument("--save", type=Path, help="where to pack the caches after the command (.tgz)")
     p.add_argument("--overwrite", action="store_true", help="replace an existing --save file")
@@ -293,23 +320,32 @@ def main(argv: list[str] | None = None) -> int:
     if problem:
         print(f"compile_cache: {problem}", file=sys.stderr)
         return 2
+    base: frozenset = frozenset()
+    said = []
+    if args.base is not None:
+        try:
+            line, base = restore_base(args.base, args.root)
+        except (OSError, tarfile.TarError, ValueError, KeyError) as exc:  # a bad file costs a cold start only
+            line = f"compile cache: cold start: could not restore {args.base}: {type(exc).__name__}: {exc}"
+        said.append(line)
     if args.restore is not None:
         try:
-            said = restore(args.restore, args.root)
+            said.append(restore(args.restore, args.root))
         except (OSError, tarfile.TarError, ValueError, KeyError) as exc:  # a bad file costs a cold start only
-            said = f"compile cache: cold start: could not restore {args.restore}: {type(exc).__name__}: {exc}"
-    else:
-        said = f"compile cache: {describe(census(args.root))} already in {args.root}"
-    print(said, flush=True)
+            said.append(f"compile cache: cold start: could not restore {args.restore}: {type(exc).__name__}: {exc}")
+    if not said:
+        said.append(f"compile cache: {describe(census(args.root))} already in {args.root}")
+    print("\n".join(said), flush=True)
     # the note reaches the command's reports (gpu_check's header), so its compile seconds read right
-    env = {**os.environ, **environment(args.root), NOTE_VARIABLE: said.removeprefix("compile cache: ")}
+    env = {**os.environ, **environment(args.root),
+           NOTE_VARIABLE: "; ".join(line.removeprefix("compile cache: ") for line in said)}
     child = subprocess.Popen(command, env=env)
     try:
         rc = child.wait()
     except KeyboardInterrupt:  # the command gets the signal too: let it end, then keep what it compiled
         rc = child.wait()
     if args.save is not None:
-        print(save(args.root, args.save, args.max_mib, args.note), flush=True)
+        print(save(args.root, args.save, args.max_mib, args.note, base), flush=True)
     return rc
 
 

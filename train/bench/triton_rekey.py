@@ -57,7 +57,7 @@ def this_build() -> tuple[str, dict]:
 @contextlib.contextmanager
 def noting_keys(cache_dir: Path, build: dict):
     """Inside, every Triton compile (or load) notes its entry's key parts in ``cache_dir / SIDECAR``, for the
-    build ``build`` (``identity``) its key names."""
+    build ``build`` (``identity``) its key names. Yields the entries noted so far (folder name → key parts)."""
     import triton.compiler.compiler as compiler
 
     get_cache_key = compiler.get_cache_key
@@ -71,7 +71,7 @@ def noting_keys(cache_dir: Path, build: dict):
 
     compiler.get_cache_key = noting
     try:
-        yield
+        yield noted
     finally:
         compiler.get_cache_key = get_cache_key
         sidecar = Path(cache_dir) / SIDECAR

@@ -146,6 +146,33 @@ def test_past_the_cap_triton_keeps_the_librarys_kernels_first_then_the_newest(tm
                            f"0 Inductor graphs") and f"{left} Triton kernels and 0 autotunings left out" in said, said
 
 
+def test_a_base_file_is_restored_first_and_left_out_of_the_save(tmp_path, capfd):
+    """The prewarm's kernels travel in their own file (``--base``): a session restores them and the earlier
+    session's file, and saves only what is not the base's, its own sidecar of keys included, so that the two stay
+    under the cap apart."""
+    made = tmp_path / "made"
+    prewarmed = [kernel_entry(made, f"runs_fwd_kernel_{i}", 1000, age_s=0) for i in range(2)]
+    (made / "triton" / "prewarm_keys.json").write_text(json.dumps({e.name: {} for e in prewarmed}))
+    assert compile_cache.save(made, tmp_path / "base.tgz").startswith("compile cache: saved 2 Triton kernels")
+    earlier = tmp_path / "earlier"
+    kernel_entry(earlier, "triton_poi_fused_0", 1000, age_s=0)
+    compile_cache.save(earlier, tmp_path / "session.tgz")
+
+    new_kernel = "from pathlib import Path; import os; e = Path(os.environ['TRITON_CACHE_DIR']) / 'HNEW'; " \
+                 "e.mkdir(); (e / '__grp__new.json').write_text('{}'); (e / 'new.json').write_text('{}')"
+    rc = compile_cache.main(["--root", str(tmp_path / "r"), "--base", str(tmp_path / "base.tgz"), "--restore",
+                             str(tmp_path / "session.tgz"), "--save", str(tmp_path / "next.tgz"), "--",
+                             sys.executable, "-c", new_kernel])
+    said = capfd.readouterr().out
+    assert rc == 0, said
+    assert "holds 2 Triton kernels" in said and "holds 3 Triton kernels" in said  # the base, then both
+    assert "saved 2 Triton kernels, 0 autotunings, 0 Inductor graphs" in said, said
+    assert "not the 2 Triton kernels of --base" in said
+    with tarfile.open(tmp_path / "next.tgz") as tar:
+        entries = {n.split("/")[1] for n in tar.getnames() if n.startswith("triton/")}
+    assert entries == {"HTRITON_POI_FUSED_0", "HNEW"}, entries  # no base entry, no prewarm_keys.json
+
+
 def test_a_missing_or_broken_file_is_a_cold_start_and_the_command_still_runs(tmp_path, capfd):
     show_cache = [sys.executable, "-c", "import os, sys; print(os.environ['TRITON_CACHE_DIR']); sys.exit(3)"]
     rc = compile_cache.main(["--root", str(tmp_path / "r"), "--restore", str(tmp_path / "absent.tgz"), "--",
@@ -211,8 +238,9 @@ def device_lines() -> list[str]:
 
 
 def test_every_device_command_runs_under_the_wrapper_as_documented():
-    """docs/gpu.md's commands restore the committed file, save into $OUT beside at most seven other files, and
-    give the wrapper arguments it takes: a typo there would cost a device session its warm start."""
+    """docs/gpu.md's commands restore the committed files (the prewarm's as --base), save into $OUT beside at most
+    seven other files, and give the wrapper arguments it takes: a typo there would cost a device session its warm
+    start."""
     import shlex
 
     lines = device_lines()
@@ -221,6 +249,7 @@ def test_every_device_command_runs_under_the_wrapper_as_documented():
         assert len(line) < 2000  # the device tool's limit for one command line
         words = shlex.split(line.split("python3 -m hybrid.train.bench.compile_cache", 1)[1].split("|")[0])
         args = compile_cache.parser().parse_args(words)
+        assert args.base.as_posix() == "docs/research/gpu/prewarm_cache.tgz"
         assert args.restore.as_posix() == "docs/research/gpu/compile_cache.tgz"
         assert args.save.as_posix() == "$OUT/compile_cache.tgz" and args.command[0] == "--"
         assert args.command[1] in ("python3", "timeout") and args.root.as_posix() == "/tmp/hcc"

@@ -16,7 +16,8 @@ import torch
 from .context import rel_error
 
 __all__ = ["TOLERANCE", "scan_errors", "scan_case", "triton_scan_run", "cuda_test_cases", "short_case",
-           "packed_edge_case", "packed_offsets", "window_errors", "conv_errors", "tolerance_for"]
+           "packed_edge_case", "SPLIT_CASES", "SPLIT_PIECES", "split_case_errors", "windows_as_rows_errors",
+           "packed_offsets", "window_errors", "conv_errors", "tolerance_for"]
 
 # relative error allowed for (dtype, quantity): "out" = y or a gradient in the input's dtype, "fp32" = the rest
 TOLERANCE = {
@@ -85,6 +86,13 @@ MODES = ("static", "dependent", "mixed")
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
+# a row cut into SPLIT_PIECES pieces by ``time_split`` (as "auto" cuts few long rows on a GPU): fp32 with dependent
+# decay, bf16 with mixed
+SPLIT_PIECES = 4
+SPLIT_CASES = [(torch.float32, SPLIT_PIECES * 63, "dependent", {"B": 1, "H": 2}),
+               (torch.bfloat16, SPLIT_PIECES * 63, "mixed", {"B": 1, "H": 2})]
+
+
 def short_case(dtype, T: int, mode: str) -> tuple:
     """``(dtype, T, mode, scan_errors keywords)`` of a short-length CUDA test."""
     return dtype, T, mode, {"seed": T}
@@ -96,11 +104,48 @@ def packed_edge_case(edge: int, mode: str) -> tuple:
 
 
 def cuda_test_cases() -> list[tuple]:
-    """``(dtype, T, mode, scan_errors keywords)`` of every scan case of the CUDA tests, in their order."""
+    """``(dtype, T, mode, scan_errors keywords)`` of every scan case of the CUDA tests that ``scan_errors`` runs as
+    it is, in their order (``SPLIT_CASES`` run it inside ``time_split``)."""
     cases = [short_case(dtype, T, mode) for T in SHORT_LENGTHS for mode in MODES for dtype in DTYPES]
     cases += LONG_CASES
     cases += [packed_edge_case(edge, mode) for mode in PACKED_MODES for edge in PACKED_EDGES]
     return cases + [PACKED_AUTOTUNED]
+
+
+def split_case_errors(device, case: tuple) -> dict:
+    """``scan_errors`` of a ``SPLIT_CASES`` case, its rows cut into ``SPLIT_PIECES`` pieces."""
+    from hybrid.kernels.complex_scan.time_split import time_split
+
+    dtype, T, mode, kw = case
+    with time_split(SPLIT_PIECES):
+        return scan_errors(device, dtype, T, mode, **kw)
+
+
+def windows_as_rows_errors(device) -> dict:
+    """The trainer's packed batch (three windows of 100, each starting a document, with documents inside)
+    scanned by ``complex_scan(backend="triton")`` in float32 as a row per window (``PackedOffsets.row_len``):
+    relative errors of y and the gradients of x, log_decay and theta against each sequence run alone in float64."""
+    from hybrid.kernels import complex_scan, complex_scan_reference
+    from hybrid.kernels.varlen import PackedOffsets
+
+    bounds = [0, 40, 77, 100, 163, 200, 300]
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(1, 300, 2, 32, generator=g, dtype=torch.float64)
+    ld = -(0.01 + 0.3 * torch.rand(1, 300, 2, 16, generator=g, dtype=torch.float64))
+    th = torch.randn(1, 300, 2, 16, generator=g, dtype=torch.float64)
+    up = torch.randn(1, 300, 2, 32, generator=g, dtype=torch.float64)
+    offsets = PackedOffsets.from_bounds(bounds, device=device)
+    if offsets.row_len != 100:
+        raise AssertionError(f"windows_as_rows_errors: expected windows of 100, got row_len {offsets.row_len}")
+
+    def run(fn, dtype, device):
+        leaves = [t.to(device, dtype).requires_grad_() for t in (x, ld, th)]
+        y = fn(*leaves)
+        return [y, *torch.autograd.grad((y * up.to(device, y.dtype)).sum(), leaves)]
+    ours = run(lambda *a: complex_scan(*a, cu_seqlens=offsets, backend="triton")[0], torch.float32, device)
+    ref = run(lambda *a: complex_scan_reference(*a, cu_seqlens=torch.tensor(bounds))[0], torch.float64, "cpu")
+    names = ("y", "grad x", "grad log_decay", "grad theta")
+    return {n: rel_error(a, b) for n, a, b in zip(names, ours, ref)}
 
 
 def scan_case(device, dtype, T, mode, *, B=2, H=3, D=32, packed_edge: int | None = None, seed=0):

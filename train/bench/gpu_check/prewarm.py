@@ -1,16 +1,17 @@
 """Compile the scan's Triton kernels for the H100 into Triton's cache folder, on a machine without a GPU, so
 that a device session loads them instead of compiling them.
 
-    python -m hybrid.train.bench.gpu_check.prewarm [--parts correctness,scan,models] [--arch 90]
-        [--device-wheel WHEEL]
+    python -m hybrid.train.bench.gpu_check.prewarm [--parts correctness,scan,models,decoding] [--arch 90]
+        [--sms 132] [--device-wheel WHEEL]
 
 On the H100, compiling took most of the check's first parts: 29 scan cases in 170 s, and the scan part's
 autotuner compiles 6 tiles forward and 6 backward for every flag combination on first use (docs/gpu.md); so do
-the recurrent models of the check's models part and of the ``gpu-long`` budget (``prewarm_models``). Here
-each scan call the check would make (the CUDA tests' included) runs through the library's real code path, CPU
-tensors of the real shapes included, with Triton's driver replaced by one that names the GPU
-(``GPUTarget("cuda", arch, 32)``) and launches nothing: every kernel is compiled exactly as the GPU's JIT would compile it, into the same cache
-entry. The autotuner compiles every tile it may pick, and never keeps a pick (its timings would be made up);
+the recurrent models of the check's models part and of the ``gpu-long`` budget, and the decoding part's
+prefills (``prewarm_models``). Here each scan call the check would make (the CUDA tests' included) runs through
+the library's real code path, CPU tensors of the real shapes included, with Triton's driver replaced by one that
+names the GPU (``GPUTarget("cuda", arch, 32)``) and launches nothing, and the scan split in time where a GPU of
+``--sms`` SMs would split it: every kernel is compiled exactly as the GPU's JIT would compile it, into the same
+cache entry. The autotuner compiles every tile it may pick, and never keeps a pick (its timings would be made up);
 the backward is compiled for every forward tile the GPU's autotuner may choose (its ``CK_BT``).
 
 Triton's cache key covers its own build (``triton_key``: its Python sources and its ``libtriton`` binary),
@@ -33,10 +34,10 @@ import zipfile
 from pathlib import Path
 from types import SimpleNamespace
 
-PARTS = ("correctness", "scan", "models")
+PARTS = ("correctness", "scan", "models", "decoding")
 
-__all__ = ["compile_only", "device_keys", "correctness_calls", "cuda_test_calls", "scan_calls", "model_calls",
-           "planned_calls", "main"]
+__all__ = ["compile_only", "device_keys", "correctness_calls", "cuda_test_calls", "tiny_model_calls", "scan_calls",
+           "scan_way_calls", "model_calls", "check_model_calls", "decoding_calls", "planned_calls", "main"]
 
 
 class _CompileOnlyDriver:
@@ -71,21 +72,27 @@ def _compile_without_timing(kernel_call, *args, quantiles=None, **kwargs):
 
 
 @contextlib.contextmanager
-def compile_only(arch: int = 90):
+def compile_only(arch: int = 90, sms: int = 132):
     """Inside, every Triton kernel of the library compiles for ``sm_{arch}`` and none launches; the scan takes
-    CPU tensors on its Triton backend."""
+    CPU tensors on its Triton backend, and splits them in time where a GPU of ``sms`` SMs would (``time_split``:
+    its pieces are kernels of their own, an initial state and a final state's gradient among them)."""
     if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
         raise RuntimeError("prewarm: unset TRITON_INTERPRET (the interpreter compiles nothing)")
+    import torch
     from triton.backends.compiler import GPUTarget
     from triton.runtime import driver
     from triton.runtime.autotuner import Autotuner
     from triton.runtime.jit import JITFunction
 
-    from hybrid.kernels.complex_scan import interface, triton_scan
+    from hybrid.kernels.complex_scan import interface, time_split, triton_scan
 
     saved = (JITFunction.run, Autotuner.run, Autotuner._bench, interface._interpreting,
-             triton_scan.triton_forward, triton_scan.triton_backward)
-    jit_run, tune_run, bench, _, forward, backward = saved
+             triton_scan.triton_forward, triton_scan.triton_backward, time_split.pieces_for,
+             interface.pieces_for, time_split._sm_count)
+    jit_run, tune_run, bench, _, forward, backward, pieces_for, _, _ = saved
+
+    def pieces_on_the_gpu(B, T, H, P, device, backend):
+        return pieces_for(B, T, H, P, torch.device("cuda", 0) if device.type == "cpu" else device, backend)
 
     def run_without_launch(self, *args, grid, warmup, **kwargs):
         return jit_run(self, *args, grid=grid, warmup=True, **kwargs)
@@ -124,11 +131,14 @@ def compile_only(arch: int = 90):
     JITFunction.run, Autotuner.run, Autotuner._bench = run_without_launch, tune_every_time, bench_noting_tile
     interface._interpreting = lambda: True  # the Triton backend on CPU tensors
     triton_scan.triton_forward, triton_scan.triton_backward = forward_noting_tiles, backward_for_every_tile
+    time_split.pieces_for = interface.pieces_for = pieces_on_the_gpu
+    time_split._sm_count = lambda index: sms
     try:
         yield
     finally:
         (JITFunction.run, Autotuner.run, Autotuner._bench, interface._interpreting,
-         triton_scan.triton_forward, triton_scan.triton_backward) = saved
+         triton_scan.triton_forward, triton_scan.triton_backward, time_split.pieces_for,
+         interface.pieces_for, time_split._sm_count) = saved
         driver._active = active
         for tuned in triton_scan._TUNED.values():  # tuned later on a real device
             tuned.cache.clear()
@@ -207,10 +217,26 @@ def correctness_calls(setting: tuple, cases: slice = slice(None)):
 
 def cuda_test_calls(setting: tuple):
     """The scan cases of the CUDA tests (``pytest -m cuda``, which the check's tests part runs): the prewarm's
-    ``correctness`` part compiles them too."""
-    from .numerics import cuda_test_cases
+    ``correctness`` part compiles them too, the rows cut in time and the windows run as rows included."""
+    import torch
+
+    from .numerics import SPLIT_CASES, cuda_test_cases, split_case_errors, windows_as_rows_errors
 
     yield from _scan_case_calls("CUDA tests", setting, cuda_test_cases())
+    for case in SPLIT_CASES:
+        yield (f"CUDA tests {setting[0]}/{setting[1]} split in time {case[0]} T={case[1]} {case[2]}", setting,
+               lambda case=case: split_case_errors(torch.device("cpu"), case))
+    yield (f"CUDA tests {setting[0]}/{setting[1]} packed windows as rows", setting,
+           lambda: windows_as_rows_errors(torch.device("cpu")))
+
+
+def tiny_model_calls(setting: tuple):
+    """(label, setting, call) for the scan calls of the tiny models that the correctness part's model checks and the
+    CUDA model tests run (``prewarm_models.tiny_model_scan_calls``)."""
+    from .prewarm_models import tiny_model_scan_calls
+
+    for label, call in tiny_model_scan_calls():
+        yield label, setting, call
 
 
 def scan_calls(rows):
@@ -228,33 +254,96 @@ def scan_calls(rows):
             yield f"scan {setting[0]}/{setting[1]} {str(dtype).replace('torch.', '')} {mode} {passes}", setting, call
 
 
+def scan_way_calls(setting: tuple):
+    """(label, setting, call) for the scan part's rows that time one scan several ways (``scan_packed_rows``: a
+    packed batch as one row and as a row per window; ``scan_long_row``: one long row in one pass and split in
+    time), each forward alone and forward+backward, at the part's sizes."""
+    import torch
+
+    from . import scan_long_row, scan_packed_rows
+
+    for module in (scan_packed_rows, scan_long_row):
+        def ways(module=module):
+            return module.ways(torch.device("cpu"), False, "triton", "ours")
+        for i, (name, _, _) in enumerate(ways()[1]):
+            for passes in ("fwd", "fwd+bwd"):
+                def call(module=module, i=i, passes=passes):
+                    leaves, found, _ = ways(module)
+                    grad = passes != "fwd"
+                    ts = [t.detach().requires_grad_(grad) for t in leaves]
+                    with torch.set_grad_enabled(grad):
+                        y = found[i][1](*ts)
+                        if grad:
+                            torch.autograd.grad(y, ts, torch.randn_like(y))
+                yield f"scan {setting[0]}/{setting[1]} {name} {passes}", setting, call
+
+
 def model_calls(setting: tuple):
     """(label, setting, call) for the scan calls of the ``gpu-long`` budget's recurrent models (issue 42's
-    command, and the check's models part: the same widths and heads), at the budget's tokens a step."""
+    command) at the budget's tokens a step."""
     from .prewarm_models import suite_scan_calls
 
     for label, call in suite_scan_calls():
         yield label, setting, call
 
 
+def check_model_calls(setting: tuple):
+    """(label, setting, call) for the scan calls of the check's models part (``small``, RetNet's carry included)
+    at its shortest and longest rows."""
+    from .prewarm_models import check_model_scan_calls
+
+    for label, call in check_model_scan_calls():
+        yield label, setting, call
+
+
+def decoding_calls(setting: tuple):
+    """(label, setting, call) for the scan calls of the check's decoding part: its chunked prefills."""
+    from .prewarm_models import prefill_scan_calls
+
+    for label, call in prefill_scan_calls():
+        yield label, setting, call
+
+
 def planned_calls(parts):
-    """Every call of ``parts``, in the order a device session reaches them (docs/gpu.md's first command), so
-    that an interrupted prewarm has done the first ones; a rerun loads what is done and goes on. Left out: the
-    correctness grid in the tile layout, which runs last and passed on the H100 twice (its 90 kernels would
-    take 4 of the cache file's 15 MiB)."""
+    """Every call of ``parts``, in the order a device session reaches them (docs/gpu.md, "The next session's
+    order": the CUDA tests, the ``gpu-long`` budget, then the check's parts), so that an interrupted prewarm has
+    done the first ones; a rerun loads what is done and goes on. Left out: the correctness grid in the tile
+    layout, which runs last and passed on the H100 twice (its 90 kernels would take 4 of the cache file's 15 MiB)."""
     from .part_correctness import FIRST_PASS
     from .part_scan import DEFAULT, speed_rows
 
     first, explored = speed_rows()
-    plan = [("correctness", lambda: correctness_calls(DEFAULT, slice(None, FIRST_PASS))),
-            ("scan", lambda: scan_calls(first)),
-            ("correctness", lambda: cuda_test_calls(DEFAULT)),
-            ("correctness", lambda: correctness_calls(DEFAULT, slice(FIRST_PASS, None))),
+    plan = [("correctness", lambda: cuda_test_calls(DEFAULT)),
+            ("correctness", lambda: tiny_model_calls(DEFAULT)),
             ("models", lambda: model_calls(DEFAULT)),
+            ("correctness", lambda: correctness_calls(DEFAULT, slice(None, FIRST_PASS))),
+            ("scan", lambda: scan_calls(first)),
+            ("scan", lambda: scan_way_calls(DEFAULT)),
+            ("decoding", lambda: decoding_calls(DEFAULT)),
+            ("models", lambda: check_model_calls(DEFAULT)),
+            ("correctness", lambda: correctness_calls(DEFAULT, slice(FIRST_PASS, None))),
             ("scan", lambda: scan_calls(explored))]
     for part, calls in plan:
         if part in parts:
             yield from calls()
+
+
+def _prune(folder: Path, used: dict) -> int:
+    """Remove the entries of Triton's cache ``folder`` not in ``used`` (a run's noted keys), and their lines of
+    the key sidecar; returns how many went."""
+    import json
+    import shutil
+
+    from ..triton_rekey import SIDECAR
+
+    gone = [entry for entry in folder.iterdir() if entry.is_dir() and entry.name not in used]
+    for entry in gone:
+        shutil.rmtree(entry)
+    sidecar = folder / SIDECAR
+    if sidecar.is_file():
+        kept = {k: v for k, v in json.loads(sidecar.read_text()).items() if k in used}
+        sidecar.write_text(json.dumps(kept, indent=0, sort_keys=True))
+    return len(gone)
 
 
 def parser() -> argparse.ArgumentParser:
@@ -263,8 +352,13 @@ def parser() -> argparse.ArgumentParser:
                                             "folder, without a GPU (docs/gpu.md).")
     p.add_argument("--parts", default=",".join(PARTS), help=f"comma-separated, among {','.join(PARTS)}")
     p.add_argument("--arch", type=int, default=90, help="CUDA compute capability as an int (default 90: H100)")
+    p.add_argument("--sms", type=int, default=132,
+                   help="the GPU's SMs, where the scan's time split looks (default 132: an H100 SXM or an H200)")
     p.add_argument("--device-wheel", default=None, metavar="WHEEL",
                    help="the device's Triton wheel, when this machine's Python differs from the device's")
+    p.add_argument("--prune", action="store_true",
+                   help="once the run has ended, keep in Triton's cache folder only the kernels it compiled or "
+                        "loaded (those of earlier sources or calls go)")
     p.add_argument("--limit", type=int, default=None, help=argparse.SUPPRESS)  # first N calls (tests)
     return p
 
@@ -295,9 +389,9 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         # each entry's key parts beside it, so that a device with another build of this release renames them
         folder = knobs.cache.dir
-        stack.enter_context(noting_keys(Path(folder), build))
+        noted = stack.enter_context(noting_keys(Path(folder), build))
         start = time.monotonic()
-        with compile_only(args.arch):
+        with compile_only(args.arch, args.sms):
             for i, (label, setting, call) in enumerate(planned_calls(parts)):
                 if args.limit is not None and i >= args.limit:
                     break
@@ -309,6 +403,9 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{time.monotonic() - t0:6.1f} s  {now['compiled'] - before['compiled']:3d} compiled  {label}",
                       flush=True)
         counts = summarize(log) or {"loaded": 0, "compiled": 0, "compile_s": 0.0}
+        used = dict(noted)
+    if args.prune:  # (not reached when the run was interrupted)
+        print(f"prewarm: --prune: {_prune(Path(folder), used)} entries of earlier sources or calls removed")
     print(f"prewarm: Triton {triton.__version__} (build {build['build']}), sm_{args.arch}: {counts['compiled']} "
           f"kernels compiled ({counts['compile_s']} s), {counts['loaded']} already in {folder}; "
           f"{time.monotonic() - start:.0f} s in all")

@@ -16,19 +16,19 @@ from .scan_ways import time_ways
 T, HEADS, HEAD_DIM = 65536, 8, 64
 
 
-def run(ctx: CheckContext, backend: str, name: str) -> None:
-    """Both ways, forward and forward+backward, bf16 with data-dependent decay, as ``scan speed`` rows named
-    ``name`` + ", split in time (auto: C pieces)" / ", one pass"."""
+def ways(device: torch.device, dry_run: bool, backend: str, name: str) -> tuple:
+    """``(leaves, ways, label)`` for ``scan_ways.time_ways``: both ways, bf16 with data-dependent decay, named
+    ``name`` + ", split in time (auto: C pieces)" / ", one pass" (the prewarm compiles them too)."""
     from hybrid.kernels import complex_scan
     from hybrid.kernels.complex_scan.time_split import pieces_for, time_split
 
-    steps, H, D = (32, 2, 8) if ctx.dry_run else (T, HEADS, HEAD_DIM)
-    g = torch.Generator(device=ctx.device).manual_seed(0)
-    x = torch.randn(1, steps, H, D, generator=g, device=ctx.device).to(torch.bfloat16)
-    ld = -(1e-3 + 0.5 * torch.rand(1, steps, H, D // 2, generator=g, device=ctx.device))
-    th = torch.randn(1, steps, H, D // 2, generator=g, device=ctx.device)
-    auto = pieces_for(1, steps, H, D // 2, ctx.device, backend)
-    if ctx.dry_run:
+    steps, H, D = (32, 2, 8) if dry_run else (T, HEADS, HEAD_DIM)
+    g = torch.Generator(device=device).manual_seed(0)
+    x = torch.randn(1, steps, H, D, generator=g, device=device).to(torch.bfloat16)
+    ld = -(1e-3 + 0.5 * torch.rand(1, steps, H, D // 2, generator=g, device=device))
+    th = torch.randn(1, steps, H, D // 2, generator=g, device=device)
+    auto = pieces_for(1, steps, H, D // 2, device, backend)
+    if dry_run:
         auto = 4  # (the CPU never splits by itself: rehearse the split)
 
     def way(pieces):
@@ -36,6 +36,11 @@ def run(ctx: CheckContext, backend: str, name: str) -> None:
             with time_split(pieces):
                 return complex_scan(*leaves, backend=backend, check_values=False)[0]
         return scan
-    time_ways(ctx, (x, ld, th), [(f"{name}, split in time (auto: {auto} pieces)", way(auto), {"pieces": auto}),
-                                 (f"{name}, one pass", way(1), {"pieces": 1})],
-              dict(shape=f"1x{steps}x{H}x{D}", dtype="bfloat16", mode="dependent"))
+    return ((x, ld, th), [(f"{name}, split in time (auto: {auto} pieces)", way(auto), {"pieces": auto}),
+                          (f"{name}, one pass", way(1), {"pieces": 1})],
+            dict(shape=f"1x{steps}x{H}x{D}", dtype="bfloat16", mode="dependent"))
+
+
+def run(ctx: CheckContext, backend: str, name: str) -> None:
+    """Both ways, forward and forward+backward, as ``scan speed`` rows (``ways``)."""
+    time_ways(ctx, *ways(ctx.device, ctx.dry_run, backend, name))

@@ -33,7 +33,7 @@ def test_a_second_process_loads_every_kernel_the_first_compiled_for_another_buil
     wheel = _wheel(tmp_path, triton.__version__, {"triton/__init__.py": (Path(triton.__file__).parent /
                                                                         "__init__.py").read_bytes(),
                                                   "triton/_C/libtriton.so": b"another build"})
-    # the correctness part's first case: float32, T = 1000, static decay, in the default setting (2 kernels)
+    # the CUDA tests' first scan case: float32, T = 1, static decay, in the default setting (2 kernels)
     first = _prewarm(cache, "--parts", "correctness", "--limit", "1", "--device-wheel", str(wheel))
     assert first.returncode == 0, first.stderr[-3000:]
     assert re.search(r"sm_90: 2 kernels compiled \([\d.]+ s\), 0 already in", first.stdout), first.stdout
@@ -53,6 +53,23 @@ def test_a_second_process_loads_every_kernel_the_first_compiled_for_another_buil
     again = _prewarm(cache, "--parts", "correctness", "--limit", "1")
     assert again.returncode == 0, again.stderr[-3000:]
     assert re.search(r"sm_90: 0 kernels compiled \(0.0 s\), 2 already in", again.stdout), again.stdout
+
+
+def test_prune_keeps_only_the_kernels_of_the_run(tmp_path):
+    """``--prune``: an entry of earlier sources (and its sidecar line) goes; the run's kernels stay and load."""
+    cache = tmp_path / "cache"
+    first = _prewarm(cache, "--parts", "correctness", "--limit", "1")
+    assert first.returncode == 0, first.stderr[-3000:]
+    (cache / "STALE").mkdir()
+    (cache / "STALE" / "old.cubin").write_bytes(b"old")
+    sidecar = cache / SIDECAR
+    sidecar.write_text(json.dumps({**json.loads(sidecar.read_text()), "STALE": {"parts": [], "build": "b"}}))
+    pruned = _prewarm(cache, "--parts", "correctness", "--limit", "1", "--prune")
+    assert pruned.returncode == 0, pruned.stderr[-3000:]
+    assert "prewarm: --prune: 1 entries of earlier sources or calls removed" in pruned.stdout
+    assert "0 kernels compiled" in pruned.stdout and not (cache / "STALE").exists()
+    kept = [p.name for p in cache.iterdir() if p.is_dir()]
+    assert len(kept) == 2 and sorted(json.loads(sidecar.read_text())) == sorted(kept)
 
 
 def _rekey(cache: Path) -> subprocess.CompletedProcess:
@@ -121,10 +138,10 @@ def test_device_keys_refuse_another_release_or_other_sources(tmp_path, version, 
 
 
 def test_bad_parts_get_one_line(tmp_path):
-    done = _prewarm(tmp_path, "--parts", "decoding")
+    done = _prewarm(tmp_path, "--parts", "training")
     assert done.returncode == 2
-    assert done.stderr.strip() == ("prewarm: --parts: expected names among ['correctness', 'scan', 'models'], "
-                                   "got 'decoding'")
+    assert done.stderr.strip() == ("prewarm: --parts: expected names among ['correctness', 'scan', 'models', "
+                                   "'decoding'], got 'training'")
 
 
 def test_the_compile_count_reads_what_triton_reported(tmp_path):
@@ -197,3 +214,78 @@ print(open("compiles").read())
     assert done.returncode == 0, done.stderr[-3000:]
     names = sorted(line.split()[1] for line in done.stdout.splitlines() if line.startswith("compiled"))
     assert names == ["_scan_bwd_kernel", "_scan_bwd_kernel", "_scan_fwd_kernel", "_scan_fwd_kernel"], done.stdout
+
+
+def test_inside_compile_only_the_scan_splits_in_time_where_the_gpu_would():
+    """One long row of an R layer (32 pieces), the models part's 32K rows (16), no split for 32 rows of 2048 nor for
+    the torch backend; the CPU's own rule (no split) again afterwards."""
+    code = """
+import torch
+from hybrid.kernels.complex_scan import interface, time_split
+from hybrid.train.bench.gpu_check.prewarm import compile_only
+cpu = torch.device("cpu")
+shapes = [(1, 65536, 8, 32), (2, 32768, 8, 32), (32, 2048, 8, 32), (1, 8192, 3, 16)]
+with compile_only(sms=132):
+    print([interface.pieces_for(*s, cpu, "triton") for s in shapes], time_split.pieces_for(*shapes[0], cpu, "torch"))
+print([interface.pieces_for(*s, cpu, "triton") for s in shapes], [time_split.pieces_for(*s, cpu, "triton")
+                                                                   for s in shapes])
+"""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.splitlines() == ["[32, 16, 1, 8] 1", "[1, 1, 1, 1] [1, 1, 1, 1]"]
+
+
+def test_the_plan_holds_the_cuda_tests_split_and_packed_cases_and_the_scan_parts_ways():
+    from hybrid.train.bench.gpu_check.part_scan import DEFAULT
+    from hybrid.train.bench.gpu_check.prewarm import cuda_test_calls, scan_way_calls
+
+    tail = [label for label, _, _ in cuda_test_calls(DEFAULT)][-3:]
+    assert [label.split(" ", 3)[-1] for label in tail] == [
+        "split in time torch.float32 T=252 dependent", "split in time torch.bfloat16 T=252 mixed",
+        "packed windows as rows"]
+    ways = [label.split(" ", 2)[-1] for label, _, _ in scan_way_calls(DEFAULT)]
+    assert ways == [f"ours, {way} {passes}" for way in ("a row per window", "one packed row (auto: 1 pieces)",
+                                                        "split in time (auto: 1 pieces)", "one pass")
+                    for passes in ("fwd", "fwd+bwd")]
+
+
+def test_retention_s_carry_and_the_prefill_s_chunks_are_recorded():
+    """RetNet's carry across tiles: one scan step a tile (1/64 of a padded row's tokens), float32 states as pairs
+    (Dk·Dv), its decay per tile and head; a chunked prefill: an initial state, no gradient; the evaluations."""
+    from fractions import Fraction
+
+    import torch
+
+    from hybrid.models import HybridConfig
+    from hybrid.train.bench.gpu_check.prewarm_models import (recorded_eval_calls, recorded_prefill_calls,
+                                                             recorded_scan_calls)
+
+    retnet = HybridConfig.preset("retnet", "tiny", d_model=64, n_layers=1, n_heads=2, vocab_size=64)
+    calls = recorded_scan_calls(retnet, tokens=256)
+    assert {(c.dtype, c.heads, c.head_dim, c.time_ratio, c.steps(2048)) for c in calls} == {
+        (torch.float32, 2, 32 * 32, Fraction(1, 32), 64), (torch.float32, 2, 32 * 32, Fraction(1, 64), 32)}
+    assert {c.needs_grad for c in calls} == {(True, False, False, False)}
+
+    hybrid = HybridConfig.preset("hybrid", "tiny", d_model=64, n_layers=2, n_heads=2, pattern="RA", window=8,
+                                 vocab_size=64)
+    prefill = recorded_prefill_calls(hybrid, chunk=16)
+    assert [(c.has_initial_state, c.needs_grad, c.time_ratio) for c in prefill] == [
+        (True, (False, False, False, False), Fraction(1))]
+    # the evaluations: bf16-autocast validation of packed windows, float32 measurements after training
+    evaluated = recorded_eval_calls(hybrid, tokens=64)
+    assert {(c.dtype, c.time_static[0], c.has_initial_state, any(c.needs_grad)) for c in evaluated} == {
+        (torch.bfloat16, False, False, False), (torch.float32, True, True, False)}
+
+
+def test_the_tiny_models_scan_calls_are_recorded_at_their_own_sizes():
+    """The model checks' and CUDA model tests' passes: float32 rows of 200 with gradients, bf16-autocast rows of
+    256, the modes' chunks of 20 from a state, and RetNet's carry."""
+    from hybrid.train.bench.gpu_check.prewarm_models import tiny_model_scan_calls
+
+    labels = [label for label, _ in tiny_model_scan_calls()]
+    for want in ("float32 H4 D32 decay static, angle static, grads xd, 2 x 200",
+                 "bfloat16 H4 D32 decay dependent, angle static, grads xd, 2 x 256",
+                 "float32 H4 D32 decay static, angle static, an initial state, grads -, 2 x 20"):
+        assert f"tiny models: {want}" in labels, labels
+    assert any("D1024" in label for label in labels), labels  # retention's (Dk·Dv) states

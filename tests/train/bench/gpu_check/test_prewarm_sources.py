@@ -1,4 +1,4 @@
-"""The committed prewarm (docs/research/gpu/compile_cache.tgz) was compiled from this checkout's scan kernels:
+"""The committed prewarm (docs/research/gpu/prewarm_cache.tgz) was compiled from this checkout's scan kernels:
 a kernel or its tiles changed without the prewarm run again would cost the next device session its compiles, and
 nothing else would say so before then."""
 from pathlib import Path
