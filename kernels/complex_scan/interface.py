@@ -26,7 +26,7 @@ from . import cpu_scan
 from . import ops  # noqa: F401  (registers torch.ops.hybrid.complex_scan and its backward)
 from .blocked import default_block_size
 from .reference import complex_scan_reference
-from .time_split import pieces_for, split_in_time
+from . import time_split  # (its rule read at each call: the prewarm asks it as a GPU would)
 from .checks import (
     check_block_size,
     check_cu_seqlens,
@@ -171,9 +171,9 @@ def _scan(x, log_decay, theta, initial_state, which, block_size):
         y, final, _, _ = torch.ops.hybrid.complex_scan(x, log_decay, theta, initial_state, which, block, save)
         return y, final
 
-    pieces = pieces_for(B, T, H, P, x.device, which)
+    pieces = time_split.pieces_for(B, T, H, P, x.device, which)
     if pieces > 1:  # few long rows: many short ones, twice (time_split.py)
-        return split_in_time(op, x, log_decay, theta, initial_state, pieces)
+        return time_split.split_in_time(op, x, log_decay, theta, initial_state, pieces)
     return op(x, log_decay, theta, initial_state)
 
 

@@ -322,17 +322,17 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     base: frozenset = frozenset()
     said = []
-    if args.base is not None:
+    for source, is_base in ((args.base, True), (args.restore, False)):
+        if source is None:
+            continue
         try:
-            line, base = restore_base(args.base, args.root)
+            if is_base:
+                line, base = restore_base(source, args.root)
+            else:
+                line = restore(source, args.root)
         except (OSError, tarfile.TarError, ValueError, KeyError) as exc:  # a bad file costs a cold start only
-            line = f"compile cache: cold start: could not restore {args.base}: {type(exc).__name__}: {exc}"
+            line = f"compile cache: cold start: could not restore {source}: {type(exc).__name__}: {exc}"
         said.append(line)
-    if args.restore is not None:
-        try:
-            said.append(restore(args.restore, args.root))
-        except (OSError, tarfile.TarError, ValueError, KeyError) as exc:  # a bad file costs a cold start only
-            said.append(f"compile cache: cold start: could not restore {args.restore}: {type(exc).__name__}: {exc}")
     if not said:
         said.append(f"compile cache: {describe(census(args.root))} already in {args.root}")
     print("\n".join(said), flush=True)

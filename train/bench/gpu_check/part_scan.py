@@ -22,6 +22,7 @@ import torch
 
 from . import scan_long_row, scan_packed_rows
 from .context import CheckContext, median_time
+from .scan_ways import scan_fn
 
 CK_INTERVAL = 64  # the checkpoint spacing counted (the tuned kernels use 32–128)
 
@@ -58,20 +59,6 @@ def _bytes(x, ld, th, passes: str) -> int:
         return forward
     backward = xb + xb + gates + ck + xb + gates  # x, dy, gates, checkpoints in; dx, dgates out
     return forward + ck + backward
-
-
-def _scan_fn(impl, x, ld, th, passes):
-    if passes == "fwd":
-        def fn():
-            with torch.no_grad():
-                return impl(x, ld, th)
-        return fn
-    up = torch.randn_like(x)
-
-    def fn():
-        y = impl(x, ld, th)
-        return torch.autograd.grad(y, (x, ld, th), up)
-    return fn
 
 
 # The kernel settings timed, as (layout, stages). The default at every dtype and decay; the earlier default (the
@@ -139,7 +126,7 @@ def _time_impl(ctx, name, impl, shape, dtype, mode, copy_gbs, label, within=cont
             return
         try:
             x, ld, th = _inputs(shape, dtype, mode, ctx.device, grad=passes != "fwd")
-            fn = _scan_fn(impl, x, ld, th, passes)
+            fn = scan_fn(impl, x, ld, th, passes)
 
             def timed():
                 with within():

@@ -36,8 +36,8 @@ from types import SimpleNamespace
 
 PARTS = ("correctness", "scan", "models", "decoding")
 
-__all__ = ["compile_only", "device_keys", "correctness_calls", "cuda_test_calls", "tiny_model_calls", "scan_calls",
-           "scan_way_calls", "model_calls", "check_model_calls", "decoding_calls", "planned_calls", "main"]
+__all__ = ["compile_only", "device_keys", "correctness_calls", "cuda_test_calls", "scan_calls", "scan_way_calls",
+           "planned_calls", "main"]
 
 
 class _CompileOnlyDriver:
@@ -87,9 +87,8 @@ def compile_only(arch: int = 90, sms: int = 132):
     from hybrid.kernels.complex_scan import interface, time_split, triton_scan
 
     saved = (JITFunction.run, Autotuner.run, Autotuner._bench, interface._interpreting,
-             triton_scan.triton_forward, triton_scan.triton_backward, time_split.pieces_for,
-             interface.pieces_for, time_split._sm_count)
-    jit_run, tune_run, bench, _, forward, backward, pieces_for, _, _ = saved
+             triton_scan.triton_forward, triton_scan.triton_backward, time_split.pieces_for, time_split._sm_count)
+    jit_run, tune_run, bench, _, forward, backward, pieces_for, _ = saved
 
     def pieces_on_the_gpu(B, T, H, P, device, backend):
         return pieces_for(B, T, H, P, torch.device("cuda", 0) if device.type == "cpu" else device, backend)
@@ -131,14 +130,13 @@ def compile_only(arch: int = 90, sms: int = 132):
     JITFunction.run, Autotuner.run, Autotuner._bench = run_without_launch, tune_every_time, bench_noting_tile
     interface._interpreting = lambda: True  # the Triton backend on CPU tensors
     triton_scan.triton_forward, triton_scan.triton_backward = forward_noting_tiles, backward_for_every_tile
-    time_split.pieces_for = interface.pieces_for = pieces_on_the_gpu
+    time_split.pieces_for = pieces_on_the_gpu
     time_split._sm_count = lambda index: sms
     try:
         yield
     finally:
         (JITFunction.run, Autotuner.run, Autotuner._bench, interface._interpreting,
-         triton_scan.triton_forward, triton_scan.triton_backward, time_split.pieces_for,
-         interface.pieces_for, time_split._sm_count) = saved
+         triton_scan.triton_forward, triton_scan.triton_backward, time_split.pieces_for, time_split._sm_count) = saved
         driver._active = active
         for tuned in triton_scan._TUNED.values():  # tuned later on a real device
             tuned.cache.clear()
@@ -230,27 +228,19 @@ def cuda_test_calls(setting: tuple):
            lambda: windows_as_rows_errors(torch.device("cpu")))
 
 
-def tiny_model_calls(setting: tuple):
-    """(label, setting, call) for the scan calls of the tiny models that the correctness part's model checks and the
-    CUDA model tests run (``prewarm_models.tiny_model_scan_calls``)."""
-    from .prewarm_models import tiny_model_scan_calls
-
-    for label, call in tiny_model_scan_calls():
-        yield label, setting, call
-
-
 def scan_calls(rows):
     """(label, setting, call) for the scan part's ``rows`` (``speed_rows``), forward alone and
     forward+backward, at the part's shape."""
     import torch
 
-    from .part_scan import SHAPE, _inputs, _ours, _scan_fn
+    from .part_scan import SHAPE, _inputs, _ours
+    from .scan_ways import scan_fn
 
     for setting, dtype, mode, _ in rows:
         for passes in ("fwd", "fwd+bwd"):
             def call(dtype=dtype, mode=mode, passes=passes):
                 x, ld, th = _inputs(SHAPE, dtype, mode, torch.device("cpu"), grad=passes != "fwd")
-                _scan_fn(_ours("triton"), x, ld, th, passes)()
+                scan_fn(_ours("triton"), x, ld, th, passes)()
             yield f"scan {setting[0]}/{setting[1]} {str(dtype).replace('torch.', '')} {mode} {passes}", setting, call
 
 
@@ -261,6 +251,7 @@ def scan_way_calls(setting: tuple):
     import torch
 
     from . import scan_long_row, scan_packed_rows
+    from .scan_ways import scan_fn, with_grad
 
     for module in (scan_packed_rows, scan_long_row):
         def ways(module=module):
@@ -269,38 +260,13 @@ def scan_way_calls(setting: tuple):
             for passes in ("fwd", "fwd+bwd"):
                 def call(module=module, i=i, passes=passes):
                     leaves, found, _ = ways(module)
-                    grad = passes != "fwd"
-                    ts = [t.detach().requires_grad_(grad) for t in leaves]
-                    with torch.set_grad_enabled(grad):
-                        y = found[i][1](*ts)
-                        if grad:
-                            torch.autograd.grad(y, ts, torch.randn_like(y))
+                    scan_fn(found[i][1], *with_grad(leaves, passes), passes)()
                 yield f"scan {setting[0]}/{setting[1]} {name} {passes}", setting, call
 
 
-def model_calls(setting: tuple):
-    """(label, setting, call) for the scan calls of the ``gpu-long`` budget's recurrent models (issue 42's
-    command) at the budget's tokens a step."""
-    from .prewarm_models import suite_scan_calls
-
-    for label, call in suite_scan_calls():
-        yield label, setting, call
-
-
-def check_model_calls(setting: tuple):
-    """(label, setting, call) for the scan calls of the check's models part (``small``, RetNet's carry included)
-    at its shortest and longest rows."""
-    from .prewarm_models import check_model_scan_calls
-
-    for label, call in check_model_scan_calls():
-        yield label, setting, call
-
-
-def decoding_calls(setting: tuple):
-    """(label, setting, call) for the scan calls of the check's decoding part: its chunked prefills."""
-    from .prewarm_models import prefill_scan_calls
-
-    for label, call in prefill_scan_calls():
+def _at(setting: tuple, calls):
+    """``prewarm_models``' (label, call) pairs as the plan's (label, setting, call)."""
+    for label, call in calls:
         yield label, setting, call
 
 
@@ -311,16 +277,17 @@ def planned_calls(parts):
     layout, which runs last and passed on the H100 twice (its 90 kernels would take 4 of the cache file's 15 MiB)."""
     from .part_correctness import FIRST_PASS
     from .part_scan import DEFAULT, speed_rows
+    from .prewarm_models import check_model_scan_calls, prefill_scan_calls, suite_scan_calls, tiny_model_scan_calls
 
     first, explored = speed_rows()
     plan = [("correctness", lambda: cuda_test_calls(DEFAULT)),
-            ("correctness", lambda: tiny_model_calls(DEFAULT)),
-            ("models", lambda: model_calls(DEFAULT)),
+            ("correctness", lambda: _at(DEFAULT, tiny_model_scan_calls())),  # the CUDA model tests' tiny models
+            ("models", lambda: _at(DEFAULT, suite_scan_calls())),  # the gpu-long budget: training, evaluations
             ("correctness", lambda: correctness_calls(DEFAULT, slice(None, FIRST_PASS))),
             ("scan", lambda: scan_calls(first)),
             ("scan", lambda: scan_way_calls(DEFAULT)),
-            ("decoding", lambda: decoding_calls(DEFAULT)),
-            ("models", lambda: check_model_calls(DEFAULT)),
+            ("decoding", lambda: _at(DEFAULT, prefill_scan_calls())),  # the decoding part's chunked prefills
+            ("models", lambda: _at(DEFAULT, check_model_scan_calls())),  # the models part, RetNet's carry included
             ("correctness", lambda: correctness_calls(DEFAULT, slice(FIRST_PASS, None))),
             ("scan", lambda: scan_calls(explored))]
     for part, calls in plan:

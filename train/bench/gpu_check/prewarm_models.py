@@ -237,12 +237,9 @@ def _tiny_model_runs():
     chunks of 20)."""
     from types import SimpleNamespace
 
-    import torch.nn.functional as F
-
     from hybrid.models import HybridConfig, HybridLM
-    from hybrid.train.data.packing import packed_on_device
 
-    from .part_correctness import _batches, _loss_and_grads
+    from .part_correctness import _batches, _loss_and_grads, training_step_phases
 
     cpu = SimpleNamespace(device=torch.device("cpu"))
     for selective in (False, True):
@@ -251,10 +248,9 @@ def _tiny_model_runs():
         for ids, cu in _batches(cpu, model, 200).values():
             _loss_and_grads(model, ids, cu)
         for ids, cu in _batches(cpu, model, 256).values():
-            kwargs = {} if cu is None else {"cu_seqlens": packed_on_device(cu, cpu.device, compiled=False)}
-            with torch.autocast("cpu", dtype=torch.bfloat16):
-                logits, _ = model(ids, output_final_state=False, **kwargs)
-            F.cross_entropy(logits[:, :-1].flatten(0, 1).float(), ids[:, 1:].flatten()).backward()
+            phases = training_step_phases(model, None, ids, cu, cpu.device)  # (no optimizer step: no scan)
+            phases["forward"]()
+            phases["backward"]()
     for preset in ("hybrid", "retnet", "vo-rnn"):
         torch.manual_seed(0)
         model = HybridLM(HybridConfig.preset(preset, "tiny", **({"window": 16} if preset == "hybrid" else {})))

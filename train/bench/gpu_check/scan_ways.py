@@ -8,6 +8,27 @@ import torch
 from .context import CheckContext, median_time
 
 
+def scan_fn(impl, x, ld, th, passes: str):
+    """A call of ``impl(x, ld, th) -> y`` as a speed row times it: "fwd" without gradients, "fwd+bwd" with the
+    gradients of the three (which must require them) for a fixed upstream gradient."""
+    if passes == "fwd":
+        def fn():
+            with torch.no_grad():
+                return impl(x, ld, th)
+        return fn
+    up = torch.randn_like(x)
+
+    def fn():
+        y = impl(x, ld, th)
+        return torch.autograd.grad(y, (x, ld, th), up)
+    return fn
+
+
+def with_grad(leaves: tuple, passes: str) -> list:
+    """``leaves`` detached, requiring gradients for "fwd+bwd"."""
+    return [t.detach().requires_grad_(passes != "fwd") for t in leaves]
+
+
 def time_ways(ctx: CheckContext, leaves: tuple, ways: list, label: dict) -> None:
     """``ways``: ``(impl, scan, extra)``, ``scan(x, log_decay, theta) -> y`` the way's call and ``extra`` the fields its
     rows add; ``leaves`` the (x, log_decay, theta) they share; ``label`` the rows' shape, dtype and mode."""
@@ -15,14 +36,7 @@ def time_ways(ctx: CheckContext, leaves: tuple, ways: list, label: dict) -> None
         for passes in ("fwd", "fwd+bwd"):
             if not ctx.has_time(15, "scan speed", f"{impl} {passes}"):
                 return
-            grad = passes != "fwd"
-            ts = [t.detach().requires_grad_(grad) for t in leaves]
-            up = torch.randn_like(ts[0])
-
-            def fn():
-                with torch.set_grad_enabled(grad):
-                    y = scan(*ts)
-                    return torch.autograd.grad(y, ts, up) if grad else y
+            fn = scan_fn(scan, *with_grad(leaves, passes), passes)
             try:
                 ms = median_time(fn, ctx, reps=1 if ctx.dry_run else 3, warmup=1)
             except Exception as exc:  # noqa: BLE001 - a failing row is reported, the part goes on

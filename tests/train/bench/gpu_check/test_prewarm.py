@@ -226,9 +226,10 @@ from hybrid.train.bench.gpu_check.prewarm import compile_only
 cpu = torch.device("cpu")
 shapes = [(1, 65536, 8, 32), (2, 32768, 8, 32), (32, 2048, 8, 32), (1, 8192, 3, 16)]
 with compile_only(sms=132):
-    print([interface.pieces_for(*s, cpu, "triton") for s in shapes], time_split.pieces_for(*shapes[0], cpu, "torch"))
-print([interface.pieces_for(*s, cpu, "triton") for s in shapes], [time_split.pieces_for(*s, cpu, "triton")
-                                                                   for s in shapes])
+    print([interface.time_split.pieces_for(*s, cpu, "triton") for s in shapes],
+          time_split.pieces_for(*shapes[0], cpu, "torch"))
+print([interface.time_split.pieces_for(*s, cpu, "triton") for s in shapes], [time_split.pieces_for(*s, cpu, "triton")
+                                                                              for s in shapes])
 """
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
