@@ -182,14 +182,12 @@ def suite_scan_calls(suite: str = "baselines", budget: str = "gpu-long",
     """(label, call) replaying each model's recorded scan calls at the budget's tokens a step, as ``batch_size`` rows
     (padded, or packed by windows: the trainer's offsets know their window length, ``--compile``'s blocks too)."""
     import dataclasses
-
-    from hybrid.train.bench.budgets import bench_budget
-    from hybrid.train.bench.harness import suite_configs
-    from hybrid.train.bench.suites import SUITES
-
     import inspect
 
+    from hybrid.train.bench.budgets import bench_budget
     from hybrid.train.bench.cost import decode_cost
+    from hybrid.train.bench.harness import suite_configs
+    from hybrid.train.bench.suites import SUITES
 
     chosen = dataclasses.replace(bench_budget(budget, suite), models=tuple(models))
     configs = suite_configs(SUITES[suite], chosen, vocab_size=320)  # the byte tokenizer's rounded size
