@@ -13,7 +13,10 @@ them, and a hybrid what its recurrence carries.
 ``gain_share(model, windowed, global_)`` per bucket is ``(windowed − model) / (windowed − global)``: 0 where the
 model does no better than the windowed Transformer, 1 where it matches the global one (Samba's and Griffin's
 question, asked of our hybrids). Where the global model's gain is within the seeds' spread the share is
-undefined (None): there is nothing to recover.
+undefined (None): there is nothing to recover. The report asks it twice: of the bpb itself, and net of each
+model's bpb in the last bucket inside the window, where every model sees the same tokens, so that a model
+which learnt less in the budget (a gap inside the window as large as past it) is not read as one that used
+less context.
 """
 from __future__ import annotations
 
@@ -106,10 +109,56 @@ def _per_bucket(runs: list[dict]) -> list[list[float]]:
     return [r["metrics"]["window_bpb"] for r in runs if r["metrics"].get("window_bpb")]
 
 
+def _gain_rows(per: dict[str, list[list[float]]], columns: int
+               ) -> tuple[list[float], list[str], list[bool], list[list[str]]]:
+    """From every model's per-seed values of ``columns`` columns: the global model's gain over the windowed one per
+    column, its cell (with twice the larger of their seed spreads, or "one seed"), whether it is above that spread,
+    and one row of shares per other model. With one seed a positive gain's shares are shown in parentheses: its
+    spread is unknown."""
+    stats = {m: [mean_std([v[i] for v in vals]) for i in range(columns)] for m, vals in per.items()}
+    one_seed = min(len(per[GLOBAL]), len(per[WINDOWED])) < 2
+    gains, cells, above, spreads = [], [], [], []
+    for i in range(columns):
+        (g, gs), (w, ws) = stats[GLOBAL][i], stats[WINDOWED][i]
+        spread = float("nan") if one_seed else 2 * max(gs, ws)  # one seed: no spread
+        spreads.append(spread)
+        gains.append(w - g)
+        above.append(w - g > spread)
+        cells.append(f"{w - g:+.3f} (" + ("one seed: no spread" if one_seed else
+                                          f"{'above' if w - g > spread else 'not above'} {spread:.3f}") + ")")
+    share_rows = []
+    for m, vals in per.items():
+        if m in (GLOBAL, WINDOWED):
+            continue
+        row = [m]
+        for i in range(columns):
+            w, g = stats[WINDOWED][i][0], stats[GLOBAL][i][0]
+            unchecked = one_seed and w - g > 0
+            shares = [gain_share(v[i], w, g, spread=0.0 if unchecked else spreads[i]) for v in vals]
+            cell = "–" if any(s is None for s in shares) else fmt_mean_std(shares, 2)
+            row.append(f"({cell})" if unchecked else cell)
+        share_rows.append(row)
+    return gains, cells, above, share_rows
+
+
+def _verdict(gains: list[float], above: list[bool], one_seed: bool) -> str:
+    """How many of the buckets' gains are above twice the spread; with one seed, how many are positive."""
+    if one_seed:
+        positive = sum(g > 0 for g in gains)
+        return f"the gain is positive in {positive} of {len(gains)} buckets (one seed: no spread to hold it against)"
+    return f"the gain is above twice the spread in {sum(above)} of {len(gains)} buckets"
+
+
+def _net_of_reference(vals: list[list[float]], ref: int, past: list[int]) -> list[list[float]]:
+    """Each seed's bpb in the buckets ``past`` less its own bpb in bucket ``ref``."""
+    return [[v[i] - v[ref] for i in past] for v in vals]
+
+
 def gain_section(groups: dict[str, list[dict]], directory: Path | None = None) -> list[str]:
     """The "past the window" section of a bench report: bpb by context length inside documents for every model,
     the global model's gain over the windowed one (and whether it is above twice the seeds' spread), each other
-    model's share of it, and a plot. Empty when the records have no ``window_bpb``."""
+    model's share of it, the same net of the gap in the last bucket inside the window (where every model sees the
+    same context), and a plot. Empty when the records have no ``window_bpb``."""
     first = next((r for runs in groups.values() for r in runs if r["metrics"].get("window_edges")), None)
     if first is None:
         return []
@@ -126,36 +175,32 @@ def gain_section(groups: dict[str, list[dict]], directory: Path | None = None) -
              f"of positions; the windowed models see {window} tokens past the first {window} positions. Mean ± "
              "std over seeds.\n", markdown_table(["model"] + head, rows)]
     out = ["\n".join(lines)]
+    past = [i for i, (a, _) in enumerate(buckets) if a >= window]
     if GLOBAL in stats and WINDOWED in stats:
-        gains, spreads, shown = [], [], []
-        for i in range(len(buckets)):
-            (g, gs), (w, ws) = stats[GLOBAL][i], stats[WINDOWED][i]
-            one_seed = min(len(per[GLOBAL]), len(per[WINDOWED])) < 2
-            spread = float("nan") if one_seed else 2 * max(gs, ws)  # one seed: no spread, so no share
-            gains.append(w - g)
-            spreads.append(spread)
-            shown.append(f"{w - g:+.3f} (" + ("one seed: no spread" if not math.isfinite(spread) else
-                                              f"{'above' if w - g > spread else 'not above'} {spread:.3f}") + ")")
-        share_rows = []
-        for m in stats:
-            if m in (GLOBAL, WINDOWED):
-                continue
-            cells = []
-            for i in range(len(buckets)):
-                shares = [gain_share(v[i], stats[WINDOWED][i][0], stats[GLOBAL][i][0], spread=spreads[i])
-                          for v in per[m]]
-                cells.append("–" if any(s is None for s in shares) else fmt_mean_std(shares, 2))
-            share_rows.append([m] + cells)
-        past = [i for i, (a, _) in enumerate(buckets) if a >= window]
-        verdict = sum(gains[i] > spreads[i] for i in past)
+        one_seed = min(len(per[GLOBAL]), len(per[WINDOWED])) < 2
+        gains, cells, above, share_rows = _gain_rows(per, len(buckets))
+        verdict = _verdict([gains[i] for i in past], [above[i] for i in past], one_seed)
         text = ["### The global model's gain, and each model's share of it\n",
                 f"Gain = windowed − global bpb per bucket, beside twice the larger of their seed spreads (std). "
-                f"Past the window the gain is above that in {verdict} of {len(past)} buckets. Share = (windowed − "
+                f"Past the window {verdict}. Share = (windowed − "
                 "model) / (windowed − global): 0 is no better than the windowed Transformer, 1 is as good as the "
-                "global one; – where the gain is not above twice the spread. A share per seed of the model, "
-                "against the reference models' means.\n",
-                markdown_table(["", *head], [["gain", *shown]] + share_rows)]
+                "global one; – where the gain is not above twice the spread (in parentheses where one seed leaves "
+                "the spread unknown). A share per seed of the model, against the reference models' means.\n",
+                markdown_table(["", *head], [["gain", *cells]] + share_rows)]
         out.append("\n".join(text))
+        ref = max(i for i, (_, b) in enumerate(buckets) if b <= window)
+        if past:
+            net = {m: _net_of_reference(vals, ref, past) for m, vals in per.items()}
+            gains, cells, above, share_rows = _gain_rows(net, len(past))
+            text = [f"### Net of the gap inside the window (from {head[ref]} on)\n",
+                    f"Inside the window every model sees the same context, so a gap there is how well a model learnt, "
+                    f"not how much context it used. Here each model's bpb in a bucket past the window is taken less "
+                    f"its own bpb in {head[ref]}: the gain is then how much more the global model improves from "
+                    f"{head[ref]} to that bucket than the windowed one (its use of the tokens past the window), and "
+                    f"a share is the part of that a model recovers. Past the window {_verdict(gains, above, one_seed)}."
+                    "\n",
+                    markdown_table(["", *[head[i] for i in past]], [["net gain", *cells]] + share_rows)]
+            out.append("\n".join(text))
     if directory is not None:
         mids = [math.sqrt(max(a, 1) * b) for a, b in buckets]
         series = {m: (mids, [s[0] for s in stats[m]], [s[1] if math.isfinite(s[1]) else 0.0 for s in stats[m]])

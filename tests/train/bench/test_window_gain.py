@@ -3,6 +3,7 @@ computed one sequence at a time, the gain share, and the report section from cra
 from __future__ import annotations
 
 import math
+import statistics
 
 import numpy as np
 import pytest
@@ -100,16 +101,53 @@ def test_gain_section_from_crafted_records(tmp_path):
     assert "9 validation blocks of 16 tokens" in text
     # gains per bucket: 0, 0, 1.0 (spread 0: above), 1.0 (transformer's std 0.141: twice 0.283, above)
     assert "| gain | +0.000 (not above 0.000) | +0.000 (not above 0.000) | +1.000 (above 0.000) | +1.000 (above 0.283) |" in text
-    assert "Past the window the gain is above that in 2 of 2 buckets" in text
+    assert "Past the window the gain is above twice the spread in 2 of 2 buckets" in text
     # hybrid's shares per seed: [4, 8): 0.5 and 0.0; [8, 16): 0.5 and 1.0 (the means of the reference models)
     assert "| hybrid | – | – | 0.25 ± 0.35 | 0.75 ± 0.35 |" in text
     assert (tmp_path / "bpb_by_context.png").is_file()
     assert gain_section({"transformer": [{"model": "transformer", "metrics": {}, "config": {}}]}) == []
 
 
-def test_gain_section_with_one_seed_gives_no_share():
+def test_gain_section_with_one_seed_shows_shares_in_parentheses():
     records = {m: [_record(m, 0, bpb)] for m, bpb in (("transformer", [3, 2, 1, 1]), ("transformer-window", [3, 2, 2, 2]),
-                                                     ("hybrid", [3, 2, 1.5, 1.5]))}
+                                                     ("hybrid", [3, 2, 1.5, 1.75]))}
     text = "\n".join(gain_section(records))
     assert "+1.000 (one seed: no spread)" in text
-    assert "| hybrid | – | – | – | – |" in text
+    assert "Past the window the gain is positive in 2 of 2 buckets (one seed: no spread to hold it against)" in text
+    assert "| hybrid | – | – | (0.50) | (0.25) |" in text  # no gain inside the window: nothing to share
+
+
+def _net_records():
+    """The global model 0.5 bpb behind the windowed one inside the window and less behind past it: a negative gain,
+    a positive one net of the gap in [2, 4), the last bucket inside the window of 4."""
+    return {
+        "transformer": [_record("transformer", 0, [3.5, 2.5, 2.3, 2.2]),
+                        _record("transformer", 1, [3.5, 2.6, 2.42, 2.3])],
+        "transformer-window": [_record("transformer-window", s, [3.0, 2.0, 2.0, 2.0]) for s in (0, 1)],
+        "hybrid": [_record("hybrid", 0, [3.2, 2.2, 2.1, 2.05]), _record("hybrid", 1, [3.2, 2.2, 2.0, 1.95])],
+    }
+
+
+def test_gain_section_net_of_the_gap_inside_the_window():
+    records = _net_records()
+    text = "\n".join(gain_section(records))
+    raw, net = text.split("### Net of the gap inside the window (from [2, 4) on)")
+    assert ("| gain | -0.500 (not above 0.000) | -0.550 (not above 0.141) | -0.360 (not above 0.170) "
+            "| -0.250 (not above 0.141) |") in raw
+    assert "| hybrid | – | – | – | – |" in raw
+    assert "Past the window the gain is above twice the spread in 0 of 2 buckets" in raw
+    # each seed less its own [2, 4): global [-0.2, -0.3] and [-0.18, -0.3]; windowed [0, 0]
+    assert "| net gain | +0.190 (above 0.028) | +0.300 (above 0.000) |" in net
+    assert "Past the window the gain is above twice the spread in 2 of 2 buckets" in net
+    # hybrid's seeds less their own [2, 4): [-0.1, -0.15] and [-0.2, -0.25]; share = (0 − that) / net gain
+    shares = [[0.1 / 0.19, 0.2 / 0.19], [0.15 / 0.3, 0.25 / 0.3]]
+    cells = [f"{statistics.fmean(v):.2f} ± {statistics.stdev(v):.2f}" for v in shares]
+    assert f"| hybrid | {cells[0]} | {cells[1]} |" in net
+
+
+def test_gain_section_net_with_one_seed():
+    records = {m: runs[:1] for m, runs in _net_records().items()}
+    net = "\n".join(gain_section(records)).split("### Net of the gap")[1]
+    assert "| net gain | +0.200 (one seed: no spread) | +0.300 (one seed: no spread) |" in net
+    assert f"| hybrid | ({0.1 / 0.2:.2f}) | ({0.15 / 0.3:.2f}) |" in net
+    assert "the gain is positive in 2 of 2 buckets (one seed: no spread to hold it against)" in net
