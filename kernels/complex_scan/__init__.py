@@ -11,9 +11,15 @@ and ``hybrid::complex_scan_backward`` (torch.compile traces through them, fullgr
 arguments, picks a backend and runs packed sequences (``cu_seqlens``, fla's op contract): ``complex_scan(x,
 log_decay, theta, initial_state=None, *, output_final_state=False, cu_seqlens=None, ...) -> (y, final or None)``.
 """
+import os
+
+from ..triton_interpreter import squeeze_index_in_old_interpreters
 from .interface import (complex_scan, complex_scan_step, complex_scan_transition_step, resolve_backend,
                         transition_pairs)
 from .reference import complex_scan_reference
+
+if os.environ.get("TRITON_INTERPRET") == "1":  # before any kernel runs: Triton 3.6's interpreter under NumPy 2.4
+    squeeze_index_in_old_interpreters()
 
 __all__ = ["complex_scan", "complex_scan_step", "complex_scan_transition_step", "complex_scan_reference",
            "resolve_backend", "transition_pairs"]
