@@ -109,14 +109,13 @@ def _per_bucket(runs: list[dict]) -> list[list[float]]:
     return [r["metrics"]["window_bpb"] for r in runs if r["metrics"].get("window_bpb")]
 
 
-def _gain_rows(per: dict[str, list[list[float]]], columns: int
+def _gain_rows(per: dict[str, list[list[float]]], columns: int, one_seed: bool
                ) -> tuple[list[float], list[str], list[bool], list[list[str]]]:
     """From every model's per-seed values of ``columns`` columns: the global model's gain over the windowed one per
     column, its cell (with twice the larger of their seed spreads, or "one seed"), whether it is above that spread,
-    and one row of shares per other model. With one seed a positive gain's shares are shown in parentheses: its
-    spread is unknown."""
+    and one row of shares per other model. With ``one_seed`` (of either reference model) a positive gain's shares
+    are shown in parentheses: its spread is unknown."""
     stats = {m: [mean_std([v[i] for v in vals]) for i in range(columns)] for m, vals in per.items()}
-    one_seed = min(len(per[GLOBAL]), len(per[WINDOWED])) < 2
     gains, cells, above, spreads = [], [], [], []
     for i in range(columns):
         (g, gs), (w, ws) = stats[GLOBAL][i], stats[WINDOWED][i]
@@ -178,7 +177,7 @@ def gain_section(groups: dict[str, list[dict]], directory: Path | None = None) -
     past = [i for i, (a, _) in enumerate(buckets) if a >= window]
     if GLOBAL in stats and WINDOWED in stats:
         one_seed = min(len(per[GLOBAL]), len(per[WINDOWED])) < 2
-        gains, cells, above, share_rows = _gain_rows(per, len(buckets))
+        gains, cells, above, share_rows = _gain_rows(per, len(buckets), one_seed)
         verdict = _verdict([gains[i] for i in past], [above[i] for i in past], one_seed)
         text = ["### The global model's gain, and each model's share of it\n",
                 f"Gain = windowed − global bpb per bucket, beside twice the larger of their seed spreads (std). "
@@ -191,7 +190,7 @@ def gain_section(groups: dict[str, list[dict]], directory: Path | None = None) -
         ref = max(i for i, (_, b) in enumerate(buckets) if b <= window)
         if past:
             net = {m: _net_of_reference(vals, ref, past) for m, vals in per.items()}
-            gains, cells, above, share_rows = _gain_rows(net, len(past))
+            gains, cells, above, share_rows = _gain_rows(net, len(past), one_seed)
             text = [f"### Net of the gap inside the window (from {head[ref]} on)\n",
                     f"Inside the window every model sees the same context, so a gap there is how well a model learnt, "
                     f"not how much context it used. Here each model's bpb in a bucket past the window is taken less "
