@@ -14,7 +14,8 @@ takes rides along until half the slots are free; the batch then shrinks to its l
 With ``compile``, that step runs under ``torch.compile(model, dynamic=True)`` (``compiled_step.decode_step``): the
 batch growing and shrinking is a symbolic size, so the graphs are reused; the prefills stay eager. With
 ``compile="cuda-graph"`` it is replayed from a CUDA graph (``graphed_step.py``), one per batch size, the batch
-state copied into it after requests join or leave.
+state copied into it after requests join or leave; the batch then shrinks to a power of two (free rows riding
+along), so that a drain records at most log2(max_batch) graphs and a later one records none.
 
 Each request's tokens are those of decoding it alone with its seed (``generate`` on that prompt with
 ``torch.Generator().manual_seed(seed)``): the same draws from the same distributions, the logits equal to
@@ -79,12 +80,14 @@ class Decoder:
     how prompts are read ("parallel" or "chunked"); ``vocab_limit``: ids from it up are never produced; ``seed``:
     the seed of requests that give none (plus their index); ``compile``: True or a dict of ``torch.compile``
     options runs the decode steps compiled, "cuda-graph" replays them from CUDA graphs, one per batch size
-    ("compiled-cuda-graph": graphs of the compiled step; ``decode_step``)."""
+    ("compiled-cuda-graph": graphs of the compiled step; ``decode_step``). With graphs the batch shrinks to a
+    power of two, free rows riding along, so that a few batch sizes, each recorded once, serve every drain."""
 
     def __init__(self, model, max_batch: int = 8, *, prefill: str = "parallel", chunk_size: int | None = None,
                  vocab_limit: int | None = None, seed: int = 0, compile=False):
         self.model = model
         self.step = decode_step(model, compile)
+        self.graphed = isinstance(compile, str)  # a graph per batch size: shrink to powers of two
         self.max_batch = check_int("max_batch", max_batch, low=1)
         if prefill not in ("parallel", "chunked"):
             raise ValueError(f"prefill: expected 'parallel' or 'chunked', got {prefill!r}")
@@ -146,11 +149,22 @@ class Decoder:
             if not live:
                 continue
             if 2 * len(live) <= len(slots) and queue.exhausted:  # nothing left to take the free slots: shrink
-                keep = torch.tensor(live, device=self.device)
+                rows = self._rows_to_keep(live, slots)
+                keep = torch.tensor(rows, device=self.device)
                 state, logits, token = state.select(keep), logits[keep], token[keep]
-                slots = [slots[row] for row in live]
+                slots = [slots[row] for row in rows]
             step_logits, state = self.step(token[:, None], state=state)  # (B, 1, V): one step for every row
             logits = step_logits[:, 0]
+
+    def _rows_to_keep(self, live: list[int], slots: list) -> list[int]:
+        """The rows a shrinking batch keeps: its live ones; with graphs, free ones too up to the next power of two
+        (vLLM's padding to captured sizes): the batch then takes only the sizes 1, 2, 4 … below ``max_batch``,
+        where each would otherwise record a graph for every count of live rows it met."""
+        if not self.graphed:
+            return live
+        size = 1 << (len(live) - 1).bit_length()  # < 2·len(live) <= len(slots): still a shrink
+        free = [row for row, slot in enumerate(slots) if slot is None]
+        return sorted(live + free[:size - len(live)])
 
     def _admit(self, taken, free: list[int], slots: list, state, logits):
         """Prefill the taken requests as one packed forward and write their states into free rows (the lowest

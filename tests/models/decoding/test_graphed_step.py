@@ -155,6 +155,31 @@ def test_generate_and_continuous_batching_give_the_eager_tokens(name, model_of):
     assert counts["loaded"] >= counts["recorded"] - 1, counts
 
 
+def test_a_draining_graphed_batch_shrinks_to_powers_of_two(model_of):
+    """With graphs, a shrinking batch keeps free rows up to a power of two: every step's batch is max_batch or a
+    power of two, where eager continuous batching shrinks to its live rows (6, 3, 1 here), so a second run of the
+    same requests records no graph; the tokens are eager continuous batching's."""
+    model = model_of(CASES["hybrid-window"])
+    requests = [Request(prompt=[1 + i % 5] * (1 + i % 4), max_new_tokens=n, temperature=0)
+                for i, n in enumerate(range(2, 13))]
+
+    def batch_sizes(decoder):
+        sizes, step = [], decoder.step
+        decoder.step = lambda token, state: sizes.append(token.shape[0]) or step(token, state=state)
+        got = {done.index: done.tokens.tolist() for done in decoder.run(requests)}
+        decoder.step = step
+        return [got[i] for i in range(len(requests))], sizes
+
+    want, eager_sizes = batch_sizes(Decoder(model, max_batch=6))
+    assert 3 in eager_sizes, eager_sizes  # the drain meets a batch that is not a power of two
+    decoder = Decoder(model, max_batch=6, compile="traced-graph")
+    got, sizes = batch_sizes(decoder)
+    assert got == want
+    assert set(sizes) == {6, 4, 2, 1}, sizes
+    recorded = decoder.step.counts["recorded"]
+    assert batch_sizes(decoder)[0] == want and decoder.step.counts["recorded"] == recorded
+
+
 @pytest.mark.parametrize("name, steps", [("hybrid-window", STEPS), ("vo-gla", STEPS), ("transformer", 6)])
 def test_compiled_replays_equal_eager_steps(name, steps, float64_model_of):
     """The step as torch.compile runs it (``compiled=True``: what a CUDA graph then records), through its CPU
