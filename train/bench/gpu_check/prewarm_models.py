@@ -263,6 +263,5 @@ def tiny_model_scan_calls():
     found: list = []
     with _recording(found, sizes=True):
         _tiny_model_runs()
-    for call, rows, steps in dict.fromkeys(found):
-        yield (f"tiny models: {call.label()}, {rows} x {steps}",
-               lambda call=call, rows=rows, steps=steps: replay(call, rows, steps))
+    for call, rows, steps in dict.fromkeys(found):  # (recorded without tokens: a step a token)
+        yield from _replays("tiny models", (call,), ((rows, steps),))
