@@ -39,7 +39,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from hybrid.kernels.context_parallel import vo_gla_cp
-from hybrid.kernels.varlen import check_cu_seqlens
+from hybrid.kernels.varlen import device_offsets, packed_offsets
 from hybrid.kernels.vo_gla import DEFAULT_TILE_SIZE, vo_gla, vo_gla_step
 
 from .batch_state import TensorState
@@ -229,7 +229,7 @@ class VOGatedLinearAttention(Mixer):
         conv reads the W − 1 inputs before this rank's shard (``causal_conv1d_cp``)."""
         qk = torch.cat([self.q_proj(x), self.k_proj(x)], dim=-1)  # (B, T, 2·H·Dk) or (B, 2·H·Dk)
         if self.conv is None:  # no conv: an empty tail, one row per sequence
-            rows = qk.shape[0] if cu_seqlens is None else cu_seqlens.numel() - 1
+            rows = qk.shape[0] if cu_seqlens is None else device_offsets(cu_seqlens).numel() - 1
             new = qk.new_zeros(rows, 0, qk.shape[-1])
         elif step:
             qk, new = self.conv.step(qk, conv_state)
@@ -276,8 +276,8 @@ class VOGatedLinearAttention(Mixer):
             return self._forward_shard(x, shard), None
         N = None
         if cu_seqlens is not None:
-            cu_seqlens = check_cu_seqlens(cu_seqlens, x.shape[1], x.device, batch=x.shape[0])
-            N = cu_seqlens.numel() - 1
+            cu_seqlens = packed_offsets(cu_seqlens, x.shape[1], x.device, batch=x.shape[0])  # checked once
+            N = cu_seqlens.num_sequences
             conv0, S0 = self._stack_states(state, N, x)
         elif state is not None:
             self._check_state(state, x.shape[0])

@@ -193,7 +193,7 @@ class MultiScaleRetention(Mixer):
         log_decay = retention_log_decay(self.n_heads, x.device, cdt)
         with torch.autocast(x.device.type, enabled=False):  # keep the retention and S in cdt
             o, S = retention_chunkwise(q, k, v, log_decay, S, output_final_state=output_final_state,
-                                       tile_size=self.tile_size)  # (B, T, H, D)
+                                       tile_size=self.tile_size, check_values=False)  # (B, T, H, D)
         y = self._output(x, o)
         return y, (RetentionState(S=S) if output_final_state else None)
 
@@ -226,7 +226,7 @@ class MultiScaleRetention(Mixer):
         log_decay = retention_log_decay(self.n_heads, x.device, cdt)
         with torch.autocast(x.device.type, enabled=False):  # keep the retention and S in cdt
             o, S = retention_chunkwise(q, k, v, log_decay, S, output_final_state=output_final_state,
-                                       cu_seqlens=packed, tile_size=self.tile_size)
+                                       cu_seqlens=packed, tile_size=self.tile_size, check_values=False)
         y = self._output(x, o)
         if not output_final_state:
             return y, None
@@ -247,6 +247,6 @@ class MultiScaleRetention(Mixer):
         q, k, v = q[:, 0], k[:, 0], v[:, 0]  # (B, H, D)
         log_decay = retention_log_decay(self.n_heads, x.device, cdt)  # (H,)
         with torch.autocast(x.device.type, enabled=False):  # keep the retention and S in cdt
-            o, S = retention_step(q, k, v, log_decay, state.S.to(cdt))  # (B, H, D), (B, H, D, D)
+            o, S = retention_step(q, k, v, log_decay, state.S.to(cdt), check_values=False)  # (B, H, D), (B, H, D, D)
         y = self._output(x[:, None], o[:, None])[:, 0]  # (B, d_model)
         return y, RetentionState(S=S)

@@ -1,5 +1,6 @@
 """What the two ops with a matrix state per head share, retention (``hybrid.kernels.retention``) and VO-RoPE gated
-linear attention (``hybrid.kernels.vo_gla``): the state's dtype, its check, and the result of an empty input."""
+linear attention (``hybrid.kernels.vo_gla``): the state's dtype, its check, the check of the decay's values, and
+the result of an empty input."""
 from __future__ import annotations
 
 import torch
@@ -28,6 +29,17 @@ def check_state(state, name: str, shape: tuple[int, ...], q: Tensor, layout: str
         raise ValueError(f"{name}: expected a floating dtype, got {state.dtype}")
     if state.device != q.device:
         raise ValueError(f"{name}: expected a tensor on {q.device} (the device of q), got {state.device}")
+
+
+def bad_decay_error(log_decay: Tensor, name: str = "log_decay") -> ValueError:
+    """The one-line error for a log decay that is not finite and ≤ 0 (called once a check found one)."""
+    if torch.isnan(log_decay).any():
+        got = "NaN"
+    elif torch.isinf(log_decay).any():
+        got = "inf" if (log_decay == float("inf")).any() else "-inf (a decay of 0)"
+    else:
+        got = f"a maximum of {log_decay.max().item():.4g}"
+    return ValueError(f"{name}: expected finite values <= 0 (the log of a decay in (0, 1]), got {got}")
 
 
 def check_tile_size(tile_size) -> None:

@@ -165,6 +165,12 @@ def host_offsets(cu_seqlens) -> list[int]:
     return device_offsets(cu_seqlens).tolist()
 
 
+def whole_rows(T: int, device) -> Tensor:
+    """``(2,)`` int64 offsets ``[0, T]`` (T ≥ 1): one sequence per row, made on ``device`` by a kernel.
+    ``torch.tensor([0, T], device=…)`` would copy them from the host, which waits for the stream (a sync)."""
+    return torch.arange(0, T + 1, T, device=device)
+
+
 def lengths(cu_seqlens: Tensor) -> Tensor:
     """``(N,)`` sequence lengths."""
     return cu_seqlens[1:] - cu_seqlens[:-1]

@@ -41,5 +41,5 @@ class RotaryConfig:
             return
         try:
             inv_freq(dim, self.base, self.scaling)
-        except ValueError as e:
-            raise ValueError(f"scaling: {e}") from None
+        except ValueError as e:  # inv_freq names most keys itself ("scaling['factor']: …"): no second prefix
+            raise (e if str(e).startswith("scaling") else ValueError(f"scaling: {e}")) from None

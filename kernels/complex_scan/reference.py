@@ -65,8 +65,9 @@ def complex_scan_reference(
     bounds = host_offsets(check_cu_seqlens(cu_seqlens, x.shape[1], x.device, batch=x.shape[0]))
     log_decay, theta = (torch.as_tensor(t, device=x.device) for t in (log_decay, theta))
 
-    def part(t, s, e):  # the sequence's time steps of a per-token tensor (1, T, H, P), or the static one
-        return t[:, s:e] if t.dim() == 4 and t.shape[1] > 1 else t
+    def part(t, s, e):  # the sequence's time steps of a per-token tensor ((T, H, P) or (1, T, H, P)), or the static one
+        t = t.reshape((1,) * (4 - t.dim()) + tuple(t.shape))  # any broadcastable shape -> 4-D (…, Td, H, P)
+        return t[:, s:e] if t.shape[1] > 1 else t
 
     ys, finals = [], []
     for n, (s, e) in enumerate(zip(bounds[:-1], bounds[1:])):

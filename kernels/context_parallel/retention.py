@@ -47,9 +47,9 @@ def retention_cp(q: Tensor, k: Tensor, v: Tensor, log_gamma: Tensor, initial_sta
         local_init = None
     if shard.world == 1:
         return retention_chunkwise(q, k, v, log_gamma, local_init, output_final_state=output_final_state,
-                                   cu_seqlens=cu, tile_size=tile_size)
+                                   cu_seqlens=cu, tile_size=tile_size, check_values=False)
     o, finals = retention_chunkwise(q, k, v, log_gamma, local_init, output_final_state=True, cu_seqlens=cu,
-                                    tile_size=tile_size)
+                                    tile_size=tile_size, check_values=False)
     final = finals[-1:] if shard.packed else finals  # (B or 1, H, Dk, Dv)
     rows, H = final.shape[:2]
     lg = log_gamma.to(final.dtype)

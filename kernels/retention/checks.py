@@ -2,15 +2,17 @@
 
 ``check_cu_seqlens`` is the shared one of every op (``hybrid.kernels.varlen``): its value checks read the
 offsets back (one device sync) and are skipped while ``torch.compile`` traces. The static checks (shapes,
-dtypes, devices) always run: they cost nothing and trace cleanly.
+dtypes, devices) always run: they cost nothing and trace cleanly; the decay's values (``check_decay_values``) are
+read back once unless the caller says they are right by construction (``check_values=False``, the model's).
 """
 from __future__ import annotations
 
 import warnings
 
+import torch
 from torch import Tensor
 
-from ..matrix_state import FLOAT_DTYPES, check_state, check_tile_size, state_dtype  # noqa: F401 (this op's names)
+from ..matrix_state import FLOAT_DTYPES, bad_decay_error, check_state, check_tile_size, state_dtype  # noqa: F401
 from ..varlen import check_cu_seqlens as _check_cu_seqlens
 
 
@@ -33,6 +35,15 @@ def check_qkv(q, k, v, log_decay) -> None:
         raise ValueError(f"v: expected shape {tuple(q.shape[:3])} + (Dv,), got {tuple(v.shape)}")
     if log_decay.shape != (q.shape[2],):
         raise ValueError(f"log_decay: expected shape ({q.shape[2]},), got {tuple(log_decay.shape)}")
+
+
+def check_decay_values(log_decay: Tensor) -> None:
+    """``log_decay`` finite and ≤ 0 (NaN, +inf and −inf refused: γ^0 of a decay of 0 is undefined in the closed
+    forms): one host sync, none while torch.compile traces."""
+    if torch.compiler.is_compiling():
+        return
+    if (~(torch.isfinite(log_decay) & (log_decay <= 0))).any().item():
+        raise bad_decay_error(log_decay)
 
 
 def decay_argument(log_decay, log_gamma, op: str) -> Tensor:

@@ -34,7 +34,9 @@ from torch import Tensor
 
 from ..complex_scan import complex_scan
 from ..matrix_state import empty_input_result
-from .checks import check_cu_seqlens, check_qkv, check_state, check_tile_size, decay_argument, state_dtype
+from ..varlen import whole_rows
+from .checks import (check_cu_seqlens, check_decay_values, check_qkv, check_state, check_tile_size, decay_argument,
+                     state_dtype)
 
 DEFAULT_TILE_SIZE = 64
 
@@ -144,7 +146,7 @@ def _forward(q, k, v, log_decay, initial_state, cu_seqlens, tile_size: int, outp
     packed = cu_seqlens is not None
     if T == 0:  # nothing to mix: the state passes through
         return empty_input_result(q, v, initial_state, cu_seqlens, output_final_state)
-    cu = cu_seqlens.to(torch.long) if packed else torch.tensor([0, T], device=q.device)
+    cu = cu_seqlens.to(torch.long) if packed else whole_rows(T, q.device)
     init = None
     if initial_state is not None:
         init = initial_state.to(sdt)
@@ -262,7 +264,7 @@ _op.register_autograd(_backward, setup_context=_setup_context)
 def retention_chunkwise(q: Tensor, k: Tensor, v: Tensor, log_decay: Tensor | None = None,
                         initial_state: Tensor | None = None, *, output_final_state: bool = False,
                         cu_seqlens: Tensor | None = None, tile_size: int = DEFAULT_TILE_SIZE,
-                        log_gamma: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
+                        log_gamma: Tensor | None = None, check_values: bool = True) -> tuple[Tensor, Tensor | None]:
     """q, k: ``(B, T, H, Dk)``; v: ``(B, T, H, Dv)``; log_decay: ``(H,)``; initial_state: ``(B, H, Dk, Dv)``, or
     ``(N, H, Dk, Dv)`` with cu_seqlens, or None (zeros); cu_seqlens: ``(N+1,)`` offsets of N sequences packed
     into a ``(1, total_T, …)`` batch (None: each row is one sequence); tile_size: the tile length C (any
@@ -270,11 +272,14 @@ def retention_chunkwise(q: Tensor, k: Tensor, v: Tensor, log_decay: Tensor | Non
 
     Returns ``o`` ``(B, T, H, Dv)`` (q's dtype) and, when output_final_state, the state after each sequence
     ``(B or N, H, Dk, Dv)`` (float32; float64 for float64 inputs), else None. The same numbers as
-    ``retention_reference``. ``log_gamma``: ``log_decay``'s old name (it still works).
+    ``retention_reference``. ``log_gamma``: ``log_decay``'s old name (it still works). ``check_values``: check
+    ``log_decay`` finite and ≤ 0 (one device sync); the model, whose decays are so by construction, passes False.
     """
     log_decay = decay_argument(log_decay, log_gamma, "retention_chunkwise")
     check_tile_size(tile_size)
     check_qkv(q, k, v, log_decay)
+    if check_values:
+        check_decay_values(log_decay)
     B, T, H, Dk = q.shape
     if cu_seqlens is not None:
         cu_seqlens = check_cu_seqlens(cu_seqlens, q)  # a PackedOffsets gives its tensor, without a read back

@@ -14,7 +14,7 @@ import torch
 from torch import Tensor
 
 from ..varlen import host_offsets
-from .checks import check_cu_seqlens, check_qkv, check_state, decay_argument, state_dtype
+from .checks import check_cu_seqlens, check_decay_values, check_qkv, check_state, decay_argument, state_dtype
 
 
 def _parallel(q: Tensor, k: Tensor, v: Tensor, log_decay: Tensor, S: Tensor | None):
@@ -43,10 +43,11 @@ def retention_reference(q: Tensor, k: Tensor, v: Tensor, log_decay: Tensor | Non
 
     Returns ``o`` ``(B, T, H, Dv)`` (q's dtype) and, when output_final_state, the state after each sequence
     ``(B or N, H, Dk, Dv)`` (float32; float64 for float64 inputs), else None. ``log_gamma``: ``log_decay``'s old
-    name (it still works).
+    name (it still works). ``log_decay`` must be finite and ≤ 0 (checked: one read back).
     """
     log_decay = decay_argument(log_decay, log_gamma, "retention_reference")
     check_qkv(q, k, v, log_decay)
+    check_decay_values(log_decay)
     B, T, H, Dk = q.shape
     Dv = v.shape[-1]
     sdt = state_dtype(q.dtype)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ..matrix_state import FLOAT_DTYPES, check_state, check_tile_size, state_dtype  # noqa: F401 (this op's names)
+from ..matrix_state import FLOAT_DTYPES, bad_decay_error, check_state, check_tile_size, state_dtype  # noqa: F401
 from ..varlen import check_cu_seqlens as _check_cu_seqlens
 
 
@@ -63,10 +63,7 @@ def check_values(log_decay: Tensor, theta: Tensor, names: tuple[str, str] = ("lo
     bad_decay, bad_theta = torch.stack([(~(torch.isfinite(log_decay) & (log_decay <= 0))).any(),
                                         (~torch.isfinite(theta)).any()]).tolist()
     if bad_decay:
-        got = f"a maximum of {log_decay.max().item():.4g}" if not torch.isnan(log_decay).any() else "NaN"
-        if torch.isinf(log_decay).any():
-            got = "inf"
-        raise ValueError(f"{names[0]}: expected finite values <= 0 (the log of a decay in (0, 1]), got {got}")
+        raise bad_decay_error(log_decay, names[0])
     if bad_theta:
         n_nan, n_inf = int(torch.isnan(theta).sum()), int(torch.isinf(theta).sum())
         raise ValueError(f"{names[1]}: expected finite angles, got {n_nan} NaN and {n_inf} inf")
@@ -74,8 +71,8 @@ def check_values(log_decay: Tensor, theta: Tensor, names: tuple[str, str] = ("lo
 
 def check_cu_seqlens(cu_seqlens, q: Tensor) -> int:
     """``(N+1,)`` integer offsets on q's device into ``q`` of shape ``(1, total_T, …)`` (the shared check of every
-    op, ``hybrid.kernels.varlen``). Returns N."""
-    _check_cu_seqlens(cu_seqlens, q.shape[1], q.device, "cu_seqlens", batch=q.shape[0])
-    return cu_seqlens.numel() - 1
+    op, ``hybrid.kernels.varlen``; a ``PackedOffsets``, checked where the batch entered the model, passes without
+    a read back). Returns N."""
+    return _check_cu_seqlens(cu_seqlens, q.shape[1], q.device, "cu_seqlens", batch=q.shape[0]).numel() - 1
 
 

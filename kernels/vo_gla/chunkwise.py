@@ -29,19 +29,23 @@ from torch import Tensor
 from .rotation import rotate
 
 
-def chunk_layout(cu: Tensor, T: int, C: int):
+def chunk_layout(cu: Tensor, T: int, C: int, bounds: tuple[int, ...] | None = None):
     """The chunk grid of the sequences ``cu`` ``(N+1,)`` over T tokens.
 
     Returns ``index`` ``(NC, C)`` (the token at each slot; 0 where the slot is past its chunk's sequence),
-    ``valid`` ``(NC, C)``, ``inverse`` ``(T,)`` (the flat slot of each token) and three lists of NC entries read
-    on the host: each chunk's sequence, whether it is its sequence's first chunk, whether its last."""
+    ``valid`` ``(NC, C)``, ``inverse`` ``(T,)`` (the flat slot of each token) and three lists of NC entries on the
+    host: each chunk's sequence, whether it is its sequence's first chunk, whether its last. ``bounds``: the same
+    offsets on the host (a ``PackedOffsets``'s), from which the lists come without reading ``cu`` back (a sync on
+    a GPU); without them the lists are read back once."""
     cu = cu.long()
     device = cu.device
     N = cu.numel() - 1
     lengths = cu[1:] - cu[:-1]  # (N,)
     per_seq = torch.div(lengths + C - 1, C, rounding_mode="floor")  # (N,): chunks of each sequence
     first_chunk = torch.cumsum(per_seq, 0) - per_seq  # (N,): the index of each sequence's first chunk
-    chunk_seq = torch.repeat_interleave(torch.arange(N, device=device), per_seq)  # (NC,)
+    host_lists = None if bounds is None else _host_chunk_lists(bounds, C)
+    chunk_seq = torch.repeat_interleave(torch.arange(N, device=device), per_seq,
+                                        output_size=None if host_lists is None else len(host_lists[0]))  # (NC,)
     j = torch.arange(chunk_seq.numel(), device=device) - first_chunk[chunk_seq]  # (NC,): chunk within its sequence
     start = cu[chunk_seq] + j * C  # (NC,)
     slot = torch.arange(C, device=device)
@@ -52,8 +56,21 @@ def chunk_layout(cu: Tensor, T: int, C: int):
     seq_t = torch.searchsorted(cu[1:].contiguous(), t, right=True)  # (T,)
     off = t - cu[seq_t]
     inverse = (first_chunk[seq_t] + torch.div(off, C, rounding_mode="floor")) * C + off % C  # (T,)
-    flags = torch.stack([chunk_seq, (j == 0).long(), (j == per_seq[chunk_seq] - 1).long()]).tolist()
-    return index, valid, inverse, flags[0], [bool(f) for f in flags[1]], [bool(f) for f in flags[2]]
+    if host_lists is None:
+        flags = torch.stack([chunk_seq, (j == 0).long(), (j == per_seq[chunk_seq] - 1).long()]).tolist()
+        host_lists = flags[0], [bool(f) for f in flags[1]], [bool(f) for f in flags[2]]
+    return (index, valid, inverse) + host_lists
+
+
+def _host_chunk_lists(bounds: tuple[int, ...], C: int) -> tuple[list[int], list[bool], list[bool]]:
+    """``chunk_layout``'s three host lists from the offsets on the host: each chunk's sequence, first, last."""
+    chunk_seq, first, last = [], [], []
+    for n, (a, b) in enumerate(zip(bounds, bounds[1:])):
+        count = -(-(b - a) // C)
+        chunk_seq += [n] * count
+        first += [True] + [False] * (count - 1)
+        last += [False] * (count - 1) + [True]
+    return chunk_seq, first, last
 
 
 def _gather(x: Tensor, index: Tensor, valid: Tensor) -> Tensor:
@@ -74,12 +91,12 @@ def _static_turns(th: Tensor, counts: Tensor, C: int) -> tuple[Tensor, Tensor, T
 
 
 def vo_gla_chunkwise(q: Tensor, k: Tensor, v: Tensor, g: Tensor, th: Tensor, init: Tensor | None, cu: Tensor,
-                     C: int, want_final: bool) -> tuple[Tensor, Tensor | None]:
+                     C: int, want_final: bool, bounds: tuple[int, ...] | None = None) -> tuple[Tensor, Tensor | None]:
     """The scheme of the module docstring. q, k ``(B, T, H, Dk)``, v ``(B, T, H, Dv)``, g ``(B, T, H)`` (log γ;
     may be an expanded view), th ``(Bd, Td, H, Dv/2)`` (θ; Bd ∈ {1, B}, Td ∈ {1, T}: Td = 1 is one angle per pair
     at every token), T ≥ 1, all in the state dtype; cu ``(N+1,)`` (the sequences, shared by the B rows); init
-    ``(B, N, H, Dk, Dv)`` or None (zeros). Returns o ``(B, T, H, Dv)`` and, if want_final, the final states
-    ``(B, N, H, Dk, Dv)``."""
+    ``(B, N, H, Dk, Dv)`` or None (zeros); bounds: ``cu`` on the host, or None (read back once). Returns o
+    ``(B, T, H, Dv)`` and, if want_final, the final states ``(B, N, H, Dk, Dv)``."""
     B, T, H, Dk = q.shape
     Dv = v.shape[-1]
     C = max(1, min(C, T))
@@ -92,7 +109,7 @@ def vo_gla_chunkwise(q: Tensor, k: Tensor, v: Tensor, g: Tensor, th: Tensor, ini
                                 for x in (q, k, v, g, *per_token))  # (B, NC, C, …)
         counts = (T - torch.arange(NC, device=q.device) * C).clamp(max=C) if static else None  # (NC,)
     else:
-        index, valid, inverse, chunk_seq, first, last = chunk_layout(cu, T, C)
+        index, valid, inverse, chunk_seq, first, last = chunk_layout(cu, T, C, bounds)
         qc, kc, vc, gc, *thc = (_gather(x, index, valid) for x in (q, k, v, g, *per_token))  # (B, NC, C, …)
         NC = index.shape[0]
         counts = valid.sum(1) if static else None  # (NC,)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import inspect
 from types import SimpleNamespace
 
 import torch
@@ -32,9 +33,20 @@ def fla_ops() -> SimpleNamespace | None:
     """fla's ``chunk_simple_gla`` and ``fused_recurrent_simple_gla``, or None when fla-core does not import."""
     try:
         module = importlib.import_module("fla.ops.simple_gla")
-        return SimpleNamespace(chunk=module.chunk_simple_gla, recurrent=module.fused_recurrent_simple_gla)
+        chunk = module.chunk_simple_gla
+        return SimpleNamespace(chunk=chunk, recurrent=module.fused_recurrent_simple_gla,
+                               takes_host_offsets=takes_host_offsets(chunk))
     except Exception:  # ImportError, or fla's own import-time failure on a machine without its needs
         return None
+
+
+def takes_host_offsets(chunk) -> bool:
+    """Whether fla's ``chunk_simple_gla`` takes ``cu_seqlens_cpu`` (fla-core 0.6 does): the offsets on the host,
+    from which it lays out its chunks instead of reading ``cu_seqlens`` back (a device sync per call)."""
+    try:
+        return "cu_seqlens_cpu" in inspect.signature(chunk).parameters
+    except (TypeError, ValueError):  # no signature to read
+        return False
 
 
 def fla_unsupported(device: torch.device, dtype: torch.dtype, Dk: int, Dv: int) -> str | None:
@@ -55,11 +67,16 @@ def _turn_state(S: Tensor, phase_last: Tensor, inverse: bool) -> Tensor:
 
 
 def vo_gla_fla(q: Tensor, k: Tensor, v: Tensor, g: Tensor, th: Tensor, initial_state: Tensor | None,
-               cu_seqlens: Tensor | None, output_final_state: bool, ops: SimpleNamespace | None = None):
+               cu_seqlens: Tensor | None, output_final_state: bool, ops: SimpleNamespace | None = None,
+               bounds: tuple[int, ...] | None = None):
     """q, k ``(B, T, H, Dk)``, v ``(B, T, H, Dv)``, g ``(Bd, Td, H)``, th ``(Bd, Td, H, P)`` (Bd ∈ {1, B},
-    Td ∈ {1, T}), initial_state ``(B or N, H, Dk, Dv)`` or None, T ≥ 1; ``ops`` defaults to ``fla_ops()``. Returns
+    Td ∈ {1, T}), initial_state ``(B or N, H, Dk, Dv)`` or None, T ≥ 1; ``ops`` defaults to ``fla_ops()``;
+    ``bounds``: ``cu_seqlens`` on the host (a ``PackedOffsets``'s), handed to an fla that takes them. Returns
     ``(o (B, T, H, Dv) in q's dtype, final (B or N, H, Dk, Dv) float32 or None)``."""
     ops = ops or fla_ops()
+    host = {}
+    if cu_seqlens is not None and bounds is not None and getattr(ops, "takes_host_offsets", False):
+        host = {"cu_seqlens_cpu": torch.tensor(bounds, dtype=cu_seqlens.dtype)}
     B, T, H, _ = q.shape
     phase = sequence_phase(th.float(), T, cu_seqlens)  # (Bd, T, H, P) in [0, 2π)
     cos, sin = torch.cos(phase), torch.sin(phase)
@@ -67,7 +84,7 @@ def vo_gla_fla(q: Tensor, k: Tensor, v: Tensor, g: Tensor, th: Tensor, initial_s
     gate = g.float().expand(B, T, H).contiguous()  # fla takes a per-token log decay (B, T, H)
     init = None if initial_state is None else initial_state.float()
     o, final = ops.chunk(q, k, v_turned, g=gate, scale=1.0, initial_state=init,
-                         output_final_state=output_final_state, cu_seqlens=cu_seqlens)
+                         output_final_state=output_final_state, cu_seqlens=cu_seqlens, **host)
     o = rotate(o.float(), cos, -sin).to(q.dtype)  # R_Φᵀ
     if output_final_state:
         if cu_seqlens is not None:  # each sequence's last token, in the one packed row

@@ -5,6 +5,7 @@ import torch
 from torch import Tensor
 
 from ..env import read_env
+from ..varlen import device_offsets
 from .checks import check_cu_seqlens, check_inputs, check_state, check_tile_size, state_dtype
 from .checks import check_values as check_value_ranges
 from .fla import fla_ops, fla_unsupported, vo_gla_step_fla
@@ -59,7 +60,9 @@ def vo_gla(q: Tensor, k: Tensor, v: Tensor, log_decay: Tensor, theta: Tensor, in
         initial_state: ``(B, H, Dk, Dv)`` (``(N, H, Dk, Dv)`` with cu_seqlens) or None (zeros).
         output_final_state: also return the state after each sequence (training passes False).
         cu_seqlens: None, or ``(N+1,)`` offsets of N sequences packed into one row; every state, decay sum and
-            phase restarts at each offset, and nothing crosses one.
+            phase restarts at each offset, and nothing crosses one. A ``PackedOffsets`` (``hybrid.kernels.varlen``,
+            checked once where the batch entered the model) is taken as it is: its host copy lays out the chunks,
+            so the torch form reads nothing back.
         tile_size: the chunk length C of the torch form (any positive int; the numbers do not depend on it).
         backend: "fla" (fla-core's simple GLA on CUDA), "torch" (the chunkwise torch form, any device) or
             "reference" (the O(T²) formula); default ``$HYBRID_GLA_BACKEND``, else fla where it imports and can
@@ -91,8 +94,9 @@ def vo_gla(q: Tensor, k: Tensor, v: Tensor, log_decay: Tensor, theta: Tensor, in
     log_decay, theta = _pad_dims(log_decay.to(sdt), 3), _pad_dims(theta.to(sdt), 4)  # (Bd, Td, H), (Bd, Td, H, P)
     if not torch.compiler.is_compiling():  # eager: plain autograd through the implementation, no recompute
         return forward(q, k, v, log_decay, theta, initial_state, cu_seqlens, tile_size, output_final_state, which)
-    o, final = vo_gla_op(q, k, v, log_decay.contiguous(), theta.contiguous(), initial_state, cu_seqlens, tile_size,
-                         output_final_state, which)
+    o, final = vo_gla_op(q, k, v, log_decay.contiguous(), theta.contiguous(), initial_state,
+                         None if cu_seqlens is None else device_offsets(cu_seqlens), tile_size, output_final_state,
+                         which)
     return o, (final if output_final_state else None)
 
 

@@ -14,6 +14,7 @@ from torch import Tensor
 
 from ..matrix_state import empty_input_result
 from ..recompute import recompute_vjp
+from ..varlen import PackedOffsets, device_offsets, whole_rows
 from .checks import state_dtype
 from .chunkwise import vo_gla_chunkwise
 from .fla import vo_gla_fla
@@ -22,22 +23,26 @@ from .fla import vo_gla_fla
 def forward(q: Tensor, k: Tensor, v: Tensor, log_decay: Tensor, theta: Tensor, initial_state: Tensor | None,
             cu_seqlens: Tensor | None, tile_size: int, output_final_state: bool, backend: str):
     """log_decay ``(Bd, Td, H)``, theta ``(Bd, Td, H, P)`` (Bd ∈ {1, B}, Td ∈ {1, T}); initial / final states
-    ``(N, H, Dk, Dv)`` with cu_seqlens, ``(B, H, Dk, Dv)`` without. Returns (o in q's dtype, final or None)."""
+    ``(N, H, Dk, Dv)`` with cu_seqlens (a tensor, or in eager calls a ``PackedOffsets``, whose host copy lays out
+    the chunks), ``(B, H, Dk, Dv)`` without. Returns (o in q's dtype, final or None)."""
     B, T, H, Dk = q.shape
     sdt = state_dtype(q.dtype)
     packed = cu_seqlens is not None
+    bounds = cu_seqlens.bounds if isinstance(cu_seqlens, PackedOffsets) else None  # on the host: no read back
+    cu_seqlens = None if cu_seqlens is None else device_offsets(cu_seqlens)
     if T == 0:  # nothing to mix: the state passes through
         return empty_input_result(q, v, initial_state, cu_seqlens, output_final_state)
     if backend == "fla":
-        return vo_gla_fla(q, k, v, log_decay, theta, initial_state, cu_seqlens, output_final_state)
-    cu = cu_seqlens.long() if packed else torch.tensor([0, T], device=q.device)
+        return vo_gla_fla(q, k, v, log_decay, theta, initial_state, cu_seqlens, output_final_state, bounds=bounds)
+    cu = cu_seqlens.long() if packed else whole_rows(T, q.device)
     init = None
     if initial_state is not None:
         init = initial_state.to(sdt)
         init = init[None] if packed else init[:, None]  # (B, N, H, Dk, Dv)
     g = log_decay.to(sdt).expand(B, T, H)
     th = theta.to(sdt)  # (Bd, Td, H, P): the chunkwise form keeps one angle per pair (Td = 1) unexpanded
-    o, final = vo_gla_chunkwise(q.to(sdt), k.to(sdt), v.to(sdt), g, th, init, cu, tile_size, output_final_state)
+    o, final = vo_gla_chunkwise(q.to(sdt), k.to(sdt), v.to(sdt), g, th, init, cu, tile_size, output_final_state,
+                                bounds=bounds)
     if final is not None:
         final = final[0] if packed else final[:, 0]
     return o.to(q.dtype), final

@@ -14,6 +14,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from ..varlen import host_offsets
 from .checks import check_cu_seqlens, check_inputs, check_state, state_dtype
 
 
@@ -72,7 +73,7 @@ def vo_gla_reference(q: Tensor, k: Tensor, v: Tensor, log_decay: Tensor, theta: 
         N = check_cu_seqlens(cu_seqlens, q)
         check_state(initial_state, "initial_state", (N, H, Dk, Dv), q, "(N, H, Dk, Dv)")
         outs, finals = [], []
-        bounds = cu_seqlens.tolist()
+        bounds = host_offsets(cu_seqlens)
         for n, (a, b) in enumerate(zip(bounds, bounds[1:])):  # each sequence alone
             o_n, f_n = _one_sequence(q_[:, a:b], k_[:, a:b], v_[:, a:b], g[:, a:b], th[:, a:b],
                                      None if S is None else S[n:n + 1])

@@ -109,6 +109,25 @@ def test_bad_tile_size(bad):
         retention_chunkwise(*make(1, 5, 1, 2, 2, False), tile_size=bad)
 
 
+@pytest.mark.parametrize("value, got", [(float("nan"), "NaN"), (0.25, "a maximum of 0.25"), (float("inf"), "inf"),
+                                        (float("-inf"), r"-inf \(a decay of 0\)")])
+@pytest.mark.parametrize("form", ["chunkwise", "reference", "step"])
+def test_bad_decay_values_are_refused_in_one_line(form, value, got):
+    """γ must be in (0, 1]: NaN, a positive log and ±inf are refused (−inf gave NaN outputs: γ^0 = exp(0·−inf)),
+    unless the caller says the values are right by construction, as the model does."""
+    q, k, v, lg, S = make(1, 5, 2, 2, 4, True)
+    lg = lg.clone()
+    lg[1] = value
+    call = {"chunkwise": lambda **kw: retention_chunkwise(q, k, v, lg, S, **kw),
+            "reference": lambda **kw: retention_reference(q, k, v, lg, S),
+            "step": lambda **kw: retention_step(q[:, 0], k[:, 0], v[:, 0], lg, S, **kw)}[form]
+    with pytest.raises(ValueError, match=rf"^log_decay: expected finite values <= 0 \(the log of a decay in "
+                                         rf"\(0, 1\]\), got {got}$"):
+        call()
+    if form != "reference":
+        call(check_values=False)  # not checked: the numbers are the caller's
+
+
 def test_empty_sequence_passes_the_state():
     q, k, v, lg, S = make(2, 0, 3, 4, 6, True)
     o, S2 = retention_chunkwise(q, k, v, lg, S, output_final_state=True)

@@ -245,6 +245,8 @@ def test_outputs_keep_the_input_dtype_and_states_are_float32():
     (lambda a: {**a, "log_decay": a["log_decay"].abs() + 0.1},
      r"^log_decay: expected finite values <= 0 \(the log of a decay in \(0, 1\]\), got a maximum of"),
     (lambda a: {**a, "log_decay": torch.full_like(a["log_decay"], float("-inf"))},
+     r"^log_decay: expected finite values <= 0 \(the log of a decay in \(0, 1\]\), got -inf \(a decay of 0\)$"),
+    (lambda a: {**a, "log_decay": torch.full_like(a["log_decay"], float("inf"))},
      r"^log_decay: expected finite values <= 0 \(the log of a decay in \(0, 1\]\), got inf$"),
     (lambda a: {**a, "theta": a["theta"] * float("nan")}, r"^theta: expected finite angles, got 72 NaN and 0 inf$"),
     (lambda a: {**a, "initial_state": a["initial_state"][:1]},

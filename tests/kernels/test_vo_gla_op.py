@@ -19,7 +19,7 @@ from hybrid.kernels.vo_gla import fla as fla_module  # (hybrid.kernels.vo_gla is
 from hybrid.kernels.vo_gla import interface
 from hybrid.kernels.vo_gla import BACKEND_ENV, resolve_backend, vo_gla, vo_gla_reference, vo_gla_step
 from hybrid.kernels.vo_gla.fla import vo_gla_fla, vo_gla_step_fla
-from hybrid.kernels.vo_gla.op import vo_gla_op
+from hybrid.kernels.vo_gla.op import forward, vo_gla_op
 from hybrid.kernels.vo_gla.rotation import sequence_phase
 
 F64 = torch.float64
@@ -96,7 +96,8 @@ def test_opcheck_passes():
 @pytest.fixture
 def fake_fla(monkeypatch):
     """fla's two functions as a stand-in, reported as importable."""
-    ops = SimpleNamespace(chunk=fake_chunk_simple_gla, recurrent=fake_fused_recurrent_simple_gla)
+    ops = SimpleNamespace(chunk=fake_chunk_simple_gla, recurrent=fake_fused_recurrent_simple_gla,
+                          takes_host_offsets=fla_module.takes_host_offsets(fake_chunk_simple_gla))
     monkeypatch.setattr(interface, "fla_ops", lambda: ops)
     monkeypatch.setattr(fla_module, "fla_ops", lambda: ops)
     return ops
@@ -149,10 +150,12 @@ CALLS = []
 
 
 def fake_chunk_simple_gla(q, k, v, g=None, scale=None, initial_state=None, output_final_state=False,
-                          cu_seqlens=None):
-    """fla's chunk_simple_gla's arguments and meaning (g: (B, T, H) log decay; states (N, H, K, V)), computed by
-    the formula with θ = 0."""
-    CALLS.append(dict(g_shape=tuple(g.shape), scale=scale, cu=cu_seqlens))
+                          cu_seqlens=None, cu_seqlens_cpu=None):
+    """fla's chunk_simple_gla's arguments and meaning (g: (B, T, H) log decay; states (N, H, K, V); fla-core 0.6's
+    host copy of the offsets), computed by the formula with θ = 0."""
+    if cu_seqlens_cpu is not None:
+        assert cu_seqlens_cpu.device.type == "cpu" and torch.equal(cu_seqlens_cpu, cu_seqlens.cpu())
+    CALLS.append(dict(g_shape=tuple(g.shape), scale=scale, cu=cu_seqlens, host=cu_seqlens_cpu is not None))
     theta = torch.zeros(*v.shape[:-1], v.shape[-1] // 2, dtype=v.dtype)
     return vo_gla_reference(q * scale, k, v, g, theta, initial_state, output_final_state=output_final_state,
                             cu_seqlens=cu_seqlens)
@@ -177,7 +180,7 @@ def test_the_fla_adapter_equals_the_reference(fake_fla, packed, static):
     g, th = leaves[3].reshape(1, 1, -1) if static else leaves[3], leaves[4][None, None] if static else leaves[4]
     CALLS.clear()
     o, f = vo_gla_fla(*leaves[:3], g, th, leaves[5], cu, True)
-    assert CALLS == [dict(g_shape=(B, sum(lens), 2), scale=1.0, cu=cu)]
+    assert CALLS == [dict(g_shape=(B, sum(lens), 2), scale=1.0, cu=cu, host=False)]
     want_o, want_f = vo_gla_reference(*leaves, output_final_state=True, cu_seqlens=cu)
     assert relative_error(o, want_o) < 1e-6 and relative_error(f, want_f) < 1e-6  # float32 phase and turns
     weights = torch.randn(o.shape, generator=gen(), dtype=F64)
@@ -185,6 +188,28 @@ def test_the_fla_adapter_equals_the_reference(fake_fla, packed, static):
     want = torch.autograd.grad((want_o * weights).sum() + want_f.sum(), leaves)
     for a, b in zip(got, want):
         assert relative_error(a, b) < 1e-5
+
+
+def test_checked_offsets_reach_fla_on_the_host(fake_fla):
+    """A ``PackedOffsets`` (the model's) gives an fla that takes ``cu_seqlens_cpu`` (fla-core 0.6) its host copy, so
+    fla lays out its chunks without reading the offsets back; an older fla (no such argument) gets none."""
+    from hybrid.kernels.varlen import PackedOffsets
+
+    lens = [3, 1, 6]
+    bounds = [0, *itertools.accumulate(lens)]
+    q, k, v, log_decay, theta, S = inputs(1, sum(lens), n_states=len(lens))
+    offsets = PackedOffsets.from_bounds(bounds, device="cpu")
+    want = vo_gla(q, k, v, log_decay, theta, S, output_final_state=True, cu_seqlens=offsets, backend="torch")
+    CALLS.clear()
+    got = forward(q.float(), k.float(), v.float(), log_decay.float(), theta.float(), S.float(), offsets, 64, True,
+                  "fla")
+    assert CALLS[-1]["host"] and torch.equal(CALLS[-1]["cu"], offsets.cu_seqlens)
+    assert relative_error(got[0].double(), want[0]) < 1e-5 and relative_error(got[1].double(), want[1]) < 1e-5
+    assert fla_module.takes_host_offsets(lambda q, k, v, cu_seqlens=None, cu_seqlens_cpu=None: None)
+    assert not fla_module.takes_host_offsets(lambda q, k, v, cu_seqlens=None, **kwargs: None)
+    fake_fla.takes_host_offsets = False
+    forward(q.float(), k.float(), v.float(), log_decay.float(), theta.float(), S.float(), offsets, 64, True, "fla")
+    assert not CALLS[-1]["host"]
 
 
 def test_the_fla_step_equals_the_torch_step(fake_fla):

@@ -134,13 +134,19 @@ def check_conv(ctx: CheckContext) -> None:
                 ctx.record("conv", **label, ok=all(e <= CONV_TOL[dtype] for e in errors.values()), errors=errors)
 
 
-def _tiny_hybrid(ctx: CheckContext, **overrides):
+def _tiny_hybrid(ctx: CheckContext, preset: str = "hybrid", **overrides):
     from hybrid.models import HybridConfig, HybridLM
 
     size = "tiny"
-    config = HybridConfig.preset("hybrid", size, window=32, **overrides)
+    config = HybridConfig.preset(preset, size, **({"window": 32} if preset == "hybrid" else {}), **overrides)
     torch.manual_seed(0)
     return HybridLM(config).to(ctx.device)
+
+
+# The models whose training step the sync count runs: every mixer (R static and selective, with its conv; windowed
+# A; M, retention; G, VO-RoPE gated linear attention), each padded and packed.
+SYNC_MODELS = (("hybrid", dict(rnn_selective=False)), ("hybrid", dict(rnn_selective=True)), ("retnet", {}),
+               ("vo-gla", {}))
 
 
 def _batches(ctx: CheckContext, model, T: int):
@@ -283,11 +289,12 @@ def check_syncs(ctx: CheckContext) -> None:
     if ctx.device.type != "cuda":
         ctx.record("syncs", skipped="sync count", reason="needs CUDA (torch.cuda.set_sync_debug_mode)")
         return
-    for selective in (False, True):
-        model = _tiny_hybrid(ctx, rnn_selective=selective).train()
+    for preset, overrides in SYNC_MODELS:
+        model = _tiny_hybrid(ctx, preset, **overrides).train()
+        selective = overrides.get("rnn_selective")
         opt = torch.optim.AdamW(model.parameters(), lr=1e-3, fused=True)
         for kind, (ids, cu) in _batches(ctx, model, 256).items():
-            if not ctx.has_time(20, "syncs", f"selective={selective} {kind}"):
+            if not ctx.has_time(20, "syncs", f"{preset} selective={selective} {kind}"):
                 return
             phases = training_step_phases(model, opt, ids, None if cu is None else cu.cpu(), ctx.device)
             for run in phases.values():  # warm-up: first-call work (autotuning, lazy init) is not a step's
@@ -296,7 +303,7 @@ def check_syncs(ctx: CheckContext) -> None:
             stacks = {}
             sites = count_syncs(phases, stacks=stacks)
             counts = {s: sites.count(s) for s in dict.fromkeys(sites)}
-            ctx.record("syncs", selective=selective, batch=kind, syncs_per_step=len(sites),
+            ctx.record("syncs", model=preset, selective=selective, batch=kind, syncs_per_step=len(sites),
                        sites=[f"{s} ×{n}" for s, n in counts.items()][:12], stacks=stacks, ok=len(sites) == 0)
 
 

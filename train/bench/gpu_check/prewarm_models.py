@@ -231,20 +231,21 @@ def prefill_scan_calls():
 def _tiny_model_runs():
     """The tiny models' passes of the correctness part's model checks and the CUDA model tests
     (tests/cuda/test_model_cuda.py), on the CPU: the compile check's eager side (float32, padded and packed rows of
-    200, gradients), the sync count's bf16-autocast training step (rows of 256), and the three modes (2 × 53,
-    chunks of 20)."""
+    200, gradients), the sync count's bf16-autocast training step of every model it runs (rows of 256), and the
+    three modes (2 × 53, chunks of 20)."""
     from types import SimpleNamespace
 
     from hybrid.models import HybridConfig, HybridLM
 
-    from .part_correctness import _batches, _loss_and_grads, training_step_phases
+    from .part_correctness import SYNC_MODELS, _batches, _loss_and_grads, _tiny_hybrid, training_step_phases
 
     cpu = SimpleNamespace(device=torch.device("cpu"))
     for selective in (False, True):
-        torch.manual_seed(0)
-        model = HybridLM(HybridConfig.preset("hybrid", "tiny", window=32, rnn_selective=selective)).train()
+        model = _tiny_hybrid(cpu, rnn_selective=selective).train()
         for ids, cu in _batches(cpu, model, 200).values():
             _loss_and_grads(model, ids, cu)
+    for preset, overrides in SYNC_MODELS:  # the sync count's steps: every mixer (RetNet's carry: a scan)
+        model = _tiny_hybrid(cpu, preset, **overrides).train()
         for ids, cu in _batches(cpu, model, 256).values():
             phases = training_step_phases(model, None, ids, cu, cpu.device)  # (no optimizer step: no scan)
             phases["forward"]()

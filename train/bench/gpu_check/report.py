@@ -80,7 +80,8 @@ def _sections(rows: list[dict]) -> list[str]:
     syncs = _measured(rows, "syncs")
     if syncs:
         lines += ["### Host syncs in one training step (bf16 autocast, AdamW)", ""]
-        lines += _table(syncs, [("selective", "selective"), ("batch", "batch"), ("syncs / step", "syncs_per_step"),
+        lines += _table(syncs, [("model", "model"), ("selective", "selective"), ("batch", "batch"),
+                                ("syncs / step", "syncs_per_step"),
                                 ("our call sites", "sites")])
     tests = _measured(rows, "pytest")
     if tests:

@@ -77,6 +77,6 @@ def evaluate(rows: list[dict]) -> list[dict]:
         _target("decoding ≥ 5× the Transformer's tokens/s at 16K, batch 16 (both replayed from CUDA graphs of the "
                 "compiled step)", _speedup(rows, "decoding", "tokens_per_s", "hybrid", context=16384, batch=16,
                                            step="graphed-compiled"), 5.0, "{:.2f}×"),
-        _target("no host sync in a training step (worst of padded / packed, static / selective)",
+        _target("no host sync in a training step (worst of padded / packed; R static / selective, A, M, G)",
                 max(syncs) if syncs else None, 0, "{:.0f} syncs", higher=False),
     ]
