@@ -24,12 +24,10 @@ import torch
 from hybrid.checks import check_int
 
 from .decoding.compiled_step import decode_step
-from .decoding.prompts import check_prompts, prefill as prefill_prompts, prompt_list
-from .decoding.speculative import speculative_decode
+from .decoding.prompts import PREFILL_MODES, check_prompts, prefill as prefill_prompts, prompt_list
+from .decoding.speculative import check_draft, speculative_decode
 from .modes import MODES
-from .sampling import check_sampling, sample_next
-
-PREFILL_MODES = ("parallel", "chunked")
+from .sampling import check_sampling, check_vocab_limit, sample_next
 
 
 class TokenPicker:
@@ -104,7 +102,8 @@ def generate(
 
     ``draft``: a smaller ``HybridLM`` over the same vocabulary (or this model with fewer layers) for speculative
     decoding: it proposes ``lookahead`` tokens, the model verifies them in one forward, and the output is
-    exactly the model's (greedy: its tokens; sampled: its distribution). Mode "recurrent" only.
+    exactly the model's (greedy: its tokens; sampled: its distribution). Mode "recurrent" only; a model or
+    draft with ``dynamic`` / ``longrope`` rotary scaling is refused (``speculative.fixed_rotary``).
 
     ``compile``: True, or a dict of ``torch.compile`` options, runs every decode step under
     ``torch.compile(model, dynamic=True, ...)`` (``decode_step``); "cuda-graph" records the step once as a CUDA
@@ -130,19 +129,15 @@ def generate(
                          f"{mode!r}{' with a draft' if draft is not None else ''}")
     longest = max(len(p) for p in prompts) if ragged else input_ids.shape[1]
     step = decode_step(model, compile, capacity=longest + max_new_tokens)
-    V = model.config.vocab_size
-    vocab_limit = check_int("vocab_limit", vocab_limit, low=1, high=V, allow_none=True)
-    check_int("eos_token_id", eos_token_id, low=0, high=(V if vocab_limit is None else vocab_limit) - 1,
-              allow_none=True)
+    vocab_limit = check_vocab_limit(vocab_limit, eos_token_id, model.config.vocab_size)
     if draft is not None:
-        _check_draft(model, draft, mode, lookahead)
+        if mode != "recurrent":
+            raise ValueError(f"mode: expected 'recurrent' with a draft model (speculative decoding), got {mode!r}")
+        check_draft(model, draft, lookahead, target_name="model")
         rows = prompts if ragged else list(input_ids)
-        if max_new_tokens == 0:
-            new = [row[:0] for row in rows]
-        else:
-            new, _ = speculative_decode(model, draft, rows, max_new_tokens, lookahead, temperature=temperature,
-                                        top_k=top_k, top_p=top_p, generator=generator, eos_token_id=eos_token_id,
-                                        vocab_limit=vocab_limit, prefill_mode=prefill, chunk_size=chunk_size)
+        new, _ = speculative_decode(model, draft, rows, max_new_tokens, lookahead, temperature=temperature,
+                                    top_k=top_k, top_p=top_p, generator=generator, eos_token_id=eos_token_id,
+                                    vocab_limit=vocab_limit, prefill_mode=prefill, chunk_size=chunk_size)
         if ragged:
             return [torch.cat([p, n]) for p, n in zip(rows, new)]
         return torch.cat([input_ids, _pad_rows(new, max_new_tokens, eos_token_id, input_ids)], dim=1)
@@ -163,17 +158,6 @@ def generate(
     if not pick.tokens:
         return input_ids
     return torch.cat([input_ids, torch.stack(pick.tokens, dim=1)], dim=1)
-
-
-def _check_draft(model, draft, mode: str, lookahead) -> None:
-    if not isinstance(draft, type(model)):  # a HybridLM, as the model is (no import back up to models/lm.py)
-        raise ValueError(f"draft: expected a HybridLM, got {type(draft).__name__}")
-    if draft.config.vocab_size != model.config.vocab_size:
-        raise ValueError(f"draft: expected a model over the same vocabulary (vocab_size={model.config.vocab_size}), "
-                         f"got vocab_size={draft.config.vocab_size}")
-    if mode != "recurrent":
-        raise ValueError(f"mode: expected 'recurrent' with a draft model (speculative decoding), got {mode!r}")
-    check_int("lookahead", lookahead, low=1)
 
 
 def _pad_rows(rows: list[torch.Tensor], n: int, eos_token_id, like: torch.Tensor) -> torch.Tensor:

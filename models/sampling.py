@@ -12,6 +12,28 @@ def check_sampling(temperature, top_k, top_p) -> None:
     check_number("top_p", top_p, low=0, low_open=True, high=1, allow_none=True)
 
 
+def check_vocab_limit(vocab_limit, eos_token_id, vocab_size: int) -> int | None:
+    """``vocab_limit`` in ``[1, vocab_size]`` or None (returned as an int) and ``eos_token_id`` an id below it, or
+    None."""
+    vocab_limit = check_int("vocab_limit", vocab_limit, low=1, high=vocab_size, allow_none=True)
+    check_int("eos_token_id", eos_token_id, low=0, high=(vocab_limit or vocab_size) - 1, allow_none=True)
+    return vocab_limit
+
+
+def scaled_scores(logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    """logits / temperature in float32 ``(…, V)``. A row where that overflows (a temperature so small that a
+    finite logit over it is ±inf, or NaN once the temperature rounds to 0 in float32) becomes its greedy choice:
+    0 at its argmax, −inf elsewhere, the limit of softmax(logits / t) as t → 0 (up to ties). Other rows are
+    exactly logits / t."""
+    logits = logits.float()
+    scores = logits / temperature
+    if temperature >= 1:  # |logit| / t <= |logit|: no overflow
+        return scores
+    overflow = (~scores.isfinite() & logits.isfinite()).any(dim=-1, keepdim=True)  # (…, 1): inf, or 0 / 0
+    greedy = torch.full_like(scores, float("-inf")).scatter(-1, logits.argmax(dim=-1, keepdim=True), 0.0)
+    return torch.where(overflow, greedy, scores)
+
+
 def mask_padding(logits: torch.Tensor, vocab_limit: int | None) -> torch.Tensor:
     """``logits`` ``(B, V)`` with the ids ``>= vocab_limit`` set to −inf (the embedding rows a padded
     vocabulary adds beyond the tokenizer's: no tokenizer can decode them). None or ``V``: unchanged."""
@@ -29,11 +51,12 @@ def sampling_probs(
 ) -> torch.Tensor:
     """The distribution ``sample_next`` draws from, float32 ``(…, V)`` from logits ``(…, V)``: softmax(logits /
     temperature) restricted to the ``top_k`` most likely ids and the smallest set reaching ``top_p``, ids
-    ``>= vocab_limit`` excluded. Temperature 0 (greedy) is the one-hot of the argmax."""
+    ``>= vocab_limit`` excluded. Temperature 0 (greedy), or one so small that logits / temperature overflows
+    (``scaled_scores``), is the one-hot of the argmax."""
     logits = mask_padding(logits, vocab_limit)
     if temperature == 0:
         return torch.nn.functional.one_hot(logits.argmax(dim=-1), logits.shape[-1]).float()
-    scores = logits.float() / temperature
+    scores = scaled_scores(logits, temperature)  # (…, V) float32
     if top_k is not None and top_k < scores.shape[-1]:
         kth = torch.topk(scores, top_k, dim=-1).values[..., -1:]  # (…, 1)
         scores = scores.masked_fill(scores < kth, float("-inf"))

@@ -36,7 +36,7 @@ from hybrid.checks import check_int
 from ..sampling import check_sampling, sample_next
 from ..state import HybridState
 from .compiled_step import decode_step
-from .prompts import check_prompts, prefill
+from .prompts import PREFILL_MODES, check_prompts, prefill, token_ids
 
 
 @dataclass(frozen=True)
@@ -89,7 +89,7 @@ class Decoder:
         self.step = decode_step(model, compile)
         self.graphed = isinstance(compile, str)  # a graph per batch size: shrink to powers of two
         self.max_batch = check_int("max_batch", max_batch, low=1)
-        if prefill not in ("parallel", "chunked"):
+        if prefill not in PREFILL_MODES:
             raise ValueError(f"prefill: expected 'parallel' or 'chunked', got {prefill!r}")
         self.prefill, self.chunk_size = prefill, check_int("chunk_size", chunk_size, low=1, allow_none=True)
         V = model.config.vocab_size
@@ -97,20 +97,21 @@ class Decoder:
         self.seed = check_int("seed", seed)
         self.device = model.embed.weight.device
 
-    def check(self, request: Request, index: int) -> Tensor:
-        """The request's prompt on the model's device, every option checked (errors name the request)."""
+    def check(self, request: Request, index: int, where: str | None = None) -> Tensor:
+        """The request's prompt on the model's device, every option checked. Errors name the request's field,
+        after ``requests[index].`` or after ``where`` (e.g. ``"prompts.jsonl:3"``, the line it came from)."""
         if not isinstance(request, Request):
-            raise ValueError(f"requests[{index}]: expected a Request, got {type(request).__name__}")
+            raise ValueError(f"{where or f'requests[{index}]'}: expected a Request, got {type(request).__name__}")
         try:
             check_int("max_new_tokens", request.max_new_tokens, low=0)
             check_sampling(request.temperature, request.top_k, request.top_p)
             high = (self.vocab_limit or self.model.config.vocab_size) - 1
             check_int("stop_token", request.stop_token, low=0, high=high, allow_none=True)
             check_int("seed", request.seed, allow_none=True)
-            prompt = request.prompt if isinstance(request.prompt, Tensor) else torch.tensor(list(request.prompt))
-            return check_prompts(self.model, [prompt.long()], name=lambda _: "prompt")[0]
+            prompt = token_ids(request.prompt, "prompt")
+            return check_prompts(self.model, [prompt], name=lambda _: "prompt")[0]
         except (ValueError, TypeError, RuntimeError) as e:
-            raise ValueError(f"requests[{index}].{e}") from None
+            raise ValueError(f"requests[{index}].{e}" if where is None else f"{where}: {e}") from None
 
     @torch.no_grad()
     def run(self, requests: Iterable[Request]) -> Iterator[Completion]:

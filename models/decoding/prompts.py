@@ -15,21 +15,27 @@ from torch import Tensor
 
 from ..state import HybridState
 
+PREFILL_MODES = ("parallel", "chunked")  # how a prompt is read: prefill's ``mode``
 
-def prompt_list(input_ids, attention_mask=None, lengths=None) -> list[Tensor]:
+
+def prompt_list(input_ids, attention_mask=None, lengths=None, *, name: str = "input_ids") -> list[Tensor]:
     """The prompts as a list of 1-D int64 tensors: ``input_ids`` a list of sequences (``attention_mask`` and
-    ``lengths`` None), or a ``(B, T)`` tensor with an ``attention_mask`` ``(B, T)`` or ``lengths`` ``(B,)``."""
+    ``lengths`` None), or a ``(B, T)`` tensor with an ``attention_mask`` ``(B, T)`` or ``lengths`` ``(B,)``. Errors
+    name the prompts ``name``."""
     if not isinstance(input_ids, Tensor):
         if attention_mask is not None or lengths is not None:
             raise ValueError("attention_mask: expected None with a list of prompts (each is all tokens), got a mask"
                              if attention_mask is not None else
                              "lengths: expected None with a list of prompts (each is all tokens), got lengths")
-        if not isinstance(input_ids, Sequence) or isinstance(input_ids, (str, bytes)) or not input_ids:
-            raise ValueError(f"input_ids: expected a (B, T) tensor or a non-empty list of token sequences, got "
+        if isinstance(input_ids, (str, bytes)):
+            raise ValueError(f"{name}: expected a (B, T) tensor or a non-empty list of token sequences (token ids), "
+                             f"got a {type(input_ids).__name__} (encode text with a tokenizer first)")
+        if not isinstance(input_ids, Sequence) or not input_ids:
+            raise ValueError(f"{name}: expected a (B, T) tensor or a non-empty list of token sequences, got "
                              f"{type(input_ids).__name__ if not isinstance(input_ids, Sequence) else 'an empty list'}")
-        return [_one_prompt(p, i) for i, p in enumerate(input_ids)]
+        return [token_ids(p, f"{name}[{i}]") for i, p in enumerate(input_ids)]
     if input_ids.dim() != 2:
-        raise ValueError(f"input_ids: expected shape (B, T), got {tuple(input_ids.shape)}")
+        raise ValueError(f"{name}: expected shape (B, T), got {tuple(input_ids.shape)}")
     B, T = input_ids.shape
     if attention_mask is not None and lengths is not None:
         raise ValueError("lengths: expected either attention_mask or lengths, got both")
@@ -48,15 +54,25 @@ def prompt_list(input_ids, attention_mask=None, lengths=None) -> list[Tensor]:
     return list(input_ids)
 
 
-def _one_prompt(prompt, index: int) -> Tensor:
-    if isinstance(prompt, Tensor):
-        if prompt.dim() != 1:
-            raise ValueError(f"input_ids[{index}]: expected a 1-D sequence of token ids, got shape {tuple(prompt.shape)}")
-        return prompt.long()
-    try:
-        return torch.tensor(list(prompt), dtype=torch.long)
-    except (TypeError, ValueError, RuntimeError):
-        raise ValueError(f"input_ids[{index}]: expected a sequence of token ids, got {type(prompt).__name__}") from None
+def token_ids(prompt, name: str) -> Tensor:
+    """One prompt, a 1-D tensor of an int dtype or a sequence of ints, as a 1-D int64 tensor ``(T,)``. Text, floats
+    and bools are refused (never truncated to ids); errors name the prompt ``name``."""
+    if isinstance(prompt, (str, bytes)):
+        raise ValueError(f"{name}: expected a sequence of token ids, got a {type(prompt).__name__} "
+                         f"(encode text with a tokenizer first)")
+    listed = not isinstance(prompt, Tensor)
+    if listed:
+        try:
+            values = list(prompt)
+            prompt = torch.tensor(values) if values else torch.zeros(0, dtype=torch.long)
+        except (TypeError, ValueError, RuntimeError, OverflowError):
+            raise ValueError(f"{name}: expected a sequence of token ids, got {type(prompt).__name__}") from None
+    if prompt.dim() != 1:
+        raise ValueError(f"{name}: expected a 1-D sequence of token ids, got shape {tuple(prompt.shape)}")
+    if prompt.is_floating_point() or prompt.is_complex() or prompt.dtype == torch.bool:
+        raise ValueError(f"{name}: expected a sequence of int token ids, got {prompt.dtype} values" if listed else
+                         f"{name}: expected an int64 tensor of shape (T,), got {prompt.dtype}")
+    return prompt.long()
 
 
 def check_prompts(model, prompts: list[Tensor], name=lambda i: f"input_ids[{i}]") -> list[Tensor]:

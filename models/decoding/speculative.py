@@ -30,9 +30,9 @@ from torch import Tensor
 
 from hybrid.checks import check_int
 
-from ..sampling import sampling_probs
+from ..sampling import check_sampling, check_vocab_limit, sampling_probs
 from ..state import HybridState
-from .prompts import prefill
+from .prompts import PREFILL_MODES, check_prompts, prefill, prompt_list
 
 
 @dataclass
@@ -73,13 +73,52 @@ def accepts(p_token: Tensor, q_token: Tensor, uniform: Tensor) -> Tensor:
     return uniform * q_token < p_token
 
 
+def check_draft(target, draft, lookahead, target_name: str = "target") -> int:
+    """``draft`` can propose for ``target`` (a ``HybridLM`` of its class over the same vocabulary), ``lookahead``
+    >= 1 (returned as an int), and neither model's rotary frequencies depend on the call's length (``fixed_rotary``).
+    Errors name the target ``target_name``."""
+    if not isinstance(draft, type(target)):  # a HybridLM, as the target is (no import back up to models/lm.py)
+        raise ValueError(f"draft: expected a HybridLM, got {type(draft).__name__}")
+    if draft.config.vocab_size != target.config.vocab_size:
+        raise ValueError(f"draft: expected a model over the same vocabulary (vocab_size={target.config.vocab_size}), "
+                         f"got vocab_size={draft.config.vocab_size}")
+    lookahead = check_int("lookahead", lookahead, low=1)
+    fixed_rotary(target, target_name)
+    fixed_rotary(draft, "draft")
+    return lookahead
+
+
+def fixed_rotary(model, name: str) -> None:
+    """Refuse a model with a rotary scaling whose frequencies depend on the call's total length (``dynamic``,
+    ``longrope``: ``Rotary.length_dependent``, the property the CUDA-graph step refuses too): a round reads k + 1
+    tokens in one forward, where the model decoding alone reads one, so the frequencies, and the output, differ."""
+    for module_name, module in model.named_modules():
+        if getattr(module, "length_dependent", False):
+            raise ValueError(f"{name}: expected rotary frequencies that do not depend on the call's length "
+                             f"(speculative decoding verifies k + 1 tokens a forward, so its output would differ "
+                             f"from decoding alone), got {module_name}'s {module._rope_type} scaling")
+
+
 @torch.no_grad()
 def speculative_decode(target, draft, prompts: list[Tensor], max_new_tokens: int, lookahead: int, *,
                        temperature: float = 1.0, top_k=None, top_p=None, generator=None, eos_token_id=None,
                        vocab_limit=None, prefill_mode: str = "parallel", chunk_size=None):
     """Continue each prompt (1-D, any lengths) by up to ``max_new_tokens`` tokens of ``target``, ``draft`` proposing
     ``lookahead`` at a time. Returns the new tokens of each row (a list of 1-D tensors, each ending at
-    ``eos_token_id`` when produced) and the ``SpeculativeStats``."""
+    ``eos_token_id`` when produced) and the ``SpeculativeStats``. The arguments are checked as ``generate``'s
+    (``generate(target, prompts, ..., draft=draft)`` calls this); a model whose rotary frequencies depend on the
+    call's length (``dynamic`` / ``longrope`` scaling) is refused (``fixed_rotary``)."""
+    prompts = check_prompts(target, prompt_list(prompts, name="prompts"), name=lambda i: f"prompts[{i}]")
+    max_new_tokens = check_int("max_new_tokens", max_new_tokens, low=0)
+    lookahead = check_draft(target, draft, lookahead)
+    check_sampling(temperature, top_k, top_p)
+    vocab_limit = check_vocab_limit(vocab_limit, eos_token_id, target.config.vocab_size)
+    if prefill_mode not in PREFILL_MODES:
+        raise ValueError(f"prefill_mode: expected 'parallel' or 'chunked', got {prefill_mode!r}")
+    chunk_size = check_int("chunk_size", chunk_size, low=1, allow_none=True)
+    stats = SpeculativeStats(accepted_per_position=[0] * lookahead)
+    if max_new_tokens == 0:
+        return [p[:0] for p in prompts], stats
     B, K = len(prompts), lookahead + 1
     device = target.embed.weight.device
     sampling = dict(temperature=temperature, top_k=top_k, top_p=top_p, vocab_limit=vocab_limit)
@@ -93,7 +132,6 @@ def speculative_decode(target, draft, prompts: list[Tensor], max_new_tokens: int
     rows = torch.arange(B, device=device)  # the prompt each batch row decodes
     out = torch.zeros(B, max_new_tokens, dtype=torch.long, device=device)  # each prompt's new tokens
     produced = torch.zeros(B, dtype=torch.long, device=device)
-    stats = SpeculativeStats(accepted_per_position=[0] * lookahead)
     while rows.numel():
         draft_fork, target_fork = draft_state.fork(), target_state.fork()
         chunk, q, draft_state = _propose(draft, draft_state, pending, n_pending, K, sampling, generator)

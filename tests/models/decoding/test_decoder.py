@@ -99,6 +99,14 @@ def test_slots_are_refilled_and_the_batch_shrinks(monkeypatch, model_of):
     (Request(prompt=[1], max_new_tokens=2, top_p=2.0), r"^requests\[1\]\.top_p: expected a number in \(0, 1\]"),
     (Request(prompt=[1], max_new_tokens=2, stop_token=VOCAB), r"^requests\[1\]\.stop_token: expected an int >= 0"),
     ("text", r"^requests\[1\]: expected a Request, got str$"),
+    (Request(prompt="abc", max_new_tokens=2), r"^requests\[1\]\.prompt: expected a sequence of token ids, got a str "
+                                              r"\(encode text with a tokenizer first\)$"),
+    (Request(prompt=[1.7, 2.9], max_new_tokens=2),
+     r"^requests\[1\]\.prompt: expected a sequence of int token ids, got torch.float32 values$"),
+    (Request(prompt=torch.tensor([1.0, 2.0]), max_new_tokens=2),
+     r"^requests\[1\]\.prompt: expected an int64 tensor of shape \(T,\), got torch.float32$"),
+    (Request(prompt=[[1, 2]], max_new_tokens=2),
+     r"^requests\[1\]\.prompt: expected a 1-D sequence of token ids, got shape \(1, 2\)$"),
 ])
 def test_bad_requests_are_one_line_errors_naming_the_request(request_, match, model_of):
     model = model_of(CASES["retnet"])
@@ -106,3 +114,12 @@ def test_bad_requests_are_one_line_errors_naming_the_request(request_, match, mo
         generate_many(model, [Request(prompt=[1, 2], max_new_tokens=1), request_])
     with pytest.raises(ValueError, match=r"^max_batch: expected an int >= 1, got 0$"):
         Decoder(model, max_batch=0)
+
+
+def test_a_prompt_of_any_int_form_is_its_ids(model_of):
+    model = model_of(CASES["retnet"])
+    prompt = torch.randint(0, VOCAB, (6,), generator=torch.Generator().manual_seed(9))
+    want = generate(model, prompt[None], 4, temperature=0)[0, 6:]
+    for form in (prompt.tolist(), prompt.int(), prompt):
+        (got,) = generate_many(model, [Request(prompt=form, max_new_tokens=4, temperature=0)])
+        assert torch.equal(got, want), form

@@ -106,6 +106,17 @@ def test_a_slot_takes_a_new_prompt_and_rows_can_be_dropped(float64_model_of):
                                    r"got an empty list$"),
     (lambda m: generate(m, [[1, 2], []], 2), r"^input_ids\[1\]: expected a prompt of at least one token"),
     (lambda m: generate(m, [[1, 99]], 2), r"^input_ids\[0\]: expected token ids in \[0, 29\), got values in \[1, 99\]$"),
+    (lambda m: m.generate("abc", 2), r"^input_ids: expected a \(B, T\) tensor or a non-empty list of token sequences "
+                                     r"\(token ids\), got a str \(encode text with a tokenizer first\)$"),
+    (lambda m: generate(m, ["abc"], 2), r"^input_ids\[0\]: expected a sequence of token ids, got a str"),
+    (lambda m: generate(m, [[1, 2], [1.7, 2.9]], 2),
+     r"^input_ids\[1\]: expected a sequence of int token ids, got torch.float32 values$"),
+    (lambda m: generate(m, [[True, False]], 2),
+     r"^input_ids\[0\]: expected a sequence of int token ids, got torch.bool values$"),
+    (lambda m: generate(m, [torch.tensor([1.7, 2.9])], 2),
+     r"^input_ids\[0\]: expected an int64 tensor of shape \(T,\), got torch.float32$"),
+    (lambda m: generate(m, [torch.tensor([1, 0]).bool()], 2),
+     r"^input_ids\[0\]: expected an int64 tensor of shape \(T,\), got torch.bool$"),
     (lambda m: generate(m, torch.zeros(2, 3, dtype=torch.long), 2, attention_mask=torch.ones(2, 4)),
      r"^attention_mask: expected a \(B, T\) = \(2, 3\) tensor of 0 and 1, got \(2, 4\)$"),
     (lambda m: generate(m, torch.zeros(2, 3, dtype=torch.long), 2, lengths=[1, 4]),
@@ -124,3 +135,7 @@ def test_prompt_list_reads_every_form():
     assert [p.tolist() for p in prompt_list(ids, attention_mask=torch.tensor([[0, 1, 1], [1, 1, 1]]))] == [[5, 6], [7, 8, 9]]
     assert [p.tolist() for p in prompt_list(ids, lengths=torch.tensor([1, 3]))] == [[0], [7, 8, 9]]
     assert [p.tolist() for p in prompt_list([[1, 2], torch.tensor([3])])] == [[1, 2], [3]]
+    ids = torch.randint(0, 100, (5,), generator=torch.Generator().manual_seed(4))
+    for form in (ids.tolist(), ids.int(), ids.to(torch.int16), tuple(ids.tolist())):  # any ints, never truncated
+        (got,) = prompt_list([form])
+        assert got.dtype == torch.int64 and torch.equal(got, ids), form

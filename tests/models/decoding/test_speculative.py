@@ -130,3 +130,88 @@ def test_a_wrong_acceptance_rule_fails_the_count(wrong, sampling_pair, monkeypat
     exact = exact_distribution(target, prompt, 1.0).double()
     empirical = sampled_distribution(target, draft, prompt, 1.0, seed=11, samples=N // 4)
     assert (empirical - exact).abs().sum() > l1_bound(V ** NEW, N // 4, FALSE_ALARM)
+
+
+# --- arguments: checked as generate's, one line naming the argument ------------------------------------------------
+
+def good_arguments(target, draft) -> dict:
+    return dict(target=target, draft=draft, prompts=[torch.tensor([1, 2, 3]), torch.tensor([4])], max_new_tokens=5,
+                lookahead=2)
+
+
+@pytest.mark.parametrize("change, match", [
+    (dict(lookahead=0), r"^lookahead: expected an int >= 1, got 0$"),
+    (dict(lookahead=2.0), r"^lookahead: expected an int >= 1, got 2\.0$"),
+    (dict(top_k=0), r"^top_k: expected a positive int or None, got 0$"),
+    (dict(temperature=-1.0), r"^temperature: expected a number >= 0, got -1\.0$"),
+    (dict(top_p=1.5), r"^top_p: expected a number in \(0, 1\] or None, got 1\.5$"),
+    (dict(max_new_tokens=-1), r"^max_new_tokens: expected an int >= 0, got -1$"),
+    (dict(prompts=[torch.tensor([1]), torch.tensor([], dtype=torch.long)]),
+     r"^prompts\[1\]: expected a prompt of at least one token, got an empty sequence$"),
+    (dict(prompts=[]),
+     r"^prompts: expected a \(B, T\) tensor or a non-empty list of token sequences, got an empty list$"),
+    (dict(prompts=[[1, VOCAB]]),
+     rf"^prompts\[0\]: expected token ids in \[0, {VOCAB}\), got values in \[1, {VOCAB}\]$"),
+    (dict(prompts=[[1.5, 2.0]]), r"^prompts\[0\]: expected a sequence of int token ids, got torch.float32 values$"),
+    (dict(prompts="abc"), r"^prompts: expected a \(B, T\) tensor or a non-empty list of token sequences \(token ids\), "
+                          r"got a str"),
+    (dict(vocab_limit=VOCAB + 1), rf"^vocab_limit: expected an int >= 1 and <= {VOCAB} or None, got {VOCAB + 1}$"),
+    (dict(vocab_limit=10, eos_token_id=12), r"^eos_token_id: expected an int >= 0 and <= 9 or None, got 12$"),
+    (dict(prefill_mode="recurrent"), r"^prefill_mode: expected 'parallel' or 'chunked', got 'recurrent'$"),
+    (dict(chunk_size=0), r"^chunk_size: expected an int >= 1 or None, got 0$"),
+    (dict(draft="small"), r"^draft: expected a HybridLM, got str$"),
+])
+def test_bad_arguments_are_one_line_errors_naming_them(change, match, model_of):
+    target = model_of(HybridConfig.preset("hybrid", "tiny", **TINY, n_layers=2, window=3))
+    arguments = {**good_arguments(target, draft_from_layers(target, 1)), **change}
+    with pytest.raises(ValueError, match=match):
+        speculative_decode(**arguments)
+
+
+def test_prompts_in_every_form_give_the_targets_tokens(float64_model_of):
+    target, draft = target_and_draft("hybrid", "fewer-layers", float64_model_of)
+    g = torch.Generator().manual_seed(5)
+    prompts = [torch.randint(0, VOCAB, (n,), generator=g) for n in (3, 1, 6)]
+    alone = [generate(target, p[None], 6, temperature=0)[0, len(p):].tolist() for p in prompts]
+    for form in ([p.tolist() for p in prompts], [p.int() for p in prompts], tuple(prompts)):
+        new, _ = speculative_decode(target, draft, form, 6, 3, temperature=0)
+        assert [n.tolist() for n in new] == alone
+    new, stats = speculative_decode(target, draft, prompts, 0, 3)
+    assert [n.tolist() for n in new] == [[], [], []] and stats.rounds == 0
+
+
+LENGTH_DEPENDENT = {
+    "dynamic": {"rope_type": "dynamic", "factor": 2.0, "original_max_position_embeddings": 8},
+    "longrope": {"rope_type": "longrope", "short_factor": [1.0] * 4, "long_factor": [2.0] * 4, "factor": 4.0,
+                 "original_max_position_embeddings": 8},
+}
+
+
+@pytest.mark.parametrize("rope_type", list(LENGTH_DEPENDENT))
+def test_a_length_dependent_rotary_scaling_is_refused(rope_type, model_of):
+    """A round reads k + 1 tokens in one forward: under dynamic / longrope scaling its frequencies would be another
+    length's than decoding alone, one token a step (the output differed past the schedule's length)."""
+    scaled = model_of(HybridConfig.preset("transformer", "tiny", **TINY, n_layers=2,
+                                          rope_scaling=LENGTH_DEPENDENT[rope_type]))
+    plain = model_of(HybridConfig.preset("transformer", "tiny", **TINY, n_layers=1))
+    why = (rf"expected rotary frequencies that do not depend on the call's length \(speculative decoding verifies "
+           rf"k \+ 1 tokens a forward, so its output would differ from decoding alone\), got "
+           rf"blocks\.0\.mixer\.rotary's {rope_type} scaling$")
+    prompts = [torch.tensor([1, 2, 3])]
+    with pytest.raises(ValueError, match="^target: " + why):
+        speculative_decode(scaled, draft_from_layers(scaled, 1), prompts, 4, 2)
+    with pytest.raises(ValueError, match="^draft: " + why):
+        speculative_decode(plain, scaled, prompts, 4, 2)
+    with pytest.raises(ValueError, match="^model: " + why):
+        generate(scaled, prompts, 4, draft=plain)
+
+
+def test_a_fixed_rotary_scaling_is_decoded_exactly(float64_model_of):
+    """YaRN's frequencies are fixed: its speculative output is the target's own."""
+    yarn = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 8}
+    target = float64_model_of(HybridConfig.preset("transformer", "tiny", **TINY, n_layers=3, rope_scaling=yarn))
+    g = torch.Generator().manual_seed(3)
+    prompts = [torch.randint(0, VOCAB, (n,), generator=g) for n in (2, 11)]
+    alone = [generate(target, p[None], 10, temperature=0)[0].tolist() for p in prompts]
+    got = generate(target, prompts, 10, temperature=0, draft=draft_from_layers(target, 1), lookahead=4)
+    assert [row.tolist() for row in got] == alone

@@ -3,10 +3,12 @@ decoder, one JSON line each in the file's order, each equal to its prompt genera
 from __future__ import annotations
 
 import json
+import random
 
 import pytest
 
 from hybrid.train.cli.lm import generate_main
+from hybrid.train.lm.generate_file import generate_file, read_prompts
 from hybrid.train.lm.inference import generate_text, load_run
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -62,7 +64,11 @@ def test_prompts_file_equals_each_prompt_alone(run, tmp_path, capsys):
     ("{bad\n", [], ["prompts.jsonl:1", "invalid JSON"]),
     ('{"text": "a"}\n', [], ["prompts.jsonl:1", '"prompt" string']),
     ('{"prompt": "a", "colour": 1}\n', [], ["prompts.jsonl:1", "['colour']"]),
-    ('{"prompt": "a", "top_p": 3}\n', [], ["requests[0].top_p: expected a number in (0, 1]"]),
+    ('{"prompt": "a", "top_p": 3}\n', [], ["prompts.jsonl:1: top_p: expected a number in (0, 1]"]),
+    ('"a"\n\n  \n{"prompt": "b", "stop": 1}\n', [], ["prompts.jsonl:4: stop: expected true or false, got 1"]),
+    ('"a"\r\n\r\n{"prompt": "b", "max_new_tokens": -1}\r\n"c"', [],
+     ["prompts.jsonl:3: max_new_tokens: expected an int >= 0, got -1"]),
+    ('"a"\n{"prompt": "b"}\n{bad', [], ["prompts.jsonl:3", "invalid JSON"]),
     ('"a"\n', ["--prompt", "b"], ["--prompts: expected no --prompt"]),
 ])
 def test_prompt_file_errors_are_one_line(text, argv, needles, run, tmp_path, capsys, one_line_error):
@@ -70,3 +76,44 @@ def test_prompt_file_errors_are_one_line(text, argv, needles, run, tmp_path, cap
     prompts.write_text(text)
     assert generate_main(["--run", str(run), "--prompts", str(prompts), "--device", "cpu", *argv]) == 2
     one_line_error(capsys, "hybrid-generate", *needles)
+
+
+def test_every_line_is_checked_before_any_prompt_is_decoded(run, tmp_path, capsys):
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text('"a"\n"b"\n\n{"prompt": "c", "temperature": -1}\n')
+    with pytest.raises(ValueError, match=r"prompts\.jsonl:4: temperature: expected a number >= 0, got -1$"):
+        generate_file(load_run(run), prompts, max_batch=1, max_new_tokens=2, temperature=0.0, top_k=None,
+                      top_p=None, seed=0, stop_at_eos=False)
+    assert capsys.readouterr().out == ""  # the first prompts were not decoded
+
+
+# every character str.splitlines splits at but "\n" (and "\r", which ends a CRLF line): a prompt may hold them
+OTHER_BREAKS = "\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029"
+
+
+def random_lines(seed: int, n: int = 12) -> list[str]:
+    """``n`` lines of 1 … 8 characters drawn from letters, spaces, a "\\r" inside and OTHER_BREAKS."""
+    rng = random.Random(seed)
+    pool = "ab Z\u00e9" + OTHER_BREAKS
+    return [rng.choice(pool) + "".join(rng.choice(pool + "\r") for _ in range(rng.randint(0, 6))) + rng.choice(pool)
+            for _ in range(n)]
+
+
+@pytest.mark.parametrize("newline", ["\n", "\r\n"])
+@pytest.mark.parametrize("final_newline", [True, False])
+def test_prompt_files_split_at_newlines_only(newline, final_newline, tmp_path):
+    lines = random_lines(seed=len(newline) + 2 * final_newline)
+    assert any(c in "".join(lines) for c in OTHER_BREAKS)
+    ending = newline if final_newline else ""
+    plain = tmp_path / "prompts.txt"
+    plain.write_bytes((newline.join(lines) + ending).encode("utf-8"))
+    assert read_prompts(plain) == [{"prompt": line} for line in lines]
+    jsonl = tmp_path / "prompts.jsonl"  # JSON leaves U+0085, U+2028 and U+2029 raw inside its strings
+    items = [line if i % 2 else {"prompt": line, "seed": i} for i, line in enumerate(lines)]
+    text = newline.join(json.dumps(item, ensure_ascii=False) for item in items) + ending
+    assert "\u2028" in text or "\u2029" in text or "\x85" in text
+    jsonl.write_bytes(text.encode("utf-8"))
+    assert read_prompts(jsonl) == [item if isinstance(item, dict) else {"prompt": item} for item in items]
+    empty = tmp_path / "empty.txt"
+    empty.write_bytes(b"")
+    assert read_prompts(empty) == []
