@@ -55,6 +55,8 @@ from typing import ClassVar, Protocol, runtime_checkable
 import torch
 from torch import nn
 
+from hybrid.kernels.varlen import on_device
+
 from .checks import check_heads, check_int, check_number, reads_back
 from .rotary import RotaryConfig
 
@@ -133,7 +135,7 @@ def offset_arguments(offsets, device) -> tuple[torch.Tensor | None, int]:
     them (``positions_in_sequence``, ``Rotary.cos_sin_packed``): ``(N,)`` int64 on ``device`` or None when all are
     0, and the largest."""
     max_offset = 0 if offsets is None else max(offsets)
-    return (None if max_offset == 0 else torch.tensor(offsets, device=device)), max_offset
+    return (None if max_offset == 0 else on_device(offsets, device)), max_offset
 
 
 def check_shard_call(shard, state, cu_seqlens, output_final_state: bool) -> None:

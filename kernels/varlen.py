@@ -53,8 +53,7 @@ class PackedOffsets:
         no stream sync: they reach the device by a non-blocking copy (``torch.tensor(list, device=…)`` waits for
         the stream)."""
         bounds = tuple(int(b) for b in bounds)
-        on_device = torch.tensor(bounds, dtype=dtype).to(device, non_blocking=True)
-        return cls(on_device, bounds, max(b - a for a, b in zip(bounds, bounds[1:])), aligned_row_length(bounds))
+        return cls(on_device(bounds, device, dtype), bounds, max(b - a for a, b in zip(bounds, bounds[1:])), aligned_row_length(bounds))
 
     def without_host_values(self, cu_seqlens: Tensor) -> "PackedOffsets":
         """The offsets as a compiled region takes them: ``cu_seqlens`` (this one's, marked dynamic say) with no host
@@ -163,6 +162,12 @@ def host_offsets(cu_seqlens) -> list[int]:
     if isinstance(cu_seqlens, PackedOffsets) and cu_seqlens.bounds is not None:
         return list(cu_seqlens.bounds)
     return device_offsets(cu_seqlens).tolist()
+
+
+def on_device(values, device, dtype=torch.int64) -> Tensor:
+    """Host integers (offsets, indices) as a 1-D tensor on ``device``, by a non-blocking copy: no stream sync
+    (``torch.tensor(values, device=…)`` copies and then waits for the stream)."""
+    return torch.tensor(values, dtype=dtype).to(device, non_blocking=True)
 
 
 def whole_rows(T: int, device) -> Tensor:

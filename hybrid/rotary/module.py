@@ -5,7 +5,7 @@ import torch
 from torch import nn
 
 from hybrid.checks import check_even_dim, check_float_tensor, check_int, check_positive_int
-from hybrid.kernels.varlen import positions_in_sequence
+from hybrid.kernels.varlen import on_device, positions_in_sequence
 
 from .apply import apply_rotary, check_layout, cos_sin_from_angles, rotary_angles
 from .schedules import inv_freq, length_dependence
@@ -79,7 +79,7 @@ class Rotary(nn.Module):
         (`hybrid.kernels.context_parallel.SequenceShard`: from its global offset, per document when packed)."""
         if shard.cu_seqlens is None:
             return self.cos_sin(shard.length, offset=shard.start, device=device)
-        offsets = torch.tensor(shard.piece_offsets, device=shard.cu_seqlens.device)
+        offsets = on_device(shard.piece_offsets, shard.cu_seqlens.device)
         return self.cos_sin_packed(shard.cu_seqlens, shard.length, offsets, max(shard.piece_offsets), device=device)
 
     def _frequencies(self, total: int, plain=None, cache: bool = True):

@@ -13,6 +13,7 @@ import torch
 from torch import Tensor
 
 from ..causal_conv import causal_conv1d
+from ..varlen import on_device
 from .comm import keep_in_graph
 from .halo import gather_halo
 
@@ -33,7 +34,7 @@ def causal_conv1d_cp(x: Tensor, weight: Tensor, bias: Tensor | None = None, init
     if shard.world == 1 or K == 0:  # no halo: one rank, or a width-1 conv (its state is empty)
         init = None if K == 0 else initial_state
         if init is not None and shard.packed:
-            init = initial_state[torch.tensor(shard.piece_docs, device=initial_state.device)]
+            init = initial_state[on_device(shard.piece_docs, initial_state.device)]
         return causal_conv1d(x, weight, bias, init, output_final_state=output_final_state,
                              cu_seqlens=shard.cu_seqlens, backend=backend)
     if not shard.packed:
@@ -42,7 +43,7 @@ def causal_conv1d_cp(x: Tensor, weight: Tensor, bias: Tensor | None = None, init
         init = halo
     else:
         halo, token = gather_halo(x, K, shard, label="conv halo")  # (1, min(K, start), C)
-        docs = torch.tensor(shard.piece_docs, device=x.device)
+        docs = on_device(shard.piece_docs, x.device)
         init = x.new_zeros(len(shard.piece_docs), K, C) if initial_state is None else initial_state[docs].to(x.dtype)
         if shard.continues:  # its document's tokens from the halo, the rest from the document's own state
             m = shard.tokens_before(K)

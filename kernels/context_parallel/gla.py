@@ -20,6 +20,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from ..varlen import on_device
 from ..vo_gla import DEFAULT_TILE_SIZE, vo_gla
 from ..vo_gla.rotation import rotate
 from .carry import carry_in
@@ -77,7 +78,7 @@ def vo_gla_cp(q: Tensor, k: Tensor, v: Tensor, log_decay: Tensor, theta: Tensor,
     cu = shard.cu_seqlens
     local_init = initial_state
     if initial_state is not None and shard.packed:  # each piece that starts its document takes its own state
-        local_init = initial_state[torch.tensor(shard.piece_docs, device=initial_state.device)]  # (n, H, Dk, Dv)
+        local_init = initial_state[on_device(shard.piece_docs, initial_state.device)]  # (n, H, Dk, Dv)
         if shard.continues:
             local_init = torch.cat([torch.zeros_like(local_init[:1]), local_init[1:]])
     elif shard.continues:  # one sequence per row, begun on rank 0

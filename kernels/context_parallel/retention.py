@@ -16,6 +16,7 @@ import torch
 from torch import Tensor
 
 from ..retention import DEFAULT_TILE_SIZE, retention_chunkwise
+from ..varlen import on_device
 from .carry import carry_in
 from .comm import keep_in_graph
 
@@ -40,7 +41,7 @@ def retention_cp(q: Tensor, k: Tensor, v: Tensor, log_gamma: Tensor, initial_sta
     cu = shard.cu_seqlens
     local_init = initial_state
     if initial_state is not None and shard.packed:
-        local_init = initial_state[torch.tensor(shard.piece_docs, device=initial_state.device)]  # (n, H, Dk, Dv)
+        local_init = initial_state[on_device(shard.piece_docs, initial_state.device)]  # (n, H, Dk, Dv)
         if shard.continues:
             local_init = torch.cat([torch.zeros_like(local_init[:1]), local_init[1:]])
     elif shard.continues:

@@ -21,6 +21,7 @@ from torch import Tensor
 
 from ..complex_scan import complex_scan
 from ..complex_scan.checks import state_dtype
+from ..varlen import on_device
 from .carry import carry_in
 from .comm import keep_in_graph
 
@@ -73,7 +74,7 @@ def complex_scan_cp(x: Tensor, log_decay: Tensor, theta: Tensor, initial_state: 
     cu = shard.cu_seqlens
     local_init = initial_state
     if initial_state is not None and shard.packed:  # each piece that starts its document takes its own state
-        local_init = initial_state[torch.tensor(shard.piece_docs, device=initial_state.device)]  # (n, H, D)
+        local_init = initial_state[on_device(shard.piece_docs, initial_state.device)]  # (n, H, D)
         if shard.continues:
             local_init = torch.cat([torch.zeros_like(local_init[:1]), local_init[1:]])
     elif shard.continues:  # one sequence per row, begun on rank 0

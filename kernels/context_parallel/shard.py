@@ -22,7 +22,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from ..checks import as_int
-from ..varlen import check_cu_seqlens, positions_in_sequence
+from ..varlen import check_cu_seqlens, on_device, positions_in_sequence
 
 __all__ = ["SequenceShard", "shard_sequence"]
 
@@ -97,7 +97,7 @@ class SequenceShard:
         """``(length,)`` int64: each token's position in its document (rotary and absolute positions)."""
         if self.cu_seqlens is None:
             return torch.arange(self.start, self.start + self.length, device=device)
-        offsets = torch.tensor(self.piece_offsets, device=self.cu_seqlens.device)
+        offsets = on_device(self.piece_offsets, self.cu_seqlens.device)
         return positions_in_sequence(self.cu_seqlens, self.length, offsets).to(device or self.cu_seqlens.device)
 
     def __repr__(self) -> str:
@@ -140,6 +140,6 @@ def shard_sequence(total: int, group=None, *, cu_seqlens: Tensor | None = None) 
         local = (0, *inner, length)
         docs = tuple(range(first, first + len(local) - 1))
         offsets = (start - bounds[first],) + (0,) * (len(local) - 2)
-        local_cu = torch.tensor(local, dtype=torch.long, device=cu_seqlens.device)
+        local_cu = on_device(local, cu_seqlens.device)
     return SequenceShard(group=group, rank=rank, world=world, start=start, length=length, total=n, bounds=bounds,
                          packed=cu_seqlens is not None, cu_seqlens=local_cu, piece_docs=docs, piece_offsets=offsets)

@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ..varlen import device_offsets, host_offsets, sequence_ids
+from ..varlen import device_offsets, host_offsets, on_device, sequence_ids
 
 # enable_gqa (torch ≥ 2.5) lets SDPA broadcast kv heads without materialising them.
 SDPA_GQA = "enable_gqa" in (F.scaled_dot_product_attention.__doc__ or "")
@@ -162,7 +162,7 @@ def _packed(q: Tensor, k: Tensor, v: Tensor, window: int | None, scale: float, b
     keep = [min(lk - lq, w - 1) + lq for lq, lk in zip(len_q, len_k)]  # visible prefix + own keys
     Tq, L, dev = q.shape[1], sum(keep), q.device
     cu_q, cu_k = cu_q.long(), cu_k.long()
-    keep_t = torch.tensor(keep, device=dev)  # (N,)
+    keep_t = on_device(keep, dev)  # (N,)
     cu_s = F.pad(keep_t.cumsum(0), (1, 0))  # (N + 1,) offsets of the key stream
     seq_s = sequence_ids(cu_s, L)  # (L,) sequence of each stream slot
     if keep != len_k:  # drop the prefix keys no query can see

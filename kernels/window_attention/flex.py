@@ -21,7 +21,7 @@ import torch
 from torch import Tensor
 
 from ..dynamo_limits import recompile_room
-from ..varlen import PackedOffsets, device_offsets
+from ..varlen import PackedOffsets, device_offsets, on_device
 from .varlen import query_key_positions
 
 FLEX_AVAILABLE = importlib.util.find_spec("torch.nn.attention.flex_attention") is not None
@@ -89,8 +89,8 @@ def _document_mask(cu_q: Tensor, cu_k: Tensor, n_queries: int, n_keys: int, wind
 @functools.lru_cache(maxsize=8)
 def _document_block_mask(offsets_q: tuple[int, ...], offsets_k: tuple[int, ...], window: int | None, device: str):
     """The mask of packed sequences whose offsets are known on the host (the cache key)."""
-    cu_q = torch.tensor(offsets_q, device=device)
-    cu_k = torch.tensor(offsets_k, device=device)
+    cu_q = on_device(offsets_q, device)
+    cu_k = on_device(offsets_k, device)
     return _document_mask(cu_q, cu_k, offsets_q[-1], offsets_k[-1], window, device)
 
 
