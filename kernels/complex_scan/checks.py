@@ -46,7 +46,7 @@ def check_decay_like(t, name: str, target: tuple[int, ...], layout: str, like: t
     """Check that ``t`` broadcasts to ``target``; return it as a tensor in the state dtype."""
     if not isinstance(t, torch.Tensor):
         if isinstance(t, (int, float)) and not isinstance(t, bool):
-            t = torch.tensor(float(t), device=like.device)
+            t = torch.full((), float(t), device=like.device)  # a fill: no copy from the host
         else:
             raise ValueError(f"{name}: expected a tensor broadcastable to {layout}, got {type(t).__name__}")
     if t.dtype not in FLOAT_DTYPES:

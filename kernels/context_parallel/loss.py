@@ -20,7 +20,10 @@ def global_token_mean(loss_sum: Tensor, count, shard) -> tuple[Tensor, Tensor]:
 
     loss_sum: a scalar, this rank's summed token losses; count: this rank's token count (int or scalar tensor).
     """
-    count = torch.as_tensor(count, dtype=torch.float64, device=loss_sum.device).reshape(())
+    if isinstance(count, Tensor):
+        count = count.to(device=loss_sum.device, dtype=torch.float64).reshape(())
+    else:  # a fill, not a copy from the host (which waits for the stream)
+        count = torch.full((), float(count), dtype=torch.float64, device=loss_sum.device)
     if shard.world > 1:
         count = count.clone()
         dist.all_reduce(count, group=shard.group)
