@@ -5,8 +5,9 @@ import torch
 
 from hybrid.models import HybridConfig, HybridLM
 from hybrid.train.bench.gpu_check.context import CheckContext, rel_error
-from hybrid.train.bench.gpu_check.part_correctness import (COMPILE_TOL, SYNC_MODELS, _batches, _loss_and_grads,
-                                                           _tiny_hybrid, count_syncs, training_step_phases)
+from hybrid.train.bench.gpu_check.part_correctness import (COMPILE_TOL, SYNC_ENV, SYNC_MODELS, _batches,
+                                                           _loss_and_grads, _tiny_hybrid, count_syncs,
+                                                           training_step_phases)
 
 
 def context(tmp_path):
@@ -35,8 +36,11 @@ def test_compiled_fullgraph_equals_eager(cuda, tmp_path, selective):
                          ids=[p + {True: "-selective", False: "-static"}.get(o.get("rnn_selective"), "")
                               for p, o in SYNC_MODELS])
 @pytest.mark.parametrize("kind", ["padded", "packed"])
-def test_training_step_makes_no_host_sync(cuda, tmp_path, preset, overrides, kind):
-    """Every mixer's (R static and selective, A, M, G) training step, bf16 autocast, fused AdamW."""
+def test_training_step_makes_no_host_sync(cuda, tmp_path, monkeypatch, preset, overrides, kind):
+    """Every mixer's (R static and selective, A, M, G) training step, bf16 autocast, fused AdamW (G in its torch
+    form: ``SYNC_ENV``)."""
+    for name, value in SYNC_ENV.get(preset, {}).items():
+        monkeypatch.setenv(name, value)
     m = _tiny_hybrid(context(tmp_path), preset, **overrides).train()
     opt = torch.optim.AdamW(m.parameters(), lr=1e-3, fused=True)
     ids, cu = _batches(context(tmp_path), m, 256)[kind]

@@ -2,6 +2,7 @@
 against its float64 reference (the test suites on the GPU: ``part_tests``)."""
 from __future__ import annotations
 
+import contextlib
 import os
 import traceback
 import warnings
@@ -147,6 +148,24 @@ def _tiny_hybrid(ctx: CheckContext, preset: str = "hybrid", **overrides):
 # A; M, retention; G, VO-RoPE gated linear attention), each padded and packed.
 SYNC_MODELS = (("hybrid", dict(rnn_selective=False)), ("hybrid", dict(rnn_selective=True)), ("retnet", {}),
                ("vo-gla", {}))
+# G counts our chunkwise form: fla-core's Triton kernels (G's default on CUDA) autotune on first use, minutes of
+# device time, and their syncs are fla's (given the host offsets, fla 0.6 reads none back).
+SYNC_ENV = {"vo-gla": {"HYBRID_GLA_BACKEND": "torch"}}
+
+
+@contextlib.contextmanager
+def environment(values: dict):
+    """``os.environ`` with ``values`` set inside the block, as it was after it."""
+    before = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for k, v in before.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 def _batches(ctx: CheckContext, model, T: int):
@@ -297,11 +316,12 @@ def check_syncs(ctx: CheckContext) -> None:
             if not ctx.has_time(20, "syncs", f"{preset} selective={selective} {kind}"):
                 return
             phases = training_step_phases(model, opt, ids, None if cu is None else cu.cpu(), ctx.device)
-            for run in phases.values():  # warm-up: first-call work (autotuning, lazy init) is not a step's
-                run()
-            ctx.sync()
-            stacks = {}
-            sites = count_syncs(phases, stacks=stacks)
+            with environment(SYNC_ENV.get(preset, {})):
+                for run in phases.values():  # warm-up: first-call work (autotuning, lazy init) is not a step's
+                    run()
+                ctx.sync()
+                stacks = {}
+                sites = count_syncs(phases, stacks=stacks)
             counts = {s: sites.count(s) for s in dict.fromkeys(sites)}
             ctx.record("syncs", model=preset, selective=selective, batch=kind, syncs_per_step=len(sites),
                        sites=[f"{s} ×{n}" for s, n in counts.items()][:12], stacks=stacks, ok=len(sites) == 0)
