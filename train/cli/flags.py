@@ -25,8 +25,8 @@ __all__ = ["add_config_flags", "add_option_flags", "add_model_flags", "add_run_f
 
 # HybridConfig fields with a flag of their own (everything else: --set); their help, with its default
 MODEL_FLAGS = {
-    "pattern": (None, "mixer letters repeated over the layers: R recurrence, A attention, M retention (e.g. RRA) "
-                      "(default: the preset's)"),
+    "pattern": (None, "mixer letters repeated over the layers: R recurrence, A attention, M retention, G VO-RoPE "
+                      "gated linear attention (e.g. RRA) (default: the preset's)"),
     "d_model": (positive_int, "model width (default: the preset's at --size)"),
     "n_layers": (positive_int, "number of blocks (default: the preset's at --size)"),
     "n_heads": (positive_int, "heads per mixer (default: the preset's at --size)"),

@@ -54,7 +54,7 @@ def train_parser() -> argparse.ArgumentParser:
     # saved value
     groups = add_config_flags(p, TrainConfig)
     add_model_flags(groups["model"], set_help="any HybridConfig field, VALUE parsed as JSON (e.g. --set carope=true "
-                                              "--set rope_scaling='{\"rope_type\": \"yarn\", \"factor\": 4}'); "
+                                              "--set rope_scaling='{\"rope_type\": \"linear\", \"factor\": 4}'); "
                                               "repeatable")
     add_run_flags(groups["loop"], resume="continue the run in DIR from its checkpoint (same data order, optimizer "
                                          "and RNG); change --steps, the intervals, --lr, --warmup, --weight-decay, "
@@ -68,16 +68,17 @@ def train_parser() -> argparse.ArgumentParser:
 
 def train_config_from_args(args: argparse.Namespace) -> dict:
     """``config_from_args`` over the ``--config`` file's fields, when one is given: a flag overrides the file's
-    value, a ``--set`` / model flag one ``model`` key."""
+    value, a ``--set`` / model flag one model field, however either spells it (``window`` / ``attention.window``)."""
     given = config_from_args(args)
     if getattr(args, "config", None) is None:
         return given
+    from ..options.model_names import merge_model
     from .config_file import load_config_file
 
     base = load_config_file(args.config)
     merged = {**base, **given}
     if "model" in base or "model" in given:
-        merged["model"] = {**base.get("model", {}), **given.get("model", {})}
+        merged["model"] = merge_model(base.get("model", {}), given.get("model", {}))
     return merged
 
 

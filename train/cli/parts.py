@@ -6,18 +6,22 @@
 The rules they keep (docs/design.md, "The commands' shared rules"):
 
 - a user error (a bad value, a missing path, a corrupt checkpoint, an offline hub name) is one line on stderr,
-  ``<prog>: error: …``, and exit status 2; a diverged run (FloatingPointError) exits 1, an interrupted one 130;
+  ``<prog>: error: …``, and exit status 2; a diverged run (FloatingPointError) exits 1, an interrupted one
+  (Ctrl-C, or SIGTERM: ``sigterm_interrupts``) 130;
 - no flag is read as an abbreviation of another (``--log`` never becomes ``--log-every``);
 - ``HYBRID_TRACEBACK=1`` (or true / yes / on) shows the full traceback instead of the one line.
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import json
 import math
 import os
+import signal
 import sys
+import threading
 
 from hybrid.models import HybridConfig
 
@@ -28,7 +32,7 @@ __all__ = [
     "Parser", "UsageError", "USER_ERRORS", "TRACEBACK_ENV", "show_tracebacks",
     "int_at_least", "positive_int", "count", "finite_float", "int_or", "device_name", "set_pair",
     "add_set_flag",
-    "one_line_error", "guarded", "run_command",
+    "one_line_error", "guarded", "run_command", "sigterm_interrupts",
 ]
 
 TRACEBACK_ENV = "HYBRID_TRACEBACK"
@@ -158,23 +162,46 @@ def one_line_error(prog: str, error: BaseException) -> int:
     return 2
 
 
+@contextlib.contextmanager
+def sigterm_interrupts():
+    """SIGTERM (``kill``, a job scheduler's stop) raises KeyboardInterrupt in the main thread as Ctrl-C does, so the
+    command ends the same way: its message, its run directory's lock released. Yields a list that gets "SIGTERM"
+    when one came. Off the main thread (where no handler can be set) nothing changes."""
+    received: list[str] = []
+    if threading.current_thread() is not threading.main_thread():
+        yield received
+        return
+
+    def stop(signum, frame):
+        received.append("SIGTERM")
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        yield received
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def guarded(prog: str, fn) -> int:
     """``fn()``'s exit status, its errors turned into one line: a user error 2, a FloatingPointError (a diverged
-    run) 1, Ctrl-C 130 (``KeyboardInterrupt("at step 7; …")`` says what survived). Everything passes through
-    untouched when ``show_tracebacks()``."""
-    if show_tracebacks():
-        return fn()
-    try:
-        return fn()
-    except KeyboardInterrupt as e:
-        said = str(e)
-        print(f"{prog}: interrupted" + (said if said[:1] in (";", ",", ":", "") else f" {said}"), file=sys.stderr)
-        return 130
-    except FloatingPointError as e:
-        print(f"{prog}: {e}", file=sys.stderr)
-        return 1
-    except USER_ERRORS as e:
-        return one_line_error(prog, e)
+    run) 1, Ctrl-C or SIGTERM 130 (``KeyboardInterrupt("at step 7; …")`` says what survived). Everything passes
+    through untouched when ``show_tracebacks()`` (SIGTERM as a KeyboardInterrupt)."""
+    with sigterm_interrupts() as received:
+        if show_tracebacks():
+            return fn()
+        try:
+            return fn()
+        except KeyboardInterrupt as e:
+            said, by = str(e), " by SIGTERM" if received else ""
+            print(f"{prog}: interrupted{by}" + (said if said[:1] in (";", ",", ":", "") else f" {said}"),
+                  file=sys.stderr)
+            return 130
+        except FloatingPointError as e:
+            print(f"{prog}: {e}", file=sys.stderr)
+            return 1
+        except USER_ERRORS as e:
+            return one_line_error(prog, e)
 
 
 def run_command(parser: argparse.ArgumentParser, argv: list[str] | None, run) -> int:

@@ -240,6 +240,9 @@ def _run(args: argparse.Namespace) -> int:
     if args.task is not None and seeds is not None and len(seeds) > 1:
         raise ValueError(f"--seeds: expected one seed with --task (one run; a --suite runs several seeds), got "
                          f"{args.seeds}")
+    if args.task is not None and args.models is not None:
+        raise ValueError(f"--models: expected no --models with --task (one run: --model or --preset names its "
+                         f"model; --models picks among a --suite's), got --models {args.models}")
     models = parse_name_list(args.models) if args.models is not None else None
     budget = budget_for(args.budget, steps=args.steps, seq_len=args.seq_len, seeds=seeds, models=models,
                         suite=args.suite or args.task)

@@ -10,7 +10,9 @@ batches on every rank) and drops the incomplete last batch. `state_dict()` is `(
 the shape it was made for; `load_state_dict()` continues with the very next batch.
 
 `eval_batches` (validation) covers every target once, in order: full blocks in batches, then the tail
-(shorter than `L + 1` tokens) as a batch of one; rank `r` takes blocks `r, r + world_size, …`.
+(shorter than `L + 1` tokens) as a batch of one; rank `r` takes blocks `r, r + world_size, …`. With
+`max_sequences` it covers the split's first that many sequences (the tail being the last one) over all ranks
+together: the same set whatever the batch size and the number of ranks.
 """
 from __future__ import annotations
 
@@ -97,15 +99,18 @@ class BatchLoader:
 
 
 def eval_batches(stream: np.ndarray, seq_len: int, batch_size: int, *, rank: int = 0, world_size: int = 1,
-                 max_batches: int | None = None) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-    """Validation batches covering each target of `stream` once (this rank's share); see the module doc."""
+                 max_batches: int | None = None,
+                 max_sequences: int | None = None) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """Validation batches covering each target of `stream` once (this rank's share); see the module doc.
+    `max_batches` stops after that many of this rank's batches, `max_sequences` after the split's first that many
+    sequences over all ranks."""
     stream = np.asarray(stream)
     if not 0 <= rank < world_size:
         raise ValueError(f"rank: expected an int in [0, world_size={world_size}), got {rank}")
     if len(stream) < 2:
         raise ValueError(f"eval_batches: the stream needs at least 2 tokens, has {len(stream)}")
     full = num_blocks(len(stream), seq_len)
-    mine = np.arange(rank, full, world_size)
+    mine = np.arange(rank, full if max_sequences is None else min(full, max_sequences), world_size)
     done = 0
     for i in range(0, len(mine), batch_size):
         if max_batches is not None and done >= max_batches:
@@ -114,5 +119,5 @@ def eval_batches(stream: np.ndarray, seq_len: int, batch_size: int, *, rank: int
         done += 1
     tail_start = full * seq_len
     if len(stream) - tail_start >= 2 and full % world_size == rank:
-        if max_batches is None or done < max_batches:
+        if (max_batches is None or done < max_batches) and (max_sequences is None or max_sequences > full):
             yield _gather(stream, np.asarray([tail_start]), len(stream) - tail_start)

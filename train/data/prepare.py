@@ -149,9 +149,9 @@ class PreparedData:
         return BatchLoader(self.train, seq_len, batch_size, seed=seed, rank=rank, world_size=world_size)
 
     def valid_batches(self, seq_len: int, batch_size: int, *, rank: int = 0, world_size: int = 1,
-                      max_batches: int | None = None):
+                      max_batches: int | None = None, max_sequences: int | None = None):
         return eval_batches(self.valid, seq_len, batch_size, rank=rank, world_size=world_size,
-                            max_batches=max_batches)
+                            max_batches=max_batches, max_sequences=max_sequences)
 
 
 def prepare_data(

@@ -9,6 +9,10 @@ skipped and said (``Shards.skipped_text``, shown in the data line):
   and ``datasets`` cannot load an empty table shard. A corpus that is all empty keeps the one-line
   "no non-empty documents" error.
 
+A compressed file (``.gz``, ``.bz2``, ``.xz``; ``.zst`` / ``.lz4`` with the ``zstandard`` / ``lz4`` package) is read
+as the format its name gives behind the compression suffix (``format_suffix``: ``d.jsonl.gz`` is JSON lines,
+``notes.txt.gz`` text); ``datasets`` decompresses it when loading, ``open_data`` when these checks read it.
+
 Table files (``.jsonl`` / ``.ndjson`` / ``.json``, ``.parquet``, ``.csv``) are checked for rows without the text
 column (``missing_column_rows``), e.g. a ``.jsonl`` whose rows alternate ``{"text": …}`` and ``{"txt": …}``:
 ``datasets`` fills the missing column with null, so those rows would be dropped without a word. A file with any
@@ -24,10 +28,47 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 __all__ = ["Shards", "split_shards", "missing_column_rows", "check_missing_column", "skipped_rows_text",
-           "load_each_table", "SKIP_FLAG"]
+           "load_each_table", "SKIP_FLAG", "format_suffix", "open_data", "check_compression"]
 
 SKIP_FLAG = "--skip-rows-without-text"
 _JSON_LINES = {".jsonl", ".ndjson"}
+# compression suffix: (fsspec's name for it, the package that reads it); `datasets` decompresses all of them
+_COMPRESSED = {".gz": ("gzip", None), ".bz2": ("bz2", None), ".xz": ("xz", None), ".zst": ("zstd", "zstandard"),
+               ".lz4": ("lz4", "lz4")}
+
+
+def format_suffix(path: Path) -> str:
+    """The suffix naming ``path``'s format, in lower case, behind a compression suffix (``D.JSONL.gz``: ``.jsonl``)."""
+    path = Path(path)
+    return (path.with_suffix("") if path.suffix.lower() in _COMPRESSED else path).suffix.lower()
+
+
+def open_data(path: Path, mode: str = "r", **kwargs):
+    """``open(path, mode, **kwargs)``, decompressing a file whose suffix names a compression."""
+    compression = _COMPRESSED.get(Path(path).suffix.lower())
+    if compression is None:
+        return open(path, mode, **kwargs)
+    import fsspec
+
+    return fsspec.open(str(path), mode, compression=compression[0], **kwargs)
+
+
+def check_compression(paths: list[Path]) -> None:
+    """A one-line ValueError for the first file that cannot be read as its name says: a compression whose package
+    is not installed, or a compressed parquet file (parquet compresses its own columns)."""
+    from fsspec.compression import compr
+
+    for path in paths:
+        suffix = Path(path).suffix.lower()
+        if suffix not in _COMPRESSED:
+            continue
+        name, package = _COMPRESSED[suffix]
+        if name not in compr:
+            raise ValueError(f"data: expected files this Python can decompress, got {path} (reading {suffix} needs "
+                             f"the {package} package: pip install {package})")
+        if format_suffix(path) == ".parquet":
+            raise ValueError(f"data: expected an uncompressed .parquet file (parquet compresses its own columns), "
+                             f"got {path}")
 
 
 @dataclass
@@ -66,15 +107,19 @@ def _kind(mode: int) -> str:
 
 
 def _blank(path: Path, size: int) -> bool:
-    """Zero bytes, or a JSON-lines file of white space only (read until its first other byte)."""
+    """Zero bytes, or a JSON-lines file of white space only (read until its first other byte), decompressed."""
     if size == 0:
         return True
-    if path.suffix.lower() not in _JSON_LINES:
+    lines, compressed = format_suffix(path) in _JSON_LINES, path.suffix.lower() in _COMPRESSED
+    if not (lines or compressed):
         return False
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 16):
-            if chunk.strip():
-                return False
+    try:
+        with open_data(path, "rb") as f:
+            while chunk := f.read(1 << 16):
+                if chunk.strip() or not lines:
+                    return False
+    except Exception:  # noqa: BLE001 - not what its name says (bad gzip, …): the loader names the fault
+        return False
     return True
 
 
@@ -101,18 +146,19 @@ def missing_column_rows(path: Path, builder: str, column: str) -> tuple[int, str
     rows in all). A row that is not a JSON object counts as one without it; a line that does not parse is left to
     the loader, which names it."""
     if builder == "json":
-        with open(path, encoding="utf-8", errors="replace") as f:
+        with open_data(path, encoding="utf-8", errors="replace") as f:
             head = f.read(4096).lstrip()[:1]
         if head == "[":  # one JSON array
             try:
-                rows = json.loads(path.read_text(encoding="utf-8", errors="replace"))
+                with open_data(path, encoding="utf-8", errors="replace") as f:
+                    rows = json.loads(f.read())
             except ValueError:
                 return 0, None, 0
             rows = rows if isinstance(rows, list) else []
             missing = [i for i, row in enumerate(rows) if not (isinstance(row, dict) and column in row)]
             return len(missing), (f"row {missing[0] + 1}" if missing else None), len(rows)
         count, first, total = 0, None, 0
-        with open(path, encoding="utf-8", errors="replace") as f:
+        with open_data(path, encoding="utf-8", errors="replace") as f:
             for n, line in enumerate(f, 1):
                 if not line.strip():
                     continue
@@ -139,7 +185,7 @@ def missing_column_rows(path: Path, builder: str, column: str) -> tuple[int, str
     if builder == "csv":
         import csv
 
-        with open(path, encoding="utf-8", errors="replace", newline="") as f:
+        with open_data(path, encoding="utf-8", errors="replace", newline="") as f:
             reader = csv.reader(f)
             has = column in next(reader, [])
             rows = sum(1 for _ in reader)

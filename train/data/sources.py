@@ -5,7 +5,8 @@ reading the data, and a `load()` that returns a `datasets.Dataset` with one `tex
 document. Plain text files are one document each (read as UTF-8, invalid bytes replaced by U+FFFD, newlines
 normalised to `\\n`). Table files give one document per row of `text_column`: `.jsonl`/`.ndjson`/`.parquet`
 anywhere, and `.json`/`.csv` when named directly (inside a directory they are ordinary text documents, as
-source trees are full of `.json` configs).
+source trees are full of `.json` configs and `.csv` fixtures). A compressed file (`d.jsonl.gz`, `notes.txt.xz`)
+is read as the format its name gives behind the compression suffix (`shards.format_suffix`), in a directory too.
 
 Hub datasets are streamed (`load_dataset(name, split=..., streaming=True)`) and the first `max_documents`
 rows are kept. Offline, `HubOfflineError` is raised at once: `HF_HUB_OFFLINE`/`HF_DATASETS_OFFLINE` are
@@ -25,7 +26,7 @@ from pathlib import Path
 from typing import Callable
 from urllib.parse import urlparse
 
-from .shards import check_missing_column, load_each_table, split_shards
+from .shards import check_compression, check_missing_column, format_suffix, load_each_table, open_data, split_shards
 
 __all__ = [
     "Source",
@@ -44,7 +45,8 @@ _DIR_TABLES = {".jsonl", ".ndjson", ".parquet"}  # table suffixes inside a direc
 _SKIP_DIRS = {"__pycache__", "node_modules", "site-packages", "dist-packages"}
 _TEST_DIRS = {"test", "tests", "idle_test"}
 _HUB_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]*(/[A-Za-z0-9][A-Za-z0-9_.\-]*)?$")
-_FILE_SUFFIX = re.compile(r"\.(txt|md|rst|py|jsonl?|ndjson|parquet|csv|tsv|html?|xml|c|h|cpp|js|ts|rs|go)$", re.I)
+_FILE_SUFFIX = re.compile(r"\.(txt|md|rst|py|jsonl?|ndjson|parquet|csv|tsv|html?|xml|c|h|cpp|js|ts|rs|go)"
+                          r"(\.(gz|bz2|xz|zst|lz4))?$", re.I)
 
 
 class HubOfflineError(RuntimeError):
@@ -82,8 +84,12 @@ def stdlib_files(include_tests: bool = False) -> list[Path]:
 
 
 def _is_text_file(path: Path) -> bool:
-    with open(path, "rb") as f:
-        return b"\0" not in f.read(8192)
+    """No NUL byte in the first 8 KiB (decompressed: a `notes.txt.gz` is text)."""
+    try:
+        with open_data(path, "rb") as f:
+            return b"\0" not in f.read(8192)
+    except Exception:  # noqa: BLE001 - a corrupt compressed file is not text
+        return False
 
 
 def _list_files(root: Path) -> list[Path]:
@@ -115,7 +121,7 @@ def _load_files(files: list[Path], text_column: str, cache_dir: str, tables: set
         notes["rows_without_text"] = 0
     groups: dict[str, list[str]] = {}
     for p in files:
-        suffix = p.suffix.lower()
+        suffix = format_suffix(p)
         builder = _TABLE_BUILDERS[suffix] if suffix in tables else "text"
         groups.setdefault(builder, []).append(str(p))
     parts = []
@@ -175,17 +181,18 @@ def _first_bad_row(paths: list[str], builder: str, column: str) -> tuple[str, st
 
     for path in paths:
         if builder == "json":
-            with open(path, encoding="utf-8", errors="replace") as f:
+            with open_data(path, encoding="utf-8", errors="replace") as f:
                 head = f.read(4096).lstrip()[:1]
             if head == "[":  # one JSON array, not JSON lines
                 try:
-                    rows = json.loads(Path(path).read_text(encoding="utf-8"))
+                    with open_data(path, encoding="utf-8") as f:
+                        rows = json.loads(f.read())
                 except ValueError as e:
                     return f"{path} ({e})", "not JSON"
                 lines = ((f"row {i + 1}", row) for i, row in enumerate(rows))
             else:
                 def json_lines(path=path):
-                    with open(path, encoding="utf-8", errors="replace") as f:
+                    with open_data(path, encoding="utf-8", errors="replace") as f:
                         for n, line in enumerate(f, 1):
                             if line.strip():
                                 try:
@@ -197,7 +204,7 @@ def _first_bad_row(paths: list[str], builder: str, column: str) -> tuple[str, st
             import csv
 
             def csv_rows(path=path):
-                with open(path, encoding="utf-8", errors="replace", newline="") as f:
+                with open_data(path, encoding="utf-8", errors="replace", newline="") as f:
                     reader = csv.DictReader(f)
                     for row in reader:  # a string, or empty for a missing value: pandas reads numbers as numbers
                         value = row.get(column)
@@ -242,10 +249,13 @@ def _as_number(value: str | None):
 def _files_source(kind: str, description: str, files: list[Path], text_column: str, tables: set[str],
                   skip_missing: bool = False) -> Source:
     notes: dict = {}
+    extra = f"{kind}|{text_column}|{sorted(tables)}" + ("|skip-missing" if skip_missing else "")
+    if any(format_suffix(p) != p.suffix.lower() for p in files):  # read as text before compressed tables were read
+        extra += "|decompressed"
     return Source(
         kind=kind,
         description=description,
-        key=_files_key(files, f"{kind}|{text_column}|{sorted(tables)}" + ("|skip-missing" if skip_missing else "")),
+        key=_files_key(files, extra),
         load=lambda cache_dir: _load_files(files, text_column, cache_dir, tables, skip_missing, notes),
         notes=notes,
     )
@@ -367,8 +377,9 @@ def resolve_source(
         shards = split_shards(_list_files(path))  # regular, non-empty files only: a FIFO is never opened
         files, skipped = shards.files, shards.skipped_text()
         tables = _DIR_TABLES if path.is_dir() else set(_TABLE_BUILDERS)
+        check_compression(files)
         if path.is_dir():
-            files = [p for p in files if p.suffix.lower() in tables or _is_text_file(p)]
+            files = [p for p in files if format_suffix(p) in tables or _is_text_file(p)]
         if not files and shards.empty:
             raise ValueError(f"no non-empty documents in files:{path} ({skipped})")
         if not files and shards.not_regular and not path.is_dir():

@@ -33,7 +33,7 @@ def evaluate_run(run_dir, *, seq_len: int = 256, batch_size: int = 16, long_seqs
     data = prepare_data(data, tokenizer=run.tokenizer)
     start = time.time()
     out = {"run": str(run_dir), "layers": run.model.config.layer_types, "window": run.model.config.attention.window}
-    out.update(evaluate(run.model, data, seq_len=seq_len, batch_size=batch_size, max_batches=None, packing="documents"))
+    out.update(evaluate(run.model, data, seq_len=seq_len, batch_size=batch_size, packing="documents"))
     seqs = long_sequences(data.valid, length=8 * seq_len, count=long_seqs)
     figures = context_metrics(run.model, data, seqs, seq_len=seq_len, factors=(1, 2, 4, 8))
     out.update({k: v for k, v in figures.items() if k.startswith("bpb_")})

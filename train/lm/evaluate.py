@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import contextlib
-import math
 
 import torch
 import torch.distributed as dist
@@ -17,20 +16,20 @@ __all__ = ["evaluate"]
 
 @torch.no_grad()
 def evaluate(model: torch.nn.Module, data: PreparedData, *, seq_len: int, batch_size: int,
-             max_batches: int | None = None, device: torch.device | str = "cpu", env: DistEnv | None = None,
+             max_sequences: int | None = None, device: torch.device | str = "cpu", env: DistEnv | None = None,
              autocast=contextlib.nullcontext, packing: str = "stream") -> dict:
     """``{"val_loss", "val_bpb", "val_tokens"}``: mean cross-entropy (nats) per target token and bits per byte.
 
-    ``max_batches`` (None = all) counts batches of ``batch_size`` over all ranks together; the ranks take
-    interleaved blocks, so the set of sequences scored does not depend on the number of ranks. With a limit,
-    ``val_bpb`` converts the loss of that prefix with the whole split's bytes per token (an estimate).
+    ``max_sequences`` (None = all) scores the validation split's first that many sequences of ``seq_len``, over
+    all ranks together, in forward passes of ``batch_size`` sequences on each rank; the ranks take interleaved
+    blocks, so the set of sequences scored depends neither on the number of ranks nor on ``batch_size``. With a
+    limit, ``val_bpb`` converts the loss of that prefix with the whole split's bytes per token (an estimate).
     Every rank runs the same number of forward passes (padding with a dummy one), as FSDP needs.
     ``packing`` ("stream" or "documents", ``hybrid.train.data.packing``) scores the windows as training sees them.
     """
     env = env or DistEnv()
-    per_rank = None if max_batches is None else math.ceil(max_batches / env.world_size)
     batches = data.valid_batches(seq_len, batch_size, rank=env.rank, world_size=env.world_size,
-                                 max_batches=per_rank)
+                                 max_sequences=max_sequences)
     was_training = model.training
     model.eval()
     totals = torch.zeros(2, dtype=torch.float64, device=device)  # (sum of losses, number of targets)

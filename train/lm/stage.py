@@ -73,8 +73,11 @@ class LMStage(Stage):
 
     @torch.no_grad()
     def evaluate(self) -> dict:
+        """The validation split's first ``eval_batches`` global batches of sequences (all of it for None), whatever
+        their layout: the same sequences for any ``batch_size × grad_accum × ranks`` of the same global batch."""
+        limit = None if self.eval_batches is None else self.eval_batches * self.data_batches.global_batch
         return evaluate(self.model, self.data, seq_len=self.seq_len, batch_size=self.batch_size,
-                        max_batches=self.eval_batches, device=self.device, env=self.env, autocast=self.autocast,
+                        max_sequences=limit, device=self.device, env=self.env, autocast=self.autocast,
                         packing=self.packing)
 
 

@@ -14,10 +14,13 @@ the run continues with the same sequences per optimizer step: with neither ``bat
 ``grad_accum`` given, ``grad_accum`` becomes ``G / (batch_size × world_size)``, else ``batch_size`` becomes
 ``G / world_size`` with ``grad_accum = 1``; with one of them given, the other is derived the same way.
 When no layout reproduces ``G``, the run goes on with the new global batch (``hybrid.train.parallel.sharding`` explains
-where the data continues) and a note says so. ``model`` overrides merge into the saved ``model`` dict,
-so repeating a saved value is no change.
+where the data continues) and a note says so. ``model`` overrides merge into the saved ``model`` dict
+one field at a time, whatever the spelling (``hybrid.train.options.model_names``), so repeating a saved value is no
+change.
 """
 from __future__ import annotations
+
+from ..options.model_names import merge_model, same_model
 
 __all__ = ["resume_config"]
 
@@ -46,9 +49,9 @@ def resume_config(saved, *, saved_global_batch: int, world_size: int, out: str, 
             new, old = overrides.pop(name), getattr(saved, name)
             if name == "betas":
                 new = tuple(new)
-            elif name == "model":  # overrides of single model fields merge into the saved ones
-                new = {**old, **new}
-            if new != old:
+            elif name == "model":  # overrides of single model fields merge into the saved ones, in any spelling
+                new = merge_model(old, new)
+            if not (same_model(new, old) if name == "model" else new == old):
                 raise ValueError(
                     f"{name}: cannot change when resuming (the checkpoint was trained with {old!r}, got {new!r}); "
                     f"start a new run with --out for a different {name}"

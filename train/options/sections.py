@@ -35,7 +35,8 @@ __all__ = ["ModelOptions", "DataOptions", "OptimizerOptions", "LoopOptions", "Lo
 @dataclass
 class ModelOptions:
     preset: str = option("hybrid", "model", check=one_of(sorted(PRESETS)), choices=tuple(sorted(PRESETS)),
-                         help="architecture: all attention, all RetNet, all recurrence, or the RRA hybrid")
+                         help="architecture: the RRA hybrid, all RetNet, all attention, all VO-RoPE gated linear "
+                              "attention, or all recurrence")
     size: str = option("tiny", "model", check=one_of(list(SIZES)), choices=tuple(SIZES),
                        help="tiny ≈0.8M, small ≈25M, base ≈125M, large ≈350M parameters")
     model: dict = option({}, "model", check=overrides, flag=False,
@@ -50,8 +51,9 @@ class ModelOptions:
 @dataclass
 class DataOptions:
     data: str | None = option(None, "data", check=check_optional_str, metavar="PATH_OR_DATASET",
-                              help="a text file, a .jsonl/.parquet/.csv file with a 'text' column, a directory of "
-                                   "text files, or a Hugging Face dataset name (needs internet)",
+                              help="a text file, a .jsonl/.parquet/.csv file with a 'text' column (.gz/.bz2/.xz "
+                                   "too), a directory of text files and .jsonl/.parquet shards, or a Hugging Face "
+                                   "dataset name (needs internet)",
                               shown_default="this Python's stdlib sources")
     text_column: str = option("text", "data", check=check_text_column, metavar="NAME",
                               help="the column holding the text in .jsonl / .parquet / .csv data")
@@ -93,7 +95,8 @@ class LoopOptions:
     eval_every: int = option(250, "loop", check=whole(0),
                              help="steps between evaluations, 0 = only at the end")
     eval_batches: int | None = option(50, "loop", check=optional_whole(1, "all"),
-                                      help="validation batches per evaluation, or 'all'")
+                                      help="validation size per evaluation, in global batches (batch_size × "
+                                           "grad_accum × ranks sequences each, however laid out), or 'all'")
     log_every: int = option(10, "loop", check=whole(1), help="steps between metrics records")
     save_every: int = option(500, "loop", check=whole(0),
                              help="steps between checkpoints, 0 = only at the end")

@@ -66,15 +66,26 @@ class RunDirLock:
         absolute = self.path.absolute()
         self._created = [p for p in reversed([absolute, *absolute.parents]) if not p.exists()]
         try:
-            self.path.mkdir(parents=True, exist_ok=True)
-            fd = self._lock()
-            os.ftruncate(fd, 0)
-            os.write(fd, f"{os.getpid()} {self.command}\n".encode())
+            fd = self._create_and_lock()
         except BaseException:
             self._remove_created()  # a refused or failed writer leaves no folder behind
             raise
         self._fd = fd
         return self
+
+    def _create_and_lock(self) -> int:
+        """The directory made, its lock taken and the holder written; a one-line ValueError naming ``what`` when
+        the system refuses (``/proc/x``, a read-only disk, no permission)."""
+        try:
+            self.path.mkdir(parents=True, exist_ok=True)
+            fd = self._lock()
+            os.ftruncate(fd, 0)
+            os.write(fd, f"{os.getpid()} {self.command}\n".encode())
+        except OSError as e:
+            where = f"{e.filename}: " if e.filename else ""
+            raise ValueError(f"{self.what}: expected a directory this process can create and write, got "
+                             f"{self.path} ({where}{e.strerror or e})") from None
+        return fd
 
     def _lock(self) -> int:
         """The locked file's descriptor; RunDirBusy naming the holder when another process has it."""

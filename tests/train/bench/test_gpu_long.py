@@ -55,13 +55,15 @@ def test_the_models_are_the_measured_small_size_with_head_dim_64():
 
 
 def test_dry_run_keeps_the_models_and_the_sizing_rule_at_the_smoke_sizes():
-    b = dry_run(BUDGETS["gpu-long"])
+    b = dry_run(bench_budget("gpu-long", "baselines"))
     smoke = BUDGETS["smoke"]
-    assert (b.name, b.d_model, b.n_layers, b.seq_len, b.steps, b.seeds) == \
-        ("gpu-long (dry run)", smoke.d_model, smoke.n_layers, smoke.seq_len, smoke.steps, (0, 1))
+    assert (b.name, b.n_layers, b.n_heads, b.seq_len, b.steps, b.seeds) == \
+        ("gpu-long (dry run)", smoke.n_layers, smoke.n_heads, smoke.seq_len, smoke.steps, (0, 1))
+    assert b.d_model == 128 and b.d_model // b.n_heads == 64  # the budget's head size: the MLP width can match there
     assert b.extra == {**smoke.extra, "match": "mlp"}  # window_blocks and the rest at the smoke sizes
-    configs = suite_configs(SUITES["baselines"], b.override(models=MODELS), vocab_size=320)
-    assert {c.d_model for c in configs.values()} == {smoke.d_model}  # matched by the MLP, not the width
+    configs = suite_configs(SUITES["baselines"], b, vocab_size=320)  # every model of the suite, as documented
+    assert {c.d_model for c in configs.values()} == {128}  # matched by the MLP, not the width
+    assert configs["retnet-hybrid"].mlp_hidden and configs["hybrid-gla"].mlp_hidden
 
 
 def test_the_device_command_fits_and_rehearses_on_the_cpu(tmp_path, corpus, monkeypatch, capsys, records_of):

@@ -66,6 +66,36 @@ def test_toml_spells_none_as_the_command_line_does(tmp_path):
     assert config.eval_batches is None and config.model == {"window": None, "pattern": "RRA"} and config.warmup == 5
 
 
+@pytest.mark.parametrize("file_model, argv, want", [
+    ('window = 64\n', ["--set", "attention.window=16"], {"attention.window": 16}),
+    ('"attention.window" = 16\n', ["--window", "8"], {"window": 8}),
+    ('rope_base = 500\n[model.attention]\nwindow = 32\nn_kv_heads = 1\n', ["--set", "attention.window=4"],
+     {"rope_base": 500, "attention.n_kv_heads": 1, "attention.window": 4}),
+    ('rnn_selective = true\n', ["--set", "recurrence.selective=false", "--set", "carope=true"],
+     {"recurrence.selective": False, "carope": True}),
+])
+def test_a_model_flag_overrides_the_files_field_however_either_spells_it(tmp_path, file_model, argv, want):
+    """The issue: `--config` with `attention.window` and `--window 8` was "window: also given as attention.window"."""
+    path = tmp_path / "run.toml"
+    path.write_text("[model]\n" + file_model)
+    config = config_of("--config", str(path), *argv)
+    assert config.model == want
+    from hybrid.train.lm.trainer import model_config_for
+    from hybrid.train.data.tokenizer import ByteTokenizer
+
+    model_config_for(config, ByteTokenizer())  # one value per field: the model config takes it
+
+
+def test_two_spellings_on_one_command_line_stay_refused(tmp_path, capsys, one_line_error):
+    path = tmp_path / "run.toml"
+    path.write_text("[model]\nwindow = 64\n")
+    (tmp_path / "d.txt").write_text("a small corpus. " * 200)
+    argv = ["--config", str(path), "--window", "8", "--set", "attention.window=16", "--out", str(tmp_path / "o"),
+            "--data", str(tmp_path / "d.txt"), "--quiet"]
+    assert train_main(argv) == 2
+    one_line_error(capsys, "hybrid-train", "also given as", "expected one of the two")
+
+
 @pytest.mark.parametrize("text, suffix, needles", [
     ('steps = 3\ncolour = "red"\n', ".toml", ["config: expected TrainConfig's fields as keys, got unknown key 'colour'",
                                               "run.toml"]),

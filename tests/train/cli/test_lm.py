@@ -72,6 +72,40 @@ def test_flags_become_config_fields():
     assert config_from_args(train_parser().parse_args([])) == {}
 
 
+def test_the_help_examples_parse_and_build_their_model():
+    """Every `--set` example of the help and every command line of its epilog gives a model config (the issue: the
+    help's `--set rope_scaling='{"rope_type": "yarn", "factor": 4}'` lacked yarn's original_max_position_embeddings)."""
+    import re
+    import shlex
+
+    from hybrid.train.cli.lm import TRAIN_EPILOG
+    from hybrid.train.data.tokenizer import ByteTokenizer
+    from hybrid.train.lm.config import TrainConfig
+    from hybrid.train.lm.trainer import model_config_for
+
+    parser = train_parser()
+    helps = " ".join(a.help for a in parser._actions if a.help)
+    sets = re.findall(r"--set \S+?=(?:'[^']*'|\S+?)(?=[ );,]|$)", helps)
+    assert any("rope_scaling" in s for s in sets) and len(sets) >= 3, sets
+    lines = [ln.split("#")[0].split("[")[0] for ln in TRAIN_EPILOG.splitlines() if ln.startswith("  hybrid-train")]
+    argvs = [shlex.split(s) for s in sets] + [shlex.split(ln)[1:] for ln in lines]
+    for argv in argvs:
+        model_config_for(TrainConfig(**config_from_args(parser.parse_args(argv))), ByteTokenizer())
+
+
+def test_the_pattern_help_and_the_docs_name_every_mixer_and_preset():
+    """The issue: --pattern's help named R, A and M but not G; the docs' --preset row lacked vo-gla."""
+    import re
+
+    from hybrid.models import PRESETS
+    from hybrid.models.mixers import MIXERS
+
+    (pattern,) = [a.help for a in train_parser()._actions if "--pattern" in a.option_strings]
+    assert all(re.search(rf"\b{letter} \w", pattern) for letter in MIXERS), pattern
+    docs = (REPO / "docs" / "training.md").read_text(encoding="utf-8")
+    assert f"| `--preset {{{','.join(sorted(PRESETS))}}}` |" in docs
+
+
 def test_missing_data_path(tmp_path, capsys, one_line_error):
     assert train_main(["--data", str(tmp_path / "nope.txt"), "--out", str(tmp_path / "r")]) == 2
     one_line_error(capsys, "hybrid-train", "data path not found")
@@ -245,7 +279,9 @@ def test_generate_values_are_one_line_errors(tmp_path, argv, needles, capsys, on
     one_line_error(capsys, "hybrid-generate", *needles)
 
 
-def test_ctrl_c_names_the_surviving_checkpoint_and_the_command_that_resumes(corpus, tmp_path):
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+def test_ctrl_c_names_the_surviving_checkpoint_and_the_command_that_resumes(corpus, tmp_path, sig):
+    """SIGTERM ends the run as Ctrl-C does (the issue: no message, and the lock file left behind)."""
     out = tmp_path / "run"
     env = {**os.environ, "HYBRID_CACHE": str(tmp_path / "cache"), "PYTHONUNBUFFERED": "1"}
     proc = subprocess.Popen(
@@ -258,7 +294,7 @@ def test_ctrl_c_names_the_surviving_checkpoint_and_the_command_that_resumes(corp
         while not (out / "checkpoint" / "checkpoint.json").is_file():
             assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read()
             time.sleep(0.1)
-        proc.send_signal(signal.SIGINT)
+        proc.send_signal(sig)
         assert proc.wait(60) == 130
     finally:
         if proc.poll() is None:
@@ -266,7 +302,9 @@ def test_ctrl_c_names_the_surviving_checkpoint_and_the_command_that_resumes(corp
     err = proc.stderr.read()
     assert err.count("\n") == 1 and "Traceback" not in err, err
     saved = json.loads((out / "checkpoint" / "checkpoint.json").read_text())["step"]
-    assert err.startswith("hybrid-train: interrupted at step "), err
+    by = " by SIGTERM" if sig == signal.SIGTERM else ""
+    assert err.startswith(f"hybrid-train: interrupted{by} at step "), err
+    assert not (out / ".hybrid.lock").exists()  # released
     assert f"the checkpoint of step {saved} survived in {out / 'checkpoint'}" in err
     command = err.split("resume with: ")[1].strip()
     assert command == f"hybrid-train --resume {out}"

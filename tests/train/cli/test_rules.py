@@ -182,6 +182,16 @@ def test_synthetic_task_refuses_several_seeds(tmp_path, capsys, one_line_error):
     assert not (tmp_path / "o").exists()
 
 
+def test_synthetic_task_refuses_models(tmp_path, capsys, one_line_error):
+    """The issue: `--task parity --models hybrid` trained the default model, --models silently ignored."""
+    from hybrid.train.cli.synthetic import main
+
+    assert main(["--task", "parity", "--budget", "smoke", "--models", "hybrid", "--out", str(tmp_path / "o")]) == 2
+    one_line_error(capsys, "hybrid-synthetic", "--models: expected no --models with --task", "--model or --preset",
+                   "got --models hybrid")
+    assert not (tmp_path / "o").exists()
+
+
 def test_synthetic_task_prints_the_run_it_makes_before_training(tmp_path, capsys, monkeypatch):
     from hybrid.train.cli import synthetic as cli
 

@@ -74,3 +74,19 @@ def test_eval_batches_cover_every_target_once(world):
             targets += y.flatten().tolist()
     assert sorted(targets) == stream[1:].tolist()
     assert len(list(eval_batches(stream, 10, 3, max_batches=2))) == 2
+
+
+@pytest.mark.parametrize("limit", [1, 4, 7, 10, 11, 50])
+def test_eval_batches_max_sequences_is_one_set_for_every_layout(limit):
+    """The first `limit` sequences of the split (the tail counting as the 11th), whatever the batch size and the
+    number of ranks (the issue: --eval-batches counted one rank's micro-batches, so the layout changed the set)."""
+    stream = np.arange(1, 108, dtype=np.int64)  # 10 full blocks of 10 and a tail of 6
+    want = stream[1:1 + min(limit * 10, 106)].tolist()
+    for world in (1, 2, 3):
+        for batch_size in (1, 2, 3, 5):
+            targets = []
+            for rank in range(world):
+                for _, y in eval_batches(stream, 10, batch_size, rank=rank, world_size=world, max_sequences=limit):
+                    assert len(y) <= batch_size
+                    targets += y.flatten().tolist()
+            assert sorted(targets) == want, (world, batch_size)

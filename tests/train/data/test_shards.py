@@ -150,6 +150,95 @@ def test_a_file_with_no_text_column_at_all_keeps_its_message(tmp_path):
         prepare_data(tmp_path / "rows.jsonl")
 
 
+# ------------------------------------------------------------------------------------------- compressed files
+
+COMPRESSORS = {".gz": "gzip", ".bz2": "bz2", ".xz": "lzma"}
+
+
+def compressed(path: Path, suffix: str) -> Path:
+    """``path`` compressed beside itself as ``path + suffix`` (the original removed)."""
+    import importlib
+
+    out = path.with_name(path.name + suffix)
+    out.write_bytes(importlib.import_module(COMPRESSORS[suffix]).compress(path.read_bytes()))
+    path.unlink()
+    return out
+
+
+def documents(data) -> list[str]:
+    import numpy as np
+
+    tok, out = ByteTokenizer(), []
+    for stream in (data.train, data.valid):
+        cuts = np.flatnonzero(stream == tok.eos_id)
+        out += [tok.decode(stream[a + 1:b].tolist()) for a, b in zip(cuts[:-1], cuts[1:])]
+    return sorted(out)
+
+
+@pytest.mark.parametrize("suffix", sorted(COMPRESSORS))
+def test_a_compressed_table_is_read_as_its_table_not_as_text(tmp_path, suffix):
+    """The issue: `d.jsonl.gz` was trained on as raw JSON text (`{"text": ...`), as were `.json.gz` and `.csv.gz`."""
+    want = sorted(r["text"] for r in texts(6))
+    jsonl = compressed(rows(tmp_path / "d.jsonl", texts(6)), suffix)
+    array = tmp_path / "a.json"
+    array.write_text(json.dumps(texts(6)))
+    table = tmp_path / "t.csv"
+    table.write_text("n,text\n" + "".join(f'{i},"{r["text"]}"\n' for i, r in enumerate(texts(6))))
+    for path in (jsonl, compressed(array, suffix), compressed(table, suffix)):
+        assert documents(prepare_data(path, cache_dir=tmp_path / "c", valid_fraction=0.2)) == want, path.name
+    notes = tmp_path / "notes.txt"
+    notes.write_text('{"text": "a text file stays one document"}')
+    data = prepare_data(compressed(notes, suffix), cache_dir=tmp_path / "c")
+    tok = ByteTokenizer()
+    assert tok.decode(data.train[1:].tolist()) + tok.decode(data.valid[1:].tolist()) == \
+        '{"text": "a text file stays one document"}'
+
+
+def test_a_folder_reads_compressed_files_as_their_uncompressed_names(tmp_path):
+    """`.jsonl.gz` shards are tables there too, a `.txt.gz` a text document (it was left out as binary), and `.csv`
+    / `.json` (compressed or not) stay text documents, as the docs say of folders; a blank compressed shard is
+    skipped."""
+    root = tmp_path / "corpus"
+    root.mkdir()
+    compressed(rows(root / "part-0.jsonl", texts(4)), ".gz")
+    compressed(rows(root / "part-1.jsonl", texts(2, 10)), ".xz")
+    compressed(rows(root / "part-2.jsonl", []), ".gz")  # an empty shard
+    (root / "notes.txt").write_text("plain notes")
+    compressed(root / "notes.txt", ".bz2")
+    (root / "fixture.csv").write_text("a,b\n1,2\n")
+    (root / "package.json").write_text('{"name": "x"}')
+    compressed(root / "package.json", ".gz")
+    data = prepare_data(root, cache_dir=tmp_path / "c")
+    assert documents(data) == sorted([r["text"] for r in texts(4) + texts(2, 10)]
+                                     + ["plain notes", "a,b\n1,2\n", '{"name": "x"}'])
+    assert data.stats["source"].endswith("(5 files; skipped 1 empty file (part-2.jsonl.gz))")
+
+
+def test_compressed_rows_are_checked_like_plain_ones(tmp_path):
+    alternate = [{"text": "kept"}, {"txt": "no text"}, {"text": 7}]
+    path = compressed(rows(tmp_path / "mixed.jsonl", alternate), ".gz")
+    with pytest.raises(ValueError, match=r"got 1 row without it in .*mixed\.jsonl\.gz \(the first at line 2\)"):
+        prepare_data(path, cache_dir=tmp_path / "c")
+    with pytest.raises(ValueError, match=r"^data: expected a string \(or null\) .*, got 7 \(int\) at .*mixed\.jsonl"
+                                         r"\.gz line 3, column 'text'$"):
+        prepare_data(path, cache_dir=tmp_path / "c", skip_rows_without_text=True)
+
+
+def test_a_compressed_parquet_or_an_unreadable_compression_is_one_error(tmp_path, monkeypatch):
+    pa, pq = pytest.importorskip("pyarrow"), pytest.importorskip("pyarrow.parquet")
+    pq.write_table(pa.table({"text": ["a document"] * 3}), tmp_path / "t.parquet")
+    with pytest.raises(ValueError, match=r"^data: expected an uncompressed \.parquet file \(parquet compresses its "
+                                         r"own columns\), got .*t\.parquet\.gz$"):
+        prepare_data(compressed(tmp_path / "t.parquet", ".gz"), cache_dir=tmp_path / "c")
+    from fsspec.compression import compr
+
+    monkeypatch.delitem(compr, "zstd", raising=False)  # as without the zstandard package
+    (tmp_path / "d.jsonl.zst").write_bytes(b"\x28\xb5\x2f\xfd not really")
+    with pytest.raises(ValueError, match=r"^data: expected files this Python can decompress, got .*d\.jsonl\.zst "
+                                         r"\(reading \.zst needs the zstandard package: pip install zstandard\)$"):
+        prepare_data(tmp_path / "d.jsonl.zst", cache_dir=tmp_path / "c")
+
+
 # ---------------------------------------------------------------------------------------- every data reader
 
 

@@ -32,7 +32,7 @@ def test_missing_local_path_is_a_clear_error(path):
 
 def test_hub_name_heuristic():
     assert looks_like_hub_name("roneneldan/TinyStories") and looks_like_hub_name("wikitext")
-    for s in ["./x", "/x", "~/x", "a/b/c", "corpus.txt", "x/y.jsonl", ""]:
+    for s in ["./x", "/x", "~/x", "a/b/c", "corpus.txt", "x/y.jsonl", "", "shards.jsonl.gz", "x/y.csv.xz"]:
         assert not looks_like_hub_name(s), s
 
 

@@ -75,6 +75,23 @@ def test_exact_resume_is_bit_exact(corpus, tmp_path, packing):
     assert [r["step"] for r in metrics if "loss" in r] == list(range(1, 9))  # records after step 4 replaced
 
 
+def test_validation_scores_the_same_sequences_in_any_layout_of_the_global_batch(corpus, tmp_path):
+    """The issue: resumed with --batch-size 2 --grad-accum 2, a --batch-size 4 --eval-batches 2 run scored val on
+    half the tokens (eval_batches counted micro-batches). Now eval_batches × the global batch, however laid out."""
+    run(tiny(corpus, tmp_path / "run", steps=2, save_every=2))
+    evals = {}
+    for batch_size, grad_accum in ((4, 1), (2, 2), (1, 4), (3, None)):
+        trainer = Trainer.from_checkpoint(tmp_path / "run", batch_size=batch_size, grad_accum=grad_accum,
+                                          trainer_kwargs=dict(verbose=0))
+        (record,) = [r for r in trainer.fit().history if "val_loss" in r]  # at the final step: evaluates only
+        evals[batch_size, trainer.config.grad_accum] = record
+    tokens = {r["val_tokens"] for key, r in evals.items() if key != (3, 1)}
+    assert tokens == {2 * 4 * 32}  # eval_batches 2 × the global batch of 4 sequences × seq_len 32
+    losses = [r["val_loss"] for key, r in evals.items() if key != (3, 1)]
+    assert max(losses) - min(losses) < 1e-5 * abs(losses[0])  # equal up to the order of the sums
+    assert evals[3, 1]["val_tokens"] == 2 * 3 * 32  # another global batch (3: no layout keeps 4), another size
+
+
 def test_resume_extends_the_run_with_a_new_total(corpus, tmp_path):
     run(tiny(corpus, tmp_path / "run", steps=4, warmup=1))
     more = Trainer.from_checkpoint(tmp_path / "run", steps=6, trainer_kwargs=dict(verbose=0)).fit()

@@ -4,7 +4,11 @@ stage 1 (so the resume crosses the stage boundary) and in stage 2, and a synthet
 
 To float rounding (``run_records.assert_close``): the bits held on the CPU that saved the runs, not on another
 (``run_records``'s docstring). The weights are compared by their sums, recorded on 2026-11-27 from today's resumed
-runs on an Intel Xeon, the runs whose weights matched the saved digests bit for bit on the AMD machine at e24f5cc."""
+runs on an Intel Xeon, the runs whose weights matched the saved digests bit for bit on the AMD machine at e24f5cc.
+
+One record changed on purpose since: the hybrid-train run (batch 2 × 2 accumulation steps, ``--eval-batches 2``)
+validates at step 6 on 8 sequences, not 4, since ``--eval-batches`` counts global batches (2026-11-28: the set no
+longer depends on how the global batch is laid out); its step-3 record, saved before, keeps the 4."""
 import importlib.util
 import json
 import shutil

@@ -83,6 +83,19 @@ def test_resume_takes_every_change_it_may_honour(tmp_path):
     Trainer.from_checkpoint(run, world_size=1, **same)
 
 
+def test_resume_compares_model_fields_not_their_spellings(tmp_path, capsys, one_line_error):
+    """The issue: a run made with --set attention.window=16, resumed with --window 16, was "model: cannot change"."""
+    run = fake_run(tmp_path / "run", model={"attention.window": 16, "recurrence": {"selective": True}})
+    for same in ({"window": 16}, {"attention": {"window": 16}}, {"rnn_selective": True, "attention.window": 16}):
+        trainer = Trainer.from_checkpoint(run, world_size=1, model=same)
+        assert trainer.config.model == {"attention.window": 16, "recurrence": {"selective": True}}
+    for other in ({"window": 8}, {"rnn_selective": False}, {"attention": {"window": 8}}):
+        with pytest.raises(ValueError, match=r"^model: cannot change when resuming"):
+            Trainer.from_checkpoint(run, world_size=1, model=other)
+    assert train_main(["--resume", str(run), "--window", "8", "--quiet"]) == 2
+    one_line_error(capsys, "hybrid-train", "model: cannot change when resuming")
+
+
 def flags_in(sentence: str) -> set[str]:
     return set(re.findall(r"`(--[a-z-]+)`", sentence))
 

@@ -144,3 +144,20 @@ def test_the_lock_leaves_nothing_behind_and_is_exclusive_within_a_process(tmp_pa
     (tmp_path / "afile").write_text("x")
     with pytest.raises(ValueError, match="^--out: expected a directory, got the file"):
         lock_run_dir(tmp_path / "afile", command="x")
+
+
+def test_a_directory_the_system_refuses_is_one_line_naming_the_argument(tmp_path, capsys, one_line_error,
+                                                                        monkeypatch):
+    """The issue: `--out /proc/x` was "hybrid-train: error: /proc/x: No such file or directory", naming no argument."""
+    if Path("/proc/self").is_dir():
+        assert train_main(["--out", "/proc/x", "--steps", "1", "--quiet"]) == 2
+        one_line_error(capsys, "hybrid-train", "out: expected a directory this process can create and write, got "
+                                               "/proc/x (/proc/x: No such file or directory)")
+
+    def refuse(*args, **kwargs):
+        raise PermissionError(13, "Permission denied", str(tmp_path / "ro" / "run"))
+
+    monkeypatch.setattr(Path, "mkdir", refuse)  # a read-only parent, whoever runs the test (root is never refused)
+    with pytest.raises(ValueError, match=r"^--out: expected a directory this process can create and write, got "
+                                         r".*run \(.*run: Permission denied\)$"):
+        lock_run_dir(tmp_path / "ro" / "run", command="x")
