@@ -52,11 +52,12 @@ no token seen twice). lr 1e-3 as the ``gpu`` budget's; warmup a tenth of the ste
 from __future__ import annotations
 
 import dataclasses
+import json
 
 from ..suite import Budget
 from .suites import SUITES
 
-__all__ = ["BUDGETS", "bench_budget", "with_window", "dry_run"]
+__all__ = ["BUDGETS", "bench_budget", "with_window", "dry_run", "recorded_budgets"]
 
 BUDGETS = {
     "smoke": Budget(name="smoke", models=("-",), steps=12, seq_len=32, seeds=(0,), batch_size=4, d_model=64,
@@ -118,3 +119,19 @@ def dry_run(budget: Budget) -> Budget:
     extra = {k: v for k, v in budget.extra.items() if k not in EXTRA_SIZES}
     return dataclasses.replace(budget, name=f"{budget.name} (dry run)", **sizes,
                                extra={**extra, **{k: v for k, v in smoke.extra.items() if k in EXTRA_SIZES}})
+
+
+def recorded_budgets(records: list[dict]) -> list[Budget]:
+    """The budgets ``records`` were trained under (``config.budget`` of each), for ``--report-only``: one per
+    distinct budget, each with the models and seeds of all the commands that share it (``--models`` and
+    ``--seeds`` choose runs; continuing a suite with more of them keeps its budget)."""
+    merged: dict[str, dict] = {}
+    for record in records:
+        d = (record.get("config") or {}).get("budget")
+        if not d:
+            continue
+        key = json.dumps({k: v for k, v in d.items() if k not in ("models", "seeds")}, sort_keys=True)
+        seen = merged.setdefault(key, {**d, "models": [], "seeds": []})
+        seen["models"] += [m for m in d["models"] if m not in seen["models"]]
+        seen["seeds"] = sorted({*seen["seeds"], *d["seeds"]})
+    return [Budget(**d) for d in merged.values()]

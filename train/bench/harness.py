@@ -279,9 +279,9 @@ def _record_window(record: dict):
 
 def run_bench(suite_name: str, budget: Budget, *, out, data=None, tokenizer=None, device: str = "auto",
               sets: dict | None = None, verbose: bool = True, skip_rows_without_text: bool = False,
-              compile: bool = False, time_limit: TimeLimit | None = None) -> list[dict]:
+              compile: bool = False, time_limit: TimeLimit | None = None, command: str | None = None) -> list[dict]:
     """Train and measure what is not finished in ``OUT/<suite>``; return the suite's records (with ``time_limit``,
-    those finished when it stopped the suite: ``run_suite``)."""
+    those finished when it stopped the suite: ``run_suite``; each new record keeps ``command``)."""
     prepared = prepare_data(data, tokenizer=tokenizer, skip_rows_without_text=skip_rows_without_text)
     if verbose:
         s = prepared.stats
@@ -293,4 +293,4 @@ def run_bench(suite_name: str, budget: Budget, *, out, data=None, tokenizer=None
                         data_digest=prepared.content_digest)
     check_records_match(Path(out) / suite_name, specs)
     return run_suite(Path(out) / suite_name, specs, make_execute(budget), suite=suite_name, verbose=verbose,
-                     time_limit=time_limit)
+                     time_limit=time_limit, command=command)

@@ -9,13 +9,14 @@ and the seeds' per GPT-2 token, so only the orderings compare.
 from __future__ import annotations
 
 import math
+import re
 from pathlib import Path
 
 from ..suite import fmt_mean_std, is_tie, markdown_table, mean_std, plot_lines, write_report
 from .window_gain import gain_section
 from .suites import FINETUNES, PLACEMENT_SEED_LOSS, POSITIONS_SEED_PPL, SCALINGS, SUITES
 
-__all__ = ["write_bench_report", "spearman", "ranks"]
+__all__ = ["write_bench_report", "command_line", "report_commands", "spearman", "ranks"]
 
 LN2 = math.log(2.0)
 
@@ -350,10 +351,32 @@ def write_plots(directory: Path, groups, factors) -> list[str]:
     return out
 
 
+def command_line(commands: list[str], rewritten_by: str = "") -> str:
+    """The report's ``- command:`` line: the commands that trained the records (``not recorded`` when none is
+    known), and the ``--report-only`` command that rewrote the report from them, if one did."""
+    shown = "; ".join(f"`{c}`" for c in commands) or "not recorded"
+    note = f" (this report rewritten from the records by `{rewritten_by}`)" if rewritten_by else ""
+    return f"- command{'s' if len(commands) > 1 else ''}: {shown}{note}"
+
+
+def report_commands(path) -> list[str]:
+    """The training commands named by the ``- command:`` line of the report at ``path`` (none if it has no such
+    line or does not exist); the note after them, and any ``--report-only`` command, left out."""
+    path = Path(path)
+    lines = path.read_text(encoding="utf-8").splitlines() if path.is_file() else []
+    for line in lines:
+        if line.startswith(("- command: `", "- commands: `")):
+            named = line.split(": ", 1)[1].split("` (", 1)[0] + "`"
+            return [c for c in re.findall(r"`([^`]+)`", named) if "--report-only" not in c.split()]
+    return []
+
+
 def write_bench_report(directory, suite_name: str, records: list[dict], *, budget_text: str = "",
-                       command: str = "") -> Path:
-    """Write ``directory/report.md`` (and its plots) for the records of one suite; returns its path."""
+                       command: str = "", commands: tuple[str, ...] = (), rewritten_by: str = "") -> Path:
+    """Write ``directory/report.md`` (and its plots) for the records of one suite; returns its path. The header
+    names ``commands`` (or the one ``command``) and, when a ``--report-only`` command wrote it, ``rewritten_by``."""
     directory = Path(directory)
+    commands = list(commands) or ([command] if command else [])
     suite = SUITES[suite_name]
     groups = _by_model(records)
     factors = sorted({k for r in records for k in r["config"].get("factors", [])} | {1})
@@ -362,7 +385,7 @@ def write_bench_report(directory, suite_name: str, records: list[dict], *, budge
                        + (f", {r['machine']['gpu']}" if (r.get("machine") or {}).get("gpu") else "") for r in records})
     finished = max((r.get("finished_at", "") for r in records), default="")
     seconds = sum(r.get("seconds", 0) for r in records)
-    header = [suite.about, f"- command: `{command}`" if command else "",
+    header = [suite.about, command_line(commands, rewritten_by) if commands or rewritten_by else "",
               f"- runs: {len(records)} ({len(groups)} models), {seconds / 60:.1f} min of training and measuring",
               f"- commit: {', '.join(commits)}", f"- machine: {'; '.join(machines)}", f"- finished: {finished}",
               f"\n```\n{budget_text}\n```" if budget_text else ""]

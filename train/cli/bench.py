@@ -10,7 +10,7 @@ import shlex
 import sys
 from pathlib import Path
 
-from ..bench.budgets import BUDGETS, bench_budget, dry_run, with_window
+from ..bench.budgets import BUDGETS, bench_budget, dry_run, recorded_budgets, with_window
 from ..bench.suites import SUITES
 from ..lm.config import TrainConfig
 from ..options.sections import DataOptions, LoopOptions
@@ -45,10 +45,11 @@ def bench_parser() -> argparse.ArgumentParser:
                description="Train the hybrids and the Transformer / RetNet baselines on equal budgets; report "
                            "quality at and beyond the training length, speed and memory.")
     p.add_argument("--suite", required=True, choices=[*SUITES, "all"], help="which suite (or all four)")
-    p.add_argument("--budget", default="smoke", choices=list(BUDGETS),
+    p.add_argument("--budget", default=None, choices=list(BUDGETS),
                    help="smoke: minutes, for tests; cpu: ≤ 60 min per suite on 2 cores; long: L 1024 on 2 cores; "
                         "gpu: ≈ 1 GPU-hour per suite; gpu-long: L 2048, one seed of the four long-context models in "
-                        "≤ 8 min of an H100 (hybrid.train.bench.budgets) (default: smoke)")
+                        "≤ 8 min of an H100 (hybrid.train.bench.budgets) (default: smoke; with --report-only, "
+                        "the records')")
     p.add_argument("--out", default="runs/bench", help="suite directories go here (default: runs/bench)")
     # the options a run config declares, the budget's values unless given (hybrid.train.options)
     add_option_flags(p, LoopOptions, ["steps"], default=None, default_text="the budget's")
@@ -125,30 +126,22 @@ def _run_suite(args, name: str, command: str, seeds, models, inputs, time_limit:
     from ..bench.harness import run_bench
     from ..bench.report import write_bench_report
 
-    budget = bench_budget(args.budget, name)
-    if args.dry_run:
-        budget = dry_run(budget)
-    budget = budget.override(steps=args.steps, seq_len=args.seq_len, seeds=seeds, models=models,
-                             known_models=list(SUITES[name].models))
-    if args.window is not None:
-        budget = with_window(budget, args.window)
+    budget = _flag_budget(args, name, seeds, models)
     directory = Path(args.out) / name
-    print(f"suite {name!r} → {directory}/\n{budget.describe()}", flush=True)
     if args.report_only:
-        records = ResultsLog(directory).records()
-        if not records:
-            raise ValueError(f"--report-only: expected records in {directory / 'results.jsonl'}, found none")
+        _report_only(args, name, directory, budget, command, inputs)
+        return
+    print(f"suite {name!r} → {directory}/\n{budget.describe()}", flush=True)
     with lock_run_dir(directory, command="hybrid-bench", what=f"--out ({name})", inputs=inputs):
-        if not args.report_only:
-            prepare_suite_dir(directory, overwrite=args.overwrite, what=f"--out ({name})", inputs=inputs)
-            if not sys.stderr.isatty():  # datasets' bars are carriage-return animations: not in a log file
-                import datasets
+        prepare_suite_dir(directory, overwrite=args.overwrite, what=f"--out ({name})", inputs=inputs)
+        if not sys.stderr.isatty():  # datasets' bars are carriage-return animations: not in a log file
+            import datasets
 
-                datasets.disable_progress_bars()
-            records = run_bench(name, budget, out=args.out, data=args.data, tokenizer=args.tokenizer,
-                                device=args.device, sets=dict(args.sets), verbose=not args.quiet,
-                                skip_rows_without_text=args.skip_rows_without_text, compile=args.compile,
-                                time_limit=time_limit)
+            datasets.disable_progress_bars()
+        records = run_bench(name, budget, out=args.out, data=args.data, tokenizer=args.tokenizer,
+                            device=args.device, sets=dict(args.sets), verbose=not args.quiet,
+                            skip_rows_without_text=args.skip_rows_without_text, compile=args.compile,
+                            time_limit=time_limit, command=command)
         if args.log:
             _log_runs(args.log, directory, name, records)
         if time_limit is not None and time_limit.left_runs:
@@ -157,6 +150,71 @@ def _run_suite(args, name: str, command: str, seeds, models, inputs, time_limit:
             return
         path = write_bench_report(directory, name, records, budget_text=budget.describe(), command=command)
         print(f"report: {path}", flush=True)
+
+
+def _flag_budget(args, name: str, seeds, models):
+    """The budget the flags ask for: ``--budget`` (smoke), ``--dry-run``, then the overrides."""
+    budget = bench_budget(args.budget or "smoke", name)
+    if args.dry_run:
+        budget = dry_run(budget)
+    budget = budget.override(steps=args.steps, seq_len=args.seq_len, seeds=seeds, models=models,
+                             known_models=list(SUITES[name].models))
+    return budget if args.window is None else with_window(budget, args.window)
+
+
+def _report_only(args, name: str, directory: Path, budget, command: str, inputs) -> None:
+    """``--report-only``: the report of the records as they were trained, under their budget and command; a flag
+    that asks for another budget is refused (the report would describe other runs than its tables)."""
+    from ..bench.report import write_bench_report
+
+    records = ResultsLog(directory).records()
+    if not records:
+        raise ValueError(f"--report-only: expected records in {directory / 'results.jsonl'}, found none")
+    budgets = recorded_budgets(records)
+    _check_report_flags(args, budget, budgets, directory / "results.jsonl")
+    budget_text = "\n\n".join(b.describe() for b in budgets) or budget.describe()
+    print(f"suite {name!r} → {directory}/ (from its records)\n{budget_text}", flush=True)
+    with lock_run_dir(directory, command="hybrid-bench", what=f"--out ({name})", inputs=inputs):
+        if args.log:
+            _log_runs(args.log, directory, name, records)
+        commands = _training_commands(records, directory / "report.md")
+        path = write_bench_report(directory, name, records, budget_text=budget_text, commands=commands,
+                                  rewritten_by=command)
+        print(f"report: {path}", flush=True)
+
+
+def _budget_flags(name: str) -> str:
+    """A budget's name as the flags that give it: ``gpu-long (dry run)`` → ``--budget gpu-long --dry-run``."""
+    base = name.removesuffix(" (dry run)")
+    return f"--budget {base}" + (" --dry-run" if base != name else "")
+
+
+def _check_report_flags(args, budget, budgets: list, results: Path) -> None:
+    """``--budget``, ``--dry-run``, ``--steps``, ``--seq-len`` and ``--window``, where given with ``--report-only``,
+    must name the records' values (``--seeds`` and ``--models`` choose runs: the records may hold fewer)."""
+    given = "--budget" if args.budget is not None else "--dry-run"
+    asked = [(given, _budget_flags(budget.name), {_budget_flags(b.name) for b in budgets},
+              args.budget is not None or args.dry_run),
+             ("--steps", budget.steps, {b.steps for b in budgets}, args.steps is not None),
+             ("--seq-len", budget.seq_len, {b.seq_len for b in budgets}, args.seq_len is not None),
+             ("--window", budget.extra.get("window"), {b.extra.get("window") for b in budgets},
+              args.window is not None)]
+    for flag, value, recorded, is_given in asked:
+        if is_given and recorded and recorded != {value}:
+            shown = ", ".join(sorted(map(str, recorded)))
+            raise ValueError(f"{flag}: expected the records' {shown} ({results}), got {value}; --report-only "
+                             f"reports the runs as they were trained: leave {flag} out")
+
+
+def _training_commands(records: list[dict], report: Path) -> list[str]:
+    """The commands that trained ``records``: theirs, and where some records keep none (written before records
+    kept it), the commands the previous ``report`` names."""
+    recorded = list(dict.fromkeys(r["command"] for r in records if r.get("command")))
+    if all(r.get("command") for r in records):
+        return recorded
+    from ..bench.report import report_commands
+
+    return [c for c in report_commands(report) if c not in recorded] + recorded
 
 
 def _log_runs(kinds, directory: Path, suite: str, records: list[dict]) -> None:

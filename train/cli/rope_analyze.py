@@ -91,9 +91,14 @@ def _analyze(args: argparse.Namespace) -> int:
 
 
 def _analyze_locked(args: argparse.Namespace, head, inputs) -> int:
+    from ..rotary_analysis.hybrid_lm import NoRotaryLayers
+
     device = resolve_device(args.device)
-    subject = load_subject(args.model, device=device, dtype=getattr(torch, args.dtype),
-                           include_retention=args.include_retention)
+    try:
+        subject = load_subject(args.model, device=device, dtype=getattr(torch, args.dtype),
+                               include_retention=args.include_retention)
+    except NoRotaryLayers as e:  # named as typed here: MODEL, --include-retention
+        raise UsageError(e.message("MODEL", "--include-retention")) from None
     p_max = args.p_max or subject.p_max
     if p_max is None:
         raise UsageError(f"--p-max: the run {args.model} records no training seq_len; pass --p-max")

@@ -337,6 +337,12 @@ class Distiller(Run):
         plot_stages(self.out / METRICS_FILE, self.out / PLOT_FILE,
                     teacher_val_loss=teacher["teacher_val_loss"] if teacher else None)
 
+    def _teacher_logged(self) -> bool:
+        """Whether the metrics a resumed run kept already hold stage 2's first record (the teacher's figures): a
+        resume at the stage boundary, from a run that had written it. Rank 0 reads its file; every rank follows."""
+        held = float(self.loop.log.holds(self.loop.step, "teacher_val_loss"))
+        return self.env.all_reduce(torch.tensor(held, dtype=torch.float64, device=self.device)).item() > 0
+
     def _fit(self) -> DistillResult:
         self._setup()
         c, loop = self.config, self.loop
@@ -354,7 +360,7 @@ class Distiller(Run):
             loop.train(self.stage)
             self._select_and_build()
         self.teacher_figures = self.stage.teacher_figures()
-        if self.stage.done == 0:
+        if self.stage.done == 0 and not (resumed and self._teacher_logged()):
             loop.log.eval({"step": loop.step, "stage": "distill", **self.teacher_figures})
         final = loop.train(self.stage)
         if final is None:  # no stage-2 step ran (--steps 0, or a finished run resumed)

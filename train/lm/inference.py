@@ -28,7 +28,7 @@ class LoadedRun:
     tokenizer: Tokenizer
     step: int
     path: Path  # the checkpoint directory
-    train_config: dict
+    train_config: dict  # how it was trained: hybrid-train's config, or a distilled student's hybrid-distill config
 
 
 def load_run(run_dir, device: str | torch.device = "cpu") -> LoadedRun:
@@ -45,7 +45,7 @@ def load_run(run_dir, device: str | torch.device = "cpu") -> LoadedRun:
     tokenizer = tokenizer_from_dict(extra["tokenizer"])
     model = checkpoint_model(ckpt, device, config)
     return LoadedRun(model=model, tokenizer=tokenizer, step=ckpt.step, path=ckpt.path,
-                     train_config=extra.get("train_config", {}))
+                     train_config=extra.get("train_config") or (extra.get("distill") or {}).get("config", {}))
 
 
 def generate_ids(run: LoadedRun, prompt: str, *, max_new_tokens: int = 200, mode: str = "recurrent",

@@ -27,6 +27,7 @@ current step on.
 from __future__ import annotations
 
 import json
+import math
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -100,6 +101,14 @@ class TrainResult:
         return {r["step"]: r["loss"] for r in self.history if "loss" in r}
 
 
+def _saved_cp_message(world_size: int, cp: int) -> str:
+    """A checkpoint's ``cp`` that this job's ranks cannot form: what to pass instead (``--cp`` may change on
+    resume: the checkpoint does not depend on it)."""
+    fits = math.gcd(world_size, cp)
+    return (f"cp: expected a divisor of WORLD_SIZE={world_size}, got {cp}, the checkpoint's (the run was saved with "
+            f"--cp {cp}); pass --cp {fits} to resume on these ranks, or resume on a multiple of {cp} ranks")
+
+
 class Trainer(Run):
     """One language model's training run (fresh, or resumed with ``from_checkpoint``); ``fit()`` runs it.
     ``Trainer(config, overwrite=False, verbose=1, progress=None, on_log=None, on_eval=None)`` (``hybrid.train.loop.run
@@ -127,6 +136,8 @@ class Trainer(Run):
         if world_size is None:
             world_size = env_int("WORLD_SIZE", 1)
         cp = overrides.get("cp") or saved.cp
+        if world_size % cp and not overrides.get("cp"):
+            raise ValueError(_saved_cp_message(world_size, cp))
         world_size = world_size // cp if world_size % cp == 0 else world_size  # data-parallel groups (else refused)
         overrides.pop("out", None)
         if overrides.get("steps") is not None and overrides["steps"] < ckpt.step:

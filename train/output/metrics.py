@@ -44,10 +44,11 @@ class MetricsLogger:
     def __init__(self, out_dir: str | os.PathLike, *, resume_step: int | None = None):
         self.path = Path(out_dir) / METRICS_FILE
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.kept: list[dict] = []  # the records a resumed run keeps from before its checkpoint
         if resume_step is None:
             self.path.write_text("")
         elif self.path.exists():
-            keep = [r for r in read_metrics(self.path) if r.get("step", 0) <= resume_step]
+            keep = self.kept = [r for r in read_metrics(self.path) if r.get("step", 0) <= resume_step]
             tmp = self.path.with_suffix(".jsonl.tmp")
             tmp.write_text("".join(json.dumps(r, default=_plain) + "\n" for r in keep), encoding="utf-8")
             os.replace(tmp, self.path)

@@ -38,6 +38,11 @@ class RunLog:
     def eval(self, record: dict) -> None:
         self._write(record, self.on_eval)
 
+    def holds(self, step: int, key: str) -> bool:
+        """Whether the file's records kept on resume hold one at ``step`` with ``key`` (rank 0: the others have no
+        file and answer False)."""
+        return self.metrics is not None and any(r.get("step") == step and key in r for r in self.metrics.kept)
+
     def _write(self, record: dict, callback) -> None:
         self.history.append(record)
         if self.is_main:

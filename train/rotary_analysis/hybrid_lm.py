@@ -85,11 +85,23 @@ def hybrid_rotary_layers(model: HybridLM, *, include_retention: bool = False) ->
             if RETENTION_NOTE not in notes:
                 notes.append(RETENTION_NOTE)
     if not layers:
-        raise ValueError(f"model: expected attention layers rotating q and k (pattern {model.config.pattern!r}, "
-                         f"rope_placement {model.config.attention.placement!r}), got none"
-                         + ("; retention layers need include_retention=True"
-                            if not include_retention and "M" in model.config.pattern else ""))
+        raise NoRotaryLayers(model.config.pattern, model.config.attention.placement,
+                             retention=not include_retention and "M" in model.config.pattern)
     return layers, notes
+
+
+class NoRotaryLayers(ValueError):
+    """A model with no layer to analyse; ``retention``: it has retention layers, left out. ``message(model,
+    option)`` names the model and the option that adds them as the caller's user typed them (the CLI: ``MODEL``
+    and ``--include-retention``); ``str()`` names the Python arguments."""
+
+    def __init__(self, pattern: str, placement: str, *, retention: bool):
+        self.pattern, self.placement, self.retention = pattern, placement, retention
+        super().__init__(self.message())
+
+    def message(self, model: str = "model", option: str = "include_retention=True") -> str:
+        return (f"{model}: expected attention layers rotating q and k (pattern {self.pattern!r}, rope_placement "
+                f"{self.placement!r}), got none" + (f"; retention layers need {option}" if self.retention else ""))
 
 
 def hybrid_forward(model: HybridLM):

@@ -22,8 +22,8 @@ class Subject:
     """A loaded model, ready to be analysed.
 
     separator: the id put between documents (None: none); prefix: the id each sequence starts with (HF models'
-    BOS; None for ours). p_max: our training seq_len or the HF config's max_position_embeddings (None when the
-    run records none).
+    BOS; None for ours). p_max: our run's training seq_len (hybrid-train's, or a distilled student's
+    hybrid-distill seq_len) or the HF config's max_position_embeddings (None when the run records none).
     """
 
     name: str

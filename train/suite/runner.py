@@ -39,9 +39,10 @@ def check_unique(specs: list[RunSpec]) -> None:
 
 
 def run_suite(out, specs: list[RunSpec], execute: Callable, *, suite: str, verbose: bool = True,
-              time_limit: TimeLimit | None = None) -> list[dict]:
+              time_limit: TimeLimit | None = None, command: str | None = None) -> list[dict]:
     """Run what is not finished; return the records of ``specs``, in their order (those finished, when
-    ``time_limit`` stopped the suite)."""
+    ``time_limit`` stopped the suite). With ``command``, each new record keeps it (the command line that trained
+    the run, for a report rewritten from the records)."""
     out = Path(out)
     check_unique(specs)
     log = ResultsLog(out)
@@ -76,9 +77,10 @@ def run_suite(out, specs: list[RunSpec], execute: Callable, *, suite: str, verbo
 
             metrics = execute(spec, run_dir, advance)
             advance(spec.steps)  # a run that stopped early (diverged) still completes its share of the bar
-            log.append({"run": spec.run, "suite": suite, "model": spec.model, "seed": spec.seed,
-                        "config": spec.config, "metrics": metrics, "commit": commit, "machine": host,
-                        "finished_at": now_utc(), "seconds": round(time.perf_counter() - start, 3)})
+            record = {"run": spec.run, "suite": suite, "model": spec.model, "seed": spec.seed,
+                      "config": spec.config, "metrics": metrics, "commit": commit, "machine": host,
+                      "finished_at": now_utc(), "seconds": round(time.perf_counter() - start, 3)}
+            log.append(record if command is None else {**record, "command": command})
             if time_limit is not None:
                 time_limit.end()
     finally:

@@ -21,6 +21,7 @@ def test_smoke_end_to_end_on_a_fresh_directory(tmp_path, corpus, capsys, records
                                            "finetune-yarn/seed0"]
     for r in records:
         assert {"config", "seed", "metrics", "commit", "machine"} <= set(r)
+        assert r["command"] == "hybrid-bench " + " ".join(argv)  # for a report rewritten from the records
         m = r["metrics"]
         assert m["val_bpb"] > 0 and m["bpb_full_8x"] > 0 and m["bpb_stream_8x_last"] > 0
         assert len(m["position_bpb"]) == len(m["position_edges"]) - 1

@@ -54,6 +54,8 @@ CHANGED = {
     ("hybrid-eval", "--max-length", "type"): "issue 47: at least 2, a token of context and one to score (1 was "
                                              "lm-eval's AssertionError)",
     ("hybrid-bench", "--budget", "choices"): "issue 42: the gpu-long budget joins (L 2048 on one H100)",
+    ("hybrid-bench", "--budget", "default"): "smoke still, but None in the parser: with --report-only the records' "
+                                             "budget, so a report never describes other runs than its tables",
 }
 # options a command gained: (command, option) -> why
 ADDED = {

@@ -87,6 +87,21 @@ def test_resume_is_exact_across_both_stages(tmp_path, corpus, one_torch_thread):
     assert all(math.isfinite(r.get("loss", 0.0)) for r in numbers(tmp_path / "b"))
 
 
+def test_a_resume_at_the_stage_boundary_writes_the_teachers_record_once(tmp_path, corpus, one_torch_thread):
+    """Stage 2's first record (the teacher's figures, at the boundary's step) is kept by the resume, not repeated."""
+    teacher = write_teacher(tmp_path / "teacher")
+    kw = dict(pattern="RRA", align_steps=4, steps=4, eval_batches=2)
+    Distiller(tiny_run(teacher, corpus, tmp_path / "a", **kw), verbose=0, progress=False).fit()
+    full = read_metrics(tmp_path / "a" / "metrics.jsonl")
+    assert [r["step"] for r in full if "teacher_val_loss" in r] == [4]
+    assert load_checkpoint(tmp_path / "a" / "checkpoint-step-4").extra["distill"]["stage"] == "align"
+    quiet = dict(verbose=0, progress=False)
+    Distiller.from_checkpoint(tmp_path / "a" / "checkpoint-step-4", distiller_kwargs=quiet).fit()
+    resumed = read_metrics(tmp_path / "a" / "metrics.jsonl")
+    assert [r["step"] for r in resumed if "teacher_val_loss" in r] == [4]
+    assert [(r["step"], r["stage"], sorted(r)) for r in resumed] == [(r["step"], r["stage"], sorted(r)) for r in full]
+
+
 def test_a_nonfinite_loss_never_replaces_the_last_good_checkpoint(tmp_path, corpus, one_torch_thread, monkeypatch):
     import hybrid.train.distill.stages as run_module
 

@@ -42,7 +42,7 @@ def assert_equal_losses(got: dict, want: dict, steps) -> None:
     assert max(errors.values()) <= TOLERANCE, errors
 
 
-def test_two_context_ranks_train_and_resume_like_one(corpus, tmp_path):
+def test_two_context_ranks_train_and_resume_like_one(corpus, tmp_path, capsys, one_line_error):
     common = ["--data", str(corpus), "--steps", "10", "--save-every", "5", "--keep", "3", *ARGS]
     one, two = tmp_path / "cp1", tmp_path / "cp2"
     assert train_main([*common, "--out", str(one)]) == 0
@@ -61,7 +61,9 @@ def test_two_context_ranks_train_and_resume_like_one(corpus, tmp_path):
              "--device", "cpu", "--quiet")
     assert_equal_losses({s: v for s, v in losses(one).items() if s > 5}, resumed_mean, [10])
     assert sorted(losses(one)) == [1, 2, 3, 4, 5, 10]
-    # saved with --cp 2, resumed on one process with --cp 1
+    # saved with --cp 2, resumed on one process: --cp 1 is asked for, and the message says so
+    assert train_main(["--resume", str(two / "checkpoint-step-5"), "--device", "cpu", "--quiet"]) == 2
+    one_line_error(capsys, "hybrid-train", "got 2, the checkpoint's (the run was saved with --cp 2); pass --cp 1")
     assert train_main(["--resume", str(two / "checkpoint-step-5"), "--steps", "10", "--log-every", "5", "--cp", "1",
                        "--device", "cpu", "--quiet"]) == 0
     assert_equal_losses({s: v for s, v in losses(two).items() if s > 5}, resumed_mean, [10])

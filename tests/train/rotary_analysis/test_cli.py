@@ -43,6 +43,22 @@ def test_analyze_a_run(trained, corpus, tmp_path, capsys):
     assert not (out / "fig1_max_qk.png").exists()  # replaced whole, no mix of old and new files
 
 
+def test_a_distilled_student_reads_its_training_length_from_the_distill_config(trained, corpus, tmp_path):
+    """A student of hybrid-distill is an ordinary run directory (docs/distill.md): p_max is its seq_len."""
+    from hybrid.train import load_run
+    from hybrid.train.cli.distill import main as distill_main
+
+    student = tmp_path / "student"
+    assert distill_main(["--teacher", str(trained), "--pattern", "RA", "--data", str(corpus), "--seq-len", "16",
+                         "--batch-size", "2", "--align-steps", "1", "--steps", "1", "--eval-batches", "1",
+                         "--device", "cpu", "--out", str(student), "--quiet"]) == 0
+    assert load_run(student).train_config["seq_len"] == 16
+    out = tmp_path / "analysis"
+    assert analyze_main([str(student), "--data", str(corpus), "--tokens", "64", "--out", str(out), "--no-figures",
+                         "--quiet", "--device", "cpu"]) == 0
+    assert json.loads((out / "summary.json").read_text())["p_max"] == 16
+
+
 def test_errors_are_one_line(trained, tmp_path, capsys, monkeypatch, one_line_error):
     assert analyze_main([str(trained), "--head", "x", "--out", str(tmp_path / "b")]) == 2
     one_line_error(capsys, "hybrid-rope-analyze", "--head")
@@ -52,6 +68,14 @@ def test_errors_are_one_line(trained, tmp_path, capsys, monkeypatch, one_line_er
     pytest.importorskip("transformers", reason="transformers is not installed: the hub-name path needs it")
     assert analyze_main(["no-owner/no-model", "--out", str(tmp_path / "a")]) == 2
     one_line_error(capsys, "hybrid-rope-analyze", "no-owner/no-model", "unreachable")
+
+
+def test_a_retention_run_is_refused_naming_the_flag(train_run, corpus, tmp_path, capsys, one_line_error):
+    retnet = train_run("ret", 2, ["--preset", "retnet", *TINY[2:]])
+    assert analyze_main([str(retnet), "--data", str(corpus), "--out", str(tmp_path / "a"), "--quiet"]) == 2
+    err = one_line_error(capsys, "hybrid-rope-analyze", "MODEL: expected attention layers",
+                         "retention layers need --include-retention")
+    assert "include_retention=True" not in err
 
 
 def test_analyze_a_hugging_face_directory(corpus, tmp_path, capsys):

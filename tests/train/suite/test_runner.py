@@ -35,3 +35,14 @@ def test_run_suite_records_skips_finished_and_restarts_a_half_run(tmp_path):
     assert again[:2] == records[:2]
     with pytest.raises(ValueError, match=r"specs: expected unique run names"):
         run_suite(tmp_path, specs + specs[:1], execute, suite="t", verbose=False)
+
+
+def test_each_new_record_keeps_the_command_that_trained_it(tmp_path):
+    """hybrid-bench --report-only names the records' commands, not its own."""
+    def execute(spec, run_dir, advance):
+        return {}
+
+    specs = [RunSpec(run=f"m/seed{s}", model="m", seed=s) for s in range(2)]
+    run_suite(tmp_path, specs[:1], execute, suite="t", verbose=False)
+    records = run_suite(tmp_path, specs, execute, suite="t", verbose=False, command="bench --seeds 0,1")
+    assert "command" not in records[0] and records[1]["command"] == "bench --seeds 0,1"
