@@ -72,7 +72,7 @@ def train_config_from_args(args: argparse.Namespace) -> dict:
     given = config_from_args(args)
     if getattr(args, "config", None) is None:
         return given
-    from ..options.model_names import merge_model
+    from hybrid.models.config_overrides import merge_model
     from .config_file import load_config_file
 
     base = load_config_file(args.config)

@@ -15,12 +15,12 @@ the run continues with the same sequences per optimizer step: with neither ``bat
 ``G / world_size`` with ``grad_accum = 1``; with one of them given, the other is derived the same way.
 When no layout reproduces ``G``, the run goes on with the new global batch (``hybrid.train.parallel.sharding`` explains
 where the data continues) and a note says so. ``model`` overrides merge into the saved ``model`` dict
-one field at a time, whatever the spelling (``hybrid.train.options.model_names``), so repeating a saved value is no
+one field at a time, whatever the spelling (``hybrid.models.config_overrides``), so repeating a saved value is no
 change.
 """
 from __future__ import annotations
 
-from ..options.model_names import merge_model, same_model
+from hybrid.models.config_overrides import merge_model, same_model
 
 __all__ = ["resume_config"]
 

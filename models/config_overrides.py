@@ -1,15 +1,15 @@
 """Model overrides (``TrainConfig.model``, ``DistillConfig.model``) merged and compared one model field at a time,
 however each is spelled.
 
-A field has three spellings (``hybrid.models.config_names``): its old flat name (``window``), its dotted name
+A field has three spellings (``config_names``): its old flat name (``window``), its dotted name
 (``attention.window``) and a section table (``{"attention": {"window": 8}}``, TOML's ``[model.attention]``). A
 ``--config`` file may spell it one way and a flag another, and a resumed run's saved overrides one way and the resume
 command another: ``merge_model`` lets the later layer override the field, ``same_model`` compares the fields.
 """
 from __future__ import annotations
 
-from hybrid.models import HybridConfig
-from hybrid.models.config_names import FLAT_ALIASES
+from .config import HybridConfig
+from .config_names import FLAT_ALIASES
 
 __all__ = ["model_key", "merge_model", "same_model"]
 
