@@ -31,6 +31,11 @@ def check_state(state, name: str, shape: tuple[int, ...], q: Tensor, layout: str
         raise ValueError(f"{name}: expected a tensor on {q.device} (the device of q), got {state.device}")
 
 
+def decay_out_of_range(log_decay: Tensor) -> Tensor:
+    """0-dim bool tensor: some value of ``log_decay`` is not finite and ≤ 0 (NaN included); no read back here."""
+    return (~(torch.isfinite(log_decay) & (log_decay <= 0))).any()
+
+
 def bad_decay_error(log_decay: Tensor, name: str = "log_decay") -> ValueError:
     """The one-line error for a log decay that is not finite and ≤ 0 (called once a check found one)."""
     if torch.isnan(log_decay).any():

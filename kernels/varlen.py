@@ -53,7 +53,8 @@ class PackedOffsets:
         no stream sync: they reach the device by a non-blocking copy (``torch.tensor(list, device=…)`` waits for
         the stream)."""
         bounds = tuple(int(b) for b in bounds)
-        return cls(on_device(bounds, device, dtype), bounds, max(b - a for a, b in zip(bounds, bounds[1:])), aligned_row_length(bounds))
+        longest = max(b - a for a, b in zip(bounds, bounds[1:]))
+        return cls(on_device(bounds, device, dtype), bounds, longest, aligned_row_length(bounds))
 
     def without_host_values(self, cu_seqlens: Tensor) -> "PackedOffsets":
         """The offsets as a compiled region takes them: ``cu_seqlens`` (this one's, marked dynamic say) with no host

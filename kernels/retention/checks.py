@@ -12,7 +12,8 @@ import warnings
 import torch
 from torch import Tensor
 
-from ..matrix_state import FLOAT_DTYPES, bad_decay_error, check_state, check_tile_size, state_dtype  # noqa: F401
+from ..matrix_state import (FLOAT_DTYPES, bad_decay_error, check_state, check_tile_size,  # noqa: F401
+                            decay_out_of_range, state_dtype)
 from ..varlen import check_cu_seqlens as _check_cu_seqlens
 
 
@@ -42,7 +43,7 @@ def check_decay_values(log_decay: Tensor) -> None:
     forms): one host sync, none while torch.compile traces."""
     if torch.compiler.is_compiling():
         return
-    if (~(torch.isfinite(log_decay) & (log_decay <= 0))).any().item():
+    if decay_out_of_range(log_decay).item():
         raise bad_decay_error(log_decay)
 
 

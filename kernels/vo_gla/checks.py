@@ -9,7 +9,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ..matrix_state import FLOAT_DTYPES, bad_decay_error, check_state, check_tile_size, state_dtype  # noqa: F401
+from ..matrix_state import (FLOAT_DTYPES, bad_decay_error, check_state, check_tile_size,  # noqa: F401
+                            decay_out_of_range, state_dtype)
 from ..varlen import check_cu_seqlens as _check_cu_seqlens
 
 
@@ -60,8 +61,7 @@ def check_values(log_decay: Tensor, theta: Tensor, names: tuple[str, str] = ("lo
     """``log_decay`` finite and ≤ 0, ``theta`` finite (NaN fails both): one host sync, none while compiling."""
     if torch.compiler.is_compiling():
         return
-    bad_decay, bad_theta = torch.stack([(~(torch.isfinite(log_decay) & (log_decay <= 0))).any(),
-                                        (~torch.isfinite(theta)).any()]).tolist()
+    bad_decay, bad_theta = torch.stack([decay_out_of_range(log_decay), (~torch.isfinite(theta)).any()]).tolist()
     if bad_decay:
         raise bad_decay_error(log_decay, names[0])
     if bad_theta:

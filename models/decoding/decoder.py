@@ -32,6 +32,7 @@ import torch
 from torch import Tensor
 
 from hybrid.checks import check_int
+from hybrid.kernels.varlen import on_device
 
 from ..sampling import check_sampling, sample_next
 from ..state import HybridState
@@ -151,7 +152,7 @@ class Decoder:
                 continue
             if 2 * len(live) <= len(slots) and queue.exhausted:  # nothing left to take the free slots: shrink
                 rows = self._rows_to_keep(live, slots)
-                keep = torch.tensor(rows, device=self.device)
+                keep = on_device(rows, self.device)
                 state, logits, token = state.select(keep), logits[keep], token[keep]
                 slots = [slots[row] for row in rows]
             step_logits, state = self.step(token[:, None], state=state)  # (B, 1, V): one step for every row
@@ -186,7 +187,7 @@ class Decoder:
         n_put = sum(row < state.batch_size for row in rows)  # rows inside the batch: slots to overwrite
         if n_put:
             source = new_state if n_put == len(rows) else new_state.select(torch.arange(n_put, device=self.device))
-            put_rows = torch.tensor(rows[:n_put], device=self.device)
+            put_rows = on_device(rows[:n_put], self.device)
             state = state.put(put_rows, source)
             logits = logits.index_copy(0, put_rows, new_logits[:n_put])
         if n_put < len(rows):  # the batch grows (the stream yielded fewer requests than slots before)
@@ -200,7 +201,7 @@ class Decoder:
         token = torch.zeros(logits.shape[0], dtype=torch.long, device=logits.device)
         greedy = [row for row, slot in enumerate(slots) if slot is not None and slot.request.temperature == 0]
         if greedy:
-            rows = torch.tensor(greedy, device=logits.device)
+            rows = on_device(greedy, logits.device)
             token[rows] = sample_next(logits[rows], temperature=0, vocab_limit=self.vocab_limit)
         for row, slot in enumerate(slots):
             if slot is None or slot.request.temperature == 0:
