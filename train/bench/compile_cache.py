@@ -253,23 +253,25 @@ def _relocate_groups(root: Path, old_root: str) -> None:
 def restore_base(source: Path, root: Path) -> tuple[str, frozenset]:
     """``restore`` of a file that travels on its own; also returns the names of Triton's entries it left in
     ``root`` (after renaming for this build), which ``save`` leaves out. A missing file holds none."""
-    said = restore(source, root)
-    if not Path(source).is_file():
-        return said, frozenset()
-    with tarfile.open(source, "r:gz") as tar:
-        names = {Path(m.name).parts[1] for m in tar.getmembers()
-                 if m.name.startswith("triton/") and len(Path(m.name).parts) > 2}
+    said, members = _restore(source, root)
+    names = {Path(m).parts[1] for m in members if m.startswith("triton/") and len(Path(m).parts) > 2}
     sidecar = Path(root) / "triton" / SIDECAR  # renamed entries: the names they have now
-    if sidecar.is_file():
+    if members and sidecar.is_file():
         names |= set(json.loads(sidecar.read_text()))
     return said, frozenset(n for n in names if (Path(root) / "triton" / n).is_dir())
 
 
 def restore(source: Path, root: Path) -> str:
     """Unpack ``source`` into ``root`` (a missing file is a cold start). Returns one line saying what it did."""
+    return _restore(source, root)[0]
+
+
+def _restore(source: Path, root: Path) -> tuple[str, list[str]]:
+    """``restore``'s line, and the names of the members it unpacked (none for a missing file): the file is
+    read once."""
     source, root = Path(source), Path(root)
     if not source.is_file():
-        return f"compile cache: cold start: no file at {source}"
+        return f"compile cache: cold start: no file at {source}", []
     root.mkdir(parents=True, exist_ok=True)
     with tarfile.open(source, "r:gz") as tar:
         members = [m for m in tar.getmembers() if m.name != MANIFEST]
@@ -284,8 +286,9 @@ def restore(source: Path, root: Path) -> str:
     builds = manifest.get("kernels") or ({"Triton " + manifest["triton"]: None} if manifest.get("triton") else {})
     made += "".join(f", {build}" + (f" ×{n}" if n else "") for build, n in builds.items())
     note = f", {manifest['note']}" if manifest.get("note") else ""
-    return (f"compile cache: restored {source} into {root}, which holds {describe(census(root))} (packed {made}"
+    said = (f"compile cache: restored {source} into {root}, which holds {describe(census(root))} (packed {made}"
             f"{note})" + (f"; {renamed.removeprefix('compile cache: ')}" if renamed else ""))
+    return said, [m.name for m in members]
 
 
 def parser() -> argparse.ArgumentParser:
