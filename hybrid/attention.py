@@ -13,7 +13,8 @@ fresh sequence; states hold no position) and `R_p` the rotary rotation at `p` (o
 with `shared_kv` one projection `c_j` is key and value and the cache is the single tensor `R_j c_j`
 (placement must rotate k and v alike: qkvo, qkv, q, o or none).
 
-scale = head_dim^{−1/2}, times attention_factor² of a YaRN / LongRoPE scaling when q and k are both rotated.
+scale = head_dim^{−1/2}, times attention_factor² of a YaRN / LongRoPE scaling when q and k are both rotated (as
+Hugging Face scales cos and sin: with partial rotary, only the rotated channels' part of q·k gains it).
 Why, the `dynamic` / `longrope` caveat and the caches: docs/design.md, "Attention (A)" and "KV caches and state
 reuse".
 """
@@ -132,7 +133,11 @@ class Attention(PackedAttention, Mixer):
             self.rotary = Rotary(D, base=rot.base, scaling=rot.scaling, layout=rot.layout, rotary_dim=self.rotary_dim)
             if pl.q and pl.k:
                 factor = float(self.rotary.attention_factor)
-        self.scale = D**-0.5 * factor**2
+        # HF multiplies the rotary cos and sin by the factor, so only the rotated channels' part of q·k gains
+        # factor²: the whole logit when every channel rotates, else the queries' first R channels (rotate_qkv)
+        whole = self.rotary_dim == D or factor == 1.0
+        self.scale = D**-0.5 * (factor**2 if whole else 1.0)
+        self.rotated_query_gain = 1.0 if whole else factor**2
 
     def extra_repr(self) -> str:
         return (
@@ -255,6 +260,9 @@ class Attention(PackedAttention, Mixer):
         pl = self.placement
         if pl.q:
             q = self._rotate(q, cs_q)
+        if self.rotated_query_gain != 1.0:  # a YaRN / LongRoPE factor with partial rotary (__init__)
+            R = self.rotary_dim
+            q = torch.cat([q[..., :R] * self.rotated_query_gain, q[..., R:]], dim=-1)  # (B, T, H, D)
         if pl.k:
             k = self._rotate(k, cs_kv)
         if v is not None and pl.v:

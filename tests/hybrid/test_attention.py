@@ -85,9 +85,12 @@ def reference(m: Attention, x: torch.Tensor, offset: int = 0, phase0=None, inv_f
         k = rotate_ref(k, cs_kv, layout, R)
     if pl.v:
         v = rotate_ref(v, cs_kv, layout, R)
+    if pl.q and pl.k and m.rotary is not None:  # HF's YaRN / LongRoPE factor: on the rotated channels' cos and sin
+        af = float(m.rotary.attention_factor)
+        q, k = (torch.cat([t[..., :R] * af, t[..., R:]], dim=-1) for t in (q, k))
 
     kq, vq = k.repeat_interleave(H // G, dim=2), v.repeat_interleave(H // G, dim=2)  # (B, T, H, D)
-    logits = torch.einsum("bihd,bjhd->bhij", q, kq) * m.scale
+    logits = torch.einsum("bihd,bjhd->bhij", q, kq) * D**-0.5
     i, j = pos[:, None], pos[None, :]
     allowed = (j <= i) & ((j > i - w) if w is not None else True)
     a = torch.softmax(logits.masked_fill(~allowed, float("-inf")), dim=-1)
@@ -172,6 +175,24 @@ def test_scaling_attention_factor():
         assert m.scale == pytest.approx(m.head_dim**-0.5 * (af**2 if squared else 1.0))
         x = rand_x(2, 10, m.d_model)
         torch.testing.assert_close(m(x)[0], reference(m, x, inv_freq=m.rotary.inv_freq), atol=1e-6, rtol=1e-6)
+
+
+@pytest.mark.parametrize("layout", ["interleaved", "half"])
+@pytest.mark.parametrize("placement", ["qk", "qkvo"])
+def test_scaling_attention_factor_partial_rotary(placement, layout):
+    """With rotary_dim < head_dim the factor reaches the rotated channels' part of q·k only (HF scales cos and
+    sin), in every mode: parallel, chunked, decoded, packed."""
+    yarn = {"rope_type": "yarn", "factor": 16.0, "original_max_position_embeddings": 8}
+    m = make(d_model=30, n_heads=3, n_kv_heads=1, placement=placement, rotary_dim=6,
+             rotary=RotaryConfig(scaling=yarn, layout=layout))  # D = 10: 4 channels pass through
+    assert m.rotary.attention_factor > 1.2
+    x = rand_x(2, 13, m.d_model)
+    expected = reference(m, x, inv_freq=m.rotary.inv_freq)
+    torch.testing.assert_close(m(x)[0], expected, atol=1e-6, rtol=1e-6)
+    torch.testing.assert_close(run_plan(m, x, [("f", 5), ("s", 3), ("f", 5)])[0], expected, atol=1e-6, rtol=1e-6)
+    cu_seqlens = torch.tensor([0, 13, 26])
+    packed, _ = m(x.reshape(1, 26, m.d_model), cu_seqlens=cu_seqlens, output_final_state=False)
+    torch.testing.assert_close(packed.reshape(x.shape), expected, atol=1e-6, rtol=1e-6)
 
 
 # -------------------------------------------------------------------------------------- mode agreement
