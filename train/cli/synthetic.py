@@ -60,7 +60,7 @@ def parser() -> argparse.ArgumentParser:
     # the options a run config declares, the budget's values unless given (hybrid.train.options)
     add_option_flags(p, TaskRunConfig, ["steps"], default=None, default_text="the budget's")
     add_option_flags(p, DataOptions, ["seq_len"], default=None, default_text="the budget's",
-                     help={"seq_len": "a task's longest training length"})
+                     help={"seq_len": "a task's longest training length (not MQAR's: its grid sets its lengths)"})
     p.add_argument("--seeds", help="comma-separated seeds, e.g. 0,1,2; one with --task (default: the budget's; "
                                    "--task takes its first)")
     p.add_argument("--models", help="comma-separated suite models: " + ", ".join(MODELS)
@@ -125,6 +125,21 @@ def _passkey_params(args, params: dict) -> dict:
     return params
 
 
+# a run setting's name in an error -> the flag that gave it (when the flag was given)
+FLAG_OF_FIELD = {"lr": "--lr", "seed": "--seeds", "init_from": "--init-from", "train_lengths": "--seq-len",
+                 "train_length": "--seq-len"}
+
+
+def _flag_named(args, message: str) -> str:
+    """``message`` (``"name: …"``) with the flag that set ``name`` in front, when that flag was given."""
+    name, _, rest = message.partition(":")
+    flag = FLAG_OF_FIELD.get(name)
+    attr = flag and flag[2:].replace("-", "_")  # argparse's attribute of the flag
+    if flag is None or getattr(args, attr) is None:
+        return message
+    return f"{flag}{'' if attr == name else f' ({name})'}:{rest}"
+
+
 def _one_run(args, budget, inputs) -> int:
     seed = budget.seeds[0]
     steps = task_steps(budget, args.task)
@@ -154,17 +169,15 @@ def _one_run(args, budget, inputs) -> int:
     cur_steps = curriculum_steps(budget, args.task, steps) if args.curriculum_steps is None else args.curriculum_steps
     if cur_steps > steps:
         raise ValueError(f"--curriculum-steps: expected at most the run's {steps} steps, got {cur_steps}")
-    config = TaskRunConfig(task=args.task, task_params=_passkey_params(args, task_params(budget, args.task)),
-                           preset=preset, model=model, steps=steps, batch_size=args.batch_size or budget.batch_size,
-                           curriculum_steps=cur_steps, lr=lr, seed=seed,
-                           eval_size=budget.eval_size, device=args.device, init_from=args.init_from,
-                           **({"size": None} if preset is None else {}), **options)
-    try:  # a bad --set fails here, before training
+    try:  # a bad --set fails here, before training; a fault of a flag's value names the flag
+        config = TaskRunConfig(task=args.task, task_params=_passkey_params(args, task_params(budget, args.task)),
+                               preset=preset, model=model, steps=steps,
+                               batch_size=args.batch_size or budget.batch_size, curriculum_steps=cur_steps, lr=lr,
+                               seed=seed, eval_size=budget.eval_size, device=args.device, init_from=args.init_from,
+                               **({"size": None} if preset is None else {}), **options)
         model_config = config.model_config(make_task(config.task, **config.task_params))
-    except ValueError as e:  # the source run's faults name the flag
-        if not str(e).startswith("init_from:"):
-            raise
-        raise ValueError("--init-from:" + str(e)[len("init_from:"):]) from None
+    except ValueError as e:
+        raise ValueError(_flag_named(args, str(e))) from None
     print(run_block(config, model_config, budget, lr, why), flush=True)  # the run it makes, before training
     print(f"run: {json.dumps(config.to_dict())}", flush=True)
     bar = None
@@ -182,13 +195,29 @@ def _one_run(args, budget, inputs) -> int:
         from ..output.tracking import replay_run
 
         replay_run(args.log, args.out, config.to_dict(), summary=_summary(results))
-    points = list(results["accuracy"])
-    print(markdown_table(["", "valid"] + points,
-                         [["accuracy", score_text(results["valid_accuracy"])]
-                          + [score_text(results["accuracy"][p]) for p in points],
-                          ["scaled", ""] + [score_text(results["scaled_accuracy"][p]) for p in points]]))
+    print(results_table(results))
     print(f"status {results['status']}; results in {Path(args.out) / 'results.json'}")
     return 0 if results["status"] == "finished" else 1
+
+
+def results_table(results: dict) -> str:
+    """A run's scores as a markdown table: validation and every test point. Passkey's validation scores each digit,
+    so its row is "per digit" beside the tests' exact match; the other tasks add the most common answer's
+    accuracy, the floor when answers are not uniform."""
+    points = list(results["accuracy"])
+
+    def row(name: str, valid, scores: dict) -> list[str]:
+        return [name, "" if valid is None else score_text(valid)] + [score_text(scores[p]) for p in points]
+
+    if "digit_accuracy" in results:
+        rows = [row("exact match", None, results["accuracy"]),
+                row("per digit", results["valid_accuracy"], results["digit_accuracy"])]
+    else:
+        rows = [row("accuracy", results["valid_accuracy"], results["accuracy"])]
+    rows.append(row("scaled", None, results["scaled_accuracy"]))
+    if "majority_accuracy" in results:
+        rows.append(row("most common answer", None, results["majority_accuracy"]))
+    return markdown_table(["", "valid"] + points, rows)
 
 
 def score_text(value: float) -> str:
@@ -243,6 +272,9 @@ def _run(args: argparse.Namespace) -> int:
     if args.task is not None and args.models is not None:
         raise ValueError(f"--models: expected no --models with --task (one run: --model or --preset names its "
                          f"model; --models picks among a --suite's), got --models {args.models}")
+    if args.seq_len is not None and "mqar" in (args.task, args.suite):
+        raise ValueError(f"--seq-len: expected no --seq-len with {'--task' if args.task else '--suite'} mqar (its "
+                         f"lengths are the budget's MQAR grid), got {args.seq_len}")
     models = parse_name_list(args.models) if args.models is not None else None
     budget = budget_for(args.budget, steps=args.steps, seq_len=args.seq_len, seeds=seeds, models=models,
                         suite=args.suite or args.task)

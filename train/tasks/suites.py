@@ -308,9 +308,12 @@ def write_suite_report(out, suite: str, budget: Budget, records: list[dict]) -> 
         plot = f"{task_label}.png"
         plot_lines(out / plot, series, xlabel="test length", ylabel="accuracy", title=task_label, logx=True,
                    hline=chance)
+        floor = any_metrics.get("majority_accuracy")  # the same test sequences for every model
+        floor = (f"; the most common answer alone scores {min(floor.values()):.3g}–{max(floor.values()):.3g} at the "
+                 f"test points") if floor else ""
         sections += [
             f"## {task_label}",
-            f"Accuracy at {where}; chance {chance:.3g}; scaled = (acc − chance) / (1 − chance) "
+            f"Accuracy at {where}; chance {chance:.3g}{floor}; scaled = (acc − chance) / (1 − chance) "
             "(Grazzi et al.: 1 perfect, 0 chance).",
             markdown_table(headers, rows),
             *(["\n".join(f"- {t}" for t in targets)] if targets else []),

@@ -99,18 +99,28 @@ def accuracy(model: HybridLM, batch: Batch, score: str, device: torch.device, ch
     return hits / max(total, 1), loss_sum / max(loss_n, 1)
 
 
+def majority_accuracy(labels: torch.Tensor, score: str) -> float:
+    """The accuracy of always giving the most common answer at the scored positions of ``labels`` ``(N, T)``: the
+    floor a model must clear when answers are not uniform (mod 5's left-to-right products absorb into 0)."""
+    answers = labels[scored_positions(labels, score)]
+    return int(torch.bincount(answers).max()) / answers.numel() if answers.numel() else float("nan")
+
+
 def evaluate_task(model: HybridLM, task: Task, eval_size: int, device: torch.device) -> dict:
-    """Accuracy (raw and scaled) at every test point, on the shared test sequences. A task with an ``evaluate``
-    method of its own scores itself (passkey: its test set, long sequences in chunked mode)."""
+    """Accuracy (raw and scaled) at every test point, on the shared test sequences, with the most common answer's
+    own accuracy there (``majority_accuracy``). A task with an ``evaluate`` method of its own scores itself
+    (passkey: its test set, long sequences in chunked mode)."""
     model.eval()
     if hasattr(task, "evaluate"):
         return task.evaluate(model, eval_size, device)
-    out = {"accuracy": {}, "scaled_accuracy": {}, "test_loss": {}}
+    out = {"accuracy": {}, "scaled_accuracy": {}, "test_loss": {}, "majority_accuracy": {}}
     for i, point in enumerate(task.test_points()):
-        acc, loss = accuracy(model, task.test_batch(point, eval_size, rng_of(TEST_SEED + i)), task.score, device)
+        batch = task.test_batch(point, eval_size, rng_of(TEST_SEED + i))
+        acc, loss = accuracy(model, batch, task.score, device)
         out["accuracy"][point] = acc
         out["scaled_accuracy"][point] = scaled_accuracy(acc, task.chance)
         out["test_loss"][point] = loss
+        out["majority_accuracy"][point] = majority_accuracy(batch.labels, task.score)
     return out
 
 

@@ -79,6 +79,12 @@ def test_a_single_run_of_a_studied_model_uses_its_best_rate_and_says_so(tmp_path
         (["--task", "sorting"], "argument --task: invalid choice"),
         (["--task", "parity", "--set", "rnn_phase=\"spin\""], "rnn_phase: expected one of"),
         (["--task", "parity", "--steps", "0"], "argument --steps: expected a positive integer"),
+        (["--task", "mqar", "--seq-len", "7"], "--seq-len: expected no --seq-len with --task mqar"),
+        (["--suite", "mqar", "--seq-len", "7"], "--seq-len: expected no --seq-len with --suite mqar"),
+        (["--task", "parity", "--seeds", "-1"], "--seeds (seed): expected an int >= 0, got -1"),
+        (["--task", "parity", "--lr", "-1"], "--lr: expected a finite number > 0, got -1.0"),
+        (["--task", "mod5", "--seq-len", "1"], "--seq-len (train_lengths): expected 2 <= low <= high, got (1, 1)"),
+        (["--task", "passkey", "--seq-len", "5"], "--seq-len (train_length): expected an int >= 12"),
     ],
 )
 def test_command_line_errors_are_one_line(tmp_path, capsys, argv, message):

@@ -10,7 +10,9 @@ import torch.nn.functional as F
 
 from hybrid.train.loop.checkpoint import load_checkpoint
 from hybrid.train.tasks import IGNORE, MQAR
-from hybrid.train.tasks.train import TaskRunConfig, load_task_run, masked_loss, scored_positions, train_task
+from hybrid.train.tasks import make_task, rng_of
+from hybrid.train.tasks.train import (TaskRunConfig, load_task_run, majority_accuracy, masked_loss, scored_positions,
+                                     train_task)
 
 
 def test_a_run_trains_its_curriculum_steps_first(tmp_path, monkeypatch):
@@ -72,11 +74,23 @@ def test_scored_positions_and_masked_loss():
     torch.testing.assert_close(masked_loss(logits, labels), want.float())
 
 
+def test_the_most_common_answer_is_scored_where_the_task_scores():
+    labels = torch.tensor([[IGNORE, 4, 0, IGNORE], [IGNORE, 2, 1, 0], [3, 3, IGNORE, 2], [IGNORE, 0, 0, 0]])
+    assert majority_accuracy(labels, "last") == 0.75  # the last answers: 0, 0, 2, 0
+    assert majority_accuracy(labels, "all") == 5 / 11  # 0 five times among eleven labelled positions
+    # mod 5 left to right: a product with 0 stays 0, so 0 answers far more than a fifth of long expressions
+    task = make_task("mod5", train_lengths=[3, 40], test_lengths=[256])
+    labels = task.test_batch("256", 2048, rng_of(5)).labels
+    answers = labels[scored_positions(labels, "last")]
+    assert majority_accuracy(labels, task.score) == (answers == 0).float().mean().item() > 0.24
+
+
 def test_a_run_directory_reopens(tmp_path):
     config = TaskRunConfig(task="parity", task_params={"train_lengths": [3, 6], "test_lengths": [6, 9]},
                            model={"d_model": 16, "n_layers": 1, "n_heads": 2}, steps=2, batch_size=4, eval_size=8)
     results = train_task(config, tmp_path)
     assert set(results["accuracy"]) == {"6", "9"} and results["status"] == "finished"
+    assert set(results["majority_accuracy"]) == {"6", "9"} and 0.5 <= min(results["majority_accuracy"].values())
     ckpt = load_checkpoint(tmp_path)
     assert ckpt.extra["task"]["tokens"] == json.loads((tmp_path / "task.json").read_text())["tokens"]
     model, task = load_task_run(tmp_path)
