@@ -36,6 +36,7 @@ class HybridHFConfig(PretrainedConfig):
         self.num_attention_heads = hybrid.n_heads
         self.tie_word_embeddings = hybrid.tie_embeddings
         self.use_cache = kwargs.pop("use_cache", True)
+        kwargs.setdefault("dtype", hybrid.dtype)  # transformers' field: the dtype from_pretrained("auto") loads in
         super().__init__(tie_word_embeddings=hybrid.tie_embeddings, **kwargs)
 
     def to_hybrid_config(self) -> HybridConfig:

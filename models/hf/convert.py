@@ -46,7 +46,30 @@ def _rope(hf_config) -> tuple[float, dict | None]:
         raise ValueError(f"rope_parameters: expected no partial rotary, got {params['partial_rotary_factor']}")
     params.pop("partial_rotary_factor", None)
     kind = params.get("rope_type", params.get("type", "default"))
-    return base, (None if kind == "default" else params)
+    if kind == "default":
+        return base, None
+    return base, _pretraining_length(hf_config, kind, params)
+
+
+def _pretraining_length(hf_config, kind: str, params: dict) -> dict:
+    """The scaling dict with the lengths transformers reads from the model config filled in as it does
+    (``standardize_rope_params`` and the schedules of ``transformers.modeling_rope_utils``): dynamic NTK's L0 is
+    ``max_position_embeddings``, whatever the dict says; llama3, yarn and longrope take a top-level
+    ``original_max_position_embeddings`` over the dict's, else the dict's, else ``max_position_embeddings``; a yarn or
+    longrope ``factor`` left out is ``max_position_embeddings / original_max_position_embeddings``."""
+    max_len = getattr(hf_config, "max_position_embeddings", None)
+    if kind == "dynamic" and max_len is not None:
+        params["original_max_position_embeddings"] = max_len
+    if kind in ("llama3", "yarn", "longrope"):
+        top_level = getattr(hf_config, "original_max_position_embeddings", None)
+        if top_level is not None:
+            params["original_max_position_embeddings"] = top_level
+        elif max_len is not None:
+            params.setdefault("original_max_position_embeddings", max_len)
+    if kind in ("yarn", "longrope") and params.get("factor") is None and max_len is not None:
+        if params.get("original_max_position_embeddings"):
+            params["factor"] = max_len / params["original_max_position_embeddings"]
+    return params
 
 
 def config_from_llama(hf_config, *, layout: str = "half", dtype: str = "float32") -> HybridConfig:

@@ -32,6 +32,7 @@ from transformers.cache_utils import Cache
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from hybrid.models import HybridLM, HybridState
+from hybrid.models.config import DTYPES
 
 from .compat import GENERATE_CACHE_KWARG, OUTPUT_CACHE_FIELD
 from .cache import HybridCache
@@ -67,9 +68,16 @@ class HybridForCausalLM(HybridPreTrainedModel, GenerationMixin):
         # from_pretrained builds models on the meta device; ours computes rotary tables and decay constants at
         # construction, so it is built for real (on the CPU) and its non-persistent buffers are kept aside:
         # transformers re-allocates them uninitialised while loading, and from_pretrained puts them back.
+        hybrid = config.to_hybrid_config()
+        dtype = _dtype_name(config.dtype, hybrid.dtype)  # what from_pretrained / from_config were asked for
+        if dtype != hybrid.dtype:
+            hybrid = hybrid.replace(dtype=dtype)
+            config.hybrid = hybrid.to_dict()
         on_meta = torch.empty(0).device.type == "meta"
-        with torch.device("cpu") if on_meta else contextlib.nullcontext():
-            self.model = HybridLM(config.to_hybrid_config())
+        # transformers sets the asked dtype as torch's default while it builds a model; ours is built in float32
+        # and cast (its rotary tables and decay constants computed in float32, as a HybridLM of that dtype is)
+        with torch.device("cpu") if on_meta else contextlib.nullcontext(), _default_dtype(torch.float32):
+            self.model = HybridLM(hybrid)
         self._buffer_values = {name: b.detach().clone() for name, b in _non_persistent_buffers(self)}
         self._tied_weights_keys = {"model.lm_head.weight": "model.embed.weight"} if config.tie_word_embeddings else {}
         self.post_init()
@@ -78,6 +86,8 @@ class HybridForCausalLM(HybridPreTrainedModel, GenerationMixin):
         """transformers' save_pretrained, plus two one-line modules and ``auto_map`` in config.json, so that
         ``AutoModelForCausalLM.from_pretrained(dir, trust_remote_code=True)`` works without importing us first."""
         self.config.auto_map = dict(AUTO_MAP)
+        dtype = _dtype_name(self.dtype, self.config.hybrid["dtype"])  # a model cast since it was built: its dtype
+        self.config.hybrid = {**self.config.hybrid, "dtype": dtype}
         super().save_pretrained(save_directory, *args, **kwargs)
         for filename, text in REMOTE_CODE_FILES.items():
             (Path(save_directory) / filename).write_text(text)
@@ -85,8 +95,11 @@ class HybridForCausalLM(HybridPreTrainedModel, GenerationMixin):
     @classmethod
     def from_pretrained(cls, *args, **kwargs):
         """transformers' from_pretrained; a checkpoint missing any of our weights is refused (transformers would
-        leave them uninitialised), and the non-persistent buffers are put back."""
+        leave them uninitialised), and the non-persistent buffers are put back. ``dtype`` (or ``torch_dtype``)
+        is honoured; without it the model loads in the dtype it was saved in."""
         want_info = kwargs.pop("output_loading_info", False)
+        if kwargs.get("dtype") is None and kwargs.get("torch_dtype") is None:
+            kwargs["dtype"] = "auto"  # the dtype it was saved in (config.json), not torch's default
         model, info = super().from_pretrained(*args, output_loading_info=True, **kwargs)
         missing = sorted(set(info.get("missing_keys", ())) - set(model._tied_weights_keys))
         if missing:
@@ -134,7 +147,8 @@ class HybridForCausalLM(HybridPreTrainedModel, GenerationMixin):
         **kwargs,
     ):
         """input_ids ``(B, T)``, attention_mask ``(B, past + T)`` or None → logits ``(B, T, vocab)``; ``loss``
-        (mean next-token cross-entropy over labels != -100) when ``labels`` ``(B, T)`` are given. The cache comes
+        (mean next-token cross-entropy over labels != -100, or its sum over ``num_items_in_batch`` when the Trainer
+        passes that) when ``labels`` ``(B, T)`` are given. The cache comes
         as ``past_key_values`` or, the name of transformers ≥ 5.2x, ``cache``."""
         past_key_values = _one_cache(past_key_values, cache)
         if inputs_embeds is not None:
@@ -175,9 +189,7 @@ class HybridForCausalLM(HybridPreTrainedModel, GenerationMixin):
 
         loss = None
         if labels is not None:
-            loss = F.cross_entropy(
-                logits[:, :-1].flatten(0, 1).float(), labels[:, 1:].flatten().to(logits.device), ignore_index=-100
-            )
+            loss = _next_token_loss(logits, labels, kwargs.get("num_items_in_batch"))
         return CausalLMOutputWithPast(loss=loss, logits=logits, **{OUTPUT_CACHE_FIELD: cache})
 
     def _cache_for(self, past_key_values, use_cache: bool) -> HybridCache | None:
@@ -245,6 +257,19 @@ class HybridForCausalLM(HybridPreTrainedModel, GenerationMixin):
                 GENERATE_CACHE_KWARG: cache, "use_cache": use_cache}
 
 
+def _next_token_loss(logits: torch.Tensor, labels: torch.Tensor, num_items_in_batch=None) -> torch.Tensor:
+    """The next-token cross-entropy of ``logits`` ``(B, T, V)`` against ``labels`` ``(B, T)`` (-100: none): the mean
+    over the labelled tokens, or their sum over ``num_items_in_batch``, the labelled tokens of a whole
+    gradient-accumulation step, which transformers' Trainer passes instead of dividing the loss by the
+    accumulation steps (as its own models take it)."""
+    logits, labels = logits[:, :-1].flatten(0, 1).float(), labels[:, 1:].flatten().to(logits.device)
+    if num_items_in_batch is None:
+        return F.cross_entropy(logits, labels, ignore_index=-100)
+    if isinstance(num_items_in_batch, torch.Tensor):
+        num_items_in_batch = num_items_in_batch.to(logits.device)
+    return F.cross_entropy(logits, labels, ignore_index=-100, reduction="sum") / num_items_in_batch
+
+
 def _documents_from_positions(position_ids: torch.Tensor | None, shape: torch.Size) -> torch.Tensor | None:
     """``cu_seqlens`` of a padding-free row (positions restarting at 0 at each document), or None when the
     positions are the plain ``0 … T−1`` of every row (or not given)."""
@@ -269,6 +294,27 @@ def _documents_from_positions(position_ids: torch.Tensor | None, shape: torch.Si
                          f"{row[:12].tolist()}{' …' if T > 12 else ''}")
     starts = (row == 0).nonzero().flatten()
     return torch.cat([starts, starts.new_tensor([T])])
+
+
+def _dtype_name(dtype, default: str) -> str:
+    """The ``HybridConfig.dtype`` name of a torch dtype or its name (None: ``default``)."""
+    if dtype is None:
+        return default
+    for name, value in DTYPES.items():
+        if dtype in (name, value):
+            return name
+    raise ValueError(f"dtype: expected one of {list(DTYPES)} (or None), got {dtype}")
+
+
+@contextlib.contextmanager
+def _default_dtype(dtype: torch.dtype):
+    """torch's default dtype set to ``dtype`` inside the block, put back after."""
+    before = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(before)
 
 
 def _one_cache(past_key_values: Cache | None, cache: Cache | None) -> Cache | None:

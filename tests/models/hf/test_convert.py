@@ -1,6 +1,7 @@
 """Llama / Mistral / Qwen2 → HybridLM (hybrid.models.hf.convert): logits equal transformers' own.
 
-Tiny random transformers models built from configs (offline): GQA, llama3 and yarn rope scaling, tied and untied
+Tiny random transformers models built from configs (offline): GQA, llama3, yarn, dynamic NTK and LongRoPE rope scaling
+(past their original lengths, with the lengths left out as configs leave them out), tied and untied
 embeddings, Qwen2's q/k/v biases, Llama's attention_bias, Mistral's sliding window shorter than the input, in
 both rotary layouts; in float64 (up to the float32 rotary angles of both) and float32.
 """
@@ -21,12 +22,22 @@ BASE = dict(vocab_size=V, hidden_size=48, intermediate_size=96, num_hidden_layer
 LLAMA3 = {"rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0, "low_freq_factor": 1.0,
           "high_freq_factor": 4.0, "original_max_position_embeddings": 8}
 YARN = {"rope_type": "yarn", "rope_theta": 5000.0, "factor": 8.0, "original_max_position_embeddings": 8}
+DYNAMIC = {"rope_type": "dynamic", "rope_theta": 10000.0, "factor": 4.0}  # L0: max_position_embeddings, < T
+LONGROPE = {"rope_type": "longrope", "rope_theta": 10000.0, "short_factor": [1.0, 1.1, 1.3, 2.0],
+            "long_factor": [1.0, 1.5, 3.0, 6.0], "original_max_position_embeddings": 8}  # factor: 16 / 8, as Phi-3's
 CASES = {
     "llama-gqa-llama3-tied": (LlamaConfig, LlamaForCausalLM, dict(rope_parameters=LLAMA3, tie_word_embeddings=True)),
     "llama-gqa-yarn-untied": (LlamaConfig, LlamaForCausalLM, dict(rope_parameters=YARN, tie_word_embeddings=False)),
     "llama-attention-bias": (LlamaConfig, LlamaForCausalLM, dict(attention_bias=True, num_key_value_heads=6)),
     "qwen2-qkv-bias": (Qwen2Config, Qwen2ForCausalLM, dict(tie_word_embeddings=False)),
     "mistral-window-5": (MistralConfig, MistralForCausalLM, dict(sliding_window=5)),
+    "llama-dynamic": (LlamaConfig, LlamaForCausalLM, dict(rope_parameters=DYNAMIC, max_position_embeddings=16)),
+    # transformers' dynamic NTK reads max_position_embeddings, never the dict's original_max_position_embeddings
+    "llama-dynamic-original-8": (LlamaConfig, LlamaForCausalLM,
+                                 dict(rope_parameters={**DYNAMIC, "original_max_position_embeddings": 8},
+                                      max_position_embeddings=16)),
+    "llama-longrope-no-factor": (LlamaConfig, LlamaForCausalLM, dict(rope_parameters=LONGROPE,
+                                                                     max_position_embeddings=16)),
 }
 
 

@@ -41,6 +41,38 @@ def test_save_and_auto_from_pretrained_give_the_same_logits(name, tmp_path, make
     assert type(AutoModel.from_pretrained(tmp_path)) is HybridForCausalLM
 
 
+@pytest.mark.parametrize("asked", [{"dtype": torch.bfloat16}, {"torch_dtype": torch.float64}, {"dtype": "float16"}])
+def test_from_pretrained_and_from_config_build_the_dtype_asked_for(asked, tmp_path, make, ids_for, tiny_cases):
+    """transformers' ``dtype`` (and the older ``torch_dtype``) is honoured: the model is the HybridLM of that dtype
+    with the saved weights cast, its config says so, and a save keeps it."""
+    from hybrid.models import HybridLM
+    from transformers import AutoConfig
+
+    make("hybrid").save_pretrained(tmp_path / "f32")
+    want = next(iter(asked.values()))
+    want = getattr(torch, want) if isinstance(want, str) else want
+    name = str(want).removeprefix("torch.")
+    loaded = AutoModelForCausalLM.from_pretrained(tmp_path / "f32", **asked).eval()
+    assert loaded.dtype == want and loaded.config.hybrid["dtype"] == name
+    native = HybridLM(tiny_cases["hybrid"].replace(dtype=name)).eval()
+    native.load_state_dict(make("hybrid").model.state_dict())
+    ids = ids_for(2, 9)
+    assert torch.equal(loaded(ids).logits, native(ids)[0])
+    built = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(tmp_path / "f32"), **asked)
+    assert built.dtype == want and built.config.hybrid["dtype"] == name
+    loaded.save_pretrained(tmp_path / "again")
+    assert AutoModelForCausalLM.from_pretrained(tmp_path / "again").dtype == want  # saved in it: loads in it
+
+
+def test_a_model_cast_after_building_is_saved_and_loaded_in_its_dtype(tmp_path, make):
+    model = make("vo-rnn").to(torch.bfloat16)
+    model.save_pretrained(tmp_path)
+    loaded = AutoModelForCausalLM.from_pretrained(tmp_path)
+    assert loaded.dtype == torch.bfloat16 and loaded.config.hybrid["dtype"] == "bfloat16"
+    assert torch.equal(loaded.model.lm_head.weight, model.model.lm_head.weight)
+    assert AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.float32).dtype == torch.float32
+
+
 def test_from_pretrained_refuses_a_checkpoint_missing_a_weight(tmp_path, make):
     from safetensors.torch import load_file, save_file
 
@@ -64,6 +96,22 @@ def test_loss_from_labels_is_next_token_cross_entropy(make, ids_for):
     torch.testing.assert_close(out.loss.double(), expected, rtol=1e-6, atol=0)
     out.loss.backward()
     assert model.model.embed.weight.grad is not None
+
+
+def test_an_accumulation_steps_losses_sum_to_its_token_mean(make, ids_for):
+    """transformers' Trainer passes ``num_items_in_batch`` (the labelled tokens of the whole accumulation step) to a
+    forward that takes ``**kwargs`` and then no longer divides by the accumulation steps: the micro-batches' losses
+    must sum to the step's token mean (uneven micro-batches: the mean of their means would be another number)."""
+    model = make("hybrid")
+    ids = ids_for(4, 8)
+    labels = ids.clone()
+    labels[0, 3:] = -100
+    whole = model(ids, labels=labels).loss
+    items = (labels[:, 1:] != -100).sum()
+    parts = [model(ids[i : i + 2], labels=labels[i : i + 2], num_items_in_batch=items).loss for i in (0, 2)]
+    torch.testing.assert_close(parts[0] + parts[1], whole, rtol=1e-6, atol=0)
+    means = [model(ids[i : i + 2], labels=labels[i : i + 2]).loss for i in (0, 2)]
+    assert abs((means[0] + means[1]).item() / 2 - whole.item()) > 1e-3  # the case tells the two apart
 
 
 # ---------------------------------------------------------------------------------------------- generate
