@@ -131,6 +131,15 @@ class HybridForCausalLM(HybridPreTrainedModel, GenerationMixin):
     def set_output_embeddings(self, value):
         self.model.lm_head = value
 
+    def resize_token_embeddings(self, *args, **kwargs):
+        """transformers' resize, with the vocabulary size written into both configs (the wrapped model's checks
+        ids against its own, and a save must load again)."""
+        embeddings = super().resize_token_embeddings(*args, **kwargs)
+        vocab = embeddings.num_embeddings
+        self.model.config = self.model.config.replace(vocab_size=vocab)
+        self.config.hybrid = {**self.config.hybrid, "vocab_size": vocab}
+        return embeddings
+
     # ------------------------------------------------------------------------------------------ forward
 
     def forward(
@@ -227,6 +236,9 @@ class HybridForCausalLM(HybridPreTrainedModel, GenerationMixin):
         pads). Without pads in them, one forward for the whole batch (a decode step at T = 1). New pads (rare in
         generation) split the rows by mask pattern: each group runs on its real tokens and its rows' states are
         written back (``HybridState.select`` / ``put``)."""
+        if cache.state is not None and cache.state.batch_size != input_ids.shape[0]:
+            raise ValueError(f"past_key_values: expected a cache of {input_ids.shape[0]} rows (input_ids'), got one of "
+                             f"{cache.state.batch_size}")
         if mask is None:
             logits, cache.state = self.model(input_ids, state=cache.state)
             return logits
@@ -252,6 +264,10 @@ class HybridForCausalLM(HybridPreTrainedModel, GenerationMixin):
         ``past_key_values`` or ``cache`` by release (``GENERATE_CACHE_KWARG``); it is handed back under that name."""
         cache = _one_cache(past_key_values, cache)
         if isinstance(cache, HybridCache) and cache.columns > 0:
+            if input_ids.shape[1] <= cache.columns:
+                raise ValueError(f"input_ids: expected the whole sequence so far, longer than the {cache.columns} "
+                                 f"columns past_key_values holds (generate feeds the columns after them), got "
+                                 f"{input_ids.shape[1]} columns")
             input_ids = input_ids[:, cache.columns:]
         return {"input_ids": input_ids.contiguous(), "attention_mask": attention_mask,
                 GENERATE_CACHE_KWARG: cache, "use_cache": use_cache}

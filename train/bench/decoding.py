@@ -155,7 +155,7 @@ def bench_speculative(args) -> list[str]:
         draft = load_run(args.draft)
         draft_model, draft_name, draft_step = draft.model, args.draft, draft.step
     tok = target.tokenizer
-    prompts = [torch.tensor([tok.eos_id] + tok.encode(p)) for p in PROMPTS[:args.prompts]]
+    prompts = [torch.tensor(tok.document_start + tok.encode(p)) for p in PROMPTS[:args.prompts]]
     ks = [int(k) for k in args.lookahead.split(",")]
     contenders = ["target alone", *[f"k = {k}" for k in ks]]
     seconds = {c: [] for c in contenders}

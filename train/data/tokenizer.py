@@ -4,8 +4,12 @@ Both share one interface::
 
     encode(text) -> list[int]            decode(ids, skip_special=True) -> str
     encode_batch(texts) -> list[list[int]]
-    vocab_size, bos_id, eos_id, pad_id, name, fingerprint
+    vocab_size, bos_id, eos_id, pad_id, document_start, name, fingerprint
     to_dict() -> dict                    tokenizer_from_dict(d) -> Tokenizer
+
+`document_start` is the ids a prompt is put after: `[eos]` for the runs this library trains (its training
+streams are `[eos] doc [eos] doc …`), and for a model imported from transformers what its own tokenizer puts in
+front (`<s>` for Llama and Mistral, nothing for Qwen2; `FileTokenizer(document_start=...)`).
 
 `to_dict()` is what a run directory records (JSON-serialisable); `tokenizer_from_dict` rebuilds the same
 tokenizer and refuses a tokenizer file whose content changed since it was recorded. `fingerprint` names the
@@ -43,6 +47,7 @@ class Tokenizer(Protocol):
     bos_id: int
     eos_id: int
     pad_id: int
+    document_start: list[int]
 
     def encode(self, text: str) -> list[int]: ...
 
@@ -70,6 +75,7 @@ class ByteTokenizer:
     bos_id, eos_id, pad_id = 256, 257, 258
     vocab_size = 259
     specials = {256: "<bos>", 257: "<eos>", 258: "<pad>"}
+    document_start = [eos_id]
 
     def encode_bytes(self, data: bytes) -> list[int]:
         return list(data)
@@ -135,10 +141,12 @@ class FileTokenizer:
 
     `eos` is the first of the usual end-of-text spellings the vocabulary has (or `eos_token=`); without one,
     `<eos>` is added as a special token (deterministically, so the same file always gives the same ids).
-    `bos` and `pad` fall back to `eos` when the vocabulary has no such token.
+    `bos` and `pad` fall back to `eos` when the vocabulary has no such token. `document_start`: the tokens a
+    prompt is put after (default: `[eos]`, this library's; an import records its source's, maybe none).
     """
 
-    def __init__(self, path: str | os.PathLike, *, eos_token: str | None = None, sha256: str | None = None):
+    def __init__(self, path: str | os.PathLike, *, eos_token: str | None = None, sha256: str | None = None,
+                 document_start: list[str] | None = None):
         try:
             from tokenizers import Tokenizer as _HFTokenizer
         except ImportError as e:  # pragma: no cover - tokenizers is a test dependency
@@ -168,6 +176,18 @@ class FileTokenizer:
         self.pad_id = eos if pad is None else pad
         self.vocab_size = self._tok.get_vocab_size(with_added_tokens=True)
         self.name = f"file:{self.path.name}@{self.sha256[:12]}"
+        self.document_start_tokens = document_start  # None: this library's [eos]
+        self.document_start = [self.eos_id] if document_start is None else self._ids_of(document_start)
+
+    def _ids_of(self, tokens: list[str]) -> list[int]:
+        """The ids of ``document_start``'s tokens, each in the vocabulary."""
+        if not isinstance(tokens, (list, tuple)) or not all(isinstance(t, str) for t in tokens):
+            raise ValueError(f"document_start: expected a list of token strings, got {tokens!r}")
+        ids = [self._tok.token_to_id(t) for t in tokens]
+        missing = [t for t, i in zip(tokens, ids) if i is None]
+        if missing:
+            raise ValueError(f"document_start: expected tokens of the vocabulary of {self.path}, got {missing}")
+        return ids
 
     def _find(self, names) -> int | None:
         for n in names:
@@ -194,7 +214,10 @@ class FileTokenizer:
         return f"tokenizers-{self.sha256}-{self.eos_id}-{self.vocab_size}"
 
     def to_dict(self) -> dict:
-        return {"kind": "tokenizers", "path": str(self.path), "sha256": self.sha256, "eos_token": self.eos_token}
+        record = {"kind": "tokenizers", "path": str(self.path), "sha256": self.sha256, "eos_token": self.eos_token}
+        if self.document_start_tokens is not None:
+            record["document_start"] = list(self.document_start_tokens)
+        return record
 
     def __repr__(self) -> str:
         return f"FileTokenizer({str(self.path)!r}, vocab_size={self.vocab_size}, eos_id={self.eos_id})"
@@ -229,5 +252,6 @@ def tokenizer_from_dict(d: dict | str) -> Tokenizer:
     if kind == "bytes":
         return ByteTokenizer()
     if kind == "tokenizers":
-        return FileTokenizer(d["path"], eos_token=d.get("eos_token"), sha256=d.get("sha256"))
+        return FileTokenizer(d["path"], eos_token=d.get("eos_token"), sha256=d.get("sha256"),
+                             document_start=d.get("document_start"))
     raise ValueError(f"tokenizer_from_dict: unknown kind {kind!r} (expected 'bytes' or 'tokenizers')")

@@ -19,13 +19,16 @@ def hf_model_from_run(run: LoadedRun):
     from hybrid.models.hf import HybridForCausalLM, HybridHFConfig
 
     tok = run.tokenizer
-    config = HybridHFConfig(run.model.config, bos_token_id=tok.eos_id, eos_token_id=tok.eos_id, pad_token_id=tok.pad_id)
+    bos = tok.document_start[0] if tok.document_start else None  # documents start from eos here (tokenizer.py)
+    config = HybridHFConfig(run.model.config, bos_token_id=bos, eos_token_id=tok.eos_id, pad_token_id=tok.pad_id)
     model = HybridForCausalLM(config)
     model.model.load_state_dict(run.model.state_dict())
     model.to(run.model.embed.weight.device).eval()
-    model.generation_config.bos_token_id = tok.eos_id  # documents start from eos (see tokenizer.py)
+    model.generation_config.bos_token_id = bos
     model.generation_config.eos_token_id = tok.eos_id
     model.generation_config.pad_token_id = tok.pad_id
+    if run.model.config.vocab_size > tok.vocab_size:  # the embedding's rows past the tokenizer's ids: never sampled
+        model.generation_config.suppress_tokens = list(range(tok.vocab_size, run.model.config.vocab_size))
     return model
 
 

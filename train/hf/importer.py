@@ -50,24 +50,50 @@ def read_hf_weights(hf_dir: Path) -> dict[str, torch.Tensor]:
     raise FileNotFoundError(f"hf_dir: expected model.safetensors or model.safetensors.index.json in {hf_dir}, got neither")
 
 
+def _token_text(value) -> str | None:
+    """A tokenizer_config.json token entry (a string, or a dict with its "content") as its string."""
+    value = value.get("content") if isinstance(value, dict) else value
+    return value if isinstance(value, str) else None
+
+
+def _document_start(src: Path, settings: dict) -> list[str]:
+    """The tokens the source tokenizer puts in front of a text (transformers' default, add_special_tokens):
+    what its tokenizer.json's post-processor adds before the text, unless tokenizer_config.json's
+    ``add_bos_token`` says otherwise (False: none; True: its ``bos_token``, when the post-processor adds none)."""
+    from tokenizers import Tokenizer as RawTokenizer
+
+    raw = RawTokenizer.from_file(str(src))
+    text = raw.encode("a", add_special_tokens=False).ids
+    framed = raw.encode("a", add_special_tokens=True).ids
+    starts = [i for i in range(len(framed) - len(text) + 1) if framed[i : i + len(text)] == text]
+    tokens = [raw.id_to_token(i) for i in framed[: starts[0]]] if starts and text else []
+    add_bos, bos = settings.get("add_bos_token"), _token_text(settings.get("bos_token"))
+    if add_bos is False:
+        return []
+    if add_bos is True and not tokens and bos is not None and raw.token_to_id(bos) is not None:
+        return [bos]
+    return tokens
+
+
 def _read_tokenizer(hf_dir: Path):
-    """(the tokenizer of ``hf_dir``: its tokenizer.json, or None when it has none)."""
+    """(the tokenizer of ``hf_dir``: its tokenizer.json, or None when it has none), with the eos token and
+    the document start its tokenizer_config.json and tokenizer.json give."""
     src = hf_dir / "tokenizer.json"
     if not src.is_file():
         return None
-    eos = None
+    settings = {}
     config = hf_dir / "tokenizer_config.json"
     if config.is_file():
         try:
-            eos = json.loads(config.read_text()).get("eos_token")
-        except (ValueError, AttributeError):
-            eos = None  # an unreadable tokenizer_config.json: find the eos token in tokenizer.json instead
-        eos = eos.get("content") if isinstance(eos, dict) else eos
-        eos = eos if isinstance(eos, str) else None
+            settings = json.loads(config.read_text())
+        except ValueError:
+            settings = {}  # an unreadable tokenizer_config.json: find the eos token in tokenizer.json instead
+        settings = settings if isinstance(settings, dict) else {}
+    start = _document_start(src, settings)
     try:
-        return FileTokenizer(src, eos_token=eos)
+        return FileTokenizer(src, eos_token=_token_text(settings.get("eos_token")), document_start=start)
     except ValueError:
-        return FileTokenizer(src)
+        return FileTokenizer(src, document_start=start)
 
 
 def _hf_config(hf_dir: Path, layout: str, dtype: str):
@@ -123,6 +149,10 @@ def import_checkpoint(hf_dir, out_dir, *, layout: str = "half", dtype: str = "fl
     elif tokenizer.vocab_size > config.vocab_size:
         raise ValueError(f"tokenizer: expected at most vocab_size={config.vocab_size} tokens (the model's), got "
                          f"{tokenizer.vocab_size} in {tokenizer.path}")
+    else:
+        start = tokenizer.document_start_tokens
+        notes.append(f"prompts start with {' '.join(start)} (as {hf_dir.name}'s tokenizer puts in front of a text)"
+                     if start else f"prompts start with no token (as {hf_dir.name}'s tokenizer puts none in front)")
     record = tokenizer.to_dict()
     if isinstance(tokenizer, FileTokenizer):  # the run's own copy, at the path it will have once in place
         record["path"] = str(out.resolve() / "tokenizer.json")

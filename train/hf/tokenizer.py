@@ -6,9 +6,12 @@ a BPE without merges whose vocabulary gives byte ``b`` id ``b``, then ``<bos>``,
 so token ids are identical.
 
 Documents start from ``eos`` in this library (training streams are ``[eos] doc [eos] doc …``, prompts are
-``[eos] + prompt``), so the transformers tokenizer adds ``eos`` in front when asked for special tokens (its
-default, and what lm-eval does), and names it as its ``bos_token``: ``tok(text).input_ids == [eos] + ids``.
-``add_special_tokens=False`` gives the plain ids.
+``[eos] + prompt``): the tokenizer's ``document_start``, which an imported model's tokenizer records from its source
+(``<s>`` for Llama, nothing for Qwen2). The transformers tokenizer puts it in front when asked for special tokens
+(its default, and what lm-eval does), and names its first token as its ``bos_token``:
+``tok(text).input_ids == document_start + ids``. ``add_special_tokens=False`` gives the plain ids. It pads on the
+left (a decoder-only model generates after the prompt), and the byte tokenizer's ``<eos>``-like text stays bytes,
+as the byte tokenizer encodes it (``split_special_tokens``).
 """
 from __future__ import annotations
 
@@ -54,8 +57,11 @@ def to_hf_tokenizer(tok: Tokenizer) -> PreTrainedTokenizerFast:
         raw = RawTokenizer.from_str(tok._tok.to_str())  # a copy: the run's tokenizer stays as it is
     else:
         raise ValueError(f"tokenizer: expected a ByteTokenizer or FileTokenizer, got {type(tok).__name__}")
-    eos = raw.id_to_token(tok.eos_id)
-    raw.post_processor = TemplateProcessing(single=f"{eos} $A", pair=f"{eos} $A {eos} $B:1",
-                                            special_tokens=[(eos, tok.eos_id)])
-    return PreTrainedTokenizerFast(tokenizer_object=raw, eos_token=eos, bos_token=eos,
-                                   pad_token=raw.id_to_token(tok.pad_id))
+    start = [raw.id_to_token(i) for i in tok.document_start]
+    if start or isinstance(tok, ByteTokenizer):  # an import whose source adds nothing keeps its own processor
+        front = " ".join(start)
+        raw.post_processor = TemplateProcessing(single=f"{front} $A".strip(), pair=f"{front} $A {front} $B:1".strip(),
+                                                special_tokens=sorted(set(zip(start, tok.document_start))))
+    return PreTrainedTokenizerFast(tokenizer_object=raw, eos_token=raw.id_to_token(tok.eos_id),
+                                   bos_token=start[0] if start else None, pad_token=raw.id_to_token(tok.pad_id),
+                                   padding_side="left", split_special_tokens=isinstance(tok, ByteTokenizer))

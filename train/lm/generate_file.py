@@ -22,6 +22,7 @@ from pathlib import Path
 from hybrid.models.decoding.decoder import Decoder, Request
 
 from ..output.progress import progress_bar
+from .inference import prompt_ids
 
 OPTION_KEYS = ("max_new_tokens", "temperature", "top_k", "top_p", "seed", "stop")
 
@@ -73,7 +74,8 @@ def _json_prompt(line: str, where: str) -> dict:
 
 def requests_for(run, items: list[dict], *, max_new_tokens: int, temperature: float, top_k, top_p, seed: int,
                  stop_at_eos: bool, wheres: list[str] | None = None) -> list[Request]:
-    """One ``Request`` per prompt: its ``[eos] + prompt`` ids and its options (the line's, else the flags').
+    """One ``Request`` per prompt: its ids after the tokenizer's document start and its options (the line's, else
+    the flags').
     ``wheres``: each item's ``file:LINE``, which errors name (default ``prompts[i]``)."""
     tok = run.tokenizer
     requests = []
@@ -83,7 +85,8 @@ def requests_for(run, items: list[dict], *, max_new_tokens: int, temperature: fl
             where = f"prompts[{i}]." if wheres is None else f"{wheres[i]}: "
             raise ValueError(f"{where}stop: expected true or false, got {stop!r}")
         requests.append(Request(
-            prompt=[tok.eos_id] + tok.encode(item["prompt"]),
+            prompt=prompt_ids(tok, item["prompt"], f"prompts[{i}].prompt" if wheres is None
+                              else f"{wheres[i]}: prompt"),
             max_new_tokens=item.get("max_new_tokens", max_new_tokens),
             temperature=item.get("temperature", temperature), top_k=item.get("top_k", top_k),
             top_p=item.get("top_p", top_p), seed=item.get("seed", seed + i),

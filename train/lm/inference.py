@@ -52,11 +52,12 @@ def generate_ids(run: LoadedRun, prompt: str, *, max_new_tokens: int = 200, mode
                  prefill: str = "parallel", temperature: float = 1.0, top_k: int | None = None,
                  top_p: float | None = None, seed: int = 0, stop_at_eos: bool = True,
                  chunk_size: int | None = None, compile: bool | str = False) -> list[int]:
-    """Token ids of ``[eos] + prompt`` and its continuation (the leading ``eos`` included); ``compile``:
-    ``generate``'s (the decode steps under torch.compile, or "cuda-graph": ``hybrid.models.decoding.decode_step``)."""
+    """Token ids of the prompt after the tokenizer's document start (``[eos]`` for the runs trained here) and
+    its continuation (the start included); ``compile``: ``generate``'s (the decode steps under torch.compile, or
+    "cuda-graph": ``hybrid.models.decoding.decode_step``)."""
     tok = run.tokenizer
     device = run.model.embed.weight.device
-    ids = torch.tensor([[tok.eos_id] + tok.encode(prompt)], dtype=torch.long, device=device)
+    ids = torch.tensor([prompt_ids(tok, prompt)], dtype=torch.long, device=device)
     generator = torch.Generator(device=device).manual_seed(seed)
     out = run.model.generate(ids, max_new_tokens, mode=mode, prefill=prefill, temperature=temperature,
                              top_k=top_k, top_p=top_p, generator=generator,
@@ -64,6 +65,16 @@ def generate_ids(run: LoadedRun, prompt: str, *, max_new_tokens: int = 200, mode
                              vocab_limit=min(tok.vocab_size, run.model.config.vocab_size),  # no padding ids
                              compile=compile)
     return out[0].tolist()
+
+
+def prompt_ids(tok, prompt: str, where: str = "prompt") -> list[int]:
+    """The ids a model is given for ``prompt``: the tokenizer's ``document_start``, then the prompt's tokens.
+    An empty result (an empty prompt, and a tokenizer that starts documents with nothing) is refused."""
+    ids = list(tok.document_start) + tok.encode(prompt)
+    if not ids:
+        raise ValueError(f"{where}: expected text (this run's tokenizer, as its source model's, puts no token in "
+                         f"front of a document), got an empty prompt")
+    return ids
 
 
 def generate_text(run: LoadedRun, prompt: str, **kwargs) -> str:

@@ -73,6 +73,21 @@ def test_a_model_cast_after_building_is_saved_and_loaded_in_its_dtype(tmp_path, 
     assert AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.float32).dtype == torch.float32
 
 
+@pytest.mark.parametrize("name", ["hybrid", "hybrid-gqa-carope-untied"])
+def test_resized_embeddings_take_the_new_ids_and_save(name, tmp_path, make, ids_for):
+    model = make(name)
+    ids = ids_for(2, 9)
+    before = model(ids).logits
+    model.resize_token_embeddings(V + 7)
+    assert model.config.vocab_size == model.config.hybrid["vocab_size"] == model.model.config.vocab_size == V + 7
+    assert model.model.lm_head.weight.shape[0] == V + 7
+    torch.testing.assert_close(model(ids).logits[..., :V], before, rtol=0, atol=0)  # old rows kept
+    new_ids = torch.cat([ids, torch.full((2, 1), V + 6)], dim=1)
+    logits = model(new_ids).logits
+    model.save_pretrained(tmp_path)
+    assert torch.equal(AutoModelForCausalLM.from_pretrained(tmp_path)(new_ids).logits, logits)
+
+
 def test_from_pretrained_refuses_a_checkpoint_missing_a_weight(tmp_path, make):
     from safetensors.torch import load_file, save_file
 
@@ -232,6 +247,17 @@ def test_forward_rejects_bad_inputs(make, ids_for):
         model(ids, attention_mask=torch.ones(2, 7))
     with pytest.raises(ValueError, match="past_key_values: expected a HybridCache"):
         model(ids, past_key_values=object())
+
+
+def test_generate_refuses_a_cache_it_cannot_continue(make, ids_for):
+    model = make("hybrid")
+    done = model.generate(ids_for(1, 8), max_new_tokens=3, do_sample=False, pad_token_id=0,
+                           return_dict_in_generate=True)
+    cache = done.past_key_values if hasattr(done, "past_key_values") else done.cache
+    with pytest.raises(ValueError, match=r"input_ids: expected the whole sequence so far, longer than the 10 columns"):
+        model.generate(ids_for(1, 3), past_key_values=cache, max_new_tokens=2, do_sample=False, pad_token_id=0)
+    with pytest.raises(ValueError, match=r"past_key_values: expected a cache of 2 rows \(input_ids'\), got one of 1"):
+        model(ids_for(2, 1), past_key_values=cache)
 
 
 # ---------------------------------------------------------------------------------------------- isolation

@@ -36,16 +36,21 @@ def tiny(preset="hybrid", vocab=259, **kw):
     return HybridConfig.preset(preset, d_model=32, n_layers=3, n_heads=2, vocab_size=vocab, **kw)
 
 
-def word_tokenizer_file(path: Path) -> Path:
-    """A tokenizer.json (byte-level BPE with a few merges and an </s>) written by the tokenizers library."""
+def word_tokenizer_file(path: Path, front: str | None = None) -> Path:
+    """A tokenizer.json (byte-level BPE with a few merges and an </s>) written by the tokenizers library; with
+    ``front`` (e.g. "<s>"), that special token too, which its post-processor puts in front of a text (Llama's)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from tokenizers.processors import TemplateProcessing
 
     vocab = {ch: i for i, ch in enumerate(byte_alphabet())}
     vocab.update({"de": 256, "def": 257})
     raw = Tokenizer(models.BPE(vocab=vocab, merges=[("d", "e"), ("de", "f")]))
     raw.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
     raw.decoder = decoders.ByteLevel()
-    raw.add_special_tokens(["</s>"])
+    raw.add_special_tokens(["</s>"] + ([front] if front else []))
+    if front:
+        raw.post_processor = TemplateProcessing(single=f"{front} $A", pair=f"{front} $A {front} $B:1",
+                                                special_tokens=[(front, raw.token_to_id(front))])
     raw.save(str(path))
     return path
 
@@ -65,6 +70,10 @@ def test_export_gives_a_directory_auto_classes_open_with_equal_logits(tmp_path, 
     assert hf_tok.eos_token_id == tok.eos_id == loaded.generation_config.eos_token_id
     ids = hf_tok(text, return_tensors="pt")["input_ids"]
     assert torch.equal(loaded(ids).logits, model(ids)[0])
+    assert loaded.generation_config.suppress_tokens == list(range(tok.vocab_size, 260))  # padding rows: never
+    assert hf_tok.padding_side == "left"  # generate continues after the prompt
+    sampled = loaded.generate(ids, max_new_tokens=30, do_sample=True, top_k=0, pad_token_id=tok.pad_id)
+    assert int(sampled.max()) < tok.vocab_size
 
 
 def test_export_errors_are_one_line(tmp_path, capsys):
@@ -103,6 +112,38 @@ def test_import_writes_a_run_that_load_run_opens_with_transformers_logits(tmp_pa
         ref = hf(ids).logits
         out = run.model(ids)[0]
     torch.testing.assert_close(out, ref, rtol=0, atol=4e-6 * ref.abs().max().item())
+
+
+@pytest.mark.parametrize("source", ["llama", "qwen2"])
+def test_an_import_keeps_what_its_tokenizer_puts_in_front_of_a_prompt(source, tmp_path, capsys):
+    """Llama's tokenizer puts <s> in front of a text, Qwen2's nothing: the run's prompts, its export's tokenizer and
+    its export's bos follow the source, not this library's [eos]."""
+    from tokenizers import Tokenizer
+
+    from hybrid.train.lm.inference import generate_ids
+
+    hf_llama_dir(tmp_path / "src", tied=True)
+    word_tokenizer_file(tmp_path / "src" / "tokenizer.json", front="<s>" if source == "llama" else None)
+    settings = {"eos_token": "</s>", **({"add_bos_token": False} if source == "qwen2" else {})}
+    (tmp_path / "src" / "tokenizer_config.json").write_text(json.dumps(settings))
+    assert import_main([str(tmp_path / "src"), str(tmp_path / "run")]) == 0
+    out = capsys.readouterr().out
+    run = load_run(tmp_path / "run")
+    raw = Tokenizer.from_file(str(tmp_path / "src" / "tokenizer.json"))
+    text = "def main(): pass"
+    theirs = raw.encode(text).ids  # the source's own context (special tokens added)
+    expected_front = [raw.token_to_id("<s>")] if source == "llama" else []
+    assert theirs[: len(expected_front)] == expected_front and run.tokenizer.document_start == expected_front
+    assert ("prompts start with <s>" if source == "llama" else "prompts start with no token") in out
+    assert generate_ids(run, text, max_new_tokens=2, temperature=0)[: len(theirs)] == theirs
+    assert export_main([str(tmp_path / "run"), str(tmp_path / "hf")]) == 0
+    hf_tok = AutoTokenizer.from_pretrained(tmp_path / "hf")
+    assert hf_tok(text)["input_ids"] == theirs
+    bos = AutoModelForCausalLM.from_pretrained(tmp_path / "hf").generation_config.bos_token_id
+    assert bos == (expected_front[0] if expected_front else None)
+    if source == "qwen2":
+        with pytest.raises(ValueError, match="prompt: expected text .* got an empty prompt"):
+            generate_ids(run, "", max_new_tokens=2)
 
 
 def test_import_errors_are_one_line(tmp_path, capsys):
