@@ -52,18 +52,27 @@ def _project(f: torch.Tensor, lower: float, upper: float | None, monotonic: bool
     return f
 
 
+def _is_one_vector(init) -> bool:
+    """``init`` is one vector of numbers (a 1-D tensor or array, a list or tuple of numbers), not several."""
+    if isinstance(init, torch.Tensor) or hasattr(init, "ndim"):
+        return getattr(init, "ndim", 0) == 1
+    return isinstance(init, (list, tuple)) and len(init) > 0 and all(isinstance(v, (int, float)) for v in init)
+
+
 def longrope_search(loss_fn, n_pairs: int, *, init=None, population: int = 64, generations: int = 40,
-                    parents: int = 16, mutation_prob: float = 0.3, mutation_scale: float = 0.3,
+                    parents: int | None = None, mutation_prob: float = 0.3, mutation_scale: float = 0.3,
                     final_scale: float = 0.005, lower: float = 1.0, upper: float | None = None,
                     monotonic: bool = True, generator: torch.Generator | None = None) -> SearchResult:
     """Minimise `loss_fn` over per-pair factors `(n_pairs,)`; returns the best as a `SearchResult`.
 
-    init: None (start from all-ones), one `(n_pairs,)` vector, or a list/dict of them. `loss_fn` gets a
-    float64 `(n_pairs,)` tensor (a copy) and returns a number; identical candidates are evaluated once.
+    init: None (start from all-ones), one `(n_pairs,)` vector (a tensor, a list of numbers, an array), or a
+    list/dict of them. `parents`: the elite kept each generation (default 16, at most `population`). `loss_fn`
+    gets a float64 `(n_pairs,)` tensor (a copy) and returns a number; identical candidates are evaluated once.
     `generator` (a seeded `torch.Generator`) makes the search reproducible; default seed 0.
     """
     for name, v in (("n_pairs", n_pairs), ("population", population), ("generations", generations)):
         check_positive_int(name, v)
+    parents = min(16, population) if parents is None else parents
     check_int("parents", parents, low=1, high=population)
     check_number("mutation_prob", mutation_prob, low=0, high=1)
     for name, v in (("mutation_scale", mutation_scale), ("final_scale", final_scale), ("lower", lower)):
@@ -75,11 +84,19 @@ def longrope_search(loss_fn, n_pairs: int, *, init=None, population: int = 64, g
     seeds = [torch.ones(n_pairs, dtype=torch.float64)] if init is None else init
     if isinstance(seeds, dict):
         seeds = list(seeds.values())
-    if isinstance(seeds, torch.Tensor) and seeds.dim() == 1:
+    if _is_one_vector(seeds):
         seeds = [seeds]
-    seeds = [torch.as_tensor(s, dtype=torch.float64).flatten() for s in seeds]
-    if not seeds or any(s.numel() != n_pairs or not bool(torch.isfinite(s).all()) for s in seeds):
-        raise ValueError(f"init must hold finite vectors of length n_pairs = {n_pairs}")
+    try:
+        seeds = [torch.as_tensor(s, dtype=torch.float64).flatten() for s in seeds]
+    except (TypeError, ValueError, RuntimeError):
+        raise ValueError(f"init: expected a vector of n_pairs = {n_pairs} numbers, or a list or dict of them, got "
+                         f"{type(init).__name__}") from None
+    if not seeds:
+        raise ValueError("init: expected a vector of numbers, or a list or dict of them, got an empty one")
+    for i, s in enumerate(seeds):
+        if s.numel() != n_pairs or not bool(torch.isfinite(s).all()):
+            got = f"{s.numel()} numbers" if s.numel() != n_pairs else "a value that is not finite"
+            raise ValueError(f"init[{i}]: expected {n_pairs} finite numbers (n_pairs), got {got}")
     seeds = _project(torch.stack(seeds), lower, upper, monotonic)  # (S, P)
 
     def mutate(f: torch.Tensor, sigma: float) -> torch.Tensor:  # f: (N, P)

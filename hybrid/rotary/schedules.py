@@ -70,8 +70,12 @@ def _per_pair(cfg: dict, key: str, n: int) -> torch.Tensor:
         t = torch.as_tensor(v, dtype=torch.float64).flatten() if not isinstance(v, (str, bytes)) else None
     except (TypeError, ValueError, RuntimeError):
         t = None
-    if t is None or t.numel() != n or not bool(torch.isfinite(t).all()) or not bool((t > 0).all()):
+    if t is None or t.numel() != n:
         got = f"length {t.numel()}" if t is not None else repr(v)
+    else:
+        bad = (~torch.isfinite(t) | (t <= 0)).nonzero().flatten()
+        got = f"{t[bad[0]].item()!r} at index {bad[0].item()}" if bad.numel() else None
+    if got is not None:
         raise ValueError(f"scaling[{key!r}] must hold dim/2 = {n} positive finite numbers, got {got}")
     return t
 

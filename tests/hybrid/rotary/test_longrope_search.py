@@ -61,7 +61,10 @@ def test_seed_candidates_are_the_schedules_ratios():
         (dict(mutation_scale=-1.0), "mutation_scale"),
         (dict(lower=0.0), "lower"),
         (dict(upper=0.5), "upper"),
-        (dict(init=[torch.ones(3)]), "init"),
+        (dict(init=[torch.ones(3)]), r"init\[0\]: expected 4 finite numbers \(n_pairs\), got 3 numbers"),
+        (dict(init=[torch.ones(4), [1.0, float("nan"), 1.0, 1.0]]), r"init\[1\]: .* got a value that is not finite"),
+        (dict(init=[]), "init: expected a vector of numbers, or a list or dict of them, got an empty one"),
+        (dict(population=8, parents=9), "parents: expected an int >= 1 and <= 8, got 9"),
     ],
 )
 def test_errors(kwargs, match):
@@ -69,3 +72,19 @@ def test_errors(kwargs, match):
     args.update(kwargs)
     with pytest.raises(ValueError, match=match):
         longrope_search(lambda f: 0.0, **args)
+
+
+@pytest.mark.parametrize("one", [[1.0, 2.0, 3.0, 4.0], (1, 2, 3, 4), torch.arange(1.0, 5.0)])
+def test_one_vector_given_as_a_list_tuple_or_array_is_one_candidate(one):
+    """A checkpoint's long_factor is a plain list: it is one starting vector, not four scalar seeds."""
+    seen = []
+    longrope_search(lambda f: seen.append(f.tolist()) or 0.0, 4, init=one, population=8, generations=1)
+    assert seen[0] == [1.0, 2.0, 3.0, 4.0]
+    import numpy as np
+
+    longrope_search(lambda f: 0.0, 4, init=np.asarray(one, dtype=float), population=8, generations=1)
+
+
+def test_a_small_population_keeps_at_most_its_size_as_parents():
+    res = longrope_search(lambda f: float(f.sum()), 4, population=8, generations=2)  # default parents: 16 > 8
+    assert res.factors.shape == (4,)
