@@ -14,6 +14,7 @@ depend on the total, so the shorter run is exactly the run that step count would
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 from pathlib import Path
@@ -53,7 +54,9 @@ def _steps_within(budget: float, elapsed: float, per_step: float, eval_s: float,
 
 def parser() -> argparse.ArgumentParser:
     p = Parser(prog="python -m hybrid.train.demo", description=__doc__.split("\n\n")[0])
-    p.add_argument("--out", default="runs/demo", help="run directory, replaced if present (default: runs/demo)")
+    p.add_argument("--out", default="runs/demo", help="run directory; an earlier demo's is replaced, any other "
+                                                       "run only with --overwrite (default: runs/demo)")
+    p.add_argument("--overwrite", action="store_true", help="replace --out whatever it holds")
     p.add_argument("--steps", type=positive_int, default=RECIPE["steps"],
                    help=f"training steps (default: {RECIPE['steps']})")
     add_device_flag(p)
@@ -62,6 +65,37 @@ def parser() -> argparse.ArgumentParser:
                    help="seconds for the training (evaluations included); a slower machine trains fewer steps, "
                         f"0 = no limit (default: {BUDGET_S:.0f})")
     return p
+
+
+MARK = "demo.json"  # written into the run directory before training: the demo's TrainConfig
+
+
+def check_replaceable(out: Path, overwrite: bool) -> None:
+    """The demo replaces ``out`` when it is missing or empty, when it holds a demo's run that nothing changed
+    since (its mark, the run's recorded config equal to the mark's, no step past the mark's steps:
+    ``hybrid-train --resume runs/demo --steps 2400`` makes it the user's), or with ``overwrite``; else a one-line
+    error."""
+    out = Path(out)
+    if overwrite or not out.exists() or (out.is_dir() and not any(out.iterdir())):
+        return
+    holds = "files the demo did not write"
+    if (out / MARK).is_file():
+        from .lm.trainer import CONFIG_FILE
+        from .loop.checkpoint import CheckpointError, load_checkpoint
+
+        demo = json.loads((out / MARK).read_text())
+        recorded = json.loads((out / CONFIG_FILE).read_text()) if (out / CONFIG_FILE).is_file() else demo
+        try:
+            step = load_checkpoint(out).step
+        except (CheckpointError, FileNotFoundError, ValueError):
+            step = 0  # a demo stopped before its first checkpoint
+        same = {k: v for k, v in recorded.items() if k != "steps"} == {k: v for k, v in demo.items() if k != "steps"}
+        if same and max(step, recorded.get("steps", 0)) <= demo.get("steps", 0):
+            return
+        holds = f"a run trained on from the demo's (to {max(step, recorded.get('steps', 0))} steps)" if same else \
+            "a run of another config (over a demo's)"
+    raise ValueError(f"--out: expected no directory or an earlier demo's run (or --overwrite), got {out}, which "
+                     f"holds {holds}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -87,6 +121,7 @@ def _demo(args: argparse.Namespace) -> int:
         recipe.update(warmup=min(RECIPE["warmup"], args.steps // 4), eval_every=max(1, args.steps // 4),
                       save_every=max(1, args.steps // 2))
     config = TrainConfig(out=args.out, device=args.device, **recipe)
+    check_replaceable(Path(config.out), args.overwrite)
     print(f"hybrid demo: train the tiny hybrid model (RRA: two VO-RoPE recurrence layers per attention layer)\n"
           f"on this Python's standard-library sources, then generate in recurrent and parallel mode\n"
           f"(torch {torch.__version__}, {torch.get_num_threads()} threads)\n", flush=True)
@@ -98,6 +133,8 @@ def _demo(args: argparse.Namespace) -> int:
           f"train  {config.steps} steps × {config.batch_size} × {config.seq_len} tokens, AdamW lr {config.lr:g}, "
           f"warmup {config.warmup_steps}, cosine\n", flush=True)
     trainer = Trainer(config, overwrite=True, verbose=0, progress=None)
+    Path(config.out).mkdir(parents=True, exist_ok=True)
+    (Path(config.out) / MARK).write_text(json.dumps(config.to_dict()))
     speed = []
 
     def on_log(record):

@@ -21,6 +21,7 @@ def load_for_eval(path, device: str = "cpu"):
     import hybrid.models.hf  # noqa: F401 - registers our classes with the Auto factories
 
     path = Path(path)
+    check_model_path(path)
     if has_checkpoint(path):
         from ..lm.inference import load_run
         from .export import hf_model_from_run
@@ -28,14 +29,19 @@ def load_for_eval(path, device: str = "cpu"):
 
         run = load_run(path, device=device)
         return hf_model_from_run(run), to_hf_tokenizer(run.tokenizer)
-    if not (path / "config.json").is_file():
-        raise FileNotFoundError(f"path: expected a run directory (checkpoint/) or a transformers directory "
-                                f"(config.json), got {path}")
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     model = AutoModelForCausalLM.from_pretrained(str(path), local_files_only=True).to(device).eval()
     tokenizer = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
     return model, tokenizer
+
+
+def check_model_path(path) -> None:
+    """A FileNotFoundError unless ``path`` is a run directory (checkpoint/) or a transformers one (config.json)."""
+    path = Path(path)
+    if not has_checkpoint(path) and not (path / "config.json").is_file():
+        raise FileNotFoundError(f"path: expected a run directory (checkpoint/) or a transformers directory "
+                                f"(config.json), got {path}")
 
 
 class _DropWarning(logging.Filter):
@@ -142,10 +148,11 @@ def evaluate(path, tasks: list[str], *, include_path=None, device: str = "auto",
     """lm-eval's output for ``tasks`` on the model at ``path``: ``out["results"][task][metric]``, and with
     ``log_samples`` the per-document requests and responses in ``out["samples"][task]``.
 
-    The device, ``max_length``, ``num_fewshot``, the include path and the task names are checked before the model
-    is loaded (a ValueError names them); ``device`` "auto" is CUDA when there is one."""
+    The device, ``max_length``, ``num_fewshot``, the model's path, the include path and the task names are checked
+    before the model is loaded (a ValueError names them); ``device`` "auto" is CUDA when there is one."""
     device = check_eval_options(device, max_length, num_fewshot)
     check_include_path(include_path)  # before lm-eval's slow import and task index
+    check_model_path(path)
     lm_eval, HFLM, _ = import_lm_eval()
     HFLM = checked_lm(HFLM)
     manager = task_manager(tasks, include_path)

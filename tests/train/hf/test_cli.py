@@ -264,6 +264,9 @@ def test_eval_checks_the_include_path_and_the_output_before_it_evaluates(tmp_pat
                    "/nonexistent", "no such directory")
     assert eval_main([str(tmp_path), "--tasks", "hybrid_tiny_mc", "--output", "/proc/x/r.json"]) == 2
     one_line_error(capsys, "hybrid-eval", "--output", "/proc/x does not exist")
+    assert eval_main([str(tmp_path / "nope"), "--tasks", "hybrid_tiny_mc"]) == 2  # before lm-eval's import
+    one_line_error(capsys, "hybrid-eval", "path: expected a run directory (checkpoint/) or a transformers directory",
+                   str(tmp_path / "nope"))
     (tmp_path / "a-folder").mkdir()
     assert eval_main([str(tmp_path / "run"), "--tasks", "t", "--output", str(tmp_path / "a-folder")]) == 2
     one_line_error(capsys, "hybrid-eval", "--output: expected a file to write, got the directory")
