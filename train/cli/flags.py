@@ -31,7 +31,7 @@ MODEL_FLAGS = {
     "n_layers": (positive_int, "number of blocks (default: the preset's at --size)"),
     "n_heads": (positive_int, "heads per mixer (default: the preset's at --size)"),
     "window": (int_or("none"), "attention sliding window in tokens, or 'none' for global attention (default: the "
-                               "preset's, or the teacher's)"),
+                               "preset's in hybrid-train, the teacher's in hybrid-distill)"),
 }
 # flags of a command that are no config field: how the command runs, not what the run is
 NOT_CONFIG = ("resume", "overwrite", "quiet", "config", "threads")

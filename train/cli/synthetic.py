@@ -37,8 +37,8 @@ examples:
                                        # Samba's test: the trained LM fine-tuned on passkey retrieval, then scored
 
 models: """ + ", ".join(MODELS) + """
-the parity study's candidates (vo-rnn-data-selective with one change, or two; docs/research/parity-recipe.md) run
-from the study's own suite: --suite parity-recipe [--models CANDIDATE,...]
+the parity study's candidates (vo-rnn-data-selective with one change, or two; docs/research/synthetic-tasks.md,
+"Parity, reliably") run from the study's own suite: --suite parity-recipe [--models CANDIDATE,...]
 the G mixer (matrix-state VO-RoPE, issue 46), by --model or --models: """ + ", ".join(G_MODELS) + """
 outputs: a run directory per task/model/lr/seed (checkpoint/, task.json, results.json, metrics.jsonl);
 a suite adds results.jsonl (one record per finished run; a second invocation resumes) and report.md + PNGs

@@ -15,7 +15,7 @@ from typing import ClassVar
 from ..loop.divergence import MAX_SKIPS_IN_A_ROW, NONFINITE_POLICIES
 from ..loop.schedule import default_warmup
 from ..options.checks import a_bool, check_optional_str
-from ..options.fields import option
+from ..options.fields import option, redeclare
 from ..options.record import RunConfig
 from ..options.sections import (ContextParallelOptions, DataOptions, ExecutionOptions, LoggingOptions, LoopOptions, ModelOptions,
                                 OptimizerOptions)
@@ -40,6 +40,7 @@ class TrainConfig(RunConfig, ContextParallelOptions, ExecutionOptions, LoggingOp
                                              "eval_batches", "log_every", "save_every", "keep", "on_nonfinite", "log",
                                              "device", "compile", "fsdp", "cp")
 
+    steps: int = redeclare(LoopOptions, "steps", help="total optimizer steps; with --resume, the new total")
     tokenizer: str | None = option(None, "data", check=check_optional_str, metavar="PATH",
                                    help="a tokenizer.json (or a directory holding one)",
                                    shown_default="bytes, vocab 259")

@@ -91,7 +91,7 @@ class OptimizerOptions:
 @dataclass
 class LoopOptions:
     steps: int = option(1000, "loop", check=whole(1),
-                        help="total optimizer steps; with --resume, the new total")
+                        help="total optimizer steps, counted from the run's start")
     eval_every: int = option(250, "loop", check=whole(0),
                              help="steps between evaluations, 0 = only at the end")
     eval_batches: int | None = option(50, "loop", check=optional_whole(1, "all"),

@@ -69,6 +69,8 @@ ADDED = {
                                       "for GPU decoding bound by its ops' dispatch",
     ("hybrid-generate", "--cuda-graph"): "the decode step recorded as a CUDA graph and replayed (generate's and the "
                                          "Decoder's compile='cuda-graph'): GPU decoding bound by kernel launches",
+    ("demo", "--overwrite"): "the demo replaces only its own earlier run: a run trained on from it, or another "
+                             "folder, is replaced only with --overwrite (no command overwrites a user's run without it)",
     ("hybrid-train", "--cp"): "issue 44: context parallelism, each sequence split across N ranks of a data × context "
                               "mesh",
     **{(command, "--skip-rows-without-text"): "issue 47: the data section's, shared by every command that reads "

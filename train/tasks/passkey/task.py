@@ -286,8 +286,8 @@ class Passkey(Task):
 
     def curriculum_stage(self, step: int, steps: int) -> int:
         """The curriculum length of curriculum step ``step`` (0-based) of ``steps``: stage ``step · n // steps`` of
-        the n lengths, so each length gets an equal run of consecutive steps (the first ones one fewer when n does not
-        divide ``steps``)."""
+        the n lengths, so each length gets an equal run of consecutive steps (when n does not divide ``steps``, some
+        get one step more: 3 lengths over 4 steps take 2, 1, 1; 4 over 10 take 3, 2, 3, 2)."""
         return self.curriculum_lengths[min(step * len(self.curriculum_lengths) // max(steps, 1),
                                            len(self.curriculum_lengths) - 1)]
 
