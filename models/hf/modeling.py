@@ -65,14 +65,14 @@ class HybridPreTrainedModel(PreTrainedModel):
 class HybridForCausalLM(HybridPreTrainedModel, GenerationMixin):
     def __init__(self, config: HybridHFConfig):
         super().__init__(config)
-        # from_pretrained builds models on the meta device; ours computes rotary tables and decay constants at
-        # construction, so it is built for real (on the CPU) and its non-persistent buffers are kept aside:
-        # transformers re-allocates them uninitialised while loading, and from_pretrained puts them back.
         hybrid = config.to_hybrid_config()
         dtype = _dtype_name(config.dtype, hybrid.dtype)  # what from_pretrained / from_config were asked for
         if dtype != hybrid.dtype:
             hybrid = hybrid.replace(dtype=dtype)
             config.hybrid = hybrid.to_dict()
+        # from_pretrained builds models on the meta device; ours computes rotary tables and decay constants at
+        # construction, so it is built for real (on the CPU) and its non-persistent buffers are kept aside:
+        # transformers re-allocates them uninitialised while loading, and from_pretrained puts them back.
         on_meta = torch.empty(0).device.type == "meta"
         # transformers sets the asked dtype as torch's default while it builds a model; ours is built in float32
         # and cast (its rotary tables and decay constants computed in float32, as a HybridLM of that dtype is)
