@@ -11,7 +11,8 @@ import shlex
 import sys
 
 from ..distill.config import STUDENT, DistillConfig
-from .flags import add_config_flags, add_model_flags, add_run_flags, add_threads_flag, config_from_args
+from .flags import (absolute_inputs, add_config_flags, add_model_flags, add_run_flags, add_threads_flag,
+                    config_from_args)
 from .parts import Parser, run_command
 
 __all__ = ["main", "parser"]
@@ -68,7 +69,7 @@ def _run(args: argparse.Namespace) -> int:
     from ..output.tracking import check_trackers
     from ..distill.run import Distiller
 
-    given = config_from_args(args, model_flags=("window",))  # hybrid-distill's one model flag
+    given = absolute_inputs(config_from_args(args, model_flags=("window",)))  # hybrid-distill's one model flag
     kwargs = dict(verbose=0 if args.quiet else 2)
     if args.quiet:
         import datasets

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+from pathlib import Path
 
 from ..options import checks
 from ..options.fields import SECTIONS, Option, option_of
@@ -21,7 +22,8 @@ from ..options.sections import ExecutionOptions, LoggingOptions
 from .parts import add_set_flag, count, device_name, finite_float, int_at_least, int_or, positive_int
 
 __all__ = ["add_config_flags", "add_option_flags", "add_model_flags", "add_run_flags", "add_device_flag", "add_log_flag",
-           "add_threads_flag", "MODEL_FLAGS", "NOT_CONFIG", "flag_of", "value_type", "config_from_args"]
+           "add_threads_flag", "MODEL_FLAGS", "NOT_CONFIG", "flag_of", "value_type", "config_from_args",
+           "absolute_inputs", "PATH_INPUTS"]
 
 # HybridConfig fields with a flag of their own (everything else: --set); their help, with its default
 MODEL_FLAGS = {
@@ -156,3 +158,18 @@ def config_from_args(args: argparse.Namespace, model_flags=tuple(MODEL_FLAGS)) -
     if "betas" in given:
         given["betas"] = tuple(given["betas"])
     return given
+
+
+# inputs a run names by path: recorded absolute, so a resume from another directory reads the same files
+PATH_INPUTS = ("data", "tokenizer", "init_from", "teacher")
+
+
+def absolute_inputs(given: dict) -> dict:
+    """``given`` with each of ``PATH_INPUTS`` that names an existing local path made absolute (a relative one would
+    be read against the directory of a later resume, or taken there for a hub dataset's name); "stdlib" and hub
+    names stay as they are."""
+    def absolute(value):
+        if not isinstance(value, str) or value == "stdlib" or not Path(value).expanduser().exists():
+            return value
+        return str(Path(value).expanduser().resolve())
+    return {name: absolute(value) if name in PATH_INPUTS else value for name, value in given.items()}

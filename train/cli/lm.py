@@ -14,8 +14,8 @@ from ..lm.config import TrainConfig
 from ..parallel.device import env_int
 from hybrid.models.modes import DEFAULT_CHUNK_SIZE
 
-from .flags import (MODEL_FLAGS, add_config_flags, add_device_flag, add_model_flags, add_run_flags, add_threads_flag,
-                    config_from_args)
+from .flags import (MODEL_FLAGS, absolute_inputs, add_config_flags, add_device_flag, add_model_flags, add_run_flags,
+                    add_threads_flag, config_from_args)
 from .parts import Parser, UsageError, count, finite_float, positive_int, run_command
 
 __all__ = ["train_main", "generate_main", "train_parser", "generate_parser", "config_from_args",
@@ -108,7 +108,7 @@ def _train(args: argparse.Namespace) -> int:
     from ..lm.trainer import Trainer
     from ..output.tracking import check_trackers
 
-    given = train_config_from_args(args)
+    given = absolute_inputs(train_config_from_args(args))
     if "init_from" in vars(args):  # the architecture is the source run's: a --preset / --size would not apply
         for flag in ("preset", "size"):
             if flag in vars(args):

@@ -20,6 +20,9 @@ change.
 """
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 from hybrid.models.config_overrides import merge_model, same_model
 
 __all__ = ["resume_config"]
@@ -51,7 +54,7 @@ def resume_config(saved, *, saved_global_batch: int, world_size: int, out: str, 
                 new = tuple(new)
             elif name == "model":  # overrides of single model fields merge into the saved ones, in any spelling
                 new = merge_model(old, new)
-            if not (same_model(new, old) if name == "model" else new == old):
+            if not (same_model(new, old) if name == "model" else new == old or _same_path(new, old)):
                 raise ValueError(
                     f"{name}: cannot change when resuming (the checkpoint was trained with {old!r}, got {new!r}); "
                     f"start a new run with --out for a different {name}"
@@ -80,6 +83,14 @@ def resume_config(saved, *, saved_global_batch: int, world_size: int, out: str, 
         notes.append(f"batch layout: batch_size {b} × grad_accum {a} × {world_size} ranks keeps the global "
                      f"batch of {saved_global_batch}")
     return config, notes
+
+
+def _same_path(new, old) -> bool:
+    """Two spellings of one existing local path (a run recorded ``--data corpus``, a resume names it absolute)."""
+    if not (isinstance(new, str) and isinstance(old, str)):
+        return False
+    new, old = Path(new).expanduser(), Path(old).expanduser()
+    return new.exists() and old.exists() and os.path.samefile(new, old)
 
 
 def _show(value) -> str:

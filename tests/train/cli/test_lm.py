@@ -146,6 +146,23 @@ def test_resume_refuses_changes_that_break_it(trained, capsys, one_line_error):
     one_line_error(capsys, "hybrid-train", "already holds a checkpoint", "--resume")
 
 
+def test_a_run_records_its_inputs_absolute_and_resumes_from_anywhere(corpus, tmp_path, monkeypatch):
+    """--data given relative is recorded absolute: a resume from another directory reads the same files (it was
+    refused, or took the name for a hub dataset), and naming it again in another spelling is no change."""
+    monkeypatch.chdir(corpus.parent)
+    out = tmp_path / "run"
+    assert train_main(["--data", corpus.name, "--out", str(out), "--steps", "2", *TINY, "--quiet"]) == 0
+    assert json.loads((out / "train_config.json").read_text())["data"] == str(corpus.resolve())
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / corpus.name).mkdir()  # a folder of the same name there, which must not be read
+    monkeypatch.chdir(elsewhere)
+    assert train_main(["--resume", str(out), "--steps", "3", "--quiet"]) == 0
+    monkeypatch.chdir(corpus.parent)
+    assert train_main(["--resume", str(out), "--steps", "4", "--data", f"./{corpus.name}", "--quiet"]) == 0
+    assert json.loads((out / "train_config.json").read_text())["steps"] == 4
+
+
 def test_user_errors_are_one_line_exit_2(corpus, tmp_path, capsys, one_line_error):
     """Each bad input of the hardening issue: one line naming the problem, exit 2, no traceback."""
     bad_rows = tmp_path / "bad.jsonl"
