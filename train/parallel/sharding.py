@@ -51,6 +51,7 @@ class GlobalBatches:
             )
         self.loader = data.train_loader(seq_len, self.global_batch, seed=seed, rank=0, world_size=1)
         self.samples_total = 0
+        self.data = data
 
     def next_step(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
         x, y = next(self.loader)  # (G, seq_len) each
@@ -74,7 +75,7 @@ class GlobalBatches:
         s = self.loader.state_dict()
         return {"seed": s["seed"], "epoch": s["epoch"], "samples_in_epoch": s["position"] * self.global_batch,
                 "samples_total": self.samples_total, "seq_len": self.seq_len, "n_blocks": s["n_blocks"],
-                "global_batch": self.global_batch}
+                "global_batch": self.global_batch, "data_digest": self.data.content_digest}
 
     def load_state_dict(self, state: dict) -> bool:
         """Continue after the position ``state`` records (saved under any world size or global batch);
@@ -86,6 +87,12 @@ class GlobalBatches:
                     f"data: the checkpoint's data position assumes {key}={state[key]}, but the data now gives "
                     f"{now}; resume with the same --data, --tokenizer, --valid-fraction and --seq-len"
                 )
+        saved = state.get("data_digest")  # None: a checkpoint from before the digest was kept
+        if saved is not None and saved != self.data.content_digest:
+            raise ValueError(
+                f"data: expected the tokens the run was trained on (sha256 {saved[:12]}…), got others "
+                f"({self.data.content_digest[:12]}…); resume on the same data, or start a new run with --init-from"
+            )
         self.loader.load_state_dict({
             "seed": state["seed"], "epoch": state["epoch"],
             "position": state["samples_in_epoch"] // self.global_batch,

@@ -163,6 +163,19 @@ def test_a_run_records_its_inputs_absolute_and_resumes_from_anywhere(corpus, tmp
     assert json.loads((out / "train_config.json").read_text())["steps"] == 4
 
 
+def test_a_resume_refuses_data_that_changed(tmp_path, capsys, one_line_error, monkeypatch):
+    """A file of --data rewritten (same size, other text) between the run and its resume: the tokens differ, so the
+    resume is refused in one line instead of training on other tokens."""
+    monkeypatch.setenv("HYBRID_CACHE", str(tmp_path / "cache"))
+    text = tmp_path / "one.txt"  # one document: split by tokens, so the same length keeps every count the same
+    text.write_text("".join(f"def f{i}(x):\n    return x + {i}\n\n" for i in range(200)))
+    out = tmp_path / "run"
+    assert train_main(["--data", str(text), "--out", str(out), "--steps", "2", *TINY, "--quiet"]) == 0
+    text.write_text(text.read_text().replace("x", "y"))
+    assert train_main(["--resume", str(out), "--steps", "3", "--quiet"]) == 2
+    one_line_error(capsys, "hybrid-train", "data: expected the tokens the run was trained on", "--init-from")
+
+
 def test_user_errors_are_one_line_exit_2(corpus, tmp_path, capsys, one_line_error):
     """Each bad input of the hardening issue: one line naming the problem, exit 2, no traceback."""
     bad_rows = tmp_path / "bad.jsonl"
