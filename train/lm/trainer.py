@@ -19,10 +19,12 @@ evaluated when ``k % eval_every == 0``, saved when ``k % save_every == 0``, and 
 and saved. Rank 0 alone writes ``OUT/``.
 
 Exact resume: a checkpoint holds the weights, the AdamW state (keyed by parameter name), the scheduler, the RNG
-states, the data position and the step, each a named part (``hybrid.train.loop.parts``); a resumed run with the
-same global batch makes the same updates on the same batches as the uninterrupted run, so on a CPU its losses are
-bit-for-bit equal. ``steps`` may grow on resume: it is the new total, and the cosine is stretched to it from the
-current step on.
+states, the data position, the step and the sums since the last metrics record, each a named part
+(``hybrid.train.loop.parts``); a resumed run with the same global batch makes the same updates on the same batches
+as the uninterrupted run, so on a CPU its losses, and its records, are bit-for-bit equal (but the measured
+``tokens_per_s``). A finished run resumed again evaluates for its result, and writes that record only if the
+metrics it kept lack it. ``steps`` may grow on resume: it is the new total, and the cosine is stretched to it from
+the current step on.
 """
 from __future__ import annotations
 
@@ -319,7 +321,7 @@ class Trainer(Run):
 
         last_eval = loop.train(self.stage)
         if last_eval is None:  # resumed at the final step: nothing to train, the checkpoint is current
-            last_eval = loop.evaluate(self.stage)
+            last_eval = loop.evaluate(self.stage, write=not loop.holds("val_loss"))  # not twice in the metrics
         paths = {"out": self.out, "checkpoint": self.out / "checkpoint", "metrics": self.out / METRICS_FILE,
                  "plot": self.out / PLOT_FILE, "config": self.out / CONFIG_FILE}  # the plot: drawn at each evaluation
         console.close_bar()

@@ -16,12 +16,15 @@ complete `checkpoint/` (if any) is renamed to `checkpoint.old/`, the new directo
 checkpoints are kept (`keep` > 1: the newest `keep − 1` of them stay), else removed. Renames are atomic, so
 `checkpoint/` is always complete when it exists, and a crash between the two renames leaves a complete
 `checkpoint.old/`, which the loader falls back to only when `checkpoint/` is absent (then to the newest
-`checkpoint-step-N/`). One process saves into a run directory at a time.
+`checkpoint-step-N/`), and which the next save counts among the kept checkpoints (as `checkpoint-step-N/`; one
+that a crash while removing it left incomplete is removed). One process saves into a run directory at a time.
 
 Loading checks everything before returning numbers: manifest format and version, each file's size and
 sha256, config against `expected_config`, the tensor names, and that every weight is finite (a diverged
-run's NaN weights are refused, naming the earlier checkpoints); any failure is a `CheckpointError` (a
-`ValueError`) naming the file and the problem. A missing checkpoint is a `FileNotFoundError`.
+run's NaN weights are refused); any failure is a `CheckpointError` (a `ValueError`) naming the file and the
+problem, and a damaged checkpoint's (a file missing, truncated, corrupt or unreadable, non-finite weights) also
+names the earlier checkpoints kept beside it, to resume one of them instead. A missing checkpoint is a
+`FileNotFoundError`.
 """
 from __future__ import annotations
 
@@ -71,6 +74,11 @@ class CheckpointError(ValueError):
     def __init__(self, path: os.PathLike | str, problem: str):
         self.path, self.problem = Path(path), problem
         super().__init__(f"checkpoint file {path}: {problem}")
+
+
+class _Damaged(CheckpointError):
+    """A checkpoint whose files are damaged (missing, truncated, corrupt, unreadable, non-finite weights), unlike an
+    incompatible one: an earlier checkpoint of the run may be intact, so ``load_checkpoint`` names them."""
 
 
 @dataclass
@@ -202,21 +210,47 @@ def save_checkpoint(
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     final, old = run_dir / DIR, run_dir / OLD
+    if old.exists():  # left by a save that crashed between its renames
+        _settle_old(run_dir)
     if final.exists():  # complete by construction: only finished directories are renamed to it
-        if old.exists():
-            shutil.rmtree(old)
         os.replace(final, old)
     os.replace(tmp, final)
     _fsync(run_dir)
     if old.exists() and keep > 1:
-        kept = run_dir / f"{KEPT_PREFIX}{_manifest_step(old)}"
-        shutil.rmtree(kept, ignore_errors=True)  # the same step saved again (a resume at the last step)
-        os.replace(old, kept)
-        _fsync(run_dir)
+        _keep_by_step(old)
     shutil.rmtree(old, ignore_errors=True)
     for _, stale in kept_checkpoints(run_dir)[keep - 1:]:
         shutil.rmtree(stale, ignore_errors=True)
     return final
+
+
+def _keep_by_step(old: Path) -> None:
+    """Rename the complete ``old`` to ``checkpoint-step-N/`` (N its step) beside it, among the kept checkpoints."""
+    kept = old.parent / f"{KEPT_PREFIX}{_manifest_step(old)}"
+    shutil.rmtree(kept, ignore_errors=True)  # the same step saved again (a resume at the last step)
+    os.replace(old, kept)
+    _fsync(old.parent)
+
+
+def _settle_old(run_dir: Path) -> None:
+    """A `checkpoint.old/` left by a crashed save: complete (the crash came between the two renames), it joins the
+    kept checkpoints, so ``keep`` prunes the oldest ones and not it; incomplete (the crash came while it was being
+    removed), it is removed."""
+    old = run_dir / OLD
+    if _complete(old):
+        _keep_by_step(old)
+    else:
+        shutil.rmtree(old)
+
+
+def _complete(ckpt: Path) -> bool:
+    """Whether ``ckpt`` holds a readable manifest and every file it lists at its size (no sha256: this tells a
+    checkpoint that was being removed from a whole one; loading verifies the contents)."""
+    try:
+        files = json.loads((ckpt / MANIFEST).read_text(encoding="utf-8"))["files"]
+        return all((ckpt / name).stat().st_size == files[name]["bytes"] for name in (MODEL, CONFIG, STATE))
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
 
 
 def _manifest_step(ckpt: Path) -> int:
@@ -280,9 +314,9 @@ def _read_json(path: Path) -> Any:
     try:
         return json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
-        raise CheckpointError(path, "missing (incomplete checkpoint)") from None
+        raise _Damaged(path, "missing (incomplete checkpoint)") from None
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise CheckpointError(path, f"not valid JSON ({e})") from None
+        raise _Damaged(path, f"not valid JSON ({e})") from None
 
 
 def _config_diff(expected: Any, actual: Any, where: str = "") -> list[str]:
@@ -311,14 +345,14 @@ def _verify_files(ckpt: Path, manifest: dict) -> None:
         info = manifest.get("files", {}).get(name)
         path = ckpt / name
         if info is None:
-            raise CheckpointError(ckpt / MANIFEST, f"lists no entry for {name}")
+            raise _Damaged(ckpt / MANIFEST, f"lists no entry for {name}")
         if not path.is_file():
-            raise CheckpointError(path, "missing (incomplete checkpoint)")
+            raise _Damaged(path, "missing (incomplete checkpoint)")
         size = path.stat().st_size
         if size != info["bytes"]:
-            raise CheckpointError(path, f"is {size} bytes, the manifest says {info['bytes']} (truncated or replaced)")
+            raise _Damaged(path, f"is {size} bytes, the manifest says {info['bytes']} (truncated or replaced)")
         if _sha256(path) != info["sha256"]:
-            raise CheckpointError(path, "sha256 does not match the manifest (the file is corrupt)")
+            raise _Damaged(path, "sha256 does not match the manifest (the file is corrupt)")
 
 
 def load_checkpoint(
@@ -331,6 +365,24 @@ def load_checkpoint(
     """Load and verify the checkpoint of `run_dir` (or a checkpoint directory itself).
     ``allow_nonfinite``: load NaN / inf weights instead of refusing them (to inspect a diverged run)."""
     ckpt = _locate(Path(run_dir))
+    try:
+        return _load(ckpt, expected_config, map_location, allow_nonfinite)
+    except _Damaged as e:
+        raise CheckpointError(e.path, e.problem + _earlier(ckpt)) from None
+
+
+def _earlier(ckpt: Path) -> str:
+    """"; earlier checkpoints: P (step N), …: pass one instead, e.g. --resume P", naming the checkpoints kept beside
+    ``ckpt`` ("" when there are none): what a run whose checkpoint is damaged can go on from."""
+    earlier = [(step, path) for step, path in kept_checkpoints(ckpt.parent) if path != ckpt]
+    if not earlier:
+        return ""
+    named = ", ".join(f"{path} (step {step})" for step, path in earlier)
+    return f"; earlier checkpoints: {named}: pass one instead, e.g. --resume {earlier[0][1]}"
+
+
+def _load(ckpt: Path, expected_config: dict | None, map_location, allow_nonfinite: bool) -> Checkpoint:
+    """``load_checkpoint`` of the checkpoint directory ``ckpt``: a damaged one raises ``_Damaged``."""
     manifest = _read_json(ckpt / MANIFEST)
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
         raise CheckpointError(ckpt / MANIFEST, f"is not a {FORMAT} manifest")
@@ -348,33 +400,31 @@ def load_checkpoint(
     try:
         tensors = load_file(str(ckpt / MODEL), device=str(map_location))
     except (SafetensorError, OSError, RuntimeError) as e:
-        raise CheckpointError(ckpt / MODEL, f"unreadable safetensors ({e})") from None
+        raise _Damaged(ckpt / MODEL, f"unreadable safetensors ({e})") from None
     if sorted(tensors) != manifest.get("tensors"):
         missing = sorted(set(manifest.get("tensors", [])) - set(tensors))
-        raise CheckpointError(ckpt / MODEL, f"tensor names differ from the manifest (missing: {missing[:5]})")
+        raise _Damaged(ckpt / MODEL, f"tensor names differ from the manifest (missing: {missing[:5]})")
     bad = nonfinite_tensors(tensors)
     if bad and not allow_nonfinite:
-        earlier = [f"{path} (step {step})" for step, path in kept_checkpoints(ckpt.parent) if path != ckpt]
-        hint = f"; earlier checkpoints: {', '.join(earlier)}" if earlier else ""
-        raise CheckpointError(ckpt / MODEL, f"holds non-finite weights (NaN or inf in {', '.join(bad[:3])}"
-                                            f"{', …' if len(bad) > 3 else ''}): written by a diverged run{hint}")
+        raise _Damaged(ckpt / MODEL, f"holds non-finite weights (NaN or inf in {', '.join(bad[:3])}"
+                                     f"{', …' if len(bad) > 3 else ''}): written by a diverged run")
     ties = manifest.get("ties", {})
     model_state = dict(tensors)
     for key, target in ties.items():
         if target not in tensors:
-            raise CheckpointError(ckpt / MANIFEST, f"tie {key!r} -> {target!r} names a tensor that is not stored")
+            raise _Damaged(ckpt / MANIFEST, f"tie {key!r} -> {target!r} names a tensor that is not stored")
         model_state[key] = tensors[target]
 
     try:
         state = torch.load(ckpt / STATE, map_location=map_location, weights_only=True)
     except Exception as e:  # pickle, zip and weights_only errors alike
-        raise CheckpointError(ckpt / STATE, f"unreadable ({type(e).__name__}: {e})") from None
+        raise _Damaged(ckpt / STATE, f"unreadable ({type(e).__name__}: {e})") from None
     if not isinstance(state, dict):
-        raise CheckpointError(ckpt / STATE, f"holds a {type(state).__name__}, expected a dict")
+        raise _Damaged(ckpt / STATE, f"holds a {type(state).__name__}, expected a dict")
     if set(_STATE_KEYS) - set(state):
-        raise CheckpointError(ckpt / STATE, f"missing keys {sorted(set(_STATE_KEYS) - set(state))}")
+        raise _Damaged(ckpt / STATE, f"missing keys {sorted(set(_STATE_KEYS) - set(state))}")
     if state["step"] != manifest.get("step"):
-        raise CheckpointError(ckpt / STATE, f"step {state['step']} differs from the manifest's {manifest.get('step')}")
+        raise _Damaged(ckpt / STATE, f"step {state['step']} differs from the manifest's {manifest.get('step')}")
     return Checkpoint(
         path=ckpt, step=int(state["step"]), model_state=model_state, config=config,
         optimizer_state=state["optimizer"], scheduler_state=state["scheduler"], rng_state=state["rng"],

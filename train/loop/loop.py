@@ -20,7 +20,9 @@ What every run does alike is here, once:
   an evaluation every ``eval_every``, a checkpoint every ``save_every``, and all three at a stage's last step; the
   step counts across stages;
 - the checkpoint: the run's named parts and the stage's (``hybrid.train.loop.parts``), saved whole by rank 0 and
-  restored part by part, so a resumed run continues bit for bit;
+  restored part by part, so a resumed run continues bit for bit; the loop's own part, ``pending_record``
+  (``PendingRecord``), holds what the next record averages, so a run resumed between two records writes the
+  uninterrupted run's records;
 - the records' way out (``hybrid.train.output.records.RunLog``) from ``open`` to ``close``.
 """
 from __future__ import annotations
@@ -42,7 +44,9 @@ from .parts import load_parts, save_parts
 from ..output.records import RunLog
 from .stage import Stage
 
-__all__ = ["Cadence", "TrainingLoop"]
+__all__ = ["Cadence", "TrainingLoop", "PendingRecord", "PENDING"]
+
+PENDING = "pending_record"  # the checkpoint part of the loop's PendingRecord
 
 
 @dataclass
@@ -53,6 +57,64 @@ class Cadence:
     eval_every: int = 0
     save_every: int = 0
     keep: int = 1  # checkpoints kept: checkpoint/ and the newest keep − 1 of checkpoint-step-N/
+
+
+class PendingRecord:
+    """What the next training record averages, gathered since the last one: this rank's sums of the loss and the
+    stage's parts (float64 on the device), the steps, the skipped ones among them, the tokens and the training
+    seconds. A checkpoint part (``PENDING``; optional: a checkpoint written before it existed starts from zero), so a
+    run resumed between two records writes the uninterrupted run's: the same means of the same steps, bit for bit
+    on one process and on as many ranks as saved it. ``tokens_per_s`` is measured, so it never repeats exactly."""
+
+    optional = True
+
+    def __init__(self, env: DistEnv, device: torch.device):
+        self.env, self.device = env, device
+        self.clear()
+
+    def clear(self) -> None:
+        self.sums: dict[str, torch.Tensor] = {}
+        self.steps, self.skipped, self.tokens, self.seconds = 0, 0, 0, 0.0
+
+    def add(self, values: dict[str, torch.Tensor] | None, tokens: int) -> None:
+        """One step: its loss and parts (None: the step was skipped), and its tokens."""
+        self.steps += 1
+        self.tokens += tokens
+        if values is None:
+            self.skipped += 1
+            return
+        for k, v in values.items():
+            self.sums[k] = self.sums[k] + v.double() if k in self.sums else v.double()
+
+    def state_dict(self) -> dict:
+        """The counts, and every rank's sums as a list by rank (one collective when there are sums: every rank
+        holds the same names, as the steps skipped are skipped on every rank)."""
+        sums = {}
+        if self.sums:
+            table = torch.zeros(self.env.world_size, len(self.sums), dtype=torch.float64, device=self.device)
+            table[self.env.rank] = torch.stack(list(self.sums.values()))
+            by_rank = self.env.all_reduce(table).T.tolist()  # adds zeros only: each rank's sums unchanged
+            sums = dict(zip(self.sums, by_rank))
+        return {"sums": sums, "steps": self.steps, "skipped": self.skipped, "tokens": self.tokens,
+                "seconds": self.seconds}
+
+    def load_state_dict(self, state: dict) -> None:
+        """The saved sums back: each rank its own on as many ranks as saved them; on another number, rank 0 holds
+        their total scaled to it, the others zero (the record's means are the same, up to rounding)."""
+        self.clear()
+        ws, rank = self.env.world_size, self.env.rank
+        for k, rows in state["sums"].items():
+            value = rows[rank] if len(rows) == ws else (sum(rows) * ws / len(rows) if rank == 0 else 0.0)
+            self.sums[k] = torch.tensor(value, dtype=torch.float64, device=self.device)
+        self.steps, self.skipped = int(state["steps"]), int(state["skipped"])
+        self.tokens, self.seconds = int(state["tokens"]), float(state["seconds"])
+
+
+def _wait_for(device: torch.device) -> None:
+    """Block until ``device`` has run what was queued on it (CUDA), so the clock read next covers it: nothing in a
+    step waits for the GPU before the record, so without it tokens/s would time how fast the host queues work."""
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 class TrainingLoop:
@@ -71,6 +133,7 @@ class TrainingLoop:
         self.after_save, self.after_eval, self.on_step = after_save, after_eval, on_step
         self.step = 0
         self.log: RunLog | None = None
+        self.pending = PendingRecord(env, device)
 
     # ------------------------------------------------------------------------------------------ lifecycle
 
@@ -85,8 +148,8 @@ class TrainingLoop:
         self.env.close(finished=finished)
 
     def restore(self, ckpt: Checkpoint, stage: Stage, *, optional: tuple[str, ...] = ()) -> None:
-        """Every part of the run and of ``stage`` from ``ckpt``, and the step."""
-        load_parts(ckpt, {**self.parts, **stage.parts()}, optional=optional)
+        """Every part of the run and of ``stage`` from ``ckpt`` (the loop's pending record too), and the step."""
+        load_parts(ckpt, {**self.parts, **stage.parts(), PENDING: self.pending}, optional=optional)
         self.step = ckpt.step
         self.divergence.last_saved = (ckpt.step, ckpt.path)
 
@@ -132,30 +195,24 @@ class TrainingLoop:
     def train(self, stage: Stage) -> dict | None:
         """Train ``stage`` until ``stage.done == stage.steps`` (read every step: it may grow); returns its last
         evaluation record, None when there was nothing to train."""
-        sums: dict[str, torch.Tensor] = {}
-        n_steps, n_skipped, tokens, seconds, last_eval = 0, 0, 0, 0.0, None
+        last_eval, pending = None, self.pending  # pending: restored with a checkpoint taken between records
         while stage.done < stage.steps:
             t0 = time.perf_counter()
             loss, parts, norm, lr, skipped = self._optimizer_step(stage)
             self.step += 1
             stage.done += 1
-            n_steps += 1
-            tokens += stage.tokens_per_step
             stage.after_step(self.step, loss)
             self.divergence.count(self.step, skipped, self.console.say)
-            if skipped:
-                n_skipped += 1
-            else:
-                for k, v in {"loss": loss, **parts}.items():
-                    sums[k] = sums[k] + v.double() if k in sums else v.double()
+            pending.add(None if skipped else {"loss": loss, **parts}, stage.tokens_per_step)
             postfix = {}
             if self.step % self.cadence.log_every == 0 or stage.done == stage.steps:
-                seconds += time.perf_counter() - t0  # after the loss sync, so queued GPU work is counted
-                record = self._record(stage, sums, norm, lr, n_steps, n_skipped, tokens / max(seconds, 1e-9))
-                sums, n_steps, n_skipped, tokens, seconds = {}, 0, 0, 0, 0.0
+                _wait_for(self.device)  # the steps' queued GPU work, timed (the record reads the loss back anyway)
+                pending.seconds += time.perf_counter() - t0
+                record = self._record(stage, pending, norm, lr)
+                pending.clear()
                 postfix = self._show(stage, record)
             else:
-                seconds += time.perf_counter() - t0
+                pending.seconds += time.perf_counter() - t0
             self.console.advance(**postfix)
             if self.on_step is not None:
                 self.on_step(self.step)
@@ -166,11 +223,11 @@ class TrainingLoop:
                 self.save(stage)
         return last_eval
 
-    def _record(self, stage: Stage, sums: dict, norm, lr: float, n_steps: int, n_skipped: int,
-                tokens_per_s: float) -> dict:
+    def _record(self, stage: Stage, pending: PendingRecord, norm, lr: float) -> dict:
         """The training record of the steps since the last one: means over them and over the ranks (one collective)."""
         self.divergence.check(self.step)
-        n_kept, ws = n_steps - n_skipped, self.env.world_size
+        sums, n_skipped, tokens_per_s = pending.sums, pending.skipped, pending.tokens / max(pending.seconds, 1e-9)
+        n_kept, ws = pending.steps - n_skipped, self.env.world_size
         names = list(sums) or ["loss"]
         totals = torch.stack([sums[k] for k in sums]) if sums else torch.zeros(1, dtype=torch.float64,
                                                                                 device=self.device)
@@ -198,22 +255,33 @@ class TrainingLoop:
                          f"{record['tokens_per_s']:,.0f} tok/s{skips}", level=2)
         return {}
 
-    def evaluate(self, stage: Stage) -> dict:
-        """``stage.evaluate()`` as a record (never of a diverged model), written and shown."""
+    def evaluate(self, stage: Stage, *, write: bool = True) -> dict:
+        """``stage.evaluate()`` as a record (never of a diverged model), written and shown. ``write`` False: shown
+        and kept in the run's history, not written (the metrics file, the trackers, ``on_eval``): the records a
+        resumed run kept hold it already (``holds``)."""
         self.divergence.check(self.step, stage.trainable)
         figures = stage.evaluate()
         record = {"step": self.step, **stage.tag, **figures}
-        self.log.eval(record)
-        if self.env.is_main and self.after_eval is not None:
-            self.after_eval()
+        if not write:
+            self.log.history.append(record)
+        else:
+            self.log.eval(record)
+            if self.env.is_main and self.after_eval is not None:
+                self.after_eval()
         self.console.say(stage.eval_line(self.step, figures))
         return record
+
+    def holds(self, key: str) -> bool:
+        """Whether the records a resumed run kept hold one with ``key`` at the current step: rank 0 reads its file,
+        every rank gets its answer (one collective)."""
+        held = torch.tensor(float(self.log.holds(self.step, key)), dtype=torch.float64, device=self.device)
+        return self.env.all_reduce(held).item() > 0
 
     def save(self, stage: Stage) -> None:
         """A checkpoint of every part (never of a diverged model), written by rank 0."""
         self.divergence.check(self.step, stage.trainable)
-        save_parts(self.out, {**stage.parts(), **self.parts}, step=self.step, model_config=self.model_config(),
-                   keep=self.cadence.keep, env=self.env)
+        save_parts(self.out, {**stage.parts(), **self.parts, PENDING: self.pending}, step=self.step,
+                   model_config=self.model_config(), keep=self.cadence.keep, env=self.env)
         if self.env.is_main and self.after_save is not None:
             self.after_save()
         self.env.barrier()

@@ -308,3 +308,53 @@ def test_runs_saved_before_packing_resume_on_the_stream(corpus, tmp_path):
                        extra={**ckpt.extra, "train_config": record})
     trainer = Trainer.from_checkpoint(tmp_path / "old", steps=6, trainer_kwargs=dict(verbose=0))
     assert trainer.config.packing == "stream"
+
+
+def _records(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_a_resume_between_two_records_writes_the_uninterrupted_runs_records(corpus, tmp_path):
+    """Probe finding 6: with --log-every 4 --save-every 6, a run interrupted after step 8 resumed from step 6, and
+    its step-8 record averaged steps 7-8 only (5-6 were in no record). The sums since the last record are a
+    checkpoint part now: every record equals the uninterrupted run's, the losses bit for bit; only the measured
+    tokens_per_s differs."""
+    config = dict(steps=16, log_every=4, save_every=6, eval_every=0)
+    run(tiny(corpus, tmp_path / "full", **config))
+    with pytest.raises(Stop):
+        run(tiny(corpus, tmp_path / "cut", **config), on_log=stop_at(8))
+    assert load_checkpoint(tmp_path / "cut").step == 6
+    Trainer.from_checkpoint(tmp_path / "cut", trainer_kwargs=dict(verbose=0)).fit()
+    full, cut = _records(tmp_path / "full"), _records(tmp_path / "cut")
+    assert [r["step"] for r in cut] == [r["step"] for r in full] == [4, 8, 12, 16, 16]
+    strip = lambda r: {k: v for k, v in r.items() if k != "tokens_per_s"}  # noqa: E731
+    assert [strip(r) for r in cut] == [strip(r) for r in full]  # loss, lr, grad_norm, val_*: bit for bit
+
+
+def test_a_checkpoint_without_the_pending_record_still_resumes(corpus, tmp_path):
+    """A checkpoint written before the pending record was a part resumes as before: the next record averages the
+    steps since the resume."""
+    run(tiny(corpus, tmp_path / "old", steps=8, log_every=4, save_every=6))
+    ckpt = load_checkpoint(tmp_path / "old" / "checkpoint-step-6")
+    assert ckpt.extra["pending_record"]["steps"] == 2  # steps 5 and 6, not recorded yet
+    extra = {k: v for k, v in ckpt.extra.items() if k != "pending_record"}
+    ck.save_checkpoint(tmp_path / "older", model_state=ckpt.model_state, config=ckpt.config,
+                       optimizer_state=ckpt.optimizer_state, scheduler_state=ckpt.scheduler_state,
+                       rng_state=ckpt.rng_state, data_state=ckpt.data_state, step=ckpt.step, extra=extra)
+    resumed = Trainer.from_checkpoint(tmp_path / "older", trainer_kwargs=dict(verbose=0)).fit()
+    assert sorted(resumed.losses) == [8] and math.isfinite(resumed.losses[8])
+
+
+def test_resuming_a_finished_run_writes_no_second_evaluation(corpus, tmp_path):
+    """Probe finding 10: each resume of a finished run appended another identical evaluation record at its last
+    step. It is figured for the result and shown, not written again."""
+    first = run(tiny(corpus, tmp_path / "run", steps=4))
+    before = (tmp_path / "run" / "metrics.jsonl").read_text()
+    for _ in range(2):
+        again = Trainer.from_checkpoint(tmp_path / "run", trainer_kwargs=dict(verbose=0)).fit()
+        assert again.step == 4 and again.val_loss == first.val_loss
+        assert [r["step"] for r in again.history] == [4] and "val_loss" in again.history[0]
+    assert (tmp_path / "run" / "metrics.jsonl").read_text() == before
+    (tmp_path / "run" / "metrics.jsonl").unlink()  # a record that is not there is written
+    Trainer.from_checkpoint(tmp_path / "run", trainer_kwargs=dict(verbose=0)).fit()
+    assert [r["step"] for r in _records(tmp_path / "run") if "val_loss" in r] == [4]

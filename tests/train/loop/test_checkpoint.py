@@ -276,3 +276,68 @@ def test_keep_holds_the_newest_checkpoints_named_by_step(tmp_path):
     assert load_checkpoint(run).step == 10
     with pytest.raises(ValueError, match="keep: expected a positive int, got 0"):
         _save(run, model, opt, sched, 14, keep=0)
+
+
+
+def _keep3(run, step):
+    return save_checkpoint(run, model_state={"w": torch.full((4,), float(step))}, config={"n": 1},
+                           optimizer_state=None, scheduler_state=None, rng_state=None, data_state=None, step=step,
+                           keep=3)
+
+
+def test_a_complete_old_checkpoint_left_by_a_crash_is_kept_not_deleted(tmp_path):
+    """Probe finding 7: a crash after the new `checkpoint/` was in place but before `checkpoint.old/` was renamed
+    to `checkpoint-step-N/` left it complete; the next save removed it and kept an older one. It joins the kept
+    checkpoints, so `keep` keeps the newest."""
+    for step in (1, 2, 3, 4):
+        _keep3(tmp_path, step)
+    (tmp_path / "checkpoint-step-3").rename(tmp_path / "checkpoint.old")  # the crash window of step 4's save
+    _keep3(tmp_path, 5)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint", "checkpoint-step-3", "checkpoint-step-4"]
+    assert load_checkpoint(tmp_path / "checkpoint-step-3").step == 3
+
+
+def test_an_incomplete_old_checkpoint_is_removed_by_the_next_save(tmp_path):
+    """A crash while `checkpoint.old/` was being removed leaves part of it: the next save removes it."""
+    for step in (1, 2, 3, 4):
+        _keep3(tmp_path, step)
+    old = tmp_path / "checkpoint.old"
+    (tmp_path / "checkpoint-step-3").rename(old)
+    (old / "model.safetensors").unlink()
+    _keep3(tmp_path, 5)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint", "checkpoint-step-2", "checkpoint-step-4"]
+
+
+@pytest.mark.parametrize("damage", ["truncate", "flip", "manifest"])
+def test_a_damaged_checkpoint_names_the_earlier_ones_to_resume(tmp_path, damage):
+    """Probe finding 9: a truncated or corrupt file was refused naming it, not the intact earlier checkpoints (as
+    the non-finite weights' refusal did); both name them now, and how to resume one."""
+    for step in (4, 8, 12):
+        _keep3(tmp_path, step)
+    final = tmp_path / "checkpoint"
+    if damage == "truncate":
+        (final / "model.safetensors").write_bytes((final / "model.safetensors").read_bytes()[:-10])
+    elif damage == "flip":
+        _flip(final / "trainer_state.pt", 40)
+    else:
+        (final / "checkpoint.json").write_text("{")
+    earlier = f"earlier checkpoints: {tmp_path / 'checkpoint-step-8'} (step 8), {tmp_path / 'checkpoint-step-4'} " \
+              f"(step 4): pass one instead, e.g. --resume {tmp_path / 'checkpoint-step-8'}"
+    with pytest.raises(CheckpointError) as caught:
+        load_checkpoint(tmp_path)
+    assert str(caught.value).startswith(f"checkpoint file {final}") and str(caught.value).endswith(earlier)
+    assert "\n" not in str(caught.value)
+
+
+def test_an_incompatible_checkpoint_names_no_earlier_one(tmp_path):
+    """A config mismatch is the run's, not the file's: the earlier checkpoints share it, so none is suggested; nor
+    is one for a damaged checkpoint that has none beside it."""
+    for step in (4, 8):
+        _keep3(tmp_path, step)
+    with pytest.raises(CheckpointError, match="'n': checkpoint has 1, expected 2") as caught:
+        load_checkpoint(tmp_path, expected_config={"n": 2})
+    assert "earlier" not in str(caught.value)
+    _simple(tmp_path / "alone", 1)
+    (tmp_path / "alone" / "checkpoint" / "config.json").write_text("{")
+    with pytest.raises(CheckpointError, match=r"config.json: is 1 bytes, .* \(truncated or replaced\)$"):
+        load_checkpoint(tmp_path / "alone")
