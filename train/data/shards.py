@@ -7,7 +7,9 @@ skipped and said (``Shards.skipped_text``, shown in the data line):
   would block or stream forever when opened, so it is listed and never opened;
 - an empty file is skipped: zero bytes, or (a JSON-lines table) nothing but white space. It holds no document,
   and ``datasets`` cannot load an empty table shard. A corpus that is all empty keeps the one-line
-  "no non-empty documents" error.
+  "no non-empty documents" error;
+- in a folder, a binary file (a NUL byte in its first 8 KiB, ``sources._set_aside_binaries``) is skipped and
+  counted, so that a folder of binaries only is refused saying so.
 
 A compressed file (``.gz``, ``.bz2``, ``.xz``; ``.zst`` / ``.lz4`` with the ``zstandard`` / ``lz4`` package) is read
 as the format its name gives behind the compression suffix (``format_suffix``: ``d.jsonl.gz`` is JSON lines,
@@ -17,7 +19,8 @@ Table files (``.jsonl`` / ``.ndjson`` / ``.json``, ``.parquet``, ``.csv``) are c
 column (``missing_column_rows``), e.g. a ``.jsonl`` whose rows alternate ``{"text": …}`` and ``{"txt": …}``:
 ``datasets`` fills the missing column with null, so those rows would be dropped without a word. A file with any
 is refused, naming the file, the first such row and the count, unless the user allows it
-(``skip_rows_without_text``, ``--skip-rows-without-text``); the data line then says so.
+(``skip_rows_without_text``, ``--skip-rows-without-text``); the data line then says so. Every cell of a ``.csv``
+is read as text (``table_options``): pandas would drop "NA", "null", "None", "nan" … as missing values.
 """
 from __future__ import annotations
 
@@ -28,7 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 __all__ = ["Shards", "split_shards", "missing_column_rows", "check_missing_column", "skipped_rows_text",
-           "load_each_table", "SKIP_FLAG", "format_suffix", "open_data", "check_compression"]
+           "load_each_table", "SKIP_FLAG", "format_suffix", "open_data", "check_compression", "table_options"]
 
 SKIP_FLAG = "--skip-rows-without-text"
 _JSON_LINES = {".jsonl", ".ndjson"}
@@ -76,13 +79,13 @@ class Shards:
     files: list[Path]  # the files to read
     empty: list[Path] = field(default_factory=list)
     not_regular: list[tuple[Path, str]] = field(default_factory=list)  # (path, what it is: "FIFO", …)
+    binary: list[Path] = field(default_factory=list)  # a folder's files with a NUL byte near their start
 
     def skipped_text(self) -> str:
-        """"skipped 2 empty files, 1 FIFO (fifo.jsonl)", or "" when nothing was skipped."""
-        parts = []
-        if self.empty:
-            names = ", ".join(p.name for p in self.empty[:3]) + (", …" if len(self.empty) > 3 else "")
-            parts.append(f"{len(self.empty)} empty file{'s' if len(self.empty) != 1 else ''} ({names})")
+        """"skipped 2 empty files (a.txt, b.txt); 1 binary file (logo.png); 1 entry that is not a regular file
+        (fifo.jsonl: FIFO)", or "" when nothing was skipped."""
+        parts = [_files_text(paths, what) for paths, what in ((self.empty, "empty"), (self.binary, "binary"))
+                 if paths]
         if self.not_regular:
             kinds = ", ".join(f"{p.name}: {what}" for p, what in self.not_regular[:3])
             more = ", …" if len(self.not_regular) > 3 else ""
@@ -90,6 +93,12 @@ class Shards:
             parts.append(f"{n} entr{'ies' if n != 1 else 'y'} that {'are' if n != 1 else 'is'} not a regular file "
                          f"({kinds}{more})")
         return ("skipped " + "; ".join(parts)) if parts else ""
+
+
+def _files_text(paths: list[Path], what: str) -> str:
+    """"2 empty files (a.txt, b.txt)": the count, and the first three names."""
+    names = ", ".join(p.name for p in paths[:3]) + (", …" if len(paths) > 3 else "")
+    return f"{len(paths)} {what} file{'s' if len(paths) != 1 else ''} ({names})"
 
 
 def skipped_rows_text(count: int | None, column: str) -> str:
@@ -146,11 +155,11 @@ def missing_column_rows(path: Path, builder: str, column: str) -> tuple[int, str
     rows in all). A row that is not a JSON object counts as one without it; a line that does not parse is left to
     the loader, which names it."""
     if builder == "json":
-        with open_data(path, encoding="utf-8", errors="replace") as f:
+        with open_data(path, encoding="utf-8-sig", errors="replace") as f:
             head = f.read(4096).lstrip()[:1]
         if head == "[":  # one JSON array
             try:
-                with open_data(path, encoding="utf-8", errors="replace") as f:
+                with open_data(path, encoding="utf-8-sig", errors="replace") as f:
                     rows = json.loads(f.read())
             except ValueError:
                 return 0, None, 0
@@ -158,7 +167,7 @@ def missing_column_rows(path: Path, builder: str, column: str) -> tuple[int, str
             missing = [i for i, row in enumerate(rows) if not (isinstance(row, dict) and column in row)]
             return len(missing), (f"row {missing[0] + 1}" if missing else None), len(rows)
         count, first, total = 0, None, 0
-        with open_data(path, encoding="utf-8", errors="replace") as f:
+        with open_data(path, encoding="utf-8-sig", errors="replace") as f:
             for n, line in enumerate(f, 1):
                 if not line.strip():
                     continue
@@ -185,7 +194,7 @@ def missing_column_rows(path: Path, builder: str, column: str) -> tuple[int, str
     if builder == "csv":
         import csv
 
-        with open_data(path, encoding="utf-8", errors="replace", newline="") as f:
+        with open_data(path, encoding="utf-8-sig", errors="replace", newline="") as f:
             reader = csv.reader(f)
             has = column in next(reader, [])
             rows = sum(1 for _ in reader)
@@ -210,6 +219,15 @@ def check_missing_column(paths: list[str], builder: str, column: str, *, skip: b
     return missing
 
 
+def table_options(builder: str, column: str) -> dict:
+    """What ``datasets.load_dataset(builder, …)`` is given beside the files: for ``csv``, every cell of ``column`` as
+    the text it is (pandas' defaults read "NA", "null", "None", "nan", "N/A" … as missing values, which would drop
+    those documents, and "123" as a number); an empty cell is an empty string, skipped as an empty document."""
+    if builder != "csv":
+        return {}
+    return {"keep_default_na": False, "na_filter": False, "converters": {column: str}}
+
+
 def load_each_table(builder: str, paths: list[str], column: str, cache_dir: str):
     """The table files one by one, each cut to ``column`` (null where a row lacks it), concatenated: files whose
     columns differ cannot be loaded as one table (``datasets`` casts every file to the first one's columns)."""
@@ -217,7 +235,8 @@ def load_each_table(builder: str, paths: list[str], column: str, cache_dir: str)
 
     parts = []
     for path in paths:
-        ds = datasets.load_dataset(builder, data_files=[path], split="train", cache_dir=cache_dir)
+        ds = datasets.load_dataset(builder, data_files=[path], split="train", cache_dir=cache_dir,
+                                   **table_options(builder, column))
         if column in ds.column_names:
             parts.append(ds.select_columns([column]))
     if not parts:

@@ -2,11 +2,17 @@
 
 `resolve_source(data)` decides what `data` names and returns a `Source`: a cache key computed without
 reading the data, and a `load()` that returns a `datasets.Dataset` with one `text` column, one row per
-document. Plain text files are one document each (read as UTF-8, invalid bytes replaced by U+FFFD, newlines
-normalised to `\\n`). Table files give one document per row of `text_column`: `.jsonl`/`.ndjson`/`.parquet`
-anywhere, and `.json`/`.csv` when named directly (inside a directory they are ordinary text documents, as
-source trees are full of `.json` configs and `.csv` fixtures). A compressed file (`d.jsonl.gz`, `notes.txt.xz`)
-is read as the format its name gives behind the compression suffix (`shards.format_suffix`), in a directory too.
+document. Plain text files are one document each (read as UTF-8 without a leading byte-order mark, invalid bytes
+replaced by U+FFFD, newlines normalised to `\\n`). Table files give one document per row of `text_column`:
+`.jsonl`/`.ndjson`/`.parquet` anywhere, and `.json`/`.csv` when named directly (inside a directory they are ordinary
+text documents, as source trees are full of `.json` configs and `.csv` fixtures). Every cell of a `.csv` text column
+is text, "NA", "null" or "123" included (pandas would read those as missing values and numbers); an empty cell is an
+empty document. A compressed file (`d.jsonl.gz`, `notes.txt.xz`) is read as the format its name gives behind the
+compression suffix (`shards.format_suffix`), in a directory too.
+
+`load(cache_dir)` gives `datasets` a builder cache of its own per source key (`<cache_dir>/<key[:16]>`):
+`datasets` keys a local file on its path and mtime only, so a file edited with its mtime kept (`cp -p`,
+`rsync -a`, tar) would be served from its cache as the old text although the key (path, size, mtime) changed.
 
 Hub datasets are streamed (`load_dataset(name, split=..., streaming=True)`) and the first `max_documents`
 rows are kept. Offline, `HubOfflineError` is raised at once: `HF_HUB_OFFLINE`/`HF_DATASETS_OFFLINE` are
@@ -26,7 +32,10 @@ from pathlib import Path
 from typing import Callable
 from urllib.parse import urlparse
 
-from .shards import check_compression, check_missing_column, format_suffix, load_each_table, open_data, split_shards
+from .shards import (
+    Shards, check_compression, check_missing_column, format_suffix, load_each_table, open_data, split_shards,
+    table_options,
+)
 
 __all__ = [
     "Source",
@@ -45,6 +54,9 @@ _DIR_TABLES = {".jsonl", ".ndjson", ".parquet"}  # table suffixes inside a direc
 _SKIP_DIRS = {"__pycache__", "node_modules", "site-packages", "dist-packages"}
 _TEST_DIRS = {"test", "tests", "idle_test"}
 _HUB_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]*(/[A-Za-z0-9][A-Za-z0-9_.\-]*)?$")
+# How files become documents, in every files key: a change re-reads every corpus instead of serving its old tokens
+# (2: a leading UTF-8 byte-order mark dropped, every .csv cell text)
+_READER = "reader-2"
 _FILE_SUFFIX = re.compile(r"\.(txt|md|rst|py|jsonl?|ndjson|parquet|csv|tsv|html?|xml|c|h|cpp|js|ts|rs|go)"
                           r"(\.(gz|bz2|xz|zst|lz4))?$", re.I)
 
@@ -92,6 +104,15 @@ def _is_text_file(path: Path) -> bool:
         return False
 
 
+def _set_aside_binaries(shards: Shards, tables: set[str]) -> None:
+    """Move the binary files of a folder (not a table by name, a NUL byte in the first 8 KiB) from `shards.files` to
+    `shards.binary`, so that the data line, or the "no text files" error, counts them."""
+    text = [p for p in shards.files if format_suffix(p) in tables or _is_text_file(p)]
+    kept = set(text)
+    shards.binary = [p for p in shards.files if p not in kept]
+    shards.files = text
+
+
 def _list_files(root: Path) -> list[Path]:
     if not root.is_dir():  # a file, or something that is not one (split_shards says what)
         return [root]
@@ -123,14 +144,18 @@ def _load_files(files: list[Path], text_column: str, cache_dir: str, tables: set
     for p in files:
         suffix = format_suffix(p)
         builder = _TABLE_BUILDERS[suffix] if suffix in tables else "text"
+        if builder == "text" and suffix != p.suffix.lower():
+            builder = "text, compressed"
         groups.setdefault(builder, []).append(str(p))
     parts = []
     for builder, paths in sorted(groups.items()):
         if builder == "text":
             ds = datasets.load_dataset(
                 "text", data_files=paths, split="train", sample_by="document",
-                encoding="utf-8", encoding_errors="replace", cache_dir=cache_dir,
+                encoding="utf-8-sig", encoding_errors="replace", cache_dir=cache_dir,
             )
+        elif builder == "text, compressed":
+            ds = _load_compressed_texts(paths, cache_dir)
         else:
             missing = check_missing_column(paths, builder, text_column, skip=skip_missing)
             if notes is not None:
@@ -141,7 +166,8 @@ def _load_files(files: list[Path], text_column: str, cache_dir: str, tables: set
                 if missing:  # the files' columns differ: each file alone, its text column only
                     ds = load_each_table(builder, paths, text_column, cache_dir)
                 else:
-                    ds = datasets.load_dataset(builder, data_files=paths, split="train", cache_dir=cache_dir)
+                    ds = datasets.load_dataset(builder, data_files=paths, split="train", cache_dir=cache_dir,
+                                               **table_options(builder, text_column))
             except datasets.exceptions.DatasetGenerationError as e:  # a malformed row: say which file and why
                 cause = e.__cause__ if e.__cause__ is not None else e
                 bad = _first_bad_row(paths, builder, text_column)
@@ -169,6 +195,22 @@ def _load_files(files: list[Path], text_column: str, cache_dir: str, tables: set
     return parts[0] if len(parts) == 1 else datasets.concatenate_datasets(parts)
 
 
+def _load_compressed_texts(paths: list[str], cache_dir: str):
+    """Compressed text files, one document each, decoded as plain ones are (`datasets`' text builder opens a
+    compressed file with the default encoding, strictly: it kept a byte-order mark and failed on invalid UTF-8)."""
+    import datasets
+
+    return datasets.Dataset.from_generator(_read_texts, gen_kwargs={"paths": paths}, cache_dir=cache_dir,
+                                           features=datasets.Features({"text": datasets.Value("string")}))
+
+
+def _read_texts(paths: list[str]):
+    """{"text": …} per file: UTF-8 without a leading byte-order mark, invalid bytes U+FFFD, newlines as `\\n`."""
+    for path in paths:
+        with open_data(path, encoding="utf-8-sig", errors="replace") as f:
+            yield {"text": f.read()}
+
+
 def _shown(value) -> str:
     text = repr(value)
     return f"{text[:60]}… ({type(value).__name__})" if len(text) > 60 else f"{text} ({type(value).__name__})"
@@ -181,18 +223,18 @@ def _first_bad_row(paths: list[str], builder: str, column: str) -> tuple[str, st
 
     for path in paths:
         if builder == "json":
-            with open_data(path, encoding="utf-8", errors="replace") as f:
+            with open_data(path, encoding="utf-8-sig", errors="replace") as f:
                 head = f.read(4096).lstrip()[:1]
             if head == "[":  # one JSON array, not JSON lines
                 try:
-                    with open_data(path, encoding="utf-8") as f:
+                    with open_data(path, encoding="utf-8-sig") as f:
                         rows = json.loads(f.read())
                 except ValueError as e:
                     return f"{path} ({e})", "not JSON"
                 lines = ((f"row {i + 1}", row) for i, row in enumerate(rows))
             else:
                 def json_lines(path=path):
-                    with open_data(path, encoding="utf-8", errors="replace") as f:
+                    with open_data(path, encoding="utf-8-sig", errors="replace") as f:
                         for n, line in enumerate(f, 1):
                             if line.strip():
                                 try:
@@ -204,11 +246,10 @@ def _first_bad_row(paths: list[str], builder: str, column: str) -> tuple[str, st
             import csv
 
             def csv_rows(path=path):
-                with open_data(path, encoding="utf-8", errors="replace", newline="") as f:
+                with open_data(path, encoding="utf-8-sig", errors="replace", newline="") as f:
                     reader = csv.DictReader(f)
-                    for row in reader:  # a string, or empty for a missing value: pandas reads numbers as numbers
-                        value = row.get(column)
-                        yield f"line {reader.line_num}", {column: _as_number(value)}
+                    for row in reader:  # every cell text, as the loader reads it (shards.table_options)
+                        yield f"line {reader.line_num}", {column: row.get(column)}
             lines = csv_rows()
         elif builder == "parquet":
             import pyarrow.parquet as pq
@@ -234,31 +275,29 @@ class _NotJSON(str):
     """A line that json.loads refused (its message)."""
 
 
-def _as_number(value: str | None):
-    """A CSV cell as pandas reads it: an int or float when it parses as one, else the string (None if empty)."""
-    if value is None or value == "":
-        return None
-    for kind in (int, float):
-        try:
-            return kind(value)
-        except ValueError:
-            pass
-    return value
-
-
 def _files_source(kind: str, description: str, files: list[Path], text_column: str, tables: set[str],
                   skip_missing: bool = False) -> Source:
     notes: dict = {}
-    extra = f"{kind}|{text_column}|{sorted(tables)}" + ("|skip-missing" if skip_missing else "")
+    extra = f"{kind}|{text_column}|{sorted(tables)}" + ("|skip-missing" if skip_missing else "") + f"|{_READER}"
     if any(format_suffix(p) != p.suffix.lower() for p in files):  # read as text before compressed tables were read
         extra += "|decompressed"
+    key = _files_key(files, extra)
     return Source(
         kind=kind,
         description=description,
-        key=_files_key(files, extra),
-        load=lambda cache_dir: _load_files(files, text_column, cache_dir, tables, skip_missing, notes),
+        key=key,
+        load=lambda cache_dir: _load_files(files, text_column, _keyed_cache(cache_dir, key), tables, skip_missing,
+                                           notes),
         notes=notes,
     )
+
+
+def _keyed_cache(cache_dir: str, key: str) -> str:
+    """`datasets`' builder cache for the files `key` describes: a new key (a file's size or mtime changed) never
+    reads an older version's cache, which `datasets` would serve when only the size changed. An old key's folder is
+    not reused and stays until the cache is cleared (as before: `datasets` made a new one for each mtime change
+    too); deleting `<cache>/datasets` is always safe, the token cache does not read it."""
+    return str(Path(cache_dir) / key[:16])
 
 
 # ------------------------------------------------------------------------------------------------- hub
@@ -375,11 +414,11 @@ def resolve_source(
     if path.exists():
         path = path.resolve()
         shards = split_shards(_list_files(path))  # regular, non-empty files only: a FIFO is never opened
-        files, skipped = shards.files, shards.skipped_text()
         tables = _DIR_TABLES if path.is_dir() else set(_TABLE_BUILDERS)
-        check_compression(files)
+        check_compression(shards.files)
         if path.is_dir():
-            files = [p for p in files if format_suffix(p) in tables or _is_text_file(p)]
+            _set_aside_binaries(shards, tables)
+        files, skipped = shards.files, shards.skipped_text()
         if not files and shards.empty:
             raise ValueError(f"no non-empty documents in files:{path} ({skipped})")
         if not files and shards.not_regular and not path.is_dir():

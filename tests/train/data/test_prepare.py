@@ -1,5 +1,6 @@
 """hybrid.train.data.prepare: documents read, split and streamed, the token cache, text columns, PreparedData's
 bits per byte and loaders."""
+import hashlib
 import json
 import math
 import os
@@ -8,6 +9,7 @@ import numpy as np
 import pytest
 
 from hybrid.train.data import prepare_data
+from hybrid.train.data.prepare import _document_split_fits
 from hybrid.train.data.tokenizer import ByteTokenizer
 
 
@@ -42,13 +44,138 @@ def test_prepare_reads_documents_splits_and_streams(corpus_dir, tmp_path):
     assert len(data.valid) - 1 == data.valid_bytes + len(valid_docs)
 
 
-def test_split_is_deterministic_with_at_least_one_validation_document(corpus_dir, tmp_path):
-    root, texts = corpus_dir
-    a = prepare_data(root, cache_dir=tmp_path / "a", valid_fraction=1e-9)
-    b = prepare_data(root, cache_dir=tmp_path / "b", valid_fraction=1e-9)
+def _hash_fraction(text: str) -> float:
+    """Where a document falls in [0, 1): blake2b-64 of its UTF-8 text, little-endian, over 2**64 (the module's
+    rule, computed here on its own)."""
+    return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little") / 2**64
+
+
+def _equal_documents(root, n: int, valid_fraction: float) -> dict:
+    """`n` documents of 100 bytes each in `root`, none of which hashes below `valid_fraction` (a salt searched)."""
+    for salt in range(1000):
+        texts = {f"d{i:02d}.txt": f"document {i:02d} salt {salt:04d} ".ljust(100, "x") for i in range(n)}
+        if min(map(_hash_fraction, texts.values())) >= valid_fraction:
+            break
+    root.mkdir()
+    for name, text in texts.items():
+        (root / name).write_text(text)
+    return texts
+
+
+def test_split_is_deterministic_with_at_least_one_validation_document(tmp_path):
+    """No hash falls below valid_fraction: the document with the smallest one is held out, as its share of the
+    tokens (1/20 at 0.05) is sensible."""
+    texts = _equal_documents(tmp_path / "docs", 20, 0.05)
+    a = prepare_data(tmp_path / "docs", cache_dir=tmp_path / "a", valid_fraction=0.05)
+    b = prepare_data(tmp_path / "docs", cache_dir=tmp_path / "b", valid_fraction=0.05)
+    assert a.stats["split"] == "documents" and "split by tokens" not in a.stats["source"]
     assert a.stats["valid_documents"] == 1 and a.stats["train_documents"] == len(texts) - 1
+    assert _docs_of(a.valid, ByteTokenizer()) == [min(texts.values(), key=_hash_fraction)]
     np.testing.assert_array_equal(a.valid, b.valid)
     np.testing.assert_array_equal(a.train, b.train)
+
+
+def _token_split_expected(texts: list[str], valid_fraction: float) -> tuple[int, int, int]:
+    """(validation tokens, validation bytes, validation documents) of the token split of `texts` in this order,
+    byte tokens: each document is its bytes then one eos; the last max(2, round(n · fraction)) are held out, after
+    the stream's leading eos."""
+    stream = [b for t in texts for b in [*t.encode(), None]]  # None: the eos
+    n_valid = max(2, int(round(len(stream) * valid_fraction)))
+    tail = stream[-n_valid:]
+    return 1 + n_valid, sum(b is not None for b in tail), tail.count(None)  # a suffix: each document's eos in it
+
+
+@pytest.mark.parametrize("trial", range(6))
+def test_a_document_split_far_from_the_fraction_falls_back_to_the_token_split(tmp_path, trial):
+    """The issue: a 108 KB book and two one-line files, --valid-fraction 0.05: the book went to validation whole
+    (training kept 27 tokens) or validation held 11 tokens. Any document split is then far from 5 % of the tokens,
+    so the last 5 % of the tokens are held out, and the data line says why."""
+    root = tmp_path / "few"
+    root.mkdir()
+    files = {"LICENSE.txt": f"license text {trial}\n", "README.txt": f"readme {trial}\n",
+             "book.txt": f"chapter {trial} " + "lorem ipsum dolor sit amet " * 4000 + "\n"}
+    for name, text in files.items():
+        (root / name).write_text(text)
+    data = prepare_data(root, cache_dir=tmp_path / "c", valid_fraction=0.05)
+    s, tok = data.stats, ByteTokenizer()
+    valid_tokens, valid_bytes, valid_docs = _token_split_expected(list(files.values()), 0.05)  # sorted by name
+    assert s["split"] == "tokens" and (s["valid_tokens"], s["valid_bytes"], s["valid_documents"]) == (
+        valid_tokens, valid_bytes, valid_docs)
+    assert s["train_tokens"] + s["valid_tokens"] == sum(len(t) + 1 for t in files.values()) + 2
+    assert s["train_bytes"] + s["valid_bytes"] == sum(len(t) for t in files.values())
+    assert s["train_documents"] == 3 and len(data.valid) == valid_tokens == 5403
+    assert tok.decode(data.train.tolist()) + tok.decode(data.valid.tolist()) == "".join(files.values())
+    fractions = [_hash_fraction(t) for t in files.values()]
+    held = [f < 0.05 for f in fractions] if min(fractions) < 0.05 else [f == min(fractions) for f in fractions]
+    share = sum(len(t) + 1 for t, h in zip(files.values(), held) if h) / sum(len(t) + 1 for t in files.values())
+    assert not all(held) and not 0.025 <= share <= 0.1  # what the hash rule would hold out, unfit
+    assert s["source"].endswith(f", split by tokens: whole documents would put {share:.1%} of the tokens in validation "
+                                f"(valid_fraction 0.05)")
+    again = prepare_data(root, cache_dir=tmp_path / "c2", valid_fraction=0.05)
+    np.testing.assert_array_equal(again.train, data.train)
+    np.testing.assert_array_equal(again.valid, data.valid)
+
+
+def test_a_tiny_fraction_holds_out_tokens_not_a_whole_document(tmp_path):
+    """valid_fraction 1e-9: one whole document (5 % of the tokens) is 50 million times too much; two tokens are
+    held out instead."""
+    texts = _equal_documents(tmp_path / "docs", 20, 1e-9)
+    data = prepare_data(tmp_path / "docs", cache_dir=tmp_path / "c", valid_fraction=1e-9)
+    assert data.stats["split"] == "tokens" and data.stats["valid_tokens"] == 3 and data.stats["valid_bytes"] == 1
+    assert "whole documents would put 5.0% of the tokens in validation (valid_fraction 1e-09)" in data.stats["source"]
+    assert ByteTokenizer().decode(data.valid.tolist()) == sorted(texts.items())[-1][1][-1]
+
+
+@pytest.mark.parametrize("lens, mask, fraction, fits", [
+    ([10, 90], [True, False], 0.05, True),  # 10 % = twice 5 %: the bound is kept
+    ([10, 90], [True, False], 0.049, False),  # just over twice
+    ([5, 95], [True, False], 0.1, True),  # 5 % = half of 10 %
+    ([5, 95], [True, False], 0.101, False),
+    ([50, 50], [True, False], 0.3, True),
+    ([60, 40], [True, False], 0.8, False),  # validation 60 % is within [40 %, 160 %], training 40 % is twice 20 %
+    ([70, 30], [True, False], 0.8, True),
+    ([20, 80], [True, False], 0.8, False),  # validation 20 % is a quarter of 80 %
+])
+def test_the_document_split_is_kept_within_a_factor_of_two_on_both_sides(lens, mask, fraction, fits):
+    ok, share = _document_split_fits(np.asarray(mask), np.asarray(lens), fraction)
+    assert ok is fits and share == lens[0] / sum(lens)
+
+
+def test_an_unreadable_cache_file_is_deleted_and_tokenised_again(corpus_dir, tmp_path, capsys):
+    """The issue: a truncated cache file gave `Expected to be able to read 209336 bytes for message body, got
+    104236`, naming no file, on every run until the user found the cache."""
+    root, _ = corpus_dir
+    first = prepare_data(root, cache_dir=tmp_path / "c")
+    cache_file = first.stats["cache_file"]
+    size = os.path.getsize(cache_file)
+    for damaged in (size // 2, 0, 100):
+        os.truncate(cache_file, damaged)
+        capsys.readouterr()
+        CountingTokenizer.calls = 0
+        again = prepare_data(root, tokenizer=CountingTokenizer(), cache_dir=tmp_path / "c")
+        assert CountingTokenizer.calls > 0 and not again.stats["cache_hit"] and os.path.getsize(cache_file) == size
+        np.testing.assert_array_equal(again.train, first.train)
+        np.testing.assert_array_equal(again.valid, first.valid)
+        notes = [line for line in capsys.readouterr().err.splitlines() if line.startswith("note:")]
+        assert len(notes) == 1 and notes[0].startswith(f"note: the token cache file {cache_file} could not be read (")
+        assert notes[0].endswith("); deleted it, tokenising again")
+    assert prepare_data(root, cache_dir=tmp_path / "c").stats["cache_hit"]
+
+
+def test_an_edit_that_keeps_the_mtime_is_read(corpus_dir, tmp_path):
+    """The issue: `datasets` keys its own cache of a local file on path and mtime only, so a file rewritten with its
+    mtime kept (cp -p, rsync -a, tar) was read as its old text, although the token cache's key (path, size, mtime)
+    changed and it missed."""
+    root, texts = corpus_dir
+    prepare_data(root, cache_dir=tmp_path / "c")
+    victim = root / "doc03.txt"
+    st = victim.stat()
+    victim.write_text("an edited document, longer than it was " * 20)
+    os.utime(victim, ns=(st.st_atime_ns, st.st_mtime_ns))
+    data = prepare_data(root, cache_dir=tmp_path / "c")
+    assert not data.stats["cache_hit"]
+    docs = _docs_of(data.train, ByteTokenizer()) + _docs_of(data.valid, ByteTokenizer())
+    assert sorted(docs) == sorted({**texts, "doc03.txt": victim.read_text()}.values())
 
 
 def test_second_preparation_hits_the_cache(corpus_dir, tmp_path):
