@@ -13,6 +13,7 @@ train/rotary_analysis/report.py for the schema and docs/rotary.md for a guide).
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from pathlib import Path
 
@@ -50,12 +51,13 @@ def analyze_parser() -> argparse.ArgumentParser:
                    help=f"tokens per sequence (default: p_max, at most {DEFAULT_SEQ_CAP})")
     p.add_argument("--batch-size", type=positive_int, default=1, help="sequences per forward pass (default: 1)")
     p.add_argument("--p-max", type=positive_int, default=None,
-                   help="context length for the bounds (default: our training seq_len, or the HF config's "
-                        "max_position_embeddings)")
+                   help="context length for the bounds; a layer with a sliding window uses min(this, its window) "
+                        "(default: our training seq_len, or the HF config's max_position_embeddings)")
     p.add_argument("--radii", type=float, nargs="+", default=[6.0, 9.0, 12.0],
                    help="outlier key radii for Table 2 (default: 6 9 12, the seed's)")
     p.add_argument("--head", default=None, metavar="LAYER,HEAD",
-                   help="analysed-layer index and head for figures 5 and 10 (default: the largest key radius)")
+                   help="analysed-layer index and head for figures 5 and 10, ints >= 0 (default: the largest key "
+                        "radius)")
     p.add_argument("--include-retention", action="store_true", help="also analyse retention (M) layers (default: off)")
     p.add_argument("--no-figures", action="store_true", help="skip the PNG figures (default: off)")
     add_device_flag(p)
@@ -67,13 +69,45 @@ def analyze_parser() -> argparse.ArgumentParser:
 
 
 def _parse_head(text: str | None):
+    """``--head LAYER,HEAD`` as two ints >= 0 (None when not given)."""
     if text is None:
         return None
     try:
         layer, head = (int(v) for v in text.split(","))
     except ValueError:
-        raise UsageError(f"--head: expected LAYER,HEAD (two ints), got {text!r}") from None
+        layer = head = -1
+    if layer < 0 or head < 0:
+        raise UsageError(f"--head: expected LAYER,HEAD (two ints >= 0), got {text!r}")
     return layer, head
+
+
+def _check_head(head, text: str | None, layers) -> None:
+    """``--head`` against the model's analysed layers and heads, before the corpus pass rather than after it."""
+    if head is not None and not (head[0] < len(layers) and head[1] < layers[0].n_heads):
+        raise UsageError(f"--head: expected LAYER < {len(layers)} (an analysed-layer index) and HEAD < "
+                         f"{layers[0].n_heads}, got {text!r}")
+
+
+def _check_seq_len(seq_len: int, subject, given: bool) -> None:
+    """A model that opens each sequence with BOS needs room for one token of text after it."""
+    if subject.prefix is not None and seq_len < 2:
+        where = "" if given else " (the default: p_max)"
+        raise UsageError(f"--seq-len: expected at least 2 for a model that starts each sequence with BOS, "
+                         f"got {seq_len}{where}")
+
+
+def _negative_head_joined(argv: list[str]) -> list[str]:
+    """``--head -1,0`` as ``--head=-1,0``: argparse reads a value starting with '-' as an option (then "expected
+    one argument"); joined, it reaches `_parse_head`, which names the flag."""
+    out, i = [], 0
+    while i < len(argv):
+        if argv[i] == "--head" and i + 1 < len(argv) and re.match(r"-\d", argv[i + 1]):
+            out.append(f"--head={argv[i + 1]}")
+            i += 2
+        else:
+            out.append(argv[i])
+            i += 1
+    return out
 
 
 def _analyze(args: argparse.Namespace) -> int:
@@ -99,10 +133,12 @@ def _analyze_locked(args: argparse.Namespace, head, inputs) -> int:
                                include_retention=args.include_retention)
     except NoRotaryLayers as e:  # named as typed here: MODEL, --include-retention
         raise UsageError(e.message("MODEL", "--include-retention")) from None
+    _check_head(head, args.head, subject.layers)
     p_max = args.p_max or subject.p_max
     if p_max is None:
         raise UsageError(f"--p-max: the run {args.model} records no training seq_len; pass --p-max")
     seq_len = args.seq_len or min(p_max, DEFAULT_SEQ_CAP)
+    _check_seq_len(seq_len, subject, given=args.seq_len is not None)
     documents = corpus_documents(args.data, skip_rows_without_text=args.skip_rows_without_text,
                                  say=None if args.quiet else print)
     batches = token_batches(documents, subject.encode, separator=subject.separator,
@@ -121,7 +157,8 @@ def _analyze_locked(args: argparse.Namespace, head, inputs) -> int:
 
 def analyze_main(argv: list[str] | None = None) -> int:
     """``hybrid-rope-analyze``: returns the exit status."""
-    return run_command(analyze_parser(), argv, _analyze)
+    argv = sys.argv[1:] if argv is None else argv
+    return run_command(analyze_parser(), _negative_head_joined(argv), _analyze)
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@
     layers, notes = hybrid_rotary_layers(model)    # RotaryLayer specs of our HybridLM (or .hf for transformers)
     stats = capture_statistics(hybrid_forward(model), layers, batches)   # streaming hooks, bounded memory
     result = analyze(stats, p_max)                 # per (layer, head, pair): means, φ, Definition 3.1, bounds
+                                                   # (a windowed layer: p_max = min(p_max, its window))
     write_outputs(result, "out/", model="name", notes=notes)   # summary.json, channels.npz, report.md, figures
 
 `geometry` holds the formulas (with the sign of eq. (14) derived from `apply_rotary`), `stats` the running

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+from hybrid.checks import check_int
 from hybrid.rotary import cos_sin_from_angles, rotary_angles
 from .stats import ProjectionStats
 
@@ -41,6 +42,8 @@ class RotaryLayer:
     """An attention layer whose q and k are rotated: its shapes, layout, frequencies and how to read q, k.
 
     theta: `(P,)` frequencies after any scaling (float64), or None when the adapter supplies angles.
+    window: a sliding window w (each query attends its w latest tokens, itself included), None: global. The
+    bounds of a windowed layer use p_max = min(p_max, w): distances past the window are never scored.
     """
 
     layer: int
@@ -53,8 +56,10 @@ class RotaryLayer:
     module: nn.Module
     extract: Callable[..., Captured]
     sources: dict = field(default_factory=dict)
+    window: int | None = None
 
     def __post_init__(self):
+        self.window = check_int("window", self.window, low=1, allow_none=True, what="a positive int")
         if self.n_heads % self.n_kv_heads:
             raise ValueError(f"n_kv_heads: expected a divisor of n_heads={self.n_heads}, got {self.n_kv_heads}")
         if self.theta is not None:

@@ -6,10 +6,12 @@
   non-rotary channels, as in the seed.
 - fig2_angle_std.png: circular angular standard deviation of the keys against key radius, every feature,
   coloured by pair.
-- fig5_offset_curves.png: d_i(p) for every pair and D(p) for one head, p = 0 … 1.25 p_max.
+- fig5_offset_curves.png: d_i(p) for every pair and D(p) for one head, p = 0 … 1.25 p_max (the layer's p_max:
+  its sliding window when that is smaller).
 - fig8_radius_phi.png: key radius against φ for the lowest-frequency pairs, one point per (layer, head), with
-  the lower bound (dashed) and the relaxed bound (dotted) where the pair is under the upper bound.
-- fig10_positional_attention.png: softmax(D(m − n)/√d_h) over keys n ≤ m for the same head.
+  the lower bound (dashed) and the relaxed bound (dotted) where the pair is under the upper bound (one pair of
+  lines per layer p_max: global and windowed layers have different bounds).
+- fig10_positional_attention.png: softmax(D(m − n)/√d_h) over keys n ≤ m for the same head (inside its window).
 """
 from __future__ import annotations
 
@@ -79,20 +81,32 @@ def _fig2(result, path, plt):
 
 def _fig5(result, path, plt, head):
     li, h = head
-    p = torch.arange(0, int(math.ceil(1.25 * result.p_max)) + 1, dtype=torch.float64)
+    p_max = result.layer_p_max[li]
+    p = torch.arange(0, int(math.ceil(1.25 * p_max)) + 1, dtype=torch.float64)
     d = offset_curve(result.q_mean[li, h], result.k_mean[li, h], result.theta[li, h], p)  # (P, n)
     fig, ax = plt.subplots(figsize=(9, 5))
     for i in range(d.shape[0]):
         ax.plot(p.numpy(), d[i].numpy(), lw=0.8, label=f"d_{i}" if d.shape[0] <= 16 else None)
     ax.plot(p.numpy(), d.sum(0).numpy(), color="black", lw=2, label="D(p)")
-    ax.axvline(result.p_max, color="grey", ls="--", lw=1)
+    ax.axvline(p_max, color="grey", ls="--", lw=1)
     ax.set_xlabel("relative position p")
     ax.set_ylabel("d_i(p)")
-    ax.set_title(f"layer {result.layers[li]}, head {h}: d_i(p) and D(p) (dashed: p_max)")
+    ax.set_title(f"layer {result.layers[li]}, head {h}: d_i(p) and D(p) (dashed: p_max = {p_max})")
     ax.legend(fontsize=6, ncol=2)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def _fig8_bounds(result, i: int) -> list[float]:
+    """Pair i's lower bounds to draw: per distinct layer p_max, the mean bound of those layers when all their
+    features are under the upper bound."""
+    bounds = []
+    for p_max in sorted(set(result.layer_p_max)):
+        rows = [li for li, pm in enumerate(result.layer_p_max) if pm == p_max]
+        if bool(result.under_upper_bound[rows, :, i].all()):
+            bounds.append(float(result.lower_bound[rows, :, i].mean()))
+    return bounds
 
 
 def _fig8(result, path, plt):
@@ -105,9 +119,7 @@ def _fig8(result, path, plt):
     for ax, i in zip(axes[0], shown):
         sc = ax.scatter(result.phi[..., i].flatten().numpy(), result.radius_k[..., i].flatten().numpy(),
                         c=colors.flatten().numpy(), s=8, cmap="viridis", vmin=0, vmax=max(L - 1, 1))
-        under = result.under_upper_bound[..., i]
-        if bool(under.all()):
-            lb = float(result.lower_bound[..., i].mean())
+        for lb in _fig8_bounds(result, i):
             ax.axvline(lb, color="black", ls="--", lw=1)
             ax.axvline(lb - RELAXATION, color="black", ls=":", lw=1)
         ax.set_xlim(0, 2 * math.pi)
@@ -124,7 +136,7 @@ def _fig10(result, path, plt, head):
     T = min(result.p_max, FIG10_POSITIONS)
     p = torch.arange(T, dtype=torch.float64)
     total = offset_curve(result.q_mean[li, h], result.k_mean[li, h], result.theta[li, h], p).sum(0)  # (T,)
-    pattern = positional_attention(total, result.head_dim)
+    pattern = positional_attention(total, result.head_dim, window=result.windows[li])
     fig, ax = plt.subplots(figsize=(6, 5))
     im = ax.imshow(pattern.numpy(), cmap="viridis", interpolation="nearest")
     fig.colorbar(im, ax=ax)

@@ -80,11 +80,13 @@ def offset_curve(q: torch.Tensor, k: torch.Tensor, theta: torch.Tensor, position
     return radius.unsqueeze(-1) * torch.cos(angle)
 
 
-def positional_attention(total: torch.Tensor, head_dim: int, scale: float | None = None) -> torch.Tensor:
+def positional_attention(total: torch.Tensor, head_dim: int, scale: float | None = None,
+                         window: int | None = None) -> torch.Tensor:
     """The seed's positional attention pattern: `softmax_n(D(m − n) · scale)` over keys n ≤ m.
 
-    total: D(p) for p = 0 … T − 1, `(T,)`; scale defaults to head_dim^−1/2. Returns `(T, T)` float64 (rows
-    are queries m, columns keys n; zero above the diagonal).
+    total: D(p) for p = 0 … T − 1, `(T,)`; scale defaults to head_dim^−1/2; window: a sliding window w keeps
+    only the keys with m − n < w, as the layer attends. Returns `(T, T)` float64 (rows are queries m, columns
+    keys n; zero above the diagonal and past the window).
     """
     total = _f64(total)
     T = total.shape[-1]
@@ -92,7 +94,8 @@ def positional_attention(total: torch.Tensor, head_dim: int, scale: float | None
     m = torch.arange(T)
     offsets = m[:, None] - m[None, :]  # (T, T) = m − n
     logits = total[offsets.clamp(min=0)] * scale
-    logits = logits.masked_fill(offsets < 0, float("-inf"))
+    outside = (offsets < 0) if window is None else (offsets < 0) | (offsets >= window)
+    logits = logits.masked_fill(outside, float("-inf"))
     return torch.softmax(logits, dim=-1)
 
 

@@ -9,7 +9,10 @@ thirds of `query_key_value`), captured by forward hooks.
 Frequencies: `hybrid.rotary.inv_freq(rotary_dim, rope_theta, rope_scaling)` from the config (θ_i after
 scaling; `dynamic` and `longrope` at lengths ≤ original_max_position_embeddings). The rotation used for the
 "after rotation" statistics is the orthogonal one: HF's YaRN/LongRoPE `attention_scaling` multiplies cos and
-sin and is left out. p_max is the config's `max_position_embeddings`.
+sin and is left out. p_max is the config's `max_position_embeddings`; a layer with a sliding window (`sliding_window`
+of Mistral and Mixtral, every layer; of Qwen2 and Qwen3 with `use_sliding_window`, the layers `layer_types` marks
+"sliding_attention", or else those from `max_window_layers` on) gets its window as `RotaryLayer.window`, so its
+bounds use min(p_max, sliding_window), the tokens it attends.
 
 This module imports `transformers` only inside `load_hf_causal_lm`; the functions that read a model only use
 its attributes.
@@ -75,6 +78,30 @@ def hf_rotary_params(config) -> dict:
                 n_kv_heads=n_kv, p_max=p_max)
 
 
+WINDOWED_MODEL_TYPES = ("mistral", "mixtral", "qwen2", "qwen3")  # the families whose attention reads sliding_window
+
+
+def hf_sliding_windows(config, n_layers: int) -> list[int | None]:
+    """Each decoder layer's sliding window (None: global), as the family's own attention applies it.
+
+    Mistral and Mixtral window every layer when `sliding_window` is set; Qwen2 and Qwen3 only with
+    `use_sliding_window`, in the layers `layer_types` marks "sliding_attention" (transformers ≥ 4.53) or else
+    from `max_window_layers` on. HF's mask keeps key n for query m when m − n < sliding_window, as ours does.
+    """
+    window, model_type = getattr(config, "sliding_window", None), getattr(config, "model_type", None)
+    if model_type not in WINDOWED_MODEL_TYPES or not isinstance(window, int) or window < 1:
+        return [None] * n_layers
+    if model_type in ("mistral", "mixtral"):
+        return [window] * n_layers
+    if not getattr(config, "use_sliding_window", False):
+        return [None] * n_layers
+    types = getattr(config, "layer_types", None)
+    if types is not None:
+        return [window if types[i] == "sliding_attention" else None for i in range(n_layers)]
+    start = getattr(config, "max_window_layers", 0) or 0
+    return [window if i >= start else None for i in range(n_layers)]
+
+
 def _as_heads(x: torch.Tensor, heads: int, head_dim: int, heads_first: bool = False) -> torch.Tensor:
     """x `(B, T, heads·D)`, `(B, T, heads, D)` or, with heads_first, `(B, heads, T, D)` → `(B, T, heads, D)`."""
     if heads_first:
@@ -84,7 +111,7 @@ def _as_heads(x: torch.Tensor, heads: int, head_dim: int, heads_first: bool = Fa
     return x
 
 
-def _projection_layer(layer_idx, attn, config, p, theta) -> RotaryLayer:
+def _projection_layer(layer_idx, attn, config, p, theta, window) -> RotaryLayer:
     H, G, D = p["n_heads"], p["n_kv_heads"], p["head_dim"]
     if getattr(attn, "qk_layernorm", False):  # Phi: LayerNorm on (B, H, T, D) after the transpose
         sources, heads_first = {"q": attn.q_layernorm, "k": attn.k_layernorm}, True
@@ -97,7 +124,7 @@ def _projection_layer(layer_idx, attn, config, p, theta) -> RotaryLayer:
         return Captured(q=_as_heads(seen["q"], H, D, heads_first), k=_as_heads(seen["k"], G, D, heads_first))
 
     return RotaryLayer(layer=layer_idx, n_heads=H, n_kv_heads=G, head_dim=D, rotary_dim=p["rotary_dim"],
-                       layout="half", theta=theta, module=attn, extract=extract, sources=sources)
+                       layout="half", theta=theta, module=attn, extract=extract, sources=sources, window=window)
 
 
 def _neox_layer(layer_idx, attn, p, theta) -> RotaryLayer:
@@ -114,19 +141,21 @@ def _neox_layer(layer_idx, attn, p, theta) -> RotaryLayer:
 
 
 def hf_rotary_layers(model) -> tuple[list[RotaryLayer], int]:
-    """The rotary attention layers of a transformers causal LM and its p_max."""
+    """The rotary attention layers of a transformers causal LM (with their sliding windows) and its p_max."""
     config = model.config
     model_type = getattr(config, "model_type", None)
     if model_type not in SUPPORTED_MODEL_TYPES:
         raise ValueError(f"model: expected a causal LM of type {SUPPORTED_MODEL_TYPES}, got model_type {model_type!r}")
     p = hf_rotary_params(config)
     theta = inv_freq(p["rotary_dim"], p["base"], p["scaling"])[0].double()
+    decoder = _decoder_layers(model)
+    windows = hf_sliding_windows(config, len(decoder))
     layers = []
-    for i, layer in enumerate(_decoder_layers(model)):
+    for i, layer in enumerate(decoder):
         if model_type == "gpt_neox":
             layers.append(_neox_layer(i, layer.attention, p, theta))
         else:
-            layers.append(_projection_layer(i, layer.self_attn, config, p, theta))
+            layers.append(_projection_layer(i, layer.self_attn, config, p, theta, windows[i]))
     return layers, p["p_max"]
 
 

@@ -13,7 +13,8 @@
   head and pair), so d_i(p) = |q̄||k̄| cos(φ_i − θ̄_i p) is the mean-field curve and the bounds apply to θ̄_i;
   the "after rotation" statistics use the true per-token phases.
 
-p_max for our models is the training sequence length (the run's `seq_len`).
+p_max for our models is the training sequence length (the run's `seq_len`); a windowed attention layer
+carries its `window` in its `RotaryLayer`, and `analyze` uses min(seq_len, window) for it.
 """
 from __future__ import annotations
 
@@ -49,7 +50,7 @@ def _attention_layer(index: int, attn: Attention, config) -> RotaryLayer:
 
     theta = None if attn.carope is not None else inv_freq(R, config.rotary.base, config.rotary.scaling)[0]
     return RotaryLayer(layer=index, n_heads=H, n_kv_heads=G, head_dim=D, rotary_dim=R, layout=attn.rope_layout,
-                       theta=theta, module=attn, extract=extract, sources={"qkv": attn.in_proj})
+                       theta=theta, module=attn, extract=extract, sources={"qkv": attn.in_proj}, window=attn.window)
 
 
 def _retention_layer(index: int, ret: MultiScaleRetention) -> RotaryLayer:

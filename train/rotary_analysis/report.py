@@ -5,7 +5,10 @@ summary.json (version 1):
     schema_version  1
     model           the analysed model's name or path
     tokens          tokens read (per layer)
-    p_max           context length used by the bounds
+    p_max           context length: our run's seq_len, the HF config's max_position_embeddings, or --p-max
+    layer_p_max     the p_max each analysed layer's bounds and Definition 3.1 use: p_max, or min(p_max, window)
+                    for a layer with a sliding window (its queries see no key further back)
+    windows         each analysed layer's sliding window (null: global attention)
     head_dim, rotary_dim, n_heads, n_kv_heads, n_layers   shapes (n_layers = analysed attention layers)
     layout          "interleaved" or "half" (the model's own pair order)
     theta_kind      "static" (θ_i after scaling) or "effective" (CARoPE: mean per-token phase increment)
@@ -15,7 +18,7 @@ summary.json (version 1):
     features        one entry per (layer, head, pair):
                     {layer, head, pair, theta, q_mean: [x0, x1], k_mean: [x0, x1], radius_q, radius_k,
                      phi (rad, in (0, 2π]), is_rof (Definition 3.1), under_upper_bound, lower_bound
-                     (π + p_max θ / 2), meets_lower_bound, meets_relaxed_lower_bound,
+                     (π + p_max θ / 2, with the layer's p_max), meets_lower_bound, meets_relaxed_lower_bound,
                      angle_std (keys), angle_std_q}
     notes           free-text caveats from the adapter (e.g. CARoPE)
 
@@ -68,11 +71,25 @@ def summary_dict(result: RotaryAnalysis, *, model: str, radii=DEFAULT_RADII, not
                 })
     return {
         "schema_version": SCHEMA_VERSION, "model": model, "tokens": result.tokens, "p_max": result.p_max,
+        "layer_p_max": list(result.layer_p_max), "windows": list(result.windows),
         "head_dim": result.head_dim, "rotary_dim": result.rotary_dim, "n_heads": H,
         "n_kv_heads": result.n_kv_heads, "n_layers": L, "layout": result.layout,
         "theta_kind": "effective" if result.theta_is_effective else "static", "layers": list(result.layers),
         "table2": table2(result, radii), "features": features, "notes": list(notes or []),
     }
+
+
+def p_max_text(summary: dict) -> str:
+    """The p_max the bounds used, e.g. "p_max = 32 (8 in layers 1, 3: their sliding window)"."""
+    text = f"p_max = {summary['p_max']}"
+    by_value: dict[int, list[int]] = {}
+    for layer, pm in zip(summary["layers"], summary.get("layer_p_max", [])):
+        if pm != summary["p_max"]:
+            by_value.setdefault(pm, []).append(layer)
+    if by_value:
+        text += " (" + "; ".join(f"{pm} in layer{'s' * (len(ls) > 1)} {', '.join(map(str, ls))}"
+                                 for pm, ls in by_value.items()) + ": their sliding window)"
+    return text
 
 
 def report_markdown(summary: dict, figures: dict[str, str]) -> str:
@@ -84,16 +101,17 @@ def report_markdown(summary: dict, figures: dict[str, str]) -> str:
         f"{summary['tokens']:,} tokens; {summary['n_layers']} attention layers × {summary['n_heads']} heads "
         f"({summary['n_kv_heads']} kv heads) × {summary['rotary_dim'] // 2} rotary pairs "
         f"(head_dim {summary['head_dim']}, rotary_dim {summary['rotary_dim']}, {summary['layout']} layout); "
-        f"p_max = {summary['p_max']}; θ {summary['theta_kind']}.",
+        f"{p_max_text(summary)}; θ {summary['theta_kind']}.",
         "",
         "## Table 2 (keys)",
         "",
         table2_markdown(t, summary["model"]),
         "",
-        f"Features meeting Definition 3.1 exactly (d_i(p) < d_i(0) for all integer 0 < p ≤ p_max): "
+        f"Features meeting Definition 3.1 exactly (d_i(p) < d_i(0) for all integer 0 < p ≤ the layer's p_max): "
         f"{t['n_definition_3_1']} of {t['n_features']}.",
         "An outlier feature has key radius |k̄_i| > r. LB recall counts outliers under the upper bound whose angle "
-        "φ_i exceeds π + p_max θ_i / 2 (relaxed: minus 0.1 rad). The seed's rows are copied from its Table 2.",
+        "φ_i exceeds π + p_max θ_i / 2 (the layer's p_max; relaxed: minus 0.1 rad). The seed's rows are copied "
+        "from its Table 2.",
     ]
     for note in summary.get("notes", []):
         lines += ["", f"Note: {note}"]

@@ -7,6 +7,8 @@ for `capture_statistics`, its tokenizer's `encode` and the tokens that join and 
 """
 from __future__ import annotations
 
+import os
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,7 +25,8 @@ class Subject:
 
     separator: the id put between documents (None: none); prefix: the id each sequence starts with (HF models'
     BOS; None for ours). p_max: our run's training seq_len (hybrid-train's, or a distilled student's
-    hybrid-distill seq_len) or the HF config's max_position_embeddings (None when the run records none).
+    hybrid-distill seq_len) or the HF config's max_position_embeddings (None when the run records none); a
+    layer with a sliding window carries it in its `RotaryLayer`, and its bounds use min(p_max, window).
     """
 
     name: str
@@ -54,9 +57,18 @@ def _our_run(path: str, *, device, include_retention: bool) -> Subject:
     run = load_run(path, device=device)
     layers, notes = hybrid_rotary_layers(run.model, include_retention=include_retention)
     tok = run.tokenizer
-    return Subject(name=Path(path).name or str(path), layers=layers, forward=hybrid_forward(run.model),
+    return Subject(name=run_name(path), layers=layers, forward=hybrid_forward(run.model),
                    encode=tok.encode, separator=tok.eos_id, prefix=None,
                    p_max=int(run.train_config.get("seq_len") or 0) or None, notes=notes)
+
+
+def run_name(path: str) -> str:
+    """A run's name in reports: its directory's name, with the parent's when the name alone is a bench seed
+    (hybrid-bench writes SUITE/MODEL/seedN: "transformer/seed0", not a "seed0" every run shares)."""
+    full = Path(os.path.abspath(path))
+    if re.fullmatch(r"seed\d+", full.name) and full.parent.name:
+        return f"{full.parent.name}/{full.name}"
+    return full.name or str(path)
 
 
 def _hugging_face(name: str, *, device, dtype) -> Subject:

@@ -11,7 +11,7 @@ transformers = pytest.importorskip(
 
 from hybrid.train.rotary_analysis import analyze, capture_statistics  # noqa: E402
 from hybrid.train.rotary_analysis.hf import (  # noqa: E402
-    ModelNotFoundError, hf_rotary_layers, hf_rotary_params, load_hf_causal_lm,
+    ModelNotFoundError, hf_rotary_layers, hf_rotary_params, hf_sliding_windows, load_hf_causal_lm,
 )
 
 VOCAB = 53
@@ -101,6 +101,39 @@ def test_frequencies_after_scaling_match_hf(scaling):
     model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**kw))
     layers, _ = hf_rotary_layers(model)
     torch.testing.assert_close(layers[0].theta.float(), model.model.rotary_emb.inv_freq, rtol=1e-6, atol=0)
+
+
+def test_sliding_windows_are_read_from_the_config():
+    """Mistral windows every layer; Qwen2 only with use_sliding_window, from max_window_layers on; Llama never."""
+    mistral = transformers.MistralConfig(num_key_value_heads=2, **dict(COMMON, num_hidden_layers=3), sliding_window=8)
+    assert hf_sliding_windows(mistral, 3) == [8, 8, 8]
+    assert hf_sliding_windows(transformers.MistralConfig(sliding_window=None, **COMMON), 2) == [None, None]
+    qwen2 = transformers.Qwen2Config(use_sliding_window=True, sliding_window=8, max_window_layers=1, **COMMON)
+    assert hf_sliding_windows(qwen2, 2) == [None, 8]
+    assert hf_sliding_windows(transformers.Qwen2Config(sliding_window=8, **COMMON), 2) == [None, None]
+    assert hf_sliding_windows(transformers.LlamaConfig(**COMMON), 2) == [None, None]
+
+
+def test_a_sliding_window_model_is_analysed_over_its_window():
+    """A one-layer Mistral with sliding_window 8: its outputs at m depend on the tokens m − 7 … m only (HF's own
+    mask, checked here), so its bounds use p_max = 8, not max_position_embeddings 40."""
+    torch.manual_seed(0)
+    config = transformers.MistralConfig(num_key_value_heads=2, sliding_window=8, **dict(COMMON, num_hidden_layers=1))
+    model = transformers.MistralForCausalLM(config).eval()
+    ids = torch.randint(0, VOCAB, (1, 12))
+    changed = ids.clone()
+    changed[0, 2] = (ids[0, 2] + 1) % VOCAB
+    with torch.no_grad():
+        diff = (model(changed, use_cache=False).logits - model(ids, use_cache=False).logits).abs().amax(-1)[0]
+    assert bool((diff[2:10] > 0).all()) and bool((diff[10:] == 0).all())  # m − 2 < 8 sees it, m − 2 >= 8 not
+    layers, p_max = hf_rotary_layers(model)
+    assert p_max == 40 and [layer.window for layer in layers] == [8]
+    result = analyze(capture_statistics(lambda x: model(x, use_cache=False), layers, [ids], progress=False), p_max)
+    assert result.layer_p_max == [8]
+    expected = result.theta * 8 < 2 * torch.pi
+    assert bool((expected != (result.theta * 40 < 2 * torch.pi)).any())  # the case tells the two p_max apart
+    assert torch.equal(result.under_upper_bound, expected)
+    torch.testing.assert_close(result.lower_bound, torch.pi + 8 * result.theta / 2)
 
 
 def test_unknown_architectures_are_refused():

@@ -81,3 +81,59 @@ def test_seed_pct_rof_and_mean_lb_follow_from_the_frequencies(name, rotary_dim, 
     _, pct, mean_lb, _ = SEED_TABLE2[name]
     assert round(t["pct_rof"]) == pct
     assert round(t["mean_lb"], 2) == mean_lb
+
+
+def test_a_windowed_layer_uses_its_window_as_p_max():
+    """Two layers with the same features, the first with a sliding window of 10: its bounds and Definition 3.1 use
+    p_max = 10 (a pair turning 0.3 of a period in 10 tokens is under its bound), the global one's p_max = 100."""
+    from hybrid.train.rotary_analysis import summary_dict
+    from hybrid.train.rotary_analysis.report import p_max_text
+
+    theta = torch.tensor([0.3 * TWO_PI / 10], dtype=torch.float64)  # 3 periods in 100 tokens
+    q, k = polar(1, 0.0)[None, None], polar(2, 0.0)[None, None]
+    windowed, global_ = _stats_with_means(q, k, theta), _stats_with_means(q, k, theta)
+    windowed.spec.window = 10
+    global_.spec.layer = 3
+    result = analyze([windowed, global_], 100)
+    assert (result.p_max, result.layer_p_max, result.windows) == (100, [10, 100], [10, None])
+    assert result.under_upper_bound[:, 0, 0].tolist() == [True, False]
+    torch.testing.assert_close(result.lower_bound[:, 0, 0], math.pi + torch.tensor([10.0, 100.0]).double() * theta / 2)
+    # q̄ ∥ k̄: d(p) = 2 cos(pθ) < d(0) at every p that is not a whole period: true within 10 tokens, not 100
+    assert result.is_rof[:, 0, 0].tolist() == [True, False]
+    summary = summary_dict(result, model="m")
+    assert (summary["layer_p_max"], summary["windows"]) == ([10, 100], [10, None])
+    assert p_max_text(summary) == "p_max = 100 (10 in layer 0: their sliding window)"
+
+
+def _doc_bench_cells():
+    """(outlier counts, mean, std) of every "mean ± std" recall cell of docs/rotary.md's hybrid-bench Table 2."""
+    import re
+    from pathlib import Path
+
+    doc = (Path(__file__).resolve().parents[3] / "docs" / "rotary.md").read_text(encoding="utf-8")
+    section = doc.split("### Results on the `hybrid-bench` models")[1].split("**Do our models")[0]
+    cells = []
+    for line in section.splitlines():
+        parts = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(parts) != 9 or not re.fullmatch(r"\d+ / \d+ / \d+", parts[6]):
+            continue
+        counts = [int(n) for n in parts[6].split(" / ")]
+        for m, s in re.findall(r"(\d\.\d\d) ± (\d\.\d\d)", " ".join(parts[7:])):
+            cells.append((counts, float(m), float(s)))
+    return cells
+
+
+def test_the_bench_table_in_the_docs_gives_the_sample_std():
+    """Each "mean ± std" cell of the bench Table 2 (docs/rotary.md) must be the mean and sample std (n − 1, as
+    the text says and hybrid-bench prints) of some recalls k_s / n_s for the seeds' outlier counts n_s."""
+    import itertools
+
+    import numpy as np
+
+    cells = _doc_bench_cells()
+    assert len(cells) == 15
+    for counts, mean, std in cells:
+        counts = [n for n in counts if n]
+        recalls = np.array(list(itertools.product(*(range(n + 1) for n in counts)))) / np.array(counts)
+        fits = (np.abs(recalls.mean(1) - mean) <= 0.005 + 1e-9) & (np.abs(recalls.std(1, ddof=1) - std) <= 0.005 + 1e-9)
+        assert fits.any(), f"no recalls over outliers {counts} have mean {mean} and sample std {std}"
