@@ -57,7 +57,7 @@ import json
 from ..suite import Budget
 from .suites import SUITES
 
-__all__ = ["BUDGETS", "bench_budget", "with_window", "dry_run", "recorded_budgets"]
+__all__ = ["BUDGETS", "bench_budget", "with_window", "check_window", "dry_run", "recorded_budgets"]
 
 BUDGETS = {
     "smoke": Budget(name="smoke", models=("-",), steps=12, seq_len=32, seeds=(0,), batch_size=4, d_model=64,
@@ -99,6 +99,17 @@ def with_window(budget: Budget, window: int) -> Budget:
         raise ValueError(f"--window: expected 1 … {budget.seq_len - 1} tokens (fewer than the training length "
                          f"{budget.seq_len}), got {window}")
     return dataclasses.replace(budget, extra={**budget.extra, "window": window})
+
+
+def check_window(budget: Budget) -> Budget:
+    """``budget``, once every override is in (``--steps``, ``--seq-len``, ``--window``), if its window is shorter
+    than its training length. A ``--seq-len`` at or below the budget's window would make the "windowed" models
+    global and leave the past-the-window buckets empty or out of order."""
+    window, L = budget.extra["window"], budget.seq_len
+    if not window < L:
+        raise ValueError(f"--seq-len: expected more tokens than the attention window {window} (or a --window "
+                         f"below {L}), got {L}")
+    return budget
 
 
 # the fields of a budget that say how big and how long, which ``dry_run`` takes from ``smoke``

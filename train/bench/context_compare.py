@@ -2,9 +2,10 @@
 ``python -m hybrid.train.cli.studies.context_compare [NAME=]RUN[,RUN …] … --window W --seq-len L [--blocks 128]``.
 
 The same measurement as ``hybrid-bench``'s ``window_bpb`` (``window_gain.window_metrics``: ``blocks`` validation
-blocks of ``L`` tokens with no document start inside them, buckets at the window's quarters, then doubling from
-the window to L), at any window, for runs trained anywhere. It answers the sizing question for a window the runs
-were not benchmarked at: a global Transformer's runs measured once, against windowed runs of several windows.
+blocks of ``L`` tokens with no document start inside them, buckets ``[0, W/4)``, ``[W/4, W/2)``, ``[W/2, W)``,
+then doubling from the window to L), at any window, for runs trained anywhere. It answers the sizing question for
+a window the runs were not benchmarked at: a global Transformer's runs measured once, against windowed runs of
+several windows.
 
 Output: one markdown row per group (mean ± std over its runs per bucket), then each later group minus the
 first (difference of the means).

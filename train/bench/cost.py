@@ -8,8 +8,10 @@ Training memory, one forward + backward of the cross-entropy at ``(batch_size, s
 - on CUDA, ``torch.cuda.max_memory_allocated`` over that step (the model and its gradients included);
 - on CPU, where torch keeps no allocator statistics, the bytes counted by hand: parameters, their gradients,
   AdamW's two moments, and every distinct tensor storage autograd saves for the backward pass (a
-  ``saved_tensors_hooks`` pack hook sees each one). It leaves out the short-lived temporaries of one op and
-  the interpreter, so it is a lower bound of the process's growth, identical on every machine.
+  ``saved_tensors_hooks`` pack hook sees each one) that is not a parameter's own: a layer that saves its weight
+  for the backward pass holds no new memory, and the weights are already counted (a cast copy under autocast
+  is new memory, and counted). It leaves out the short-lived temporaries of one op and the interpreter, so it
+  is a lower bound of the process's growth, identical on every machine.
 
 Decoding: a chunked prefill of ``context`` tokens, one warm-up step, then the mean wall time of
 ``new_tokens`` recurrent steps (greedy), each continuing the newest state, and the state's bytes after the
@@ -47,10 +49,12 @@ def training_memory(model: torch.nn.Module, *, batch_size: int, seq_len: int,
     was_training = model.training
     model.train()
     saved: dict[int, int] = {}
+    weights_at = {p.untyped_storage().data_ptr() for p in model.parameters()}  # counted apart, in 4 × weights
 
     def pack(t: torch.Tensor):
         storage = t.untyped_storage()
-        saved[storage.data_ptr()] = storage.nbytes()
+        if storage.data_ptr() not in weights_at:
+            saved[storage.data_ptr()] = storage.nbytes()
         return t
 
     try:

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import statistics
 import time
 from pathlib import Path
@@ -37,13 +38,14 @@ from ..data import prepare_data
 from ..suite import Budget, ResultsLog, RunSpec, TimeLimit, run_suite
 from ..data.tokenizer import round_vocab_size
 from ..lm.trainer import Trainer
+from .budgets import check_window
 from .cost import decode_cost, training_memory
 from .quality import context_metrics, long_sequences
 from .speed import match_mlp, match_width, non_embedding_parameters
 from .suites import FINETUNES, SCALINGS, SUITES, Suite, scaling_for
 from .window_gain import window_metrics
 
-__all__ = ["suite_configs", "suite_specs", "measure_run", "run_bench", "PARAM_TOLERANCE"]
+__all__ = ["suite_configs", "suite_specs", "check_sets", "measure_run", "run_bench", "PARAM_TOLERANCE"]
 
 PARAM_TOLERANCE = 0.05
 MLP_MULTIPLE = 32  # the SwiGLU widths of match "mlp": a multiple of 32, as HybridConfig rounds mlp_ratio's
@@ -55,12 +57,25 @@ def _resolve(value, budget: Budget):
         if isinstance(value, str) else value
 
 
+def check_sets(sets: dict | None) -> None:
+    """``--set`` may not name the attention window (``window``, ``attention.window``, or ``attention`` as a dict
+    with a window): it would apply to every model, the global Transformer included, while the past-the-window
+    buckets and the report kept the budget's window. ``--window`` sets it for the windowed models alone."""
+    for key, value in (sets or {}).items():
+        if key in ("window", "attention.window") or (key == "attention" and isinstance(value, dict)
+                                                     and "window" in value):
+            raise ValueError(f"--set {key}: expected the attention window through --window (the windowed models' "
+                             f"and the buckets', the global models kept global), got --set {key}={json.dumps(value)}")
+
+
 def suite_configs(suite: Suite, budget: Budget, vocab_size: int, sets: dict | None = None) -> dict[str, HybridConfig]:
     """The model configs of ``budget.models``, each sized to the suite's first model at the budget's width: a model
     within ±5% of it at that width keeps it, any other gets ``match_width``'s d_model (and SwiGLU width). With the
     budget's ``match: "mlp"``, every model of another size than the reference keeps the budget's d_model and heads
     and gets the SwiGLU width nearest the reference's size (``match_mlp``). ``sets`` (``--set``) overrides
-    HybridConfig fields of every model, after the suite's own."""
+    HybridConfig fields of every model, after the suite's own; the window is refused there (``check_sets``)."""
+    check_sets(sets)
+
     def config_of(name):
         overrides = {k: _resolve(v, budget) for k, v in suite.models[name].items() if k != "preset"}
         overrides.update(sets or {})
@@ -208,7 +223,19 @@ def measure_run(spec: RunSpec, trainer: Trainer, result, budget: Budget, clock: 
                 if limit is None or c + budget.extra["decode_tokens"] + 1 <= limit else None
                 for c in budget.extra["decode_contexts"]}
     metrics["phase_seconds"] = dict(clock.seconds)
-    return metrics
+    return finite_or_none(metrics)
+
+
+def finite_or_none(value):
+    """``value`` with every NaN or infinite float (nested in dicts and lists) replaced by None: a record is one line
+    of strict JSON (``json.dumps`` would write a bare ``NaN``), and the report reads None as "–"."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: finite_or_none(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [finite_or_none(v) for v in value]
+    return value
 
 
 def extension_metrics(model: HybridLM, data, seqs, *, seq_len: int, factors) -> dict:
@@ -281,7 +308,11 @@ def run_bench(suite_name: str, budget: Budget, *, out, data=None, tokenizer=None
               sets: dict | None = None, verbose: bool = True, skip_rows_without_text: bool = False,
               compile: bool = False, time_limit: TimeLimit | None = None, command: str | None = None) -> list[dict]:
     """Train and measure what is not finished in ``OUT/<suite>``; return the suite's records (with ``time_limit``,
-    those finished when it stopped the suite: ``run_suite``; each new record keeps ``command``)."""
+    those finished when it stopped the suite: ``run_suite``; each new record keeps ``command``). The budget's
+    window must be shorter than its training length and ``sets`` must not name it (``check_window``,
+    ``check_sets``): both are refused before the data is read."""
+    check_window(budget)
+    check_sets(sets)
     prepared = prepare_data(data, tokenizer=tokenizer, skip_rows_without_text=skip_rows_without_text)
     if verbose:
         s = prepared.stats

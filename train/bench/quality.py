@@ -5,6 +5,8 @@
 
 The sequences are the first ``count`` blocks of ``8L + 1`` tokens of the validation stream (stride 8L); the
 k × L sequences are their first ``kL + 1`` tokens, so every factor scores the same text from the same start.
+They are read as one stream, across document ends, with no reset there whatever the run's packing (the
+trainer's ``val_bpb`` resets at each end under ``--packing documents``).
 
 - **full-context** (``bpb_full_{k}x``): one parallel forward over each k × L sequence;
 - **streaming** (``bpb_stream_{k}x``): the chunked mode, ``L`` tokens at a time, carrying the state across the
@@ -14,12 +16,14 @@ k × L sequences are their first ``kL + 1`` tokens, so every factor scores the s
   length processed so far;
 - ``…_last``: the same over the last training-length window, targets ``(k−1)L … kL − 1``, the tokens that
   see the most context;
+- ``loss_full_{k}x``: the full-context mean loss in nats per target (a perplexity per token, ``exp`` of it);
 - **loss by position** (``position_bpb`` over ``position_edges``): the full-context 8 × L losses, averaged
   over sequences, in buckets: four inside the first training length, then one per training length.
 
-Bits per byte are the mean loss (nats per target) over ln 2, per validation byte per target:
-``PreparedData.bpb``, the conversion the trainer's ``val_bpb`` uses. A model whose learned absolute positions
-stop before k × L has no figure there (None).
+Bits per byte of a slice are its summed loss (nats) over ln 2 over the UTF-8 bytes of its own target tokens
+(``token_bytes.bits_per_byte``; ``eos`` and the other specials hold none, as in the trainer's ``val_bpb``, which
+charges the whole split's bytes). A model whose learned absolute positions stop before k × L has no figure there
+(None).
 """
 from __future__ import annotations
 
@@ -28,6 +32,7 @@ import torch
 import torch.nn.functional as F
 
 from ..data import PreparedData, num_blocks
+from .token_bytes import bits_per_byte, target_bytes
 
 __all__ = ["long_sequences", "token_losses", "position_edges", "context_metrics"]
 
@@ -71,6 +76,7 @@ def context_metrics(model: torch.nn.Module, data: PreparedData, seqs: torch.Tens
     if seqs.shape[1] < longest * seq_len + 1:
         raise ValueError(f"seqs: expected at least {longest * seq_len + 1} tokens per sequence, got {seqs.shape[1]}")
     limit = model.config.max_positions
+    nbytes = target_bytes(data.tokenizer, seqs[:, :longest * seq_len + 1])  # (N, 8L)
     was_training = model.training
     model.eval()
     out: dict = {}
@@ -85,24 +91,23 @@ def context_metrics(model: torch.nn.Module, data: PreparedData, seqs: torch.Tens
             n = k * seq_len
             if not fits(k):
                 out.update({f"bpb_full_{k}x": None, f"bpb_full_{k}x_last": None,
-                            f"bpb_stream_{k}x": None, f"bpb_stream_{k}x_last": None})
+                            f"bpb_stream_{k}x": None, f"bpb_stream_{k}x_last": None, f"loss_full_{k}x": None})
                 continue
             full = token_losses(model, seqs[:, :n + 1], batch_size=batch_size)  # (N, kL)
             if k == longest:
                 full_longest = full
-            out[f"bpb_full_{k}x"] = data.bpb(full.mean().item())
-            out[f"bpb_full_{k}x_last"] = data.bpb(full[:, n - seq_len:].mean().item())
-            if stream is not None:
-                out[f"bpb_stream_{k}x"] = data.bpb(stream[:, :n].mean().item())
-                out[f"bpb_stream_{k}x_last"] = data.bpb(stream[:, n - seq_len:n].mean().item())
-            else:  # the longest streaming pass does not fit, but this shorter one does
+            if stream is None:  # the longest streaming pass does not fit, but this shorter one does
                 part = token_losses(model, seqs[:, :n + 1], mode="chunked", chunk_size=seq_len, batch_size=batch_size)
-                out[f"bpb_stream_{k}x"] = data.bpb(part.mean().item())
-                out[f"bpb_stream_{k}x_last"] = data.bpb(part[:, n - seq_len:].mean().item())
+            else:
+                part = stream[:, :n]
+            for name, losses in (("full", full), ("stream", part)):
+                out[f"bpb_{name}_{k}x"] = bits_per_byte(losses, nbytes[:, :n])
+                out[f"bpb_{name}_{k}x_last"] = bits_per_byte(losses[:, n - seq_len:], nbytes[:, n - seq_len:n])
+            out[f"loss_full_{k}x"] = full.mean().item()  # nats per target: a perplexity per token
         edges = position_edges(seq_len, longest)
         out["position_edges"] = edges
         out["position_bpb"] = None if full_longest is None else [
-            data.bpb(full_longest[:, a:b].mean().item()) for a, b in zip(edges[:-1], edges[1:])]
+            bits_per_byte(full_longest[:, a:b], nbytes[:, a:b]) for a, b in zip(edges[:-1], edges[1:])]
     finally:
         model.train(was_training)
     return out

@@ -82,12 +82,15 @@ def _decode(runs: list[dict]) -> dict:
 
 
 def _ppl(runs, key) -> list:
-    """Per-byte-token perplexity ``exp(loss)`` of a bpb figure (loss = bpb · ln 2 · bytes/token)."""
+    """Per-token perplexity ``exp(loss)`` of a ``bpb_full_{k}x`` figure: its ``loss_full_{k}x`` where the record
+    has it; in records written before it, loss = bpb · ln 2 · the split's bytes/token (the conversion those
+    figures were made with)."""
     out = []
     for r in runs:
         m = r["metrics"]
-        v = m.get(key)
-        out.append(None if v is None else math.exp(v * LN2 * m["bytes_per_token"]))
+        v, loss = m.get(key), m.get(key.replace("bpb_", "loss_"))
+        out.append(None if v is None else math.exp(loss) if loss is not None else
+                   math.exp(v * LN2 * m["bytes_per_token"]))
     return out
 
 

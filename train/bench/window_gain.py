@@ -29,6 +29,7 @@ import torch
 from ..data import PreparedData
 from ..suite import fmt_mean_std, markdown_table, mean_std, plot_lines
 from .quality import token_losses
+from .token_bytes import bits_per_byte, target_bytes
 
 __all__ = ["document_blocks", "window_edges", "bucket_bpb", "window_metrics", "gain_share", "gain_section",
            "bucket_head", "bucket_rows", "GLOBAL", "WINDOWED"]
@@ -53,8 +54,12 @@ def document_blocks(stream: np.ndarray, *, eos: int, length: int, count: int) ->
 
 
 def window_edges(window: int, seq_len: int) -> list[int]:
-    """Bucket edges over ``[0, seq_len)``: the window's quarters, then doubling from the window to ``seq_len``."""
-    edges = sorted({0, *(window * q // 4 for q in (1, 2) if window * q // 4 > 0)})
+    """Bucket edges over ``[0, seq_len)``: ``[0, w/4)``, ``[w/4, w/2)``, ``[w/2, w)`` inside the window ``w``, then
+    doubling from the window to ``seq_len``. The window must be shorter than ``seq_len``: a window of ``seq_len`` or
+    more has nothing past it (its model is global)."""
+    if not 0 < window < seq_len:
+        raise ValueError(f"window: expected 1 … {seq_len - 1} tokens (fewer than the length {seq_len}), got {window}")
+    edges = sorted({0, *(window * q // 4 for q in (1, 2) if 0 < window * q // 4 < seq_len)})
     edge = window
     while edge < seq_len:
         edges.append(edge)
@@ -63,15 +68,18 @@ def window_edges(window: int, seq_len: int) -> list[int]:
 
 
 def bucket_bpb(model: torch.nn.Module, data: PreparedData, seqs: torch.Tensor, edges: list[int],
-               batch_size: int = 8) -> list[float]:
-    """Bits per byte of the full-context (parallel) losses of ``seqs`` ``(N, T + 1)`` in each bucket of ``edges``."""
+               batch_size: int = 8) -> list[float | None]:
+    """Bits per byte of the full-context (parallel) losses of ``seqs`` ``(N, T + 1)`` in each bucket of ``edges``:
+    each bucket's summed loss over the bytes of its own target tokens (``token_bytes.bits_per_byte``; None for a
+    bucket of specials only)."""
     was_training = model.training
     model.eval()
     try:
         losses = token_losses(model, seqs, batch_size=batch_size)  # (N, T)
     finally:
         model.train(was_training)
-    return [data.bpb(losses[:, a:b].mean().item()) for a, b in zip(edges[:-1], edges[1:])]
+    nbytes = target_bytes(data.tokenizer, seqs)
+    return [bits_per_byte(losses[:, a:b], nbytes[:, a:b]) for a, b in zip(edges[:-1], edges[1:])]
 
 
 def window_metrics(model, data: PreparedData, *, window: int, seq_len: int, count: int) -> dict:
@@ -204,7 +212,7 @@ def gain_section(groups: dict[str, list[dict]], directory: Path | None = None) -
         mids = [math.sqrt(max(a, 1) * b) for a, b in buckets]
         series = {m: (mids, [s[0] for s in stats[m]], [s[1] if math.isfinite(s[1]) else 0.0 for s in stats[m]])
                   for m in stats}
-        plot_lines(Path(directory) / "bpb_by_context.png", series, xlabel="position in the document (tokens)",
+        plot_lines(Path(directory) / "bpb_by_context.png", series, xlabel="context length inside the block (tokens)",
                    ylabel="bits per byte", title=f"bpb by context length (window {window})", logx=True)
         out.append("![bpb by context length](bpb_by_context.png)")
     return out

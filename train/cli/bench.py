@@ -10,7 +10,7 @@ import shlex
 import sys
 from pathlib import Path
 
-from ..bench.budgets import BUDGETS, bench_budget, dry_run, recorded_budgets, with_window
+from ..bench.budgets import BUDGETS, bench_budget, check_window, dry_run, recorded_budgets, with_window
 from ..bench.suites import SUITES
 from ..lm.config import TrainConfig
 from ..options.sections import DataOptions, LoopOptions
@@ -108,6 +108,9 @@ def _run(args: argparse.Namespace, argv: list[str]) -> int:
         if args.compile:
             print("--dry-run: eager on the CPU (--compile is left to the real run)", flush=True)
             args.compile = False
+    from ..bench.harness import check_sets
+
+    check_sets(dict(args.sets))  # before any suite directory is made or cleared
     seeds = None if args.seeds is None else parse_int_list(args.seeds)
     models = None if args.models is None else parse_name_list(args.models)
     command = "hybrid-bench " + " ".join(shlex.quote(a) for a in argv)
@@ -159,7 +162,7 @@ def _flag_budget(args, name: str, seeds, models):
         budget = dry_run(budget)
     budget = budget.override(steps=args.steps, seq_len=args.seq_len, seeds=seeds, models=models,
                              known_models=list(SUITES[name].models))
-    return budget if args.window is None else with_window(budget, args.window)
+    return check_window(budget if args.window is None else with_window(budget, args.window))
 
 
 def _report_only(args, name: str, directory: Path, budget, command: str, inputs) -> None:

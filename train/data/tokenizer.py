@@ -35,6 +35,7 @@ __all__ = [
     "load_tokenizer",
     "tokenizer_from_dict",
     "round_vocab_size",
+    "byte_alphabet",
 ]
 
 
@@ -59,6 +60,20 @@ class Tokenizer(Protocol):
     def fingerprint(self) -> str: ...
 
     def to_dict(self) -> dict: ...
+
+
+def byte_alphabet() -> list[str]:
+    """The printable character standing for each byte 0..255: bytes that are printable Latin-1 characters stand
+    for themselves, the others take the code points 256, 257, … in byte order."""
+    printable = set(range(ord("!"), ord("~") + 1)) | set(range(ord("¡"), ord("¬") + 1)) | set(range(ord("®"), ord("ÿ") + 1))
+    chars, extra = [], 0
+    for b in range(256):
+        if b in printable:
+            chars.append(chr(b))
+        else:
+            chars.append(chr(256 + extra))
+            extra += 1
+    return chars
 
 
 def round_vocab_size(n: int, multiple: int = 64) -> int:

@@ -17,21 +17,9 @@ from __future__ import annotations
 
 from transformers import PreTrainedTokenizerFast
 
-from ..data.tokenizer import ByteTokenizer, FileTokenizer, Tokenizer
+from ..data.tokenizer import ByteTokenizer, FileTokenizer, Tokenizer, byte_alphabet
 
-
-def byte_alphabet() -> list[str]:
-    """The printable character standing for each byte 0..255: bytes that are printable Latin-1 characters stand
-    for themselves, the others take the code points 256, 257, … in byte order."""
-    printable = set(range(ord("!"), ord("~") + 1)) | set(range(ord("¡"), ord("¬") + 1)) | set(range(ord("®"), ord("ÿ") + 1))
-    chars, extra = [], 0
-    for b in range(256):
-        if b in printable:
-            chars.append(chr(b))
-        else:
-            chars.append(chr(256 + extra))
-            extra += 1
-    return chars
+__all__ = ["byte_alphabet", "to_hf_tokenizer"]
 
 
 def _byte_level_tokenizer():

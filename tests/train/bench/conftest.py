@@ -26,9 +26,9 @@ def direct_losses():
 
 @pytest.fixture
 def smoke_flags() -> list[str]:
-    """The smoke budget at L = 8: the tiny corpus's validation split holds a few hundred tokens, so 8 × L
-    sequences fit."""
-    return ["--budget", "smoke", "--seq-len", "8", "--steps", "3", "--quiet"]
+    """The smoke budget at L = 8 and window 4: the tiny corpus's validation split holds a few hundred tokens, so
+    8 × L sequences fit; the window must be shorter than L (the budget's 8 is refused at L 8)."""
+    return ["--budget", "smoke", "--seq-len", "8", "--window", "4", "--steps", "3", "--quiet"]
 
 
 @pytest.fixture

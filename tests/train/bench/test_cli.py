@@ -54,8 +54,20 @@ def test_smoke_end_to_end_on_a_fresh_directory(tmp_path, corpus, capsys, records
     (["--suite", "baselines", "--report-only"], "--report-only: expected records in"),
     (["--suite", "baselines", "--window", "32"], "--window: expected 1 … 31 tokens"),
     (["--suite", "baselines", "--window", "0"], "--window"),
+    # a --seq-len at or below the budget's window (smoke 8, cpu 32): the "windowed" models would be global
+    (["--suite", "baselines", "--seq-len", "3"], "--seq-len: expected more tokens than the attention window 8 "
+                                                 "(or a --window below 3), got 3"),
+    (["--suite", "positions", "--budget", "cpu", "--seq-len", "16"], "--seq-len: expected more tokens than the "
+                                                                     "attention window 32"),
+    (["--suite", "baselines", "--dry-run", "--budget", "gpu-long", "--seq-len", "8"], "--seq-len: expected more"),
+    (["--suite", "baselines", "--seq-len", "16", "--window", "16"], "--window: expected 1 … 15 tokens"),
+    # --set window would make the global reference windowed: the window is --window's
+    (["--suite", "baselines", "--set", "window=4"], "--set window: expected the attention window through --window"),
+    (["--suite", "baselines", "--set", "attention.window=4"], "--set attention.window: expected the attention "
+                                                              "window through --window"),
 ])
 def test_user_errors_are_one_line(argv, message, tmp_path, capsys):
-    assert bench_main([*argv, "--out", str(tmp_path)]) == 2
+    assert bench_main([*argv, "--out", str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err
     assert err.startswith("hybrid-bench: error: ") and message in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "out").exists()  # refused before a suite directory is made (or, --overwrite, cleared)

@@ -30,6 +30,34 @@ def test_training_memory_counts_weights_grads_moments_and_saved_activations():
     assert all(p.grad is None for p in model.parameters())
 
 
+@pytest.mark.parametrize("pattern", ["A", "RA"])
+def test_training_memory_counts_the_weights_four_times_not_five(pattern):
+    """Autograd saves a Linear's weight for the backward pass: that storage is the parameter's own, already in
+    4 × weights, not new memory. Checked against a count of this test's own: every distinct storage autograd saves
+    in the same step, less the parameters' storages (which the figure once counted a fifth time)."""
+    model = model_of(pattern=pattern)
+    weights = sum(p.numel() * p.element_size() for p in model.parameters())
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    saved = {}
+
+    def pack(t):
+        saved[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    ids = torch.randint(0, VOCAB, (2, 7))
+    model.train()
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        logits, _ = model(ids[:, :-1])
+        loss = torch.nn.functional.cross_entropy(logits.float().flatten(0, 1), ids[:, 1:].flatten())
+    loss.backward()
+    model.zero_grad(set_to_none=True)
+    activations = sum(n for ptr, n in saved.items() if ptr not in params)
+    weights_saved = sum(n for ptr, n in saved.items() if ptr in params)
+    assert weights_saved > 0  # the case: weights among the saved storages
+    got = training_memory(model, batch_size=2, seq_len=6)["train_memory_bytes"]
+    assert got == 4 * weights + activations
+
+
 def test_decode_state_bytes_are_the_cache_and_the_recurrent_state():
     config = HybridConfig(vocab_size=VOCAB, d_model=12, n_heads=2, n_layers=2, pattern="A", rope_placement="qk")
     model = HybridLM(config).eval()

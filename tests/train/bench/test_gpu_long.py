@@ -74,7 +74,8 @@ def test_the_device_command_fits_and_rehearses_on_the_cpu(tmp_path, corpus, monk
     assert argv[argv.index("--models") + 1] == ",".join(MODELS) and "--max-minutes" in argv
     argv[argv.index("--data") + 1] = str(corpus)
     argv[argv.index("--out") + 1] = str(tmp_path / "gpu-long")
-    argv += ["--dry-run", "--seq-len", "8", "--steps", "3"]  # the tiny corpus holds 8 × L validation tokens at L 8
+    # the tiny corpus holds 8 × L validation tokens at L 8; a window shorter than L
+    argv += ["--dry-run", "--seq-len", "8", "--window", "4", "--steps", "3"]
 
     class FirstRunOnly(TimeLimit):  # a device slower than the estimate: only one model fits the command
         def fits(self) -> bool:

@@ -38,7 +38,7 @@ def test_the_device_command_rehearses_and_continues(suite, models, tmp_path, cor
     assert suite_dir == f"{out}/{suite}"  # where the command copies the records in and takes them from
     argv[argv.index("--data") + 1] = str(corpus)
     argv[argv.index("--out") + 1] = str(tmp_path / "a")
-    argv += ["--dry-run", "--seq-len", "8", "--steps", "3", "--models", models.split(",")[0]]
+    argv += ["--dry-run", "--seq-len", "8", "--window", "4", "--steps", "3", "--models", models.split(",")[0]]
     assert bench_cli.bench_main(argv) == 0  # a first session: one model
     first = records_of(tmp_path / "a" / suite)
     # the next session: a fresh machine, the records committed and copied in; the same command continues

@@ -3,6 +3,7 @@ counts and training budgets across every suite, the budget window."""
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 import torch
@@ -58,9 +59,9 @@ def test_a_run_measured_at_another_window_is_refused(tmp_path, corpus, records_o
     assert bench_main(argv) == 0
     records = records_of(out / "baselines")
     capsys.readouterr()
-    assert bench_main([*argv, "--window", "4"]) == 2
+    assert bench_main([*argv, "--window", "2"]) == 2
     err = capsys.readouterr().err
-    assert "was measured at window 8, this command asks for 4 (--window)" in err and err.count("\n") == 1
+    assert "was measured at window 4, this command asks for 2 (--window)" in err and err.count("\n") == 1
     assert records_of(out / "baselines") == records
 
 
@@ -93,8 +94,9 @@ def test_a_run_trained_on_other_tokens_is_refused(tmp_path, corpus, records_of, 
 
 def test_set_overrides_every_model_before_sizing():
     b = bench_budget("smoke", "baselines")
-    configs = suite_configs(SUITES["baselines"], b, vocab_size=320, sets={"rnn_r_max": 0.9999, "window": 4})
-    assert all(c.rnn_r_max == 0.9999 and c.window == 4 for c in configs.values())
+    configs = suite_configs(SUITES["baselines"], b, vocab_size=320, sets={"rnn_r_max": 0.9999, "rope_base": 500.0})
+    assert all(c.rnn_r_max == 0.9999 and c.rope_base == 500.0 for c in configs.values())
+    assert configs["transformer"].window is None and configs["transformer-window"].window == b.extra["window"]
 
 
 @pytest.mark.parametrize("dry", [False, True], ids=["budget", "dry-run"])
@@ -148,3 +150,40 @@ def test_window_override_reaches_the_windowed_models_only():
     assert suite_specs("baselines", b, vocab_size=320)[0].config["budget"]["extra"]["window"] == 16
     with pytest.raises(ValueError, match="--window: expected 1 … 1023 tokens .* got 1024"):
         with_window(b, 1024)
+
+
+@pytest.mark.parametrize("sets", [{"window": 4}, {"attention.window": 4}, {"attention": {"window": 4}}])
+def test_set_window_is_refused(sets):
+    """--set window would reach every model, the global Transformer included, while the buckets and the report
+    kept the budget's window (the "global" model's gain was then one windowed model's over another)."""
+    (key,) = sets
+    with pytest.raises(ValueError, match=f"--set {key}: expected the attention window through --window"):
+        suite_configs(SUITES["baselines"], bench_budget("smoke", "baselines"), vocab_size=320, sets=sets)
+    with pytest.raises(ValueError, match=f"--set {key}: expected"):  # before any data is read
+        harness.run_bench("baselines", bench_budget("smoke", "baselines"), out="unused", data="/nonexistent",
+                          sets=sets)
+    configs = suite_configs(SUITES["baselines"], bench_budget("smoke", "baselines"), vocab_size=320,
+                            sets={"attention": {"n_kv_heads": 1}})  # the rest of the section is still --set's
+    assert configs["transformer"].window is None and configs["transformer"].attention.n_kv_heads == 1
+
+
+def test_a_window_not_shorter_than_the_length_is_refused_before_any_data_is_read():
+    from hybrid.train.bench.budgets import check_window
+
+    budget = bench_budget("cpu", "baselines").override(seq_len=16)  # window 32
+    with pytest.raises(ValueError, match=r"--seq-len: expected more tokens than the attention window 32 \(or a "
+                                         r"--window below 16\), got 16"):
+        check_window(budget)
+    with pytest.raises(ValueError, match="--seq-len: expected more tokens than the attention window 32"):
+        harness.run_bench("baselines", budget, out="unused", data="/nonexistent")
+    assert check_window(with_window(budget, 8)).extra["window"] == 8
+
+
+def test_records_hold_no_nan():
+    """A record is one line of strict JSON: a NaN or infinite figure is written as null (the report's "–")."""
+    metrics = {"val_bpb": float("nan"), "window_bpb": [1.5, float("inf"), None], "decode": {"64": {"ms": -math.inf}},
+               "position_edges": (0, 2), "params": 7, "name": "x"}
+    clean = harness.finite_or_none(metrics)
+    assert clean == {"val_bpb": None, "window_bpb": [1.5, None, None], "decode": {"64": {"ms": None}},
+                     "position_edges": [0, 2], "params": 7, "name": "x"}
+    json.dumps(clean, allow_nan=False)

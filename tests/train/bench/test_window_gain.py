@@ -57,11 +57,21 @@ def test_window_edges_double_from_the_window():
     assert window_edges(8, 32) == [0, 2, 4, 8, 16, 32]
     assert window_edges(32, 100) == [0, 8, 16, 32, 64, 100]  # the last bucket stops at the length
     assert window_edges(2, 4) == [0, 1, 2, 4]
+    assert window_edges(1, 2) == [0, 1, 2]  # no quarter of one token
+    assert window_edges(7, 8) == [0, 1, 3, 7, 8]
+
+
+@pytest.mark.parametrize("window, seq_len", [(8, 3), (8, 8), (32, 16), (0, 16)])
+def test_window_edges_refuse_a_window_that_is_not_shorter_than_the_length(window, seq_len):
+    """A window of L or more has nothing past it: the edges were [0, 2, 4, 3] at window 8, L 3 (issue: a NaN
+    bucket, a "windowed" model that is global)."""
+    with pytest.raises(ValueError, match=f"window: expected 1 … {seq_len - 1} tokens .*got {window}"):
+        window_edges(window, seq_len)
 
 
 def test_bucket_bpb_against_float64_losses_one_sequence_at_a_time(direct_losses):
     stream = stream_with_documents([70, 90, 55], seed=1)
-    data = PreparedData(train=stream, valid=stream, tokenizer=ByteTokenizer(), stats={"valid_bytes": 170})
+    data = PreparedData(train=stream, valid=stream, tokenizer=ByteTokenizer(), stats={"valid_bytes": 215})
     torch.manual_seed(0)
     model = HybridLM(HybridConfig(vocab_size=264, d_model=12, n_heads=2, n_layers=2, pattern="RA", window=4,
                                   init_std=0.5)).eval()
@@ -69,11 +79,12 @@ def test_bucket_bpb_against_float64_losses_one_sequence_at_a_time(direct_losses)
     seqs = document_blocks(stream, eos=EOS, length=16, count=7)
     assert out["window_edges"] == [0, 1, 2, 4, 8, 16] and out["window_blocks"] == seqs.shape[0] == 7
     losses = direct_losses(model, seqs)  # (7, 16), float64
-    per_token = 170 / (len(stream) - 1)  # bytes per target
+    nbytes = (seqs[:, 1:] < 256).double()  # no eos after a block's first token: one byte per target
+    assert nbytes.all()
     for (a, b), got in zip(zip(out["window_edges"][:-1], out["window_edges"][1:]), out["window_bpb"]):
-        assert got == pytest.approx(losses[:, a:b].mean().item() / math.log(2) / per_token, rel=1e-6)
+        assert got == pytest.approx(losses[:, a:b].sum().item() / math.log(2) / nbytes[:, a:b].sum().item(), rel=1e-6)
     assert bucket_bpb(model, data, seqs, [0, 16], batch_size=3) == pytest.approx(
-        [losses.mean().item() / math.log(2) / per_token], rel=1e-6)
+        [losses.sum().item() / math.log(2) / nbytes.sum().item()], rel=1e-6)
 
 
 def test_gain_share():
@@ -106,6 +117,18 @@ def test_gain_section_from_crafted_records(tmp_path):
     assert "| hybrid | – | – | 0.25 ± 0.35 | 0.75 ± 0.35 |" in text
     assert (tmp_path / "bpb_by_context.png").is_file()
     assert gain_section({"transformer": [{"model": "transformer", "metrics": {}, "config": {}}]}) == []
+
+
+def test_the_plot_reads_context_length_inside_the_block(tmp_path, monkeypatch):
+    """Most blocks start mid-document: the x axis is the context inside the block, not a position in the
+    document."""
+    import hybrid.train.bench.window_gain as window_gain
+
+    seen = {}
+    monkeypatch.setattr(window_gain, "plot_lines", lambda path, series, **kw: seen.update(kw))
+    records = {m: [_record(m, 0, [3.0, 2.0, 1.5, 1.0])] for m in ("transformer", "transformer-window")}
+    gain_section(records, tmp_path)
+    assert seen["xlabel"] == "context length inside the block (tokens)"
 
 
 def test_gain_section_with_one_seed_shows_shares_in_parentheses():

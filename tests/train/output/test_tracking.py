@@ -156,7 +156,7 @@ def test_a_bench_suite_logs_each_finished_run(tmp_path, corpus, capsys, one_torc
     from hybrid.train.cli.bench import bench_main
 
     argv = ["--suite", "baselines", "--models", "transformer-window", "--budget", "smoke", "--seq-len", "8",
-            "--steps", "3", "--data", str(corpus), "--out", str(tmp_path / "bench"), "--log", "tensorboard"]
+            "--window", "4", "--steps", "3", "--data", str(corpus), "--out", str(tmp_path / "bench"), "--log", "tensorboard"]
     assert bench_main(argv) == 0
     run = tmp_path / "bench" / "baselines" / "transformer-window" / "seed0"
     record = json.loads((tmp_path / "bench" / "baselines" / "results.jsonl").read_text().splitlines()[0])
