@@ -278,6 +278,8 @@ def test_eval_names_an_unknown_task_and_the_nearest(tmp_path, capsys, one_line_e
     tasks = tmp_path / "tasks"
     tasks.mkdir()
     (tasks / "tiny_mc.yaml").write_text((DATA / "tiny_mc.yaml.in").read_text().replace("@DATA@", str(DATA / "tiny_mc.jsonl")))
-    assert eval_main([str(tmp_path / "no-run"), "--tasks", "nonexistent_task,hybrid_tiny_m",
-                      "--include-path", str(tasks)]) == 2
+    model = tmp_path / "model"  # a path that passes the path check: the tasks are checked before it is loaded
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    assert eval_main([str(model), "--tasks", "nonexistent_task,hybrid_tiny_m", "--include-path", str(tasks)]) == 2
     one_line_error(capsys, "hybrid-eval", "unknown 'nonexistent_task', 'hybrid_tiny_m'", "did you mean hybrid_tiny_mc")
