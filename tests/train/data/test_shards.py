@@ -165,21 +165,8 @@ def compressed(path: Path, suffix: str) -> Path:
     return out
 
 
-def documents(data) -> list[str]:
-    """The documents of both splits, sorted (a token split's two streams are one stream cut in two)."""
-    import numpy as np
-
-    tok, out = ByteTokenizer(), []
-    streams = (data.train, data.valid) if data.stats["split"] == "documents" else [
-        np.concatenate([data.train, data.valid[1:]])]
-    for stream in streams:
-        cuts = np.flatnonzero(stream == tok.eos_id)
-        out += [tok.decode(stream[a + 1:b].tolist()) for a, b in zip(cuts[:-1], cuts[1:])]
-    return sorted(out)
-
-
 @pytest.mark.parametrize("suffix", sorted(COMPRESSORS))
-def test_a_compressed_table_is_read_as_its_table_not_as_text(tmp_path, suffix):
+def test_a_compressed_table_is_read_as_its_table_not_as_text(tmp_path, suffix, documents_of):
     """The issue: `d.jsonl.gz` was trained on as raw JSON text (`{"text": ...`), as were `.json.gz` and `.csv.gz`."""
     want = sorted(r["text"] for r in texts(6))
     jsonl = compressed(rows(tmp_path / "d.jsonl", texts(6)), suffix)
@@ -188,7 +175,7 @@ def test_a_compressed_table_is_read_as_its_table_not_as_text(tmp_path, suffix):
     table = tmp_path / "t.csv"
     table.write_text("n,text\n" + "".join(f'{i},"{r["text"]}"\n' for i, r in enumerate(texts(6))))
     for path in (jsonl, compressed(array, suffix), compressed(table, suffix)):
-        assert documents(prepare_data(path, cache_dir=tmp_path / "c", valid_fraction=0.2)) == want, path.name
+        assert documents_of(prepare_data(path, cache_dir=tmp_path / "c", valid_fraction=0.2)) == want, path.name
     notes = tmp_path / "notes.txt"
     notes.write_text('{"text": "a text file stays one document"}')
     data = prepare_data(compressed(notes, suffix), cache_dir=tmp_path / "c")
@@ -197,7 +184,7 @@ def test_a_compressed_table_is_read_as_its_table_not_as_text(tmp_path, suffix):
         '{"text": "a text file stays one document"}'
 
 
-def test_a_folder_reads_compressed_files_as_their_uncompressed_names(tmp_path):
+def test_a_folder_reads_compressed_files_as_their_uncompressed_names(tmp_path, documents_of):
     """`.jsonl.gz` shards are tables there too, a `.txt.gz` a text document (it was left out as binary), and `.csv`
     / `.json` (compressed or not) stay text documents, as the docs say of folders; a blank compressed shard is
     skipped."""
@@ -212,7 +199,7 @@ def test_a_folder_reads_compressed_files_as_their_uncompressed_names(tmp_path):
     (root / "package.json").write_text('{"name": "x"}')
     compressed(root / "package.json", ".gz")
     data = prepare_data(root, cache_dir=tmp_path / "c")
-    assert documents(data) == sorted([r["text"] for r in texts(4) + texts(2, 10)]
+    assert documents_of(data) == sorted([r["text"] for r in texts(4) + texts(2, 10)]
                                      + ["plain notes", "a,b\n1,2\n", '{"name": "x"}'])
     assert f"files:{root} (5 files; skipped 1 empty file (part-2.jsonl.gz))" in data.stats["source"]
 

@@ -6,7 +6,6 @@ import gzip
 import re
 import threading
 
-import numpy as np
 import pytest
 
 from hybrid.train.data import HubOfflineError, looks_like_hub_name, prepare_data, resolve_source, stdlib_files
@@ -76,17 +75,6 @@ def test_unreachable_hub_raises_without_retrying(tmp_path, monkeypatch):
     assert "127.0.0.1:9" in str(err) and "--data" in str(err)
 
 
-def _documents(data) -> list[str]:
-    """The documents of both splits, as text, sorted (a token split's streams are one stream cut in two)."""
-    tok, out = ByteTokenizer(), []
-    streams = (data.train, data.valid) if data.stats["split"] == "documents" else [
-        np.concatenate([data.train, data.valid[1:]])]
-    for stream in streams:
-        cuts = np.flatnonzero(stream == tok.eos_id)
-        out += [tok.decode(stream[a + 1:b].tolist()) for a, b in zip(cuts[:-1], cuts[1:])]
-    return sorted(out)
-
-
 def _as_read(raw: bytes) -> str:
     """A text file's document, computed here: a leading UTF-8 byte-order mark dropped, invalid bytes U+FFFD,
     CRLF / CR newlines as LF."""
@@ -94,7 +82,7 @@ def _as_read(raw: bytes) -> str:
     return raw.decode("utf-8", errors="replace").replace("\r\n", "\n").replace("\r", "\n")
 
 
-def test_a_byte_order_mark_is_not_part_of_a_document(tmp_path):
+def test_a_byte_order_mark_is_not_part_of_a_document(tmp_path, documents_of):
     """The issue: a file starting with EF BB BF was trained on with those 3 bytes as its first tokens. Only the
     leading mark goes; invalid UTF-8 is still replaced by U+FFFD; a compressed file is read the same way (it kept
     its mark, and invalid UTF-8 in it failed the whole preparation)."""
@@ -109,7 +97,7 @@ def test_a_byte_order_mark_is_not_part_of_a_document(tmp_path):
     (root / "e.txt.gz").write_bytes(gzip.compress(packed))
     data = prepare_data(root, cache_dir=tmp_path / "c", valid_fraction=0.3)
     want = sorted(_as_read(raw) for raw in [*raws.values(), packed])
-    assert _documents(data) == want
+    assert documents_of(data) == want
     assert {"print('hi')\n", "compressed \ufffd\n", "ab\ufffdcd \ufeff kept inside\nend", "\ufefftwo marks"} < set(want)
     single = tmp_path / "one.txt"
     single.write_bytes(b"\xef\xbb\xbf" + "a single document of some length, é. ".encode() * 20)
@@ -120,7 +108,7 @@ def test_a_byte_order_mark_is_not_part_of_a_document(tmp_path):
 
 
 @pytest.mark.parametrize("compress", [False, True])
-def test_every_csv_cell_is_text(tmp_path, compress):
+def test_every_csv_cell_is_text(tmp_path, compress, documents_of):
     """The issue: pandas read the cells "None", "NA", "null", "nan", "N/A"… as missing values and dropped those
     documents (10 in the file, 2 prepared); "123" was a number, refused. An empty cell is an empty document, skipped;
     a byte-order mark before the header does not hide the column."""
@@ -138,7 +126,7 @@ def test_every_csv_cell_is_text(tmp_path, compress):
     with open(tmp_path / "docs.csv", newline="", encoding="utf-8-sig") as f:
         want = sorted(row["text"] for row in csv.DictReader(f) if row["text"])
     assert data.stats["documents"] == len(cells) - 1 == len(want)
-    assert _documents(data) == want
+    assert documents_of(data) == want
 
 
 def test_binary_files_are_counted_where_they_are_skipped(corpus_dir, tmp_path):
