@@ -58,8 +58,9 @@ def window_edges(window: int, seq_len: int) -> list[int]:
     doubling from the window to ``seq_len``. The window must be shorter than ``seq_len``: a window of ``seq_len`` or
     more has nothing past it (its model is global)."""
     if not 0 < window < seq_len:
-        raise ValueError(f"window: expected 1 … {seq_len - 1} tokens (fewer than the length {seq_len}), got {window}")
-    edges = sorted({0, *(window * q // 4 for q in (1, 2) if 0 < window * q // 4 < seq_len)})
+        raise ValueError(f"window: expected 1 … {seq_len - 1} tokens (fewer than the length {seq_len}), "
+                         f"got {window}")
+    edges = sorted({0, *(window * q // 4 for q in (1, 2) if window * q // 4 > 0)})  # below the window, so below L
     edge = window
     while edge < seq_len:
         edges.append(edge)
