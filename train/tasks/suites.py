@@ -176,6 +176,15 @@ def default_lr(budget: Budget, task: str, preset: str, overrides: dict, options:
     return max(task_lrs(budget, task)), f"the largest of the {budget.name} budget's grid"
 
 
+def _floor_text(majority: dict | None) -> str:
+    """"; the most common answer alone scores 0.22–0.33 at the test points" (one value when they agree), or ""
+    for records without ``majority_accuracy``."""
+    if not majority:
+        return ""
+    low, high = (f"{f(majority.values()):.3g}" for f in (min, max))
+    return f"; the most common answer alone scores {low if low == high else f'{low}–{high}'} at the test points"
+
+
 def task_params(budget: Budget, task: str) -> dict:
     """The generator parameters a budget sets for ``task``; ``seq_len`` is the longest training length."""
     if task in passkey_suite.TASKS:
@@ -308,9 +317,7 @@ def write_suite_report(out, suite: str, budget: Budget, records: list[dict]) -> 
         plot = f"{task_label}.png"
         plot_lines(out / plot, series, xlabel="test length", ylabel="accuracy", title=task_label, logx=True,
                    hline=chance)
-        floor = any_metrics.get("majority_accuracy")  # the same test sequences for every model
-        floor = (f"; the most common answer alone scores {min(floor.values()):.3g}–{max(floor.values()):.3g} at the "
-                 f"test points") if floor else ""
+        floor = _floor_text(any_metrics.get("majority_accuracy"))  # the same test sequences for every model
         sections += [
             f"## {task_label}",
             f"Accuracy at {where}; chance {chance:.3g}{floor}; scaled = (acc − chance) / (1 − chance) "

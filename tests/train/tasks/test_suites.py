@@ -183,3 +183,11 @@ def test_the_studys_candidates_are_named_from_its_own_suite_only():
     assert tuple(budget_for("smoke", models=["recipe+round"], suite="parity-recipe").models) == ("recipe+round",)
     with pytest.raises(ValueError, match="models: expected names from"):
         budget_for("smoke", models=["recipe+round"], suite="state-tracking")
+
+
+def test_the_report_gives_the_most_common_answers_accuracy_as_a_range_or_one_value():
+    from hybrid.train.tasks.suites import _floor_text
+
+    assert _floor_text({"40": 0.219, "256": 0.25}) == "; the most common answer alone scores 0.219–0.25 at the test points"
+    assert _floor_text({"10": 0.375, "20": 0.375}) == "; the most common answer alone scores 0.375 at the test points"
+    assert _floor_text(None) == ""  # records made before it was kept
