@@ -60,9 +60,12 @@ class RetentionState(TensorState):
 
 
 def retention_log_decay(n_heads: int, device=None, dtype: torch.dtype = torch.float32) -> Tensor:
-    """log γ_h = log(1 − 2^{−5−h}), h = 0 … H−1, evaluated in float64: (H,)."""
-    h = torch.arange(n_heads, dtype=torch.float64)
-    return torch.log1p(-torch.exp2(-5.0 - h)).to(device=device, dtype=dtype)
+    """log γ_h = log(1 − 2^{−5−h}), h = 0 … H−1, evaluated in float64 on ``device``: (H,). Built there, not copied
+    from the host: a copy from pageable host memory is a host sync in every step, and a CUDA graph cannot hold
+    it (both seen on an H200, 2026-11-28). MPS has no float64, so it is evaluated in float32 there."""
+    wide = torch.float32 if torch.device(device or "cpu").type == "mps" else torch.float64
+    h = torch.arange(n_heads, dtype=wide, device=device)
+    return torch.log1p(-torch.exp2(-5.0 - h)).to(dtype)
 
 
 @dataclass(frozen=True)

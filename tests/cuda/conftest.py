@@ -10,7 +10,9 @@ import torch
 # run the new tests. The CUDA-graph captures come after every other new test: a capture that fails can leave the
 # process's CUDA context unusable, failing what runs after it. In each file the tests that compile a model with
 # Inductor (``compiled`` in their ids; tens of seconds each on a cold GPU) come last. Any other test (another
-# file here, or the rest of the suite, which uses the GPU too when there is one) runs before the captures.
+# file here, or the rest of the suite, which uses the GPU too when there is one) runs before the captures. A case
+# on fla-core's kernels (``-fla-`` in its id: they autotune for a minute or more on first use) goes with the
+# compiles.
 FILE_ORDER = ("test_scan_cuda.py", "test_model_cuda.py", "test_graphed_decoding_cuda.py", "test_window_conv_cuda.py")
 OTHERS = FILE_ORDER.index("test_graphed_decoding_cuda.py") - 0.5
 
@@ -19,7 +21,7 @@ def run_order(item) -> tuple:
     name = item.fspath.basename
     if name not in FILE_ORDER:
         return OTHERS, False
-    return FILE_ORDER.index(name), "compiled" in item.nodeid
+    return FILE_ORDER.index(name), "compiled" in item.nodeid or "-fla-" in item.nodeid
 
 
 def pytest_collection_modifyitems(config, items):

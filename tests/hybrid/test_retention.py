@@ -71,6 +71,27 @@ def test_decays():
     torch.testing.assert_close(lg.exp(), torch.tensor([1 - 2.0 ** (-5 - h) for h in range(4)], dtype=F64))
 
 
+def test_decays_are_built_on_the_device_not_copied_from_the_host():
+    """A copy from the host is a sync in every RetNet step and breaks a CUDA graph's capture (H200, 2026-11-28);
+    the meta device stands in for the GPU: any copy into it from a CPU tensor is recorded."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    copies = []
+
+    class Record(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            host_in = any(isinstance(a, torch.Tensor) and a.device.type == "cpu" for a in args)
+            if host_in and isinstance(out, torch.Tensor) and out.device.type != "cpu":
+                copies.append(func._schema.name)
+            return out
+
+    with Record():
+        lg = retention_log_decay(5, device="meta", dtype=torch.bfloat16)
+    assert (lg.device.type, lg.dtype, tuple(lg.shape)) == ("meta", torch.bfloat16, (5,))
+    assert copies == []
+
+
 def _run_splits(m, x, splits, state=None):
     ys, t = [], 0
     for n in splits:

@@ -409,4 +409,15 @@ def write_bench_report(directory, suite_name: str, records: list[dict], *, budge
     sections += gain_section(groups, directory)
     sections.append(cost_table(groups, contexts))
     sections += write_plots(directory, groups, factors)
-    return write_report(directory / "report.md", f"# hybrid-bench: {suite_name}", [s for s in sections if s])
+    title = f"# hybrid-bench: {suite_name}"
+    return write_report(directory / "report.md", kept_preamble(directory / "report.md", title) + title,
+                        [s for s in sections if s])
+
+
+def kept_preamble(path, title: str) -> str:
+    """What a person wrote above the generated report at ``path`` (the text before its ``title`` line), kept
+    when the report is written again; "" if there is none."""
+    path = Path(path)
+    lines = path.read_text(encoding="utf-8").splitlines(keepends=True) if path.is_file() else []
+    at = next((i for i, line in enumerate(lines) if line.rstrip("\n") == title), 0)
+    return "".join(lines[:at])

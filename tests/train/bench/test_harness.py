@@ -187,3 +187,26 @@ def test_records_hold_no_nan():
     assert clean == {"val_bpb": None, "window_bpb": [1.5, None, None], "decode": {"64": {"ms": None}},
                      "position_edges": [0, 2], "params": 7, "name": "x"}
     json.dumps(clean, allow_nan=False)
+
+
+@pytest.mark.parametrize("compile", [True, False])
+def test_each_compiled_run_starts_from_no_graphs_of_the_runs_before_it(tmp_path, monkeypatch, compile):
+    """Runs in one process share Dynamo's per-code recompile limit through the blocks' common ``forward``: a
+    compiled run forgets the earlier runs' graphs first (an eager run has none to forget)."""
+    events = []
+
+    class Trainer:
+        def __init__(self, config, **kwargs):
+            events.append("trainer")
+
+        def fit(self):
+            return None
+
+    monkeypatch.setattr(torch.compiler, "reset", lambda: events.append("reset"))
+    monkeypatch.setattr(harness, "Trainer", Trainer)
+    monkeypatch.setattr(harness, "measure_run", lambda spec, trainer, result, budget, **kw: {"run": spec.run})
+    budget = bench_budget("smoke", "baselines")
+    execute = harness.make_execute(budget)
+    for spec in suite_specs("baselines", budget, vocab_size=320, compile=compile)[:2]:
+        assert execute(spec, tmp_path / spec.run, lambda n: None) == {"run": spec.run}
+    assert events == ["reset", "trainer", "reset", "trainer"] if compile else ["trainer", "trainer"]

@@ -34,7 +34,9 @@ def suite_dir(tmp_path: Path, *, name: str | None = None, command: str | None = 
 
 
 def header(suite: Path) -> str:
-    return (suite / "report.md").read_text().split("## ")[0]
+    """The generated report's header (what a person wrote above it left out)."""
+    text = (suite / "report.md").read_text()
+    return text[text.index("# hybrid-bench: "):].split("## ")[0]
 
 
 def test_report_only_describes_the_records_budget_and_keeps_the_training_command(tmp_path, capsys):
@@ -46,12 +48,25 @@ def test_report_only_describes_the_records_budget_and_keeps_the_training_command
     text = header(suite)
     assert "budget 'gpu-long':" in text and "steps       300" in text and "d_model     512" in text
     assert "budget 'smoke'" not in text and "budget 'gpu-long'" in capsys.readouterr().out
-    trained = ("- command: `hybrid-bench --suite baselines --budget gpu-long --models transformer,transformer-window,"
-               "hybrid,hybrid-selective --data .corpus --compile --max-minutes 3 --seeds 0 --out runs/gpu-long "
-               "--quiet` (this report rewritten from the records by `hybrid-bench --suite baselines --out ")
+    run = ("hybrid-bench --suite baselines --budget gpu-long --models transformer,transformer-window,hybrid,"
+           "hybrid-selective --data .corpus --compile --max-minutes {} --seeds {} --out runs/gpu-long --quiet")
+    # the first from the previous report (the H100's records name none), then the records' own
+    trained = (f"- commands: `{run.format(3, 0)}`; `{run.format(7, 0)}`; `{run.format(5, '0,1')}` (this report "
+               "rewritten from the records by `hybrid-bench --suite baselines --out ")
     assert trained in text and text.count("--report-only") == 1
     assert bench_main([*argv, "--budget", "gpu-long"]) == 0  # the records' budget named: the same header
     assert trained in header(suite) and header(suite).count("--report-only") == 1
+
+
+def test_what_a_person_wrote_above_the_report_is_kept_when_it_is_written_again(tmp_path):
+    """docs/bench/gpu-long/report.md answers issue 42's questions above the generated report."""
+    suite = suite_dir(tmp_path, report="- command: `x`")
+    written = "# Answers\n\nBy hand, kept.\n\n"
+    (suite / "report.md").write_text(written + (suite / "report.md").read_text())
+    for _ in range(2):
+        assert bench_main(["--suite", "baselines", "--out", str(tmp_path / "out"), "--report-only"]) == 0
+        text = (suite / "report.md").read_text()
+        assert text.startswith(written + "# hybrid-bench: baselines\n") and text.count("By hand") == 1
 
 
 def test_a_dry_run_stays_a_dry_run_and_the_records_command_is_used(tmp_path):

@@ -1,13 +1,44 @@
-"""The tests part's plugin for its ``pytest`` child (``-p``): the Triton kernels the child loads from the cache or
-compiles are counted into the file named by ``$HYBRID_TRITON_LISTEN``, as the check's own parts count theirs
-(``triton_compiles``). (The order the CUDA tests run in is tests/cuda/conftest.py's.)"""
+"""The tests part's plugin for its ``pytest`` child (``-p``):
+
+- the Triton kernels the child loads from the cache or compiles are counted into the file named by
+  ``$HYBRID_TRITON_LISTEN``, as the check's own parts count theirs (``triton_compiles``);
+- each failure's traceback is printed as soon as the test fails, not in pytest's summary at the end: a suite
+  stopped at the part's limit has no summary (on 2026-11-28, five failures on an H200 came back as names only).
+
+(The order the CUDA tests run in is tests/cuda/conftest.py's.)"""
 from __future__ import annotations
 
 import os
 
+import pytest
+
 from .triton_compiles import listen
 
 LISTEN_VARIABLE = "HYBRID_TRITON_LISTEN"
+TRACEBACK_LINES = 60  # the end of each traceback: where it failed and why
 
 if os.environ.get(LISTEN_VARIABLE):
     listen(os.environ[LISTEN_VARIABLE])
+
+_config = None
+
+
+def pytest_configure(config):
+    global _config
+    _config = config
+
+
+@pytest.hookimpl(trylast=True)  # after the verbose line's "FAILED", not inside it
+def pytest_runtest_logreport(report):
+    terminal = _config and _config.pluginmanager.get_plugin("terminalreporter")  # registered after configure
+    if not report.failed or not terminal:
+        return
+    lines = report.longreprtext.splitlines()
+    cut = len(lines) - TRACEBACK_LINES
+    terminal.write_line("")
+    terminal.write_line(f"---- {report.nodeid} failed ({report.when}) ----")
+    if cut > 0:
+        terminal.write_line(f"({cut} lines of the traceback left out)")
+    for line in lines[max(cut, 0):]:
+        terminal.write_line(line)
+    terminal.write_line(f"---- end of {report.nodeid} ----")

@@ -283,6 +283,53 @@ def test_tests_part_child_counts_its_triton_kernels(tmp_path, monkeypatch):
     assert (tmp_path / "tests.triton").read_text() == "compiled scan_fwd 2.50\nloaded scan_bwd\n"
 
 
+def test_packed_batches_on_flex_compile_without_fullgraph_and_equal_eager(monkeypatch):
+    """FlexAttention's packed mask is built outside the graph by design, which ``fullgraph=True`` refuses (both
+    hybrids' compile test failed so on an H200, 2026-11-28); the check compiles that case without it. The CPU runs
+    flex when asked to (forward only: torch has no CPU backward for it)."""
+    from hybrid.models import HybridConfig, HybridLM
+
+    torch.manual_seed(0)
+    model = HybridLM(HybridConfig.preset("hybrid", "tiny", window=8)).eval()
+    ids = torch.randint(0, model.config.vocab_size, (1, 40))
+    cu = torch.tensor([0, 5, 23, 40])
+    assert not part_correctness.packed_mask_breaks_graph(model, cu)  # the CPU's windows: blocked
+    monkeypatch.setenv("HYBRID_WINDOW_BACKEND", "flex")
+    assert part_correctness.packed_mask_breaks_graph(model, cu)
+    assert not part_correctness.packed_mask_breaks_graph(model, None)
+    torch._dynamo.reset()
+    with torch.no_grad():
+        want, _ = model(ids, cu_seqlens=cu, output_final_state=False)
+        with pytest.raises(Exception, match="torch.compiler.disable"):
+            torch.compile(model, fullgraph=True, backend="eager")(ids, cu_seqlens=cu, output_final_state=False)
+        torch._dynamo.reset()
+        got, _ = part_correctness.compiled_for(model, cu, backend="eager")(ids, cu_seqlens=cu,
+                                                                            output_final_state=False)
+    torch.testing.assert_close(got, want)  # float32: the traced flex sums in another order (9.5e-7 apart)
+
+
+def test_tests_part_child_prints_each_failure_as_it_happens(tmp_path):
+    """A suite stopped at the part's limit prints no summary, so each failure's traceback is printed when the test
+    fails, after its verbose line and before the next test's (the H200's five failures came back as names only)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from hybrid.train.bench.gpu_check import part_tests
+
+    (tmp_path / "test_two.py").write_text("def test_fails():\n    assert 1 + 1 == 3, 'arithmetic'\n\n"
+                                          "def test_passes():\n    pass\n")
+    repo = Path(__file__).resolve().parents[4]
+    done = subprocess.run([sys.executable, "-m", "pytest", "-v", "-p", "no:cacheprovider", "-p",
+                           "hybrid.train.bench.gpu_check.pytest_plugin", "test_two.py"], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(repo)})
+    log = done.stdout
+    first, report, second = log.index("test_fails FAILED"), log.index("AssertionError: arithmetic"), \
+        log.index("test_passes PASSED")
+    assert first < log.index("---- test_two.py::test_fails failed (call) ----") < report < second, log
+    assert part_tests.outcomes(log[:log.index("short test summary")]) == {"failed": 1, "passed": 1}
+
+
 def test_the_checks_commit_comes_from_the_device_commands_variable_before_git(monkeypatch):
     """On the device machine a git can find another repository around the copy (the records of 2026-11-28)."""
     from hybrid.train.bench.gpu_check import cli
@@ -325,8 +372,8 @@ def test_a_suite_stopped_at_the_parts_limit_says_what_finished(tmp_path, monkeyp
 
 def test_the_cuda_tests_run_new_first_captures_after_them_compiles_last_in_each_file():
     """The order tests/cuda/conftest.py gives (what the tests part reaches first when its time runs out): the
-    scan, the models (the Inductor compiles last), the CUDA-graph captures (eager, then compiled), then the windows
-    and the conv, which the correctness part has checked on the GPU."""
+    scan, the models (the Inductor compiles last), the CUDA-graph captures (eager, then compiled and fla's), then the
+    windows and the conv, which the correctness part has checked on the GPU."""
     import subprocess
     import sys
     from pathlib import Path
@@ -339,5 +386,5 @@ def test_the_cuda_tests_run_new_first_captures_after_them_compiles_last_in_each_
     assert list(dict.fromkeys(files)) == ["test_scan_cuda.py", "test_model_cuda.py", "test_graphed_decoding_cuda.py",
                                           "test_window_conv_cuda.py"], done.stdout[-2000:]
     for name in ("test_model_cuda.py", "test_graphed_decoding_cuda.py"):
-        compiled = ["compiled" in i for i, f in zip(ids, files) if f == name]
-        assert any(compiled) and compiled == sorted(compiled), (name, compiled)  # every compile after the rest
+        late = ["compiled" in i or "-fla-" in i for i, f in zip(ids, files) if f == name]
+        assert any(late) and late == sorted(late), (name, late)  # every compile (and fla's autotuning) after the rest
