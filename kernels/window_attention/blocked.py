@@ -120,12 +120,13 @@ def _causal_right_padded(q: Tensor, k: Tensor, v: Tensor, scale: float, cu: Tens
     large SDPA call runs faster on the CPU than N small ones (docs/research/speed-and-memory.md), at N·longest² scores."""
     T = q.shape[1]
     t = torch.arange(longest, device=q.device)
-    lens = (cu[1:] - cu[:-1]).long()
-    valid = t[None, :] < lens[:, None]  # (N, longest)
     index = (cu[:-1].long()[:, None] + t[None, :]).clamp(max=T - 1)  # (N, longest): padding reads any token
     gather = lambda x: x[0][index]  # noqa: E731  (1, T, ·, D) -> (N, longest, ·, D)
     o = sdpa_bthd(gather(q), gather(k), gather(v), None, scale, is_causal=True)  # (N, longest, H, D)
-    return o[valid].unsqueeze(0)  # (1, T, H, D): the real rows, in packed order
+    seq = sequence_ids(cu, T)  # (T,)
+    rows = seq * longest + torch.arange(T, device=q.device) - cu.long()[seq]  # (T,): each token's padded row
+    # the real rows, in packed order: an index of known length, not a mask (whose shape needs a host sync)
+    return o.flatten(0, 1)[rows].unsqueeze(0)  # (1, T, H, D)
 
 
 def _packed_on_device(q: Tensor, k: Tensor, v: Tensor, window: int | None, scale: float, block_size: int | None,

@@ -1,0 +1,98 @@
+"""Every preset's training step (padded and packed) and decode step, on the meta device standing in for a GPU: no
+copy from the host but the packed offsets' one (non-blocking, ``kernels/varlen.py``), no value read back, no
+output whose shape depends on values. On a GPU each of these is a host sync, and a CUDA graph cannot hold it; on
+the CPU none of them shows, since host and device are one (RetNet's decays were copied in every step, found on
+an H200 on 2026-11-28; the blocked backend's packed global attention selected its rows by a mask)."""
+import traceback
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from hybrid.models import HybridConfig, HybridLM
+from hybrid.train.data.packing import packed_on_device
+
+META = torch.device("meta")
+PRESETS = {"hybrid": dict(window=16), "hybrid-selective": dict(window=16, rnn_selective=True), "transformer": {},
+           "transformer-window": dict(window=16), "retnet": {}, "vo-rnn": {}, "vo-gla": {}}
+HOST_OPS = ("_local_scalar_dense", "lift_fresh_copy", "nonzero", "masked_select", "unique")
+
+
+class HostTraffic(TorchDispatchMode):
+    """Records each op that reads back, builds from host data, or copies a host tensor to the device, with the
+    library's frame that asked for it."""
+
+    def __init__(self):
+        super().__init__()
+        self.sites = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = func._schema.name.removeprefix("aten::")
+        from_host = name in ("_to_copy", "copy_") and any(
+            isinstance(a, torch.Tensor) and a.device.type == "cpu" and a.dim() for a in args)
+        if name in HOST_OPS or from_host:
+            ours = [f for f in traceback.extract_stack()[:-1] if "/torch/" not in f.filename]
+            self.sites.append(f"{name} at {ours[-1].filename.rsplit('/', 2)[-1]}:{ours[-1].lineno}")
+        return func(*args, **(kwargs or {}))
+
+
+class MetaAutocast(torch.autocast):
+    """``torch.autocast`` that lets the meta device through (it has no autocast of its own); the steps run in
+    float32, so there is nothing for it to cast."""
+
+    def __init__(self, device_type, *args, **kwargs):
+        self.meta = device_type == "meta"
+        if not self.meta:
+            super().__init__(device_type, *args, **kwargs)
+
+    def __enter__(self):
+        return None if self.meta else super().__enter__()
+
+    def __exit__(self, *exc):
+        return None if self.meta else super().__exit__(*exc)
+
+
+def traffic(run) -> list[str]:
+    run()  # first calls fill caches (rotary tables), once per model, not per step
+    with HostTraffic() as spy:
+        run()
+    return spy.sites
+
+
+@pytest.fixture
+def meta_model(monkeypatch):
+    monkeypatch.setattr(torch, "autocast", MetaAutocast)
+
+    def build(name):
+        torch.manual_seed(0)
+        preset = name.removesuffix("-selective").removesuffix("-window")
+        return HybridLM(HybridConfig.preset(preset, "tiny", **PRESETS[name])).to(META)
+
+    return build
+
+
+@pytest.mark.parametrize("name", PRESETS)
+def test_training_steps_bring_nothing_from_the_host_but_the_packed_offsets(meta_model, name):
+    model = meta_model(name)
+    ids = torch.zeros(2, 40, dtype=torch.long, device=META)
+
+    def padded():
+        logits, _ = model(ids, output_final_state=False)
+        logits.float().sum().backward()
+
+    def packed():  # the trainer's way: host offsets, moved once (non-blocking) and carried with their values
+        cu = packed_on_device(torch.tensor([0, 5, 40, 41, 80]), META, compiled=False)
+        logits, _ = model(ids.reshape(1, 80), cu_seqlens=cu, output_final_state=False)
+        logits.float().sum().backward()
+
+    assert traffic(padded) == []
+    assert [s.split(" at ")[0] for s in traffic(packed)] == ["_to_copy"], traffic(packed)
+
+
+@pytest.mark.parametrize("name", PRESETS)
+def test_decode_steps_bring_nothing_from_the_host(meta_model, name):
+    model = meta_model(name)
+    with torch.no_grad():
+        _, state = model(torch.zeros(2, 40, dtype=torch.long, device=META))
+        token = torch.zeros(2, 1, dtype=torch.long, device=META)
+        assert traffic(lambda: model(token, state=state.clone())) == []
