@@ -111,17 +111,28 @@ class _RefuseHostOps(TorchDispatchMode):
     """Raises ``_refusal`` at the first op a CUDA graph cannot hold."""
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        name = func._schema.name.removeprefix("aten::")
         out = func(*args, **(kwargs or {}))
-        host_in = any(isinstance(a, Tensor) and a.device.type == "cpu" and a.dim() for a in args)
-        if name in _HOST_OPS or (name in ("_to_copy", "copy_") and host_in and isinstance(out, Tensor)
-                                 and out.device.type != "cpu"):
+        op = host_traffic(func, args, out)
+        if op is not None:
             here = os.path.abspath(__file__)
             frames = [f for f in traceback.extract_stack()
                       if f"{os.sep}torch{os.sep}" not in f.filename and os.path.abspath(f.filename) != here]
-            raise _refusal(name if name in _HOST_OPS else "lift_fresh_copy",
-                           f"{frames[-1].filename}:{frames[-1].lineno}" if frames else None)
+            raise _refusal(op, f"{frames[-1].filename}:{frames[-1].lineno}" if frames else None)
         return out
+
+
+def host_traffic(func, args, out) -> str | None:
+    """Why a CUDA graph could not hold this call of the aten op ``func`` (its ``args`` and ``out``), as a key of
+    ``_HOST_OPS`` ("lift_fresh_copy" for a copy of a host tensor to the device), or None if it could. The one
+    judgement of ``_RefuseHostOps`` and of the CPU test that runs each preset's steps on the meta device
+    (tests/models/test_host_traffic.py)."""
+    name = func._schema.name.removeprefix("aten::")
+    if name in _HOST_OPS:
+        return name
+    host_in = any(isinstance(a, Tensor) and a.device.type == "cpu" and a.dim() for a in args)
+    if name in ("_to_copy", "copy_") and host_in and isinstance(out, Tensor) and out.device.type != "cpu":
+        return "lift_fresh_copy"
+    return None
 
 
 def _refusal(op: str, where: str | None) -> ValueError:
