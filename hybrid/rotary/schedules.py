@@ -135,6 +135,19 @@ def _dynamic(dim, base, cfg, seq_len):
     return _default(dim, base * (s * L / L0 - (s - 1.0)) ** (dim / (dim - 2))), 1.0
 
 
+def dynamic_frequencies(dim: int, base: float, scaling, totals: torch.Tensor) -> torch.Tensor:
+    """Dynamic NTK's θ ``(N, dim/2)`` float32, row n at the total length ``totals[n]`` (``(N,)`` integers), computed
+    on the totals' device from their values: nothing is read back, so a decode step or a CUDA graph can hold it.
+    Row n is ``_dynamic``'s θ at ``seq_len = totals[n]`` (the same float64 formula, rounded once; plain RoPE's
+    base for totals ≤ L0)."""
+    _, cfg = _normalise(scaling, dim)
+    s, L0 = _real(cfg, "factor", low=1.0), _positive_int(cfg, _L0)
+    L = totals.to(torch.float64).clamp(min=L0)  # (N,)
+    grown = base * (s * L / L0 - (s - 1.0)) ** (dim / (dim - 2))  # (N,) base'
+    i = torch.arange(dim // 2, dtype=torch.float64, device=totals.device)
+    return torch.pow(grown[:, None], -2.0 * i / dim).to(torch.float32)  # (N, dim/2)
+
+
 def _yarn_mscale(s: float, m: float = 1.0) -> float:
     """YaRN's attention temperature: 1 for s ≤ 1, else 0.1·m·ln s + 1."""
     return 1.0 if s <= 1.0 else 0.1 * m * math.log(s) + 1.0

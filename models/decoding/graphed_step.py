@@ -146,11 +146,6 @@ class GraphedStep:
         if recorder == "cuda" and device.type != "cuda":
             raise ValueError(f"compile: 'cuda-graph' records the decode step as a CUDA graph and needs the model "
                              f"on a CUDA device, got one on {device.type}")
-        for name, module in model.named_modules():
-            if getattr(module, "_threshold", None) is not None and hasattr(module, "cos_sin_rows"):
-                raise ValueError(f"compile: 'cuda-graph' replays fixed kernels, and {name}'s rotary scaling "
-                                 f"({module._rope_type}) picks its frequencies from the largest position, read back "
-                                 f"each step; decode this model eagerly or with compile=True")
         self.model, self.record = model, RECORDERS[recorder]
         options = {} if compiled is True else compiled or None
         self.compiled = None if options is None else torch.compile(model, **{"dynamic": False, **options})

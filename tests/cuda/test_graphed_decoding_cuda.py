@@ -12,7 +12,11 @@ from hybrid.models.decoding.prompts import prefill
 from hybrid.models.generation import generate
 
 PRESETS = {"hybrid": dict(window=8), "transformer": {}, "retnet": {}, "vo-rnn": dict(rnn_selective=True),
-           "vo-gla": {}, "vo-gla-fla": {}}
+           "vo-gla": {}, "vo-gla-fla": {},
+           # frequencies from each row's own length, computed on the device: rows cross L0 = 16 during the steps
+           "transformer-dynamic-ntk": dict(rope_scaling={"rope_type": "dynamic", "factor": 2.0,
+                                                         "original_max_position_embeddings": 16})}
+BASE_PRESET = {"vo-gla-fla": "vo-gla", "transformer-dynamic-ntk": "transformer"}
 # G in its torch form first; with fla-core's Triton kernels (G's default on CUDA) last: they autotune on first use,
 # past a minute of device time (on 2026-11-28 the tests part's limit stopped there, before the compiled cases)
 BACKENDS = {"vo-gla": "torch", "vo-gla-fla": "auto"}
@@ -27,9 +31,9 @@ CASES = [(preset, False) for preset in PRESETS if preset != "vo-gla-fla"] + [("h
 def test_replayed_cuda_graph_steps_equal_eager_steps(cuda, monkeypatch, preset, compiled):
     if preset in BACKENDS:
         monkeypatch.setenv("HYBRID_GLA_BACKEND", BACKENDS[preset])
-        preset = "vo-gla"
     torch.manual_seed(0)
-    model = HybridLM(HybridConfig.preset(preset, "tiny", **PRESETS[preset])).to(cuda).eval()
+    config = HybridConfig.preset(BASE_PRESET.get(preset, preset), "tiny", **PRESETS[preset])
+    model = HybridLM(config).to(cuda).eval()
     g = torch.Generator().manual_seed(1)
     prompts = [torch.randint(0, model.config.vocab_size, (n,), generator=g).to(cuda) for n in (5, 19, 1, 12)]
     forced = torch.randint(0, model.config.vocab_size, (4, 40), generator=g).to(cuda)

@@ -2,7 +2,8 @@
 copy from the host but the packed offsets' one (non-blocking, ``kernels/varlen.py``), no value read back, no
 output whose shape depends on values. On a GPU each of these is a host sync, and a CUDA graph cannot hold it; on
 the CPU none of them shows, since host and device are one (RetNet's decays were copied in every step, found on
-an H200 on 2026-11-28; the blocked backend's packed global attention selected its rows by a mask)."""
+an H200 on 2026-11-28; the blocked backend's packed global attention selected its rows by a mask; a rotary
+scaling whose frequencies follow the length, dynamic NTK or longrope, computed its rows on the host past L0)."""
 import traceback
 
 import pytest
@@ -10,12 +11,22 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from hybrid.models import HybridConfig, HybridLM
+from hybrid.models.state import HybridState
 from hybrid.models.decoding.graph_recorders import host_traffic
 from hybrid.train.data.packing import packed_on_device
 
 META = torch.device("meta")
-PRESETS = {"hybrid": dict(window=16), "hybrid-selective": dict(window=16, rnn_selective=True), "transformer": {},
-           "transformer-window": dict(window=16), "retnet": {}, "vo-rnn": {}, "vo-gla": {}}
+L0 = 32  # the length-dependent scalings' original length: the steps below run past it
+DYNAMIC_NTK = {"rope_type": "dynamic", "factor": 2.0, "original_max_position_embeddings": L0}
+LONGROPE = {"rope_type": "longrope", "short_factor": [1.0] * 16, "long_factor": [2.0] * 16, "factor": 4.0,
+            "original_max_position_embeddings": L0}
+PRESETS = {"hybrid": ("hybrid", dict(window=16)), "hybrid-selective": ("hybrid", dict(window=16, rnn_selective=True)),
+           "transformer": ("transformer", {}), "transformer-window": ("transformer", dict(window=16)),
+           "retnet": ("retnet", {}), "vo-rnn": ("vo-rnn", {}), "vo-gla": ("vo-gla", {}),
+           "transformer-dynamic-ntk": ("transformer", dict(rope_scaling=DYNAMIC_NTK)),
+           "hybrid-longrope": ("hybrid", dict(window=16, rope_scaling=LONGROPE)),
+           # weights (and the rotary buffer) cast to bfloat16, as a model is for inference
+           "transformer-bfloat16": ("transformer", dict(dtype="bfloat16"))}
 
 
 class HostTraffic(TorchDispatchMode):
@@ -64,8 +75,8 @@ def meta_model(monkeypatch):
 
     def build(name):
         torch.manual_seed(0)
-        preset = name.removesuffix("-selective").removesuffix("-window")
-        return HybridLM(HybridConfig.preset(preset, "tiny", **PRESETS[name])).to(META)
+        preset, overrides = PRESETS[name]
+        return HybridLM(HybridConfig.preset(preset, "tiny", **overrides)).to(META)
 
     return build
 
@@ -88,10 +99,24 @@ def test_training_steps_bring_nothing_from_the_host_but_the_packed_offsets(meta_
     assert [s.split(" at ")[0] for s in traffic(packed)] == ["lift_fresh_copy"], traffic(packed)  # the offsets' copy
 
 
+@pytest.mark.parametrize("form", ["uniform", "rows"])
 @pytest.mark.parametrize("name", PRESETS)
-def test_decode_steps_bring_nothing_from_the_host(meta_model, name):
+def test_decode_steps_bring_nothing_from_the_host(meta_model, name, form):
+    """Each step at a new position past the prompt of 40 (past L0), as decoding runs: a step that repeated one
+    position would find its rows kept from the step before. Both forms of the batch: every row at one position,
+    and the rows form (each row's position a tensor: a ragged batch, and every step a CUDA graph replays)."""
     model = meta_model(name)
     with torch.no_grad():
-        _, state = model(torch.zeros(2, 40, dtype=torch.long, device=META))
+        if form == "uniform":
+            _, state = model(torch.zeros(2, 40, dtype=torch.long, device=META))
+        else:  # two prompts of 40 and 37 tokens as one batch (their caches copied into rows)
+            _, state = model(torch.zeros(1, 40, dtype=torch.long, device=META))
+            _, other = model(torch.zeros(1, 37, dtype=torch.long, device=META))
+            state = HybridState.cat([state, other])
         token = torch.zeros(2, 1, dtype=torch.long, device=META)
-        assert traffic(lambda: model(token, state=state.clone())) == []
+        states = [state]
+
+        def step():
+            states.append(model(token, state=states[-1])[1])
+
+        assert traffic(step) == []

@@ -127,6 +127,25 @@ def test_longrope_switches_factors_above_original_length():
     torch.testing.assert_close(c.double(), ref_cos_sin(long, list(range(29, 33)))[0], rtol=0, atol=2e-7)
 
 
+@pytest.mark.parametrize("rope_type", ["dynamic", "longrope"])
+def test_packed_rows_past_a_length_threshold_are_each_sequences_own_and_read_nothing_back(rope_type):
+    """A packed batch whose sequences end below and past L0 = 8 (from offsets, as a context-parallel shard's): each
+    sequence's rows are exactly ``cos_sin`` of its own total length, and they trace whole (``fullgraph``: no
+    offset read back to pick the frequencies, a sync per layer of a training step on a GPU)."""
+    scaling = {"rope_type": rope_type, "factor": 4.0, "original_max_position_embeddings": 8}
+    if rope_type == "longrope":
+        scaling.update(short_factor=[1.0, 1.5, 2.0, 2.5, 3.0], long_factor=[1.0, 3.0, 5.0, 7.0, 9.0])
+    rot = Rotary(12, rotary_dim=10, base=500.0, scaling=scaling)
+    cu = torch.tensor([0, 3, 13, 14, 30])  # lengths 3, 10, 1, 16
+    packed = torch.compile(rot.cos_sin_packed, fullgraph=True, backend="eager")
+    for offsets in (None, torch.tensor([0, 2, 9, 0])):
+        cos, sin = packed(cu, 30, offsets, 0 if offsets is None else 9)
+        for n in range(4):
+            s, e, o = int(cu[n]), int(cu[n + 1]), 0 if offsets is None else int(offsets[n])
+            want_cos, want_sin = rot.cos_sin(e - s, o)
+            assert torch.equal(cos[s:e], want_cos) and torch.equal(sin[s:e], want_sin), (n, offsets)
+
+
 def test_module_dtype_cast_does_not_degrade_angles():
     rot = Rotary(8)
     c32 = rot.cos_sin(50, offset=10_000)[0].clone()
@@ -225,8 +244,9 @@ def test_compiled_rows_past_a_length_threshold_equal_eager_and_leave_no_side_eff
 
     compiled = torch.compile(rot, backend=counting)
     calls = [(x, 0), (x[:, :7], 9), (x, 5), (x[:, :9], 3)]
+    thetas = dict(rot._thetas)  # the frequencies the cast put on the module's device
     got = [compiled(t, offset=offset) for t, offset in calls]
-    assert not rot._tables and not rot._freqs and rot._last is None
+    assert not rot._tables and rot._thetas == thetas and rot._last is None
     for (t, offset), rows in zip(calls, got):
         torch.testing.assert_close(rows, rot(t, offset=offset), rtol=0, atol=0)  # eager: from its caches
     assert len(graphs) == 2

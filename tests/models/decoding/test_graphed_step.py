@@ -33,6 +33,12 @@ CASES = {
     "retnet": HybridConfig.preset("retnet", "tiny", **TINY),
     "vo-rnn-selective": HybridConfig.preset("vo-rnn", "tiny", **TINY, rnn_selective=True),
     "vo-gla": HybridConfig.preset("vo-gla", "tiny", **TINY),
+    # frequencies that follow each row's total length, past L0 = 8 after a few steps (rows cross it at different steps)
+    "transformer-dynamic-ntk": HybridConfig.preset("transformer", "tiny", **TINY, rope_scaling={
+        "rope_type": "dynamic", "factor": 2.0, "original_max_position_embeddings": 8}),
+    "hybrid-longrope": HybridConfig.preset("hybrid", "tiny", **TINY, window=WINDOW, rope_scaling={
+        "rope_type": "longrope", "short_factor": [1.0, 1.5, 2.0, 2.5], "long_factor": [1.0, 3.0, 5.0, 7.0],
+        "factor": 4.0, "original_max_position_embeddings": 8}),
 }
 LENGTHS = [3, 9, 1, 6]  # ragged prompts: shorter and longer than the window
 STEPS = 3 * WINDOW + 1  # past the window's wrap, and past a global cache's first capacity
@@ -135,7 +141,7 @@ def test_a_global_cache_is_recorded_at_the_capacity_asked_for(float64_model_of):
     assert {layer.cache.k.shape[1] for layer in state.layers} == {18}
 
 
-@pytest.mark.parametrize("name", ["transformer", "hybrid-window"])
+@pytest.mark.parametrize("name", ["transformer", "hybrid-window", "transformer-dynamic-ntk"])
 def test_generate_and_continuous_batching_give_the_eager_tokens(name, model_of):
     model = model_of(CASES[name])
     prompts = prompts_of([5, 2, 8], seed=4)
@@ -261,14 +267,6 @@ def test_recording_leaves_the_tensors_and_each_replay_runs_the_step():
     replay()
     replay()
     assert torch.equal(x, torch.arange(3.0) + 2) and torch.equal(y, torch.tensor([3.0, 7.0, 11.0]))
-
-
-def test_a_length_dependent_rotary_scaling_is_refused_before_the_prefill(model_of):
-    config = HybridConfig.preset("transformer", "tiny", **TINY, rope_scaling={
-        "rope_type": "dynamic", "factor": 2.0, "original_max_position_embeddings": 8})
-    with pytest.raises(ValueError, match=r"blocks.0.mixer.rotary's rotary scaling \(dynamic\) picks its "
-                                         r"frequencies from the largest position"):
-        generate(model_of(config), [torch.arange(5), torch.arange(3)], 4, compile="traced-graph")
 
 
 def test_cuda_graph_needs_a_cuda_model(model_of):

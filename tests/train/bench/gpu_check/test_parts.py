@@ -1,6 +1,7 @@
 """The GPU check's pieces that can be checked without a GPU: the sync counter's plumbing, the targets read off
 measured rows, and the report's tables."""
 import os
+import re
 import types
 import warnings
 
@@ -310,7 +311,8 @@ def test_packed_batches_on_flex_compile_without_fullgraph_and_equal_eager(monkey
 
 def test_tests_part_child_prints_each_failure_as_it_happens(tmp_path):
     """A suite stopped at the part's limit prints no summary, so each failure's traceback is printed when the test
-    fails, after its verbose line and before the next test's (the H200's five failures came back as names only)."""
+    fails, after its verbose line and before the next test's (the H200's five failures came back as names only),
+    and each test's seconds on a line after it."""
     import subprocess
     import sys
     from pathlib import Path
@@ -328,6 +330,8 @@ def test_tests_part_child_prints_each_failure_as_it_happens(tmp_path):
         log.index("test_passes PASSED")
     assert first < log.index("---- test_two.py::test_fails failed (call) ----") < report < second, log
     assert part_tests.outcomes(log[:log.index("short test summary")]) == {"failed": 1, "passed": 1}
+    seconds = [line for line in log.splitlines() if re.fullmatch(r"    \d+\.\d s", line)]
+    assert len(seconds) == 2 and log.index(seconds[0]) < second < log.rindex(seconds[1]), log  # each test's own
 
 
 def test_the_checks_commit_comes_from_the_device_commands_variable_before_git(monkeypatch):
