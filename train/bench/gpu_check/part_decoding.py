@@ -32,7 +32,9 @@ CHUNK = 2048
 def _model(name: str, size: str, device):
     from hybrid.models import HybridConfig, HybridLM
 
-    config = HybridConfig.preset(name, size, dtype="bfloat16" if device.type == "cuda" else "float32")
+    # bfloat16 weights in the dry run too: a float32 rehearsal hid that a cast model's rows step copied its rotary
+    # frequencies from the host (found on the meta device on 2026-11-28, before any GPU ran these rows)
+    config = HybridConfig.preset(name, size, dtype="bfloat16")
     torch.manual_seed(0)
     return HybridLM(config).to(device).eval()
 
