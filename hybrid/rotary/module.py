@@ -93,7 +93,11 @@ class Rotary(nn.Module):
     def _theta_on(self, key: str, device) -> torch.Tensor:
         """θ `(R/2,)` float32 of a table key ("base" or "long") on ``device``. Moving the module puts them on its
         device (`_apply`), so a step finds them there and copies nothing from the host; another device gets its
-        copy at its first call (while Dynamo traces: not stored, the copy a constant of the graph)."""
+        copy at its first call (while Dynamo traces: not stored, the copy a constant of the graph). The plain
+        frequencies are the ``inv_freq`` buffer itself where it holds them exactly (float32, or float64 after
+        ``model.double()``) on that device."""
+        if key == "base" and self.inv_freq.device == device and self.inv_freq.dtype in (torch.float32, torch.float64):
+            return self.inv_freq
         cached = self._thetas.get((key, device))
         if cached is not None:
             return cached
@@ -116,7 +120,7 @@ class Rotary(nn.Module):
         """θ `(N, R/2)` float32 on the totals' device, row n the frequencies a call of total length `totals[n]`
         (`(N,)` int64) uses: the plain ones up to the threshold, past it longrope's long ones or dynamic NTK's
         for that total. From the totals' values on their device: nothing is read back."""
-        plain = self._theta_on("base", totals.device)  # (R/2,)
+        plain = self._theta_on("base", totals.device).float()  # (R/2,) (the buffer's float64 holds float32 values)
         if self._rope_type == "longrope":
             past = self._theta_on("long", totals.device)[None]  # (1, R/2)
         else:
