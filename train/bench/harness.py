@@ -11,7 +11,8 @@ parameters); for one seed every model sees the same batches in the same order (t
 function of the seed) with the same AdamW and warmup-cosine schedule.
 
 Each run's metrics: ``params``; ``val_loss`` / ``val_bpb`` at the training length (``eval_size`` validation
-batches); the long-context figures of ``hybrid.train.bench.quality``; ``tokens_per_s`` (the median of the
+batches); the long-context figures of ``hybrid.train.bench.quality``, and ``doc_position_bpb``, loss by position
+inside documents past L (``document_positions``); ``tokens_per_s`` (the median of the
 trainer's records, the first one left out as warm-up); ``train_memory_bytes`` (``cost.training_memory``);
 ``loss_curve``; ``window_bpb`` by context length inside documents (``window_gain``); for the first seed of each
 model (fine-tunes aside), ``decode`` at each of the budget's contexts; ``phase_seconds``: wall seconds of training
@@ -42,6 +43,7 @@ from ..data.tokenizer import round_vocab_size
 from ..lm.trainer import Trainer
 from .budgets import check_window
 from .cost import decode_cost, training_memory
+from .document_positions import document_position_metrics
 from .quality import context_metrics, long_sequences
 from .speed import match_mlp, match_width, non_embedding_parameters
 from .suites import FINETUNES, SCALINGS, SUITES, Suite, scaling_for
@@ -210,6 +212,8 @@ def measure_run(spec: RunSpec, trainer: Trainer, result, budget: Budget, clock: 
     with clock.phase("long context"):
         seqs = long_sequences(data.valid, length=max(factors) * base_len, count=budget.extra["long_seqs"])
         metrics.update(context_metrics(model, data, seqs, seq_len=base_len, factors=factors))
+        metrics.update(document_position_metrics(model, data, seq_len=base_len, factor=max(factors),
+                                                 count=budget.extra["long_seqs"]))
     with clock.phase("window"):
         metrics.update(window_metrics(model, data, window=budget.extra["window"], seq_len=base_len,
                                       count=budget.extra.get("window_blocks", 32)))

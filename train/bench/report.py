@@ -162,9 +162,27 @@ def position_table(groups) -> str:
         for i in range(len(edges) - 1):
             cells.append(fmt_mean_std([p[i] if p else None for p in per]))
         rows.append([model] + cells)
-    return ("## Loss by position (bpb in buckets of token positions along the longest sequences, full-context)\n\n"
+    text = ("## Loss by position (bpb in buckets of token positions along the longest sequences, full-context)\n\n"
             "Falling along the sequence: the model uses context beyond its window or training length; flat: it "
-            "does not.\n\n" + markdown_table(head, rows))
+            "does not. These sequences read the validation stream across documents' ends.\n\n"
+            + markdown_table(head, rows))
+    return text + document_position_table(groups, head)
+
+
+def document_position_table(groups, head: list[str]) -> str:
+    """The same buckets over blocks that lie inside one document each (``doc_position_bpb``), where the records
+    have them: past L, positions the model never trained at, with no other document in any target's context."""
+    per = {model: [r["metrics"].get("doc_position_bpb") for r in runs] for model, runs in groups.items()}
+    if not any(p for runs in per.values() for p in runs):
+        return ""
+    blocks = sorted({r["metrics"].get("doc_position_blocks") for runs in groups.values() for r in runs
+                     if r["metrics"].get("doc_position_bpb")})
+    rows = [[model] + [fmt_mean_std([p[i] if p else None for p in runs]) for i in range(len(head) - 1)]
+            for model, runs in per.items()]
+    return ("\n\n### Inside documents (blocks of the longest length inside one document each)\n\n"
+            f"{' or '.join(map(str, blocks))} blocks, each inside one document of the validation stream, so that no "
+            "other document is in any target's context: past L, the positions alone (– for a record measured before "
+            "this figure existed).\n\n" + markdown_table(head, rows))
 
 
 def machine_name(record: dict) -> str:
