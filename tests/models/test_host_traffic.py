@@ -11,8 +11,8 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from hybrid.models import HybridConfig, HybridLM
-from hybrid.models.state import HybridState
 from hybrid.models.decoding.graph_recorders import host_traffic
+from hybrid.models.state import HybridState
 from hybrid.train.data.packing import packed_on_device
 
 META = torch.device("meta")
