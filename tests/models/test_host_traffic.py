@@ -25,8 +25,9 @@ PRESETS = {"hybrid": ("hybrid", dict(window=16)), "hybrid-selective": ("hybrid",
            "retnet": ("retnet", {}), "vo-rnn": ("vo-rnn", {}), "vo-gla": ("vo-gla", {}),
            "transformer-dynamic-ntk": ("transformer", dict(rope_scaling=DYNAMIC_NTK)),
            "hybrid-longrope": ("hybrid", dict(window=16, rope_scaling=LONGROPE)),
-           # weights (and the rotary buffer) cast to bfloat16, as a model is for inference
-           "transformer-bfloat16": ("transformer", dict(dtype="bfloat16"))}
+           # weights (and the rotary buffer) cast to bfloat16, as a model is for inference (the GPU check's decoding)
+           "transformer-bfloat16": ("transformer", dict(dtype="bfloat16")),
+           "hybrid-bfloat16": ("hybrid", dict(window=16, dtype="bfloat16"))}
 
 
 class HostTraffic(TorchDispatchMode):
