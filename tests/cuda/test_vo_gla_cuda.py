@@ -7,8 +7,9 @@ layout) shows here first.
 Tolerances, relative to each tensor's largest entry: fla in float32 5e-3, since its Triton dots take float32
 operands at tf32 (a 10-bit mantissa; torch's ``allow_tf32`` does not reach them); fla in bfloat16 2e-2; the torch
 form in float32 3e-5 (its matmuls in full float32: 1e-6 to 6e-6 on the CPU). A convention fla reads otherwise
-than the adapter (a sign, a layout, a scale) is off by far more. Head sizes 32, the ``tiny`` G model's, so that fla's autotuning (minutes of
-device time on first use, keyed by the head sizes) serves the CUDA-graph test of G too."""
+than the adapter (a sign, a layout, a scale) is off by far more. Head sizes 32, the ``tiny`` G model's, so that
+fla's autotuning (minutes of device time on first use, keyed by the head sizes) serves the CUDA-graph test of G
+too."""
 from __future__ import annotations
 
 import itertools
