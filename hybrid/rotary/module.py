@@ -90,6 +90,10 @@ class Rotary(nn.Module):
             return "base"
         return "long" if self._rope_type == "longrope" else total
 
+    def _host_theta(self, key: str) -> torch.Tensor:
+        """θ `(R/2,)` float32 on the host of a table key: "long" (longrope's long factors) or "base"."""
+        return self._theta_long if key == "long" else self._theta
+
     def _theta_on(self, key: str, device) -> torch.Tensor:
         """θ `(R/2,)` float32 of a table key ("base" or "long") on ``device``. Moving the module puts them on its
         device (`_apply`), so a step finds them there and copies nothing from the host; another device gets its
@@ -101,7 +105,7 @@ class Rotary(nn.Module):
         cached = self._thetas.get((key, device))
         if cached is not None:
             return cached
-        theta = (self._theta_long if key == "long" else self._theta).to(device)
+        theta = self._host_theta(key).to(device)
         if not torch.compiler.is_compiling():
             self._thetas[(key, device)] = theta
         return theta
@@ -131,6 +135,12 @@ class Rotary(nn.Module):
     def _cos_sin_at(positions: torch.Tensor, theta: torch.Tensor, device):
         cos, sin = cos_sin_from_angles(rotary_angles(positions, theta))  # (n, R/2) float32
         return cos.to(device), sin.to(device)
+
+    @staticmethod
+    def _cos_sin_per_row(positions: torch.Tensor, theta: torch.Tensor):
+        """`(cos, sin)` `(..., R/2)` float32 of integer positions `(...)` at frequencies of their own, `theta`
+        broadcastable to `(..., R/2)`: float64 angles, one rounding, as `rotary_angles` computes them for one set."""
+        return cos_sin_from_angles(positions.to(torch.float64)[..., None] * theta.to(torch.float64))
 
     def _rows_on_device(self, key, offset: int, total: int, device):
         """`(cos, sin)` for positions offset … total − 1 computed on ``device`` (positions and frequencies there:
@@ -164,8 +174,7 @@ class Rotary(nn.Module):
         table = self._tables.get((key, device))
         if table is None or table[0].shape[0] < total:
             n = min(max(total, 2 * (0 if table is None else table[0].shape[0]), 16), self.table_limit)
-            theta = self._theta_long if key == "long" else self._theta
-            table = self._cos_sin_at(torch.arange(n, dtype=torch.int64), theta, device)
+            table = self._cos_sin_at(torch.arange(n, dtype=torch.int64), self._host_theta(key), device)
             self._tables[(key, device)] = table
         return table[0][offset:total], table[1][offset:total]
 
@@ -203,7 +212,7 @@ class Rotary(nn.Module):
         positions = offsets.long()[:, None] + torch.arange(seq_len, device=offsets.device)  # (B, T)
         if self._threshold is not None:  # (B, R/2): each row's frequencies at its own total length
             theta = self._theta_at_totals(offsets.long() + seq_len)[:, None]  # (B, 1, R/2)
-            cos, sin = cos_sin_from_angles(positions.to(torch.float64)[..., None] * theta.to(torch.float64))
+            cos, sin = self._cos_sin_per_row(positions, theta)
             cos, sin = cos.to(device), sin.to(device)  # (B, T, R/2)
         else:
             cos, sin = self._cos_sin_at(positions, self._theta_on("base", offsets.device), device)  # (B, T, R/2)
@@ -229,7 +238,7 @@ class Rotary(nn.Module):
             totals = lengths(cu) if offsets is None else lengths(cu) + offsets  # (N,)
             theta = self._theta_at_totals(totals)[sequence_ids(cu, total)]  # (total, R/2): each token's sequence's
             pos = positions_in_sequence(cu, total, offsets)  # (total,)
-            return cos_sin_from_angles(pos.to(torch.float64)[:, None] * theta.to(torch.float64))
+            return self._cos_sin_per_row(pos, theta)  # (total, R/2) each
         cos, sin = self.cos_sin(bound, 0, device)  # (bound, R/2): positions 0 … bound − 1
         pos = positions_in_sequence(cu_seqlens, total, offsets).to(cos.device)  # (total,)
         return cos[pos], sin[pos]

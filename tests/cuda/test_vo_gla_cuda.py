@@ -25,6 +25,12 @@ LENGTHS = [1, 33, 64, 19]  # packed: a one-token sequence, and ends inside and a
 TOLERANCE = {("fla", torch.float32): 5e-3, ("fla", torch.bfloat16): 2e-2, ("torch", torch.float32): 3e-5}
 
 
+def relative_error(got: torch.Tensor, want: torch.Tensor) -> float:
+    """max |got − want| / max |want|, in float64 on the CPU."""
+    got = got.detach().double().cpu()
+    return ((got - want).abs().max() / want.abs().max()).item()
+
+
 def fla_or_skip():
     pytest.importorskip("fla", reason="fla-core is not installed (the GPU check carries it as a wheel: docs/gpu.md)")
 
@@ -68,7 +74,7 @@ def compare(device, backend: str, dtype: torch.dtype, packed: bool, per_token: b
     moved = [t.to(device, dtype if i < 3 else torch.float32) for i, t in enumerate(leaves)]  # q, k, v in dtype
     got = outputs_and_grads(moved, None if cu is None else cu.to(device), backend=backend, check_values=False)
     tolerance = TOLERANCE[(backend, dtype)]
-    errors = {name: ((g - w).abs().max() / w.abs().max()).item() for name, g, w in zip(NAMES, got, want)}
+    errors = {name: relative_error(g, w) for name, g, w in zip(NAMES, got, want)}
     bad = {name: f"{e:.2e}" for name, e in errors.items() if not e <= tolerance}
     assert not bad, f"{backend} {dtype}: relative errors above {tolerance:g}: {bad}"
 
@@ -93,7 +99,7 @@ def steps_against_the_reference(device, backend: str) -> None:
         outs.append(o)
     tolerance = TOLERANCE[(backend, torch.float32)]
     for name, got, want in (("o", torch.stack(outs, dim=1), o_want), ("state", state, s_want)):
-        error = ((got.double().cpu() - want).abs().max() / want.abs().max()).item()
+        error = relative_error(got, want)
         assert error <= tolerance, f"{backend} step, {name}: relative error {error:.2e} above {tolerance:g}"
 
 

@@ -155,13 +155,7 @@ def position_table(groups) -> str:
     if not edges:
         return ""
     head = ["model"] + [f"[{a}, {b})" for a, b in zip(edges[:-1], edges[1:])]
-    rows = []
-    for model, runs in groups.items():
-        per = [r["metrics"].get("position_bpb") for r in runs]
-        cells = []
-        for i in range(len(edges) - 1):
-            cells.append(fmt_mean_std([p[i] if p else None for p in per]))
-        rows.append([model] + cells)
+    rows = _bucket_rows(groups, "position_bpb", len(edges) - 1)
     text = ("## Loss by position (bpb in buckets of token positions along the longest sequences, full-context)\n\n"
             "Falling along the sequence: the model uses context beyond its window or training length; flat: it "
             "does not. These sequences read the validation stream across documents' ends.\n\n"
@@ -169,16 +163,21 @@ def position_table(groups) -> str:
     return text + document_position_table(groups, head)
 
 
+def _bucket_rows(groups, key: str, n: int) -> list[list[str]]:
+    """One row per model: mean ± std over its runs of each of the ``n`` buckets of the metric ``key`` (a list per
+    run; "–" where no run has it)."""
+    return [[model] + [fmt_mean_std([r["metrics"][key][i] if r["metrics"].get(key) else None for r in runs])
+                       for i in range(n)] for model, runs in groups.items()]
+
+
 def document_position_table(groups, head: list[str]) -> str:
     """The same buckets over blocks that lie inside one document each (``doc_position_bpb``), where the records
     have them: past L, positions the model never trained at, with no other document in any target's context."""
-    per = {model: [r["metrics"].get("doc_position_bpb") for r in runs] for model, runs in groups.items()}
-    if not any(p for runs in per.values() for p in runs):
-        return ""
     blocks = sorted({r["metrics"].get("doc_position_blocks") for runs in groups.values() for r in runs
                      if r["metrics"].get("doc_position_bpb")})
-    rows = [[model] + [fmt_mean_std([p[i] if p else None for p in runs]) for i in range(len(head) - 1)]
-            for model, runs in per.items()]
+    if not blocks:
+        return ""
+    rows = _bucket_rows(groups, "doc_position_bpb", len(head) - 1)
     return ("\n\n### Inside documents (blocks of the longest length inside one document each)\n\n"
             f"{' or '.join(map(str, blocks))} blocks, each inside one document of the validation stream, so that no "
             "other document is in any target's context: past L, the positions alone (– for a record measured before "
