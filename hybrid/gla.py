@@ -45,6 +45,7 @@ from hybrid.kernels.vo_gla import DEFAULT_TILE_SIZE, vo_gla, vo_gla_step
 from .batch_state import TensorState
 from .checks import (check_bool, check_choice, check_even_dim, check_input_dtype, check_int, check_number,
                      check_positive_int, check_sequence_states)
+from .computed_buffers import default_device, register_computed_buffer
 from .conv import CausalConv1d
 from .mixer import FixedStateOptions, Mixer, check_shard_call
 from .norms import rms_norm
@@ -165,12 +166,13 @@ class VOGatedLinearAttention(Mixer):
             self.decay_weight = nn.Parameter(torch.empty(H, d_model))
             self.decay_bias = nn.Parameter(torch.empty(H))
         R = c.rotary_dim or Dv
-        freqs, _ = inv_freq(R, base=rot.base, scaling=rot.scaling)  # (R/2,)
+        freqs, _ = inv_freq(R, base=rot.base, scaling=rot.scaling)  # (R/2,) on the host
         theta = torch.cat([freqs, freqs.new_zeros(P - R // 2)]).repeat(H, 1)  # (H, P): pairs past R/2 keep θ = 0
+        self._schedule_theta = theta  # on the host: a learned θ's start (``reset_parameters``)
         if self.phase == "learned":
-            self.theta = nn.Parameter(theta)
+            self.theta = nn.Parameter(theta.to(default_device(), copy=True))
         else:
-            self.register_buffer("theta", theta, persistent=False)
+            register_computed_buffer(self, "theta", theta)
         self.data_phase = None
         if self.phase == "data":
             self.data_phase = DataPhase(d_model, theta, "pi-sigmoid", round_to=c.phase_round,
@@ -180,7 +182,12 @@ class VOGatedLinearAttention(Mixer):
     @torch.no_grad()
     def reset_parameters(self) -> None:
         """Decays on RetNet's schedule γ_h = 1 − 2^{−5−h} at every token (selective: the gate's weight 0, and its
-        bias where the gate gives that γ; the hard gate's bias 0, r = 1/2, and γ_h where c·r·log γ_h is there)."""
+        bias where the gate gives that γ; the hard gate's bias 0, r = 1/2, and γ_h where c·r·log γ_h is there).
+        The output norm's weight ones; a learned θ the rotary schedule."""
+        if self.output_norm:
+            self.norm_weight.fill_(1.0)
+        if isinstance(self.theta, nn.Parameter):
+            self.theta.copy_(self._schedule_theta)
         log_gamma = torch.log1p(-torch.exp2(-5.0 - torch.arange(self.n_heads, dtype=torch.float64)))  # (H,)
         if self.decay == "static":
             self.decay_nu.copy_(torch.log(-log_gamma))

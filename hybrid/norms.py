@@ -46,6 +46,11 @@ class RMSNorm(nn.Module):
         self.dim, self.eps = dim, check_number("eps", eps, low=0)
         self.weight = nn.Parameter(torch.ones(dim))
 
+    @torch.no_grad()
+    def reset_parameters(self) -> None:
+        """Ones (the model's ``init_weights`` after building on the meta device)."""
+        self.weight.fill_(1.0)
+
     def forward(self, x: Tensor) -> Tensor:
         if x.shape[-1] != self.dim:
             raise ValueError(f"x: expected last dimension {self.dim}, got shape {tuple(x.shape)}")

@@ -48,6 +48,7 @@ from hybrid.kernels.varlen import packed_offsets
 
 from .checks import (check_bool, check_choice, check_even_dim, check_input_dtype, check_number, check_positive_int,
                      check_sequence_states)
+from .computed_buffers import default_device, register_computed_buffer
 from .batch_state import TensorState
 from .conv import CausalConv1d
 from .mixer import FixedStateOptions, Mixer, check_shard_call
@@ -196,13 +197,14 @@ class VORecurrence(Mixer):
             self.input_gate_weight = nn.Parameter(torch.empty(H, hd, hd))  # block-diagonal u → i
             self.input_gate_bias = nn.Parameter(torch.empty(H, hd))
         R = c.rotary_dim or hd
-        freqs, _ = inv_freq(R, base=rot.base, scaling=rot.scaling)  # (R/2,)
+        freqs, _ = inv_freq(R, base=rot.base, scaling=rot.scaling)  # (R/2,) on the host
         freqs = torch.cat([freqs, freqs.new_zeros(P - R // 2)])  # (P,): pairs past R/2 do not rotate
         theta = freqs.repeat(H, 1)  # (H, P): every head gets the rotary schedule
+        self._schedule_theta = theta  # on the host: a learned θ's start (``reset_parameters``)
         if self.phase == "learned":
-            self.theta = nn.Parameter(theta)
+            self.theta = nn.Parameter(theta.to(default_device(), copy=True))
         else:
-            self.register_buffer("theta", theta, persistent=False)
+            register_computed_buffer(self, "theta", theta)
         self.carope = CARoPE(d_model, H, hd, base=rot.base) if self.phase == "carope" else None
         self.data_phase = None
         if self.phase == "data":
@@ -217,6 +219,8 @@ class VORecurrence(Mixer):
         u = torch.rand(self.n_heads, self.n_pairs)
         gamma_sq = self.r_min ** 2 + u * (self.r_max ** 2 - self.r_min ** 2)
         self.decay_nu.copy_(torch.log(-0.5 * torch.log(gamma_sq)))  # ν = log(−log γ)
+        if isinstance(self.theta, nn.Parameter):  # phase "learned": the rotary schedule
+            self.theta.copy_(self._schedule_theta)
         if self.selective:
             bound = 1.0 / math.sqrt(self.head_dim)
             for w in (self.recur_gate_weight, self.input_gate_weight):

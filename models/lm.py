@@ -31,6 +31,7 @@ from hybrid import RMSNorm, SwiGLU
 from hybrid.abs_pos import AbsolutePositions, packed_positions, sinusoidal_scale
 
 from hybrid.checks import check_int, check_sequence_states, reads_back
+from hybrid.computed_buffers import restore_computed_buffers
 from hybrid.kernels.varlen import (PackedOffsets, dynamic_count, host_offsets, packed_offsets,
                                    positions_in_sequence)
 from hybrid.mixer import offset_arguments
@@ -39,6 +40,7 @@ from hybrid.rotary.module import forget_rows
 from .config import HybridConfig
 from .context_parallel import forward_shard
 from .generation import generate as generate_tokens
+from .materialize import check_sharded_draws, reset_in_build_order, sharded_parameters_take_plain_tensors
 from .mixers import build_mixer
 from .modes import DEFAULT_CHUNK_SIZE, MODES
 from .state import HybridState
@@ -93,16 +95,42 @@ class HybridLM(nn.Module):
             self.lm_head.weight = self.embed.weight
         self.to(config.torch_dtype)
 
+    def to_empty(self, *, device, recurse: bool = True) -> "HybridLM":
+        """``nn.Module.to_empty``, then the buffers computed from the config (rotary frequencies, the schedule's
+        angles) written back: they are not in a state dict, so a model built on the meta device computes
+        correctly once a state dict is loaded, or ``init_weights()`` called. A tied LM head stays tied (moving
+        off the meta device makes a new parameter of each)."""
+        super().to_empty(device=device, recurse=recurse)
+        if self.config.tie_embeddings:
+            self.lm_head.weight = self.embed.weight
+        restore_computed_buffers(self)
+        return self
+
+    @torch.no_grad()
+    def init_weights(self) -> None:
+        """Draw every parameter again as the constructor does, and write the computed buffers back: for a model
+        built on the meta device (``with torch.device("meta"): HybridLM(config)``, then ``fully_shard`` and
+        ``to_empty(device=...)``; docs/training.md, "A model larger than one device"). On one device, under the
+        same seed, the values equal a model built directly. Sharded (FSDP2) over an accelerator's mesh, DTensor's
+        generator draws each rank's shards (the same distributions, other values); a CPU mesh is refused."""
+        check_sharded_draws(self)
+        restore_computed_buffers(self)
+        with sharded_parameters_take_plain_tensors():
+            reset_in_build_order(self)
+            self._init_weights()
+
     @torch.no_grad()
     def _init_weights(self) -> None:
         """N(0, init_std) for linear and embedding weights; residual output projections scaled by
         1/√(2·n_layers) (GPT-2): the MLP's here, the mixer's by its ``init_weights`` hook. Mixer-specific
         parameters (decays, gates, CARoPE) keep their own init, and retention (M) layers keep RetNet's
-        published initialisation (their hook), so the baseline is the baseline."""
+        published initialisation (their hook), so the baseline is the baseline. A tied LM head draws its
+        N(0, init_std) aside, as the constructor drew it before tying, and the embedding keeps its own draw."""
         std = self.config.init_std
         for module in self.modules():
             if isinstance(module, (nn.Linear, nn.Embedding)):
-                nn.init.normal_(module.weight, mean=0.0, std=std)
+                tied = module is self.lm_head and self.lm_head.weight is self.embed.weight
+                nn.init.normal_(torch.empty_like(module.weight) if tied else module.weight, mean=0.0, std=std)
                 if getattr(module, "bias", None) is not None:
                     nn.init.zeros_(module.bias)
         depth_std = std / math.sqrt(2 * self.config.n_layers)

@@ -34,6 +34,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from hybrid.checks import check_bool, check_choice, check_int
+from hybrid.computed_buffers import register_computed_buffer
 from hybrid.precision import at_least_float32
 
 PHASE_MAPS = ("pi-sigmoid", "2pi-tanh", "pi-hardsigmoid", "real-sign")
@@ -109,11 +110,14 @@ class DataPhase(nn.Module):
         if init_theta.dim() != 2:
             raise ValueError(f"init_theta: expected shape (n_heads, n_pairs), got {tuple(init_theta.shape)}")
         self.d_model, self.phase_map = d_model, phase_map
+        if init_theta.device.type == "meta":
+            raise ValueError("init_theta: expected angles with values (on any real device; the module itself may "
+                             "be built on the meta device), got a tensor on the meta device")
         self.n_heads, self.n_pairs = init_theta.shape
-        logits = logits_from_phase(init_theta, phase_map)  # float64
+        logits = logits_from_phase(init_theta.cpu(), phase_map)  # float64, on the host
         if init == "steepest":
             logits = torch.zeros_like(logits)
-        self.register_buffer("init_logits", logits, persistent=False)
+        register_computed_buffer(self, "init_logits", logits)
         self.weight = nn.Parameter(torch.empty(self.n_heads * self.n_pairs, d_model))
         self.bias = nn.Parameter(torch.empty(self.n_heads, self.n_pairs))
         self.reset_parameters()

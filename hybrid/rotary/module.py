@@ -5,6 +5,7 @@ import torch
 from torch import nn
 
 from hybrid.checks import check_even_dim, check_float_tensor, check_int, check_positive_int
+from hybrid.computed_buffers import register_computed_buffer
 from hybrid.kernels.varlen import lengths, on_device, positions_in_sequence, sequence_ids
 
 from .apply import apply_rotary, check_layout, cos_sin_from_angles, rotary_angles
@@ -55,11 +56,11 @@ class Rotary(nn.Module):
         self.dim, self.rotary_dim, self.layout = int(dim), int(R), layout
         theta, self.attention_factor = inv_freq(int(R), base, scaling)  # validates scaling
         self.base, self.scaling = float(base), None if scaling is None else dict(scaling)
-        self._theta = theta  # CPU float32, immune to module.to(dtype)
+        self._theta = theta  # on the host (under any default device, meta included), float32 whatever module.to
         self._rope_type, self._threshold = length_dependence(self.scaling, self.rotary_dim)
         if self._rope_type == "longrope":  # the long factors' frequencies, for any total past the threshold
             self._theta_long = inv_freq(int(R), base, scaling, seq_len=self._threshold + 1)[0]
-        self.register_buffer("inv_freq", theta.clone(), persistent=False)
+        register_computed_buffer(self, "inv_freq", theta)
         self._tables: dict = {}  # (frequency key, device) -> (cos, sin), each (n, R/2) for positions 0 … n−1
         self._thetas: dict = {}  # (frequency key, device) -> θ (R/2,) float32 on that device
         self._last = None        # (key, device, offset, seq_len, cos, sin) for rows computed per call

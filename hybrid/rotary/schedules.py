@@ -26,6 +26,7 @@ from collections.abc import Mapping
 import torch
 
 from hybrid.checks import check_bool, check_even_dim, check_int, check_number, check_positive_int, check_rotary_base
+from hybrid.computed_buffers import on_host
 
 ROPE_TYPES = ("default", "linear", "ntk", "dynamic", "yarn", "longrope", "llama3")
 
@@ -273,12 +274,14 @@ def inv_freq(dim: int, base: float = 10000.0, scaling: dict | None = None, seq_l
     `seq_len` (the total length: offset + tokens) matters only for `dynamic` (the NTK base grows once it
     exceeds L0) and `longrope` (long factors once it exceeds L0). See the module docstring for formulas.
     Bad scaling dicts (unknown or missing keys, factor < 1, wrong-length short_factor, …) raise ValueError
-    naming the key.
+    naming the key. Computed on the host whatever the default device (a model built on the meta device keeps
+    these values to write back: `hybrid.computed_buffers`).
     """
     check_dim_base(dim, base)
     check_int("seq_len", seq_len, low=0, allow_none=True)
-    if scaling is None:
-        return _default(int(dim), float(base)).to(torch.float32), 1.0
-    rope_type, cfg = _normalise(scaling, int(dim))
-    theta, attn = _SCHEDULES[rope_type](int(dim), float(base), cfg, seq_len)
-    return theta.to(torch.float32), float(attn)
+    with on_host():
+        if scaling is None:
+            return _default(int(dim), float(base)).to(torch.float32), 1.0
+        rope_type, cfg = _normalise(scaling, int(dim))
+        theta, attn = _SCHEDULES[rope_type](int(dim), float(base), cfg, seq_len)
+        return theta.to(torch.float32), float(attn)

@@ -31,6 +31,7 @@ from transformers import GenerationMixin, PreTrainedModel
 from transformers.cache_utils import Cache
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
+from hybrid.computed_buffers import restore_computed_buffers
 from hybrid.models import HybridLM, HybridState
 from hybrid.models.config import DTYPES
 
@@ -70,15 +71,12 @@ class HybridForCausalLM(HybridPreTrainedModel, GenerationMixin):
         if dtype != hybrid.dtype:
             hybrid = hybrid.replace(dtype=dtype)
             config.hybrid = hybrid.to_dict()
-        # from_pretrained builds models on the meta device; ours computes rotary tables and decay constants at
-        # construction, so it is built for real (on the CPU) and its non-persistent buffers are kept aside:
-        # transformers re-allocates them uninitialised while loading, and from_pretrained puts them back.
-        on_meta = torch.empty(0).device.type == "meta"
         # transformers sets the asked dtype as torch's default while it builds a model; ours is built in float32
-        # and cast (its rotary tables and decay constants computed in float32, as a HybridLM of that dtype is)
-        with torch.device("cpu") if on_meta else contextlib.nullcontext(), _default_dtype(torch.float32):
+        # and cast (its rotary tables and decay constants computed in float32, as a HybridLM of that dtype is).
+        # from_pretrained builds it on the meta device, nothing allocated: the buffers computed from the config
+        # (not in the checkpoint) keep their values on the host, and from_pretrained writes them back.
+        with _default_dtype(torch.float32):
             self.model = HybridLM(hybrid)
-        self._buffer_values = {name: b.detach().clone() for name, b in _non_persistent_buffers(self)}
         self._tied_weights_keys = {"model.lm_head.weight": "model.embed.weight"} if config.tie_word_embeddings else {}
         self.post_init()
 
@@ -107,13 +105,10 @@ class HybridForCausalLM(HybridPreTrainedModel, GenerationMixin):
         model._restore_buffers()
         return (model, info) if want_info else model
 
-    @torch.no_grad()
     def _restore_buffers(self) -> None:
-        """Put back the non-persistent buffers computed at construction (on each buffer's current device)."""
-        for name, buffer in _non_persistent_buffers(self):
-            module_name, _, buffer_name = name.rpartition(".")
-            module = self.get_submodule(module_name)
-            module._buffers[buffer_name] = self._buffer_values[name].to(buffer.device)
+        """Write back the buffers computed from the config (transformers allocates them uninitialised while
+        loading a model it built on the meta device)."""
+        restore_computed_buffers(self)
 
     @classmethod
     def _supports_default_dynamic_cache(cls) -> bool:
@@ -339,10 +334,3 @@ def _one_cache(past_key_values: Cache | None, cache: Cache | None) -> Cache | No
         raise ValueError("cache: expected the cache as past_key_values or as cache, got both")
     return cache if cache is not None else past_key_values
 
-
-def _non_persistent_buffers(model: torch.nn.Module):
-    """(qualified name, buffer) of every buffer that is not part of the state dict."""
-    for module_name, module in model.named_modules():
-        for name in module._non_persistent_buffers_set:
-            if module._buffers.get(name) is not None:
-                yield (f"{module_name}.{name}" if module_name else name), module._buffers[name]

@@ -41,6 +41,42 @@ def test_save_and_auto_from_pretrained_give_the_same_logits(name, tmp_path, make
     assert type(AutoModel.from_pretrained(tmp_path)) is HybridForCausalLM
 
 
+@pytest.mark.parametrize("overrides", [{"preset": "vo-gla", "gla.phase": "data"},
+                                       {"preset": "vo-rnn", "recurrence.phase": "learned", "recurrence.rotary_dim": 8},
+                                       {"preset": "transformer", "rotary.scaling": {
+                                           "rope_type": "dynamic", "factor": 2.0,
+                                           "original_max_position_embeddings": 16}}],
+                         ids=["gla-data-phase", "rnn-learned-phase", "dynamic-ntk"])
+def test_from_pretrained_builds_on_the_meta_device_and_writes_the_computed_buffers_back(
+        overrides, tmp_path, hf_model, ids_for, monkeypatch):
+    """Nothing is allocated to build the model that the weights then replace; the buffers computed from the config
+    (rotary frequencies, the schedule's angles, the data phase's start) are in no checkpoint and come back."""
+    import hybrid.models.hf.modeling as modeling
+
+    overrides = dict(overrides)
+    config = HybridConfig.preset(overrides.pop("preset"), d_model=32, n_layers=2, n_heads=2, vocab_size=V,
+                                 **overrides)
+    model = hf_model(config)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.05 * torch.randn_like(p))  # away from the init, so a weight drawn again shows
+    model.save_pretrained(tmp_path)
+    built_on = []
+
+    class Spy(modeling.HybridLM):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            built_on.append(next(self.parameters()).device.type)
+
+    monkeypatch.setattr(modeling, "HybridLM", Spy)
+    loaded = AutoModelForCausalLM.from_pretrained(tmp_path).eval()
+    assert built_on == ["meta"]
+    ids = ids_for(2, 40)  # past the dynamic NTK threshold (16 positions)
+    assert torch.equal(loaded(ids).logits, model(ids).logits)
+    for (name, b), c in zip(model.named_buffers(), loaded.buffers()):
+        assert torch.equal(c, b), name
+
+
 @pytest.mark.parametrize("asked", [{"dtype": torch.bfloat16}, {"torch_dtype": torch.float64}, {"dtype": "float16"}])
 def test_from_pretrained_and_from_config_build_the_dtype_asked_for(asked, tmp_path, make, ids_for, tiny_cases):
     """transformers' ``dtype`` (and the older ``torch_dtype``) is honoured: the model is the HybridLM of that dtype

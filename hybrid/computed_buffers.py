@@ -1,0 +1,41 @@
+"""Buffers a module computes from its options (rotary frequencies, a schedule's angles), kept on the host as well.
+
+A model built on the meta device (``with torch.device("meta"): HybridLM(config)``, FSDP2's way to build a model
+larger than one device) has no values in its buffers, and ``to_empty`` leaves them uninitialised: they are not in
+the state dict, so loading one does not restore them. Each such buffer is computed on the host whatever the
+default device, registered on the default device, and its host value kept, so that ``restore_computed_buffers``
+writes it back after ``to_empty``.
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+def on_host():
+    """The context to compute a buffer's value in: the host, under any default device (meta, CUDA)."""
+    return torch.device("cpu")
+
+
+def default_device() -> torch.device:
+    """Where factory functions put tensors now (``torch.device(...)`` context or ``torch.set_default_device``)."""
+    return torch.empty(0).device
+
+
+def register_computed_buffer(module: nn.Module, name: str, value: torch.Tensor) -> None:
+    """Register ``value`` (computed on the host) as ``module``'s non-persistent buffer ``name``, on the default
+    device, and keep its host value for ``restore_computed_buffers``."""
+    if value.device.type != "cpu":
+        raise ValueError(f"value: expected a tensor computed on the host (`on_host()`), got one on {value.device}")
+    computed = module.__dict__.setdefault("_computed_buffers", {})
+    computed[name] = value.detach().clone()  # its own copy: the caller may change the tensor it passed
+    module.register_buffer(name, value.to(default_device(), copy=True), persistent=False)
+
+
+@torch.no_grad()
+def restore_computed_buffers(model: nn.Module) -> None:
+    """Write every computed buffer of ``model`` and its submodules back from its host value, in place (cast to the
+    buffer's dtype, on its device): after ``to_empty``, or whenever their values are in doubt."""
+    for module in model.modules():
+        for name, value in module.__dict__.get("_computed_buffers", {}).items():
+            getattr(module, name).copy_(value)
