@@ -4,7 +4,9 @@ A model built on the meta device (``with torch.device("meta"): HybridLM(config)`
 larger than one device) has no values in its buffers, and ``to_empty`` leaves them uninitialised: they are not in
 the state dict, so loading one does not restore them. Each such buffer is computed on the host whatever the
 default device, registered on the default device, and its host value kept, so that ``restore_computed_buffers``
-writes it back after ``to_empty``.
+writes it back after ``to_empty``. ``HybridLM`` does so after every move or cast, so a buffer is a function of
+the config alone: an edit of it survives neither a move nor a save (angles of one's own are a parameter:
+``recurrence.phase="learned"``).
 """
 from __future__ import annotations
 

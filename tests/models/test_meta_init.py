@@ -93,3 +93,16 @@ def test_init_weights_after_meta_in_bfloat16_draws_what_the_constructor_draws():
         torch.testing.assert_close(q.float(), p.float(), rtol=2 ** -8, atol=0, msg=name)
     for (name, b), c in zip(direct.named_buffers(), model.buffers()):
         assert torch.equal(c, b), name
+
+
+@pytest.mark.parametrize("name", ["vo-rnn", "vo-gla", "data-phase"])
+def test_a_cast_to_bfloat16_and_back_leaves_the_computed_buffers_exact(name):
+    """The schedule's angles came back from bfloat16 rounded (the R layers' scan then turned by other angles); now
+    every cast writes them back from the host."""
+    config = config_of(name)
+    torch.manual_seed(2)
+    model = HybridLM(config)
+    before = {key: b.clone() for key, b in model.named_buffers()}
+    model.to(torch.bfloat16).to(torch.float32)
+    for key, b in model.named_buffers():
+        assert b.dtype == before[key].dtype and torch.equal(b, before[key]), key
