@@ -211,7 +211,9 @@ class Trainer(Run):
                                   "the model config does not match the one its training record describes")
         self.autocast, self.scaler = precision(self.device, self.model_config.dtype)
         check_fits(self.model_config, self.device, shards=self.env.world_size if c.fsdp else 1)  # before allocating
-        model = HybridLM(self.model_config).to(self.device)
+        model = HybridLM(self.model_config)
+        if not (c.fsdp and self.env.distributed):  # FSDP2 moves each unit to the device as it shards it: a rank
+            model = model.to(self.device)         # never holds the whole model there (check_fits counts shards)
         if init is not None:
             self.notes += init_weights(model, init, source=c.init_from, partial=c.init_partial)
         if self.scaler is not None:
