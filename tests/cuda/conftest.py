@@ -11,8 +11,8 @@ import torch
 # process's CUDA context unusable, failing what runs after it. In each file the tests that compile a model with
 # Inductor (``compiled`` in their ids; tens of seconds each on a cold GPU) come last. Any other test (another
 # file here, or the rest of the suite, which uses the GPU too when there is one) runs before the captures. A case
-# on fla-core's kernels (``-fla-`` in its id: they autotune for a minute or more on first use) goes with the
-# compiles. G against its float64 reference (``test_vo_gla_cuda.py``, fla's kernels, autotuned by the captures'
+# on fla-core's kernels (``-fla-`` in its id: they autotune for a minute or more on first use, unless held to one
+# config each, as the GPU check's tests part holds them) goes with the compiles. G against its float64 reference (``test_vo_gla_cuda.py``, fla's kernels, autotuned by the captures'
 # G case before it) comes after the captures.
 FILE_ORDER = ("test_scan_cuda.py", "test_model_cuda.py", "test_graphed_decoding_cuda.py", "test_vo_gla_cuda.py",
               "test_window_conv_cuda.py")

@@ -6,7 +6,9 @@
   stopped at the part's limit has no summary (on 2026-11-28, five failures on an H200 came back as names only);
 - each test's seconds (setup, call and teardown together) follow it on a line of their own, for the same reason:
   ``--durations`` prints them in the summary, and a stopped suite's log said what finished but not what the
-  part's seconds went to (on 2026-11-28, 256 s, of which 80 s were Triton's compiles).
+  part's seconds went to (on 2026-11-28, 256 s, of which 80 s were Triton's compiles);
+- fla-core's autotuners are held to one config each (``one_config``): the tests check numbers, and fla's tuning
+  over up to 48 configs per kernel and key took the rest of that part's limit.
 
 (The order the CUDA tests run in is tests/cuda/conftest.py's.)"""
 from __future__ import annotations
@@ -15,6 +17,7 @@ import os
 
 import pytest
 
+from .one_config import hold_to_one_config
 from .triton_compiles import listen
 
 LISTEN_VARIABLE = "HYBRID_TRITON_LISTEN"
@@ -25,11 +28,17 @@ if os.environ.get(LISTEN_VARIABLE):
 
 _config = None
 _seconds: dict[str, float] = {}  # test id -> its seconds so far (setup, call)
+_held = 0  # fla autotuners held to one config
 
 
 def pytest_configure(config):
-    global _config
+    global _config, _held
     _config = config
+    _held = hold_to_one_config()
+
+
+def pytest_report_header(config):
+    return f"fla-core autotuners held to one config each (the tests check numbers, not speed): {_held}"
 
 
 @pytest.hookimpl(trylast=True)  # after the verbose line's "FAILED", not inside it
