@@ -4,9 +4,10 @@ A model built on the meta device (``with torch.device("meta"): HybridLM(config)`
 larger than one device) has no values in its buffers, and ``to_empty`` leaves them uninitialised: they are not in
 the state dict, so loading one does not restore them. Each such buffer is computed on the host whatever the
 default device, registered on the default device, and its host value kept, so that ``restore_computed_buffers``
-writes it back after ``to_empty``. ``HybridLM`` does so after every move or cast, so a buffer is a function of
-the config alone: an edit of it survives neither a move nor a save (angles of one's own are a parameter:
-``recurrence.phase="learned"``).
+writes it back after ``to_empty``. A module holding such buffers derives from ``WithComputedBuffers``, which does so
+after every move or cast of it (``to``, ``half``, ``to_empty``), in any model: a buffer is a function of the
+module's options alone, so an edit of it survives neither a move nor a save (angles of one's own are a
+parameter: ``recurrence.phase="learned"``).
 """
 from __future__ import annotations
 
@@ -35,9 +36,23 @@ def register_computed_buffer(module: nn.Module, name: str, value: torch.Tensor) 
 
 
 @torch.no_grad()
+def _restore_own(module: nn.Module) -> None:
+    for name, value in module.__dict__.get("_computed_buffers", {}).items():
+        getattr(module, name).copy_(value)  # in place: cast to the buffer's dtype, on its device
+
+
 def restore_computed_buffers(model: nn.Module) -> None:
     """Write every computed buffer of ``model`` and its submodules back from its host value, in place (cast to the
-    buffer's dtype, on its device): after ``to_empty``, or whenever their values are in doubt."""
+    buffer's dtype, on its device): whenever their values are in doubt."""
     for module in model.modules():
-        for name, value in module.__dict__.get("_computed_buffers", {}).items():
-            getattr(module, name).copy_(value)
+        _restore_own(module)
+
+
+class WithComputedBuffers(nn.Module):
+    """A module whose computed buffers are written back after every move or cast of it: never left uninitialised by
+    ``to_empty``, never left rounded by a cast to bfloat16 and back (the R layers' angles were, until 2026-11-28)."""
+
+    def _apply(self, fn, recurse=True):
+        super()._apply(fn, recurse)
+        _restore_own(self)
+        return self

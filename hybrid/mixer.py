@@ -58,6 +58,7 @@ from torch import nn
 from hybrid.kernels.varlen import on_device
 
 from .checks import check_heads, check_int, check_number, reads_back
+from .computed_buffers import WithComputedBuffers
 from .rotary import RotaryConfig
 
 
@@ -167,7 +168,7 @@ def resolve_config(config_cls: type, config, options: dict):
     return config_cls(**options)
 
 
-class Mixer(nn.Module):
+class Mixer(WithComputedBuffers):
     """Base of the token mixers: resolves and checks the options; holds `d_model`, `n_heads`, `head_dim`,
     `norm_eps`, `config` (the options) and `rotary_config`. Registers no parameters."""
 

@@ -95,19 +95,11 @@ class HybridLM(nn.Module):
             self.lm_head.weight = self.embed.weight
         self.to(config.torch_dtype)
 
-    def _apply(self, fn, recurse=True):
-        """Every move and cast (``to``, ``half``, ``to_empty``), then the buffers computed from the config (rotary
-        frequencies, the schedule's angles) written back from their host values. So they never hold a rounding
-        from an earlier cast (bfloat16 and back rounded the schedule's angles), and after ``to_empty`` they are
-        set: no state dict holds them, so a model built on the meta device computes correctly once a state dict
-        is loaded, or ``init_weights()`` called."""
-        super()._apply(fn, recurse)
-        restore_computed_buffers(self)
-        return self
-
     def to_empty(self, *, device, recurse: bool = True) -> "HybridLM":
-        """``nn.Module.to_empty``; a tied LM head stays tied (moving off the meta device makes a new parameter of
-        each tensor)."""
+        """``nn.Module.to_empty``: the buffers computed from the config (rotary frequencies, the schedule's angles)
+        are written back (``hybrid.computed_buffers``: no state dict holds them), so a model built on the meta
+        device computes correctly once a state dict is loaded, or ``init_weights()`` called; a tied LM head stays
+        tied (moving off the meta device makes a new parameter of each tensor)."""
         super().to_empty(device=device, recurse=recurse)
         if self.config.tie_embeddings:
             self.lm_head.weight = self.embed.weight

@@ -34,7 +34,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from hybrid.checks import check_bool, check_choice, check_int
-from hybrid.computed_buffers import register_computed_buffer
+from hybrid.computed_buffers import WithComputedBuffers, register_computed_buffer
 from hybrid.precision import at_least_float32
 
 PHASE_MAPS = ("pi-sigmoid", "2pi-tanh", "pi-hardsigmoid", "real-sign")
@@ -88,7 +88,7 @@ def logits_from_phase(theta: torch.Tensor, phase_map: str) -> torch.Tensor:
     raise ValueError(f"phase_map: expected one of {PHASE_MAPS}, got {phase_map!r}")
 
 
-class DataPhase(nn.Module):
+class DataPhase(WithComputedBuffers):
     """Per-token, per-pair angles from the mixer input. ``increments(x)``: x ``(B, T, d_model)`` →
     θ ``(B, T, H, P)`` float32 (float64 for float64 inputs or parameters).
 

@@ -2,10 +2,9 @@
 from __future__ import annotations
 
 import torch
-from torch import nn
 
 from hybrid.checks import check_even_dim, check_float_tensor, check_int, check_positive_int
-from hybrid.computed_buffers import register_computed_buffer
+from hybrid.computed_buffers import WithComputedBuffers, register_computed_buffer
 from hybrid.kernels.varlen import lengths, on_device, positions_in_sequence, sequence_ids
 
 from .apply import apply_rotary, check_layout, cos_sin_from_angles, rotary_angles
@@ -27,7 +26,7 @@ def forget_rows() -> None:
     _LAST_ROWS[0] = None
 
 
-class Rotary(nn.Module):
+class Rotary(WithComputedBuffers):
     """Rotary position embedding for heads of size `dim`, rotating the first `R = rotary_dim or dim` channels.
 
     θ = `inv_freq(R, base, scaling)` (see `schedules`); position m rotates pair i by m·θ_i. The rotation is
