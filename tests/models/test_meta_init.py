@@ -106,3 +106,14 @@ def test_a_cast_to_bfloat16_and_back_leaves_the_computed_buffers_exact(name):
     model.to(torch.bfloat16).to(torch.float32)
     for key, b in model.named_buffers():
         assert b.dtype == before[key].dtype and torch.equal(b, before[key]), key
+
+
+@pytest.mark.parametrize("name", CONFIGS)
+def test_every_buffer_outside_the_state_dict_is_one_the_layers_write_back(name):
+    """A non-persistent buffer registered any other way would be left uninitialised by ``to_empty`` (and so by
+    every checkpoint load, which builds on the meta device: ``train/loop/saved_model.py``)."""
+    model = HybridLM(config_of(name))
+    outside = {key for key, _ in model.named_buffers()} - set(model.state_dict())
+    written_back = {f"{prefix}.{key}" if prefix else key for prefix, module in model.named_modules()
+                    for key in module.__dict__.get("_computed_buffers", {})}
+    assert outside == written_back

@@ -131,7 +131,9 @@ def import_checkpoint(hf_dir, out_dir, *, layout: str = "half", dtype: str = "fl
     hf_config, config = _hf_config(hf_dir, layout, dtype)
     try:
         state = state_dict_from_llama(read_hf_weights(hf_dir), config)
-        HybridLM(config).load_state_dict(state)  # strict: every tensor present, every shape right
+        with torch.device("meta"):  # the shapes only: no second copy of the weights, no random init to draw
+            shapes = HybridLM(config)
+        shapes.load_state_dict(state, assign=True)  # strict: every tensor present, every shape right
     except (KeyError, RuntimeError) as e:
         raise ValueError(f"hf_dir: expected weights that fit its config.json, got those of {hf_dir} "
                          f"({type(e).__name__}: {' '.join(str(e).split())[:300]})") from None

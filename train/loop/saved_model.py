@@ -30,10 +30,14 @@ def checkpoint_config(ckpt: Checkpoint) -> HybridConfig:
 
 def checkpoint_model(ckpt: Checkpoint, device: str | torch.device = "cpu",
                      config: HybridConfig | None = None) -> HybridLM:
-    """The checkpoint's model with its weights, in eval mode on ``device``; ``config`` when already read."""
-    model = HybridLM(checkpoint_config(ckpt) if config is None else config)
+    """The checkpoint's model with its weights, in eval mode on ``device``; ``config`` when already read. Built on
+    the meta device and given memory on ``device`` alone: no random initialisation to draw and overwrite, no copy
+    of the model on the host."""
+    with torch.device("meta"):
+        model = HybridLM(checkpoint_config(ckpt) if config is None else config)
+    model.to_empty(device=device)  # uninitialised weights; the buffers computed from the config set
     try:
-        model.load_state_dict(ckpt.model_state)
+        model.load_state_dict(ckpt.model_state)  # strict: every weight present, every shape right
     except RuntimeError as e:
         raise CheckpointError(ckpt.path, f"weights do not fit the model config ({e})") from None
-    return model.to(device).eval()
+    return model.eval()

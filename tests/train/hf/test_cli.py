@@ -172,6 +172,17 @@ def test_import_of_a_config_with_a_wrong_type_is_one_line(llama, tmp_path, capsy
     assert not (tmp_path / "run").exists()
 
 
+def test_import_of_weights_that_do_not_fit_their_config_is_one_line(llama, tmp_path, capsys, one_line_error):
+    """The shapes are checked against a model on the meta device (no second copy of the weights)."""
+    config = json.loads((llama / "config.json").read_text())
+    (llama / "config.json").write_text(json.dumps({**config, "intermediate_size": 96}))  # the weights have 128
+    capsys.readouterr()
+    assert import_main([str(llama), str(tmp_path / "run")]) == 2
+    one_line_error(capsys, "hybrid-import", "expected weights that fit its config.json", "size mismatch",
+                   "w_gate.weight")
+    assert not (tmp_path / "run").exists()
+
+
 def test_import_of_truncated_weights_is_one_line(llama, tmp_path, capsys, one_line_error):
     weights = llama / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
