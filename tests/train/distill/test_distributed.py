@@ -111,8 +111,11 @@ def test_two_ranks_make_the_updates_of_one_process_and_agree_on_the_student(tmp_
     assert sorted(p.name for p in two.iterdir()) == sorted(p.name for p in one.iterdir())
     assert zero["layer_types"] == single.layer_types
     assert [r["layer"] for r in zero["ranking"]] == [r["layer"] for r in single.ranking]
+    # A cost is a KL near 0 (~1e-4) from float32 logits that two ranks compute in batches of 2 and one process in
+    # batches of 4: their rounding (~1e-6 of the logits) moves it by ~sqrt(KL)·1e-6 ≈ 1e-8 (1.8e-8 measured), which
+    # rel=1e-4 alone (8e-9) did not cover once the teacher's load stopped drawing a random init (other students).
     for a, b in zip(zero["ranking"], single.ranking):
-        assert a["kl"] == pytest.approx(b["kl"], rel=1e-4)
+        assert a["kl"] == pytest.approx(b["kl"], rel=1e-4, abs=1e-7)
 
     a, b = read_metrics(two / "metrics.jsonl"), read_metrics(one / "metrics.jsonl")
     assert [(r["step"], r["stage"], sorted(r)) for r in a] == [(r["step"], r["stage"], sorted(r)) for r in b]
