@@ -128,12 +128,17 @@ def _ntk(dim, base, cfg, seq_len):
     return _default(dim, base * s ** (dim / (dim - 2))), 1.0
 
 
+def _dynamic_base(dim, base, cfg, L):
+    """Dynamic NTK's base' = base · (s·L/L0 − (s − 1))^(d/(d−2)) at the total length L ≥ L0 (a float, or a float64
+    tensor of totals); at L = L0 it is base itself."""
+    s, L0 = _real(cfg, "factor", low=1.0), _positive_int(cfg, _L0)
+    return base * (s * L / L0 - (s - 1.0)) ** (dim / (dim - 2))
+
+
 def _dynamic(dim, base, cfg, seq_len):
-    """Dynamic NTK: L = max(seq_len, L0); base' = base · (s·L/L0 − (s − 1))^(d/(d−2)); equals plain RoPE for L ≤ L0."""
-    s = _real(cfg, "factor", low=1.0)
+    """Dynamic NTK: L = max(seq_len, L0), θ'_i = base'^(−2i/d) (``_dynamic_base``); plain RoPE for L ≤ L0."""
     L0 = _positive_int(cfg, _L0)
-    L = seq_len if seq_len is not None and seq_len > L0 else L0
-    return _default(dim, base * (s * L / L0 - (s - 1.0)) ** (dim / (dim - 2))), 1.0
+    return _default(dim, _dynamic_base(dim, base, cfg, seq_len if seq_len is not None and seq_len > L0 else L0)), 1.0
 
 
 def dynamic_frequencies(dim: int, base: float, scaling, totals: torch.Tensor) -> torch.Tensor:
@@ -142,9 +147,7 @@ def dynamic_frequencies(dim: int, base: float, scaling, totals: torch.Tensor) ->
     Row n is ``_dynamic``'s θ at ``seq_len = totals[n]`` (the same float64 formula, rounded once; plain RoPE's
     base for totals ≤ L0)."""
     _, cfg = _normalise(scaling, dim)
-    s, L0 = _real(cfg, "factor", low=1.0), _positive_int(cfg, _L0)
-    L = totals.to(torch.float64).clamp(min=L0)  # (N,)
-    grown = base * (s * L / L0 - (s - 1.0)) ** (dim / (dim - 2))  # (N,) base'
+    grown = _dynamic_base(dim, base, cfg, totals.to(torch.float64).clamp(min=_positive_int(cfg, _L0)))  # (N,) base'
     i = torch.arange(dim // 2, dtype=torch.float64, device=totals.device)
     return torch.pow(grown[:, None], -2.0 * i / dim).to(torch.float32)  # (N, dim/2)
 
