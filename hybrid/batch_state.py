@@ -20,18 +20,21 @@ import dataclasses
 import torch
 from torch import Tensor
 
+from .checks import reads_back
+
 
 def _fields(state) -> list[tuple[str, Tensor]]:
     return [(f.name, getattr(state, f.name)) for f in dataclasses.fields(state)]
 
 
 def check_rows(name: str, rows: Tensor, batch: int | None = None) -> Tensor:
-    """`rows`: a 1-D integer tensor of row indices (on the CPU checked against `batch`); returned as int64."""
+    """`rows`: a 1-D integer tensor of row indices (checked against `batch` where that reads no value back:
+    ``reads_back``); returned as int64."""
     if not isinstance(rows, Tensor) or rows.dim() != 1 or rows.dtype not in (torch.int64, torch.int32):
         got = (f"shape {tuple(rows.shape)} ({str(rows.dtype).removeprefix('torch.')})" if isinstance(rows, Tensor)
                else type(rows).__name__)
         raise ValueError(f"{name}: expected a 1-D int64 tensor of row indices, got {got}")
-    if batch is not None and rows.device.type == "cpu" and rows.numel() and not (
+    if batch is not None and reads_back(rows) and rows.numel() and not (
             0 <= int(rows.min()) and int(rows.max()) < batch):
         raise ValueError(f"{name}: expected row indices in [0, {batch}), got {rows.tolist()}")
     return rows.long()

@@ -149,7 +149,9 @@ def generate(
                     for p in prompts]
         pick = TokenPicker(len(prompts), prompts[0].device, **sampling)
         _decode_prompts(model, prompts, max_new_tokens, pick, prefill, chunk_size, step)
-        return [torch.cat([p, _until_eos(tokens, eos_token_id)]) for p, tokens in zip(prompts, pick.rows())]
+        rows = pick.rows()
+        keep = _lengths_until_eos(rows, eos_token_id)
+        return [torch.cat([p, tokens[:n]]) for p, tokens, n in zip(prompts, rows, keep)]
     pick = TokenPicker(input_ids.shape[0], input_ids.device, **sampling)
     if mode == "recurrent":
         _decode(model, input_ids, max_new_tokens, pick, prefill, chunk_size, step)
@@ -170,12 +172,14 @@ def _pad_rows(rows: list[torch.Tensor], n: int, eos_token_id, like: torch.Tensor
     return out
 
 
-def _until_eos(tokens: torch.Tensor, eos_token_id) -> torch.Tensor:
-    """A row's new tokens up to and including its first ``eos_token_id``."""
-    if eos_token_id is None:
-        return tokens
-    hits = (tokens == eos_token_id).nonzero()
-    return tokens if hits.numel() == 0 else tokens[: int(hits[0]) + 1]
+def _lengths_until_eos(rows: list[torch.Tensor], eos_token_id) -> list[int]:
+    """How many of each row's new tokens to keep: up to and including its first ``eos_token_id`` (all without one),
+    read back once for the batch."""
+    if eos_token_id is None or not rows[0].numel():
+        return [r.numel() for r in rows]
+    hit = torch.stack(rows) == eos_token_id  # (B, n)
+    n = hit.shape[1]
+    return torch.where(hit.any(1), hit.long().argmax(1) + 1, n).tolist()
 
 
 def _decode_prompts(model, prompts: list[torch.Tensor], max_new_tokens: int, pick: TokenPicker, prefill: str,

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from hybrid.checks import check_int, check_number
+from hybrid.checks import check_int, check_number, reads_back
 
 
 def check_sampling(temperature, top_k, top_p) -> None:
@@ -86,4 +86,24 @@ def sample_next(
     if temperature == 0:
         return mask_padding(logits, vocab_limit).argmax(dim=-1)
     probs = sampling_probs(logits, temperature, top_k, top_p, vocab_limit)
-    return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+    return draw(probs, generator)
+
+
+def draw(probs: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+    """One id per row of ``probs`` ``(…, V)`` (non-negative, finite; need not sum to 1), ``(…)`` int64: the id
+    ``torch.multinomial(probs, 1, generator=generator)`` draws, bit for bit, and the generator left as it leaves
+    it, without its host sync.
+
+    ``torch.multinomial`` draws one sample as an exponential race, argmax(p / E) with E ~ Exp(1) drawn by
+    ``generator`` (``aten/src/ATen/native/Distributions.cpp``; P(id i) = p_i / sum p), after reading back whether
+    ``probs`` is valid: a sync at every sampled token on a GPU (gpt-fast samples the same way for that reason).
+    Here the race is the same, and the check an assertion on the device there (a ValueError on the CPU)."""
+    valid = ((probs >= 0) & (probs < float("inf"))).all()  # NaN fails both
+    if not reads_back(probs):
+        torch._assert_async(valid, "probs: expected non-negative finite probabilities, got NaN, inf or < 0")
+    elif not bool(valid):
+        counts = {"NaN": probs.isnan(), "inf": probs.isinf(), "negative": probs < 0}
+        found = ", ".join(f"{int(mask.sum())} {name}" for name, mask in counts.items() if bool(mask.any()))
+        raise ValueError(f"probs: expected non-negative finite probabilities, got {found} among {probs.numel()}")
+    exponential = torch.empty_like(probs).exponential_(1, generator=generator)  # (…, V): E ~ Exp(1)
+    return (probs / exponential).argmax(dim=-1)

@@ -139,9 +139,10 @@ class Decoder:
                     return
                 continue
             token = self._draw(logits, slots)
+            chosen = token.tolist()  # the step's one read back: every row's token, to see which requests end
             for row in live:
                 slot = slots[row]
-                slot.tokens.append(int(token[row]))
+                slot.tokens.append(chosen[row])
                 request = slot.request
                 if len(slot.tokens) == request.max_new_tokens or slot.tokens[-1] == request.stop_token:
                     slots[row] = None

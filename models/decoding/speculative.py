@@ -30,7 +30,7 @@ from torch import Tensor
 
 from hybrid.checks import check_int
 
-from ..sampling import check_sampling, check_vocab_limit, sampling_probs
+from ..sampling import check_sampling, check_vocab_limit, draw, sampling_probs
 from ..state import HybridState
 from .prompts import PREFILL_MODES, check_prompts, prefill, prompt_list
 
@@ -130,8 +130,11 @@ def speculative_decode(target, draft, prompts: list[Tensor], max_new_tokens: int
     pending[:, 0] = torch.stack([p[-1] for p in prompts])
     n_pending = torch.ones(B, dtype=torch.long, device=device)
     rows = torch.arange(B, device=device)  # the prompt each batch row decodes
-    out = torch.zeros(B, max_new_tokens, dtype=torch.long, device=device)  # each prompt's new tokens
+    # each prompt's new tokens, and K columns of room: a round writes all its K positions (those past the row's
+    # count are written again by the next round, or cut at the end), so the write selects nothing by a mask
+    out = torch.zeros(B, max_new_tokens + K, dtype=torch.long, device=device)  # (B, max_new_tokens + K)
     produced = torch.zeros(B, dtype=torch.long, device=device)
+    counts = torch.zeros(3 + lookahead, dtype=torch.long, device=device)  # the stats, read back once at the end
     while rows.numel():
         draft_fork, target_fork = draft_state.fork(), target_state.fork()
         chunk, q, draft_state = _propose(draft, draft_state, pending, n_pending, K, sampling, generator)
@@ -140,17 +143,19 @@ def speculative_decode(target, draft, prompts: list[Tensor], max_new_tokens: int
         keep = n_pending + n_accepted == K  # every proposal accepted: both states read exactly the row's tokens
         target_state = target_state.rewind(keep, target_fork)
         draft_state = draft_state.rewind(keep, draft_fork)
-        done = _record(out, produced, rows, chunk, n_pending, n_accepted, token, eos_token_id, stats)
+        done = _record(out, produced, rows, chunk, n_pending, n_accepted, token, eos_token_id, counts)
+        stats.rounds += 1
         # pending next round: the token alone, or (rolled back) the old pending tokens, the accepted ones and it
         reread = torch.where(keep, torch.zeros_like(n_pending), n_pending + n_accepted)  # (b,)
         position = torch.arange(K, device=device)
         pending = torch.where(position[None] < reread[:, None], chunk, torch.zeros_like(chunk))
         pending[torch.arange(rows.numel(), device=device), reread] = token
         n_pending = reread + 1
-        if done.any():
-            live = (~done).nonzero().flatten()
+        live = (~done).nonzero().flatten()  # the round's one read back (its size), as the batch must shrink
+        if live.numel() < done.numel():
             rows, pending, n_pending = rows[live], pending[live], n_pending[live]
             target_state, draft_state = target_state.select(live), draft_state.select(live)
+    stats.proposed, stats.accepted, stats.produced, *stats.accepted_per_position = counts.tolist()
     return [row[:n] for row, n in zip(out, produced.tolist())], stats
 
 
@@ -167,14 +172,12 @@ def _propose(draft, state: HybridState, pending: Tensor, n_pending: Tensor, K: i
         probs = sampling_probs(logits[:, 0], **sampling)  # (b, V)
         if q is None:
             q = probs.new_zeros(probs.shape[0], K, probs.shape[1])  # (b, K, V)
-        proposes = i + 1 >= n_pending  # position i + 1 is a proposal (not a pending token) for these rows
-        if bool(proposes.any()):
-            if sampling["temperature"] == 0:
-                drawn = probs.argmax(-1)
-            else:
-                drawn = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
-            tokens[:, i + 1] = torch.where(proposes, drawn, tokens[:, i + 1])
-            q[:, i + 1] = probs
+        # position i + 1 is a proposal (not a pending token) for these rows; the others keep theirs. Every row
+        # draws (no host read of whether any row proposes: a sync a step on a GPU)
+        proposes = i + 1 >= n_pending
+        drawn = probs.argmax(-1) if sampling["temperature"] == 0 else draw(probs, generator)
+        tokens[:, i + 1] = torch.where(proposes, drawn, tokens[:, i + 1])
+        q[:, i + 1] = probs
     return tokens, q, state
 
 
@@ -202,14 +205,18 @@ def _verify(logits: Tensor, tokens: Tensor, q: Tensor, n_pending: Tensor, K: int
     rejected = stop < K
     q_at = q[row, stop.clamp(max=K - 1)]
     draw_from = torch.where(rejected[:, None], residual_distribution(p_at, q_at), p_at)
-    return n_accepted, torch.multinomial(draw_from, 1, generator=generator).squeeze(-1)
+    return n_accepted, draw(draw_from, generator)
 
 
 def _record(out: Tensor, produced: Tensor, rows: Tensor, chunk: Tensor, n_pending: Tensor, n_accepted: Tensor,
-            token: Tensor, eos, stats: SpeculativeStats) -> Tensor:
-    """Write each row's accepted proposals and its token into ``out`` ``(B, max_new_tokens)`` after the ``produced``
-    tokens of its prompt (up to the end of ``out``, up to ``eos``) and count the round; returns which rows are done."""
+            token: Tensor, eos, counts: Tensor) -> Tensor:
+    """Write each row's accepted proposals and its token into ``out`` ``(B, max_new_tokens + K)`` after the
+    ``produced`` tokens of its prompt (up to ``max_new_tokens``, up to ``eos``), and add the round to ``counts``
+    (proposed, accepted, produced, then accepted by position in the round); returns which rows are done. Nothing is
+    read back: every position of the round is written (those past the row's count are overwritten later or cut),
+    and the counts stay on the device."""
     b, K = chunk.shape
+    max_new_tokens = out.shape[1] - K
     i = torch.arange(K, device=chunk.device)
     source = torch.clamp(n_pending[:, None] + i, max=K - 1)  # (b, K): proposals start after the pending tokens
     new = torch.where(i[None] < n_accepted[:, None], chunk.gather(1, source), token[:, None])  # (b, K)
@@ -219,16 +226,11 @@ def _record(out: Tensor, produced: Tensor, rows: Tensor, chunk: Tensor, n_pendin
         is_eos = (new == eos) & (i[None] < count[:, None])
         hit = is_eos.any(1)
         count = torch.where(hit, is_eos.long().argmax(1) + 1, count)  # up to and including the first eos
-    room = out.shape[1] - produced[rows]
+    room = max_new_tokens - produced[rows]
     count = torch.minimum(count, room)
-    position = produced[rows][:, None] + i  # (b, K)
-    write = i[None] < count[:, None]
-    out[rows[:, None].expand(-1, K)[write], position[write]] = new[write]
+    out[rows[:, None], produced[rows][:, None] + i] = new  # (b, K) positions, each < max_new_tokens + K
     produced[rows] += count
-    stats.rounds += 1
-    stats.proposed += int((K - n_pending).sum())
-    stats.accepted += int(n_accepted.sum())
-    stats.produced += int(count.sum())
-    for position_in_round in range(len(stats.accepted_per_position)):
-        stats.accepted_per_position[position_in_round] += int((n_accepted > position_in_round).sum())
-    return hit | (produced[rows] >= out.shape[1])
+    position_in_round = torch.arange(counts.numel() - 3, device=chunk.device)
+    counts += torch.cat([torch.stack([(K - n_pending).sum(), n_accepted.sum(), count.sum()]),
+                         (n_accepted[:, None] > position_in_round).sum(0)])
+    return hit | (produced[rows] >= max_new_tokens)

@@ -12,10 +12,11 @@ import torch
 # Inductor (``compiled`` in their ids; tens of seconds each on a cold GPU) come last. Any other test (another
 # file here, or the rest of the suite, which uses the GPU too when there is one) runs before the captures. A case
 # on fla-core's kernels (``-fla-`` in its id: they autotune for a minute or more on first use, unless held to one
-# config each, as the GPU check's tests part holds them) goes with the compiles. G against its float64 reference (``test_vo_gla_cuda.py``, fla's kernels, autotuned by the captures'
+# config each, as the GPU check's tests part holds them) goes with the compiles. The decoding loops' syncs (new on
+# 2026-11-28, a few seconds) come after the models' tests, before the captures. G against its float64 reference (``test_vo_gla_cuda.py``, fla's kernels, autotuned by the captures'
 # G case before it) comes after the captures.
-FILE_ORDER = ("test_scan_cuda.py", "test_model_cuda.py", "test_graphed_decoding_cuda.py", "test_vo_gla_cuda.py",
-              "test_window_conv_cuda.py")
+FILE_ORDER = ("test_scan_cuda.py", "test_model_cuda.py", "test_decoding_syncs_cuda.py", "test_graphed_decoding_cuda.py",
+              "test_vo_gla_cuda.py", "test_window_conv_cuda.py")
 OTHERS = FILE_ORDER.index("test_graphed_decoding_cuda.py") - 0.5
 
 

@@ -376,8 +376,9 @@ def test_a_suite_stopped_at_the_parts_limit_says_what_finished(tmp_path, monkeyp
 
 def test_the_cuda_tests_run_new_first_captures_after_them_compiles_last_in_each_file():
     """The order tests/cuda/conftest.py gives (what the tests part reaches first when its time runs out): the
-    scan, the models (the Inductor compiles last), the CUDA-graph captures (eager, then compiled and fla's), G against
-    its reference, then the windows and the conv, which the correctness part has checked on the GPU."""
+    scan, the models (the Inductor compiles last), the decoding loops' syncs, the CUDA-graph captures (eager, then
+    compiled and fla's), G against its reference, then the windows and the conv, which the correctness part has
+    checked on the GPU."""
     import subprocess
     import sys
     from pathlib import Path
@@ -387,8 +388,9 @@ def test_the_cuda_tests_run_new_first_captures_after_them_compiles_last_in_each_
                            "-m", "cuda", "tests/cuda"], cwd=repo, capture_output=True, text=True, timeout=300)
     ids = [line for line in done.stdout.splitlines() if "::" in line]
     files = [i.split("::")[0].rsplit("/", 1)[-1] for i in ids]
-    assert list(dict.fromkeys(files)) == ["test_scan_cuda.py", "test_model_cuda.py", "test_graphed_decoding_cuda.py",
-                                          "test_vo_gla_cuda.py", "test_window_conv_cuda.py"], done.stdout[-2000:]
+    assert list(dict.fromkeys(files)) == ["test_scan_cuda.py", "test_model_cuda.py", "test_decoding_syncs_cuda.py",
+                                          "test_graphed_decoding_cuda.py", "test_vo_gla_cuda.py",
+                                          "test_window_conv_cuda.py"], done.stdout[-2000:]
     for name in ("test_model_cuda.py", "test_graphed_decoding_cuda.py"):
         late = ["compiled" in i or "-fla-" in i for i, f in zip(ids, files) if f == name]
         assert any(late) and late == sorted(late), (name, late)  # every compile (and fla's autotuning) after the rest

@@ -1,0 +1,73 @@
+"""The decoding loops' host syncs on the GPU, as ``torch.cuda.set_sync_debug_mode`` counts them: ``generate`` none
+per token (greedy or sampled), continuous batching one a step, speculative decoding one a round; and ``draw``
+gives ``torch.multinomial``'s ids from a CUDA generator bit for bit. (The CPU counts the same reads at the Python
+level: tests/models/decoding/test_host_reads.py.)"""
+import pytest
+import torch
+
+from hybrid.models import HybridConfig, HybridLM
+from hybrid.models.decoding.decoder import Request, generate_many
+from hybrid.models.decoding.speculative import draft_from_layers, speculative_decode
+from hybrid.models.generation import generate
+from hybrid.models.sampling import draw
+from hybrid.train.bench.gpu_check.part_correctness import count_syncs
+
+VOCAB = 29
+
+
+@pytest.fixture(scope="module")
+def model():
+    torch.manual_seed(0)
+    config = HybridConfig.preset("hybrid", "tiny", d_model=32, n_heads=2, n_layers=3, vocab_size=VOCAB, window=4)
+    return HybridLM(config).cuda().eval()
+
+
+def prompts(cuda):
+    g = torch.Generator().manual_seed(2)
+    return [torch.randint(0, VOCAB, (n,), generator=g).to(cuda) for n in (3, 6, 1, 5)]
+
+
+def syncs(run) -> list[str]:
+    run()  # first calls fill caches (rotary tables, kernels' tuning)
+    torch.cuda.synchronize()
+    return count_syncs(run)
+
+
+def test_draw_is_torch_multinomials_draw(cuda):
+    for seed in range(6):
+        probs = torch.softmax(3 * torch.randn(5, 1000, device=cuda), -1)
+        probs[:, ::3] = 0.0
+        mine = torch.Generator(device=cuda).manual_seed(seed)
+        theirs = torch.Generator(device=cuda).manual_seed(seed)
+        assert torch.equal(draw(probs, mine), torch.multinomial(probs, 1, generator=theirs)[:, 0])
+        assert torch.equal(mine.get_state(), theirs.get_state())
+
+
+@pytest.mark.parametrize("temperature", [0, 0.9])
+def test_generate_syncs_not_per_token(cuda, model, temperature):
+    ids = torch.randint(0, VOCAB, (3, 5), device=cuda)
+    for batch in (ids, prompts(cuda)):
+        counts = {n: syncs(lambda: generate(model, batch, n, temperature=temperature)) for n in (8, 16)}
+        assert len(counts[16]) == len(counts[8]), counts
+
+
+def test_continuous_batching_syncs_once_a_step(cuda, model):
+    def run(n):
+        requests = [Request(p.tolist(), n, temperature=t, seed=i) for i, (p, t) in
+                    enumerate(zip(prompts(torch.device("cpu")), (0, 0.9, 1.3, 0.7)))]
+        return syncs(lambda: generate_many(model, requests, max_batch=4))
+    short, long = run(8), run(16)
+    assert len(long) - len(short) == 8, (short, long)
+
+
+@pytest.mark.parametrize("temperature", [0, 0.9])
+def test_speculative_decoding_syncs_once_a_round(cuda, model, temperature):
+    draft = draft_from_layers(model, 1)
+
+    def past_rounds(n):
+        rounds = []
+        sites = syncs(lambda: rounds.append(speculative_decode(model, draft, prompts(cuda), n, 3,
+                                                               temperature=temperature)[1].rounds))
+        return len(sites) - rounds[-1], sites
+    (short, short_sites), (long, long_sites) = past_rounds(8), past_rounds(20)
+    assert long == short, (short_sites, long_sites)
