@@ -98,6 +98,27 @@ def draw(probs: torch.Tensor, generator: torch.Generator | None = None) -> torch
     ``generator`` (``aten/src/ATen/native/Distributions.cpp``; P(id i) = p_i / sum p), after reading back whether
     ``probs`` is valid: a sync at every sampled token on a GPU (gpt-fast samples the same way for that reason).
     Here the race is the same, and the check an assertion on the device there (a ValueError on the CPU)."""
+    check_probs(probs)
+    exponential = torch.empty_like(probs).exponential_(1, generator=generator)  # (…, V): E ~ Exp(1)
+    return (probs / exponential).argmax(dim=-1)
+
+
+def draw_rows(probs: torch.Tensor, generators: list[torch.Generator]) -> torch.Tensor:
+    """``draw(probs[i:i + 1], generators[i])[0]`` for every row i of ``probs`` ``(n, V)``, ``(n,)`` int64, as one
+    race: each row's exponentials come from its own generator (continuous batching: a request's own seed), the
+    division and the argmax are one kernel each for the rows."""
+    if len(generators) != probs.shape[0]:
+        raise ValueError(f"generators: expected one per row of probs ({probs.shape[0]}), got {len(generators)}")
+    check_probs(probs)
+    exponential = torch.empty_like(probs)  # (n, V): row i's E ~ Exp(1) from generators[i]
+    for row, generator in zip(exponential, generators):
+        row.exponential_(1, generator=generator)
+    return (probs / exponential).argmax(dim=-1)
+
+
+def check_probs(probs: torch.Tensor) -> None:
+    """``probs`` holds no NaN, inf or negative value: a one-line ValueError on the CPU, an assertion on the device
+    elsewhere (no host sync)."""
     valid = ((probs >= 0) & (probs < float("inf"))).all()  # NaN fails both
     if not reads_back(probs):
         torch._assert_async(valid, "probs: expected non-negative finite probabilities, got NaN, inf or < 0")
@@ -105,5 +126,3 @@ def draw(probs: torch.Tensor, generator: torch.Generator | None = None) -> torch
         counts = {"NaN": probs.isnan(), "inf": probs.isinf(), "negative": probs < 0}
         found = ", ".join(f"{int(mask.sum())} {name}" for name, mask in counts.items() if bool(mask.any()))
         raise ValueError(f"probs: expected non-negative finite probabilities, got {found} among {probs.numel()}")
-    exponential = torch.empty_like(probs).exponential_(1, generator=generator)  # (…, V): E ~ Exp(1)
-    return (probs / exponential).argmax(dim=-1)

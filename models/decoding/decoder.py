@@ -34,7 +34,7 @@ from torch import Tensor
 from hybrid.checks import check_int
 from hybrid.kernels.varlen import on_device
 
-from ..sampling import check_sampling, sample_next
+from ..sampling import check_sampling, draw_rows, sample_next, sampling_probs
 from ..state import HybridState
 from .compiled_step import decode_step
 from .prompts import PREFILL_MODES, check_prompts, prefill, token_ids
@@ -198,18 +198,23 @@ class Decoder:
         return state, logits
 
     def _draw(self, logits: Tensor, slots: list) -> Tensor:
-        """Each live row's next token, drawn with its own options and generator (greedy rows at once)."""
+        """Each live row's next token, drawn with its own options and generator. The rows that share their options
+        draw together: greedy ones by one argmax, sampled ones from one batched distribution and one race, each
+        row's exponentials from its own generator (``draw_rows``; a row alone would launch a dozen kernels)."""
         token = torch.zeros(logits.shape[0], dtype=torch.long, device=logits.device)
-        greedy = [row for row, slot in enumerate(slots) if slot is not None and slot.request.temperature == 0]
-        if greedy:
-            rows = on_device(greedy, logits.device)
-            token[rows] = sample_next(logits[rows], temperature=0, vocab_limit=self.vocab_limit)
+        groups: dict[tuple, list[int]] = {}  # (temperature, top_k, top_p) → rows; greedy ignores top-k and top-p
         for row, slot in enumerate(slots):
-            if slot is None or slot.request.temperature == 0:
-                continue
-            r = slot.request
-            token[row] = sample_next(logits[row:row + 1], r.temperature, r.top_k, r.top_p, slot.generator,
-                                     self.vocab_limit)[0]
+            if slot is not None:
+                r = slot.request
+                groups.setdefault((0, None, None) if r.temperature == 0 else (r.temperature, r.top_k, r.top_p),
+                                  []).append(row)
+        for (temperature, top_k, top_p), rows in groups.items():
+            index = on_device(rows, logits.device)
+            if temperature == 0:
+                token[index] = sample_next(logits[index], temperature=0, vocab_limit=self.vocab_limit)
+            else:
+                probs = sampling_probs(logits[index], temperature, top_k, top_p, self.vocab_limit)  # (n, V)
+                token[index] = draw_rows(probs, [slots[row].generator for row in rows])
         return token
 
 

@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from hybrid.models.sampling import draw, mask_padding, sample_next
+from hybrid.models.sampling import draw, draw_rows, mask_padding, sample_next
 
 
 def test_sample_next_masks_padding_ids_in_every_path():
@@ -50,3 +50,19 @@ def test_draw_refuses_what_multinomial_refuses_in_one_line():
         with pytest.raises(ValueError, match=rf"^probs: expected non-negative finite probabilities, got {what} "
                                              rf"among 10$"):
             draw(probs)
+
+
+def test_draw_rows_draws_each_row_from_its_own_generator():
+    """Each row as ``draw`` draws it alone from its generator, every generator left as after that draw."""
+    probs = torch.softmax(2 * torch.randn(5, 67, generator=torch.Generator().manual_seed(0)), -1)
+    probs[:, ::4] = 0.0
+    mine = [torch.Generator().manual_seed(10 + i) for i in range(5)]
+    alone = [torch.Generator().manual_seed(10 + i) for i in range(5)]
+    want = torch.stack([draw(probs[i:i + 1], g)[0] for i, g in enumerate(alone)])
+    assert torch.equal(draw_rows(probs, mine), want)
+    assert all(torch.equal(a.get_state(), b.get_state()) for a, b in zip(mine, alone))
+    with pytest.raises(ValueError, match=r"^generators: expected one per row of probs \(5\), got 4$"):
+        draw_rows(probs, mine[:4])
+    with pytest.raises(ValueError, match=r"^probs: expected non-negative finite probabilities, got 1 NaN among 335$"):
+        draw_rows(probs.index_fill(1, torch.tensor([3]), 0.0).index_put((torch.tensor([1]), torch.tensor([2])),
+                                                                        torch.tensor(float("nan"))), mine)

@@ -53,6 +53,20 @@ def test_outputs_equal_each_request_decoded_alone(name, float64_model_of):
             assert torch.equal(got, want), f"{name}, max_batch {max_batch}, request {i}: {got.tolist()} != {want.tolist()}"
 
 
+def test_rows_sharing_their_options_draw_together_as_each_alone(float64_model_of):
+    """Six requests of two option sets (and two greedy ones) in one batch: each set's rows draw from one batched
+    distribution and one race (``draw_rows``), each from its own seed, and every request's tokens are still its
+    own decoded alone."""
+    model = float64_model_of(CASES["hybrid"])
+    g = torch.Generator().manual_seed(12)
+    options = [dict(temperature=0.9, top_k=7), dict(temperature=1.3, top_p=0.8), dict(temperature=0)] * 3
+    requests = [Request(prompt=torch.randint(0, VOCAB, (3 + i % 4,), generator=g).tolist(), max_new_tokens=9,
+                        seed=100 + i, **option) for i, option in enumerate(options)]
+    outputs = generate_many(model, requests, max_batch=9)
+    for i, (got, request) in enumerate(zip(outputs, requests)):
+        assert torch.equal(got, alone(model, request, request.seed)), i
+
+
 @pytest.mark.parametrize("name", ["hybrid", "transformer"])
 def test_compiled_decode_steps_give_the_eager_outputs(name, float64_model_of, graph_recorder):
     """``compile``: the decode steps under torch.compile(model, dynamic=True) (a tracing backend here; Inductor in
