@@ -109,6 +109,8 @@ def draw_rows(probs: torch.Tensor, generators: list[torch.Generator]) -> torch.T
     division and the argmax are one kernel each for the rows."""
     if len(generators) != probs.shape[0]:
         raise ValueError(f"generators: expected one per row of probs ({probs.shape[0]}), got {len(generators)}")
+    if len(generators) == 1:
+        return draw(probs, generators[0])
     check_probs(probs)
     exponential = torch.empty_like(probs)  # (n, V): row i's E ~ Exp(1) from generators[i]
     for row, generator in zip(exponential, generators):

@@ -209,7 +209,8 @@ class Decoder:
                 groups.setdefault((0, None, None) if r.temperature == 0 else (r.temperature, r.top_k, r.top_p),
                                   []).append(row)
         for (temperature, top_k, top_p), rows in groups.items():
-            index = on_device(rows, logits.device)
+            # (a row alone: a slice, no index to copy to the device)
+            index = slice(rows[0], rows[0] + 1) if len(rows) == 1 else on_device(rows, logits.device)
             if temperature == 0:
                 token[index] = sample_next(logits[index], temperature=0, vocab_limit=self.vocab_limit)
             else:
