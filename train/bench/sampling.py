@@ -99,9 +99,9 @@ def main(argv=None) -> int:
     for vocab in (int(v) for v in args.vocab.split(",")):
         for batch in (int(b) for b in args.batch.split(",")):
             m = measure(vocab, batch, args.rounds, args.steps, options, args.seed)
-            r = m["ratios"]
+            r, ops = m["ratios"], m["ops"]
             print(f"| {vocab:,} | {batch} | {spread(m['micros']['alone'])} | {spread(m['micros']['together'])} | "
-                  f"{statistics.median(r):.2f}× ({r[0]:.2f}–{r[-1]:.2f}) | {m['ops']['alone']} → {m['ops']['together']} |")
+                  f"{statistics.median(r):.2f}× ({r[0]:.2f}–{r[-1]:.2f}) | {ops['alone']} → {ops['together']} |")
     return 0
 
 
