@@ -30,6 +30,17 @@ from .modes import MODES
 from .sampling import check_sampling, check_vocab_limit, sample_next
 
 
+# On an accelerator, whether every row has ended is read back every this many tokens (a host sync each), not at
+# every token: the loop may then run up to this many minus one steps past the end, whose tokens are cut.
+EOS_CHECK_EVERY = 8
+
+
+def eos_check_every(device) -> int:
+    """How often ``TokenPicker`` reads back whether every row has ended: every token on the CPU (no sync there),
+    every ``EOS_CHECK_EVERY`` elsewhere."""
+    return 1 if torch.device(device).type == "cpu" else EOS_CHECK_EVERY
+
+
 class TokenPicker:
     """Chooses each row's next token from logits ``(B, V)`` and keeps the tokens chosen (``tokens``); a row that
     produced ``eos_token_id`` repeats it from then on (``finished``)."""
@@ -40,6 +51,7 @@ class TokenPicker:
         self.eos_token_id = eos_token_id
         self.finished = torch.zeros(batch_size, dtype=torch.bool, device=device)  # (B,)
         self.tokens: list[torch.Tensor] = []  # one (B,) int64 per new position
+        self.check_every = eos_check_every(device)
 
     def __call__(self, logits: torch.Tensor) -> torch.Tensor:
         """The next token of each row, ``(B,)`` int64."""
@@ -55,6 +67,19 @@ class TokenPicker:
         if not self.tokens:
             return [torch.zeros(0, dtype=torch.long, device=self.finished.device) for _ in range(len(self.finished))]
         return list(torch.stack(self.tokens, dim=1))
+
+    def columns(self) -> torch.Tensor:
+        """The tokens chosen ``(B, n)``, up to the one with which the last row ended: the loop may have run past it
+        (``ended``); read back once then."""
+        tokens = torch.stack(self.tokens, dim=1)
+        if self.eos_token_id is None or self.check_every == 1:
+            return tokens
+        return tokens[:, :max(_lengths_until_eos(list(tokens), self.eos_token_id))]
+
+    def ended(self, i: int) -> bool:
+        """Whether to stop after the (i + 1)-th token: every row has produced ``eos_token_id``, read back once
+        every ``check_every`` tokens (the rows that ended repeat it meanwhile)."""
+        return (i + 1) % self.check_every == 0 and self.all_finished
 
     @property
     def all_finished(self) -> bool:
@@ -96,7 +121,8 @@ def generate(
     ``mode``: "recurrent" (prefill in ``prefill`` mode, then one decode step per token) or "parallel" /
     "chunked" (recompute everything per token; ``chunk_size`` for "chunked" and a chunked prefill). Temperature
     0 is greedy; ``top_k`` / ``top_p`` restrict the draw (``sampling.sample_next``). Sequences that produced
-    ``eos_token_id`` are padded with it; generation stops when all have. ``vocab_limit``: the tokenizer's
+    ``eos_token_id`` are padded with it; generation stops when all have (off the CPU, looked at every
+    ``EOS_CHECK_EVERY`` tokens, a host sync each: the same output). ``vocab_limit``: the tokenizer's
     vocabulary size; ids from it up to ``vocab_size`` (padding rows of the embedding) are never produced, in any
     sampling mode (default: every id may be produced).
 
@@ -159,7 +185,7 @@ def generate(
         _recompute(model, input_ids, max_new_tokens, pick, mode, chunk_size)
     if not pick.tokens:
         return input_ids
-    return torch.cat([input_ids, torch.stack(pick.tokens, dim=1)], dim=1)
+    return torch.cat([input_ids, pick.columns()], dim=1)
 
 
 def _pad_rows(rows: list[torch.Tensor], n: int, eos_token_id, like: torch.Tensor) -> torch.Tensor:
@@ -189,7 +215,7 @@ def _decode_prompts(model, prompts: list[torch.Tensor], max_new_tokens: int, pic
     logits, state = prefill_prompts(model, prompts, prefill, chunk_size)
     for i in range(max_new_tokens):
         token = pick(logits)
-        if i + 1 == max_new_tokens or pick.all_finished:
+        if i + 1 == max_new_tokens or pick.ended(i):
             return
         logits, state = step(token[:, None], state=state)  # (B, 1, V): the decode step
         logits = logits[:, 0]
@@ -202,7 +228,7 @@ def _decode(model: torch.nn.Module, input_ids, max_new_tokens: int, pick: TokenP
     logits, state = model(input_ids, mode=prefill, chunk_size=chunk_size)
     for i in range(max_new_tokens):
         token = pick(logits[:, -1])
-        if i + 1 == max_new_tokens or pick.all_finished:
+        if i + 1 == max_new_tokens or pick.ended(i):
             return
         logits, state = step(token[:, None], state=state)  # (B, 1, V): the decode step
 
@@ -210,8 +236,8 @@ def _decode(model: torch.nn.Module, input_ids, max_new_tokens: int, pick: TokenP
 def _recompute(model: torch.nn.Module, input_ids, max_new_tokens: int, pick: TokenPicker, mode: str, chunk_size) -> None:
     """The whole sequence again for every new token, in ``mode``, without a state."""
     sequence = input_ids
-    for _ in range(max_new_tokens):
+    for i in range(max_new_tokens):
         logits, _ = model(sequence, mode=mode, chunk_size=chunk_size)
         sequence = torch.cat([sequence, pick(logits[:, -1]).unsqueeze(1)], dim=1)
-        if pick.all_finished:
+        if pick.ended(i):
             return

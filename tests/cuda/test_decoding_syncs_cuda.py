@@ -1,7 +1,7 @@
-"""The decoding loops' host syncs on the GPU, as ``torch.cuda.set_sync_debug_mode`` counts them: ``generate`` none
-per token (greedy or sampled), continuous batching one a step, speculative decoding one a round; and ``draw``
-gives ``torch.multinomial``'s ids from a CUDA generator bit for bit. (The CPU counts the same reads at the Python
-level: tests/models/decoding/test_host_reads.py.)"""
+"""The decoding loops' host syncs on the GPU, as ``torch.cuda.set_sync_debug_mode`` counts them: ``generate`` none per
+token (greedy or sampled; with an eos id one every 8 tokens), continuous batching one a step, speculative decoding
+one a round; and ``draw`` gives ``torch.multinomial``'s ids from a CUDA generator bit for bit. (The CPU counts the
+same reads at the Python level: tests/models/decoding/test_host_reads.py.)"""
 import pytest
 import torch
 
@@ -49,6 +49,16 @@ def test_generate_syncs_not_per_token(cuda, model, temperature):
     for batch in (ids, prompts(cuda)):
         counts = {n: syncs(lambda: generate(model, batch, n, temperature=temperature)) for n in (8, 16)}
         assert len(counts[16]) == len(counts[8]), counts
+
+
+def test_generate_looks_for_the_end_every_8_tokens(cuda, model):
+    """With an eos id: a look every ``EOS_CHECK_EVERY`` tokens (after the 8th and the 16th of 24) and the cut's
+    one read at the end, however many rows end."""
+    ids = torch.randint(0, VOCAB, (3, 5), device=cuda)
+    plain = syncs(lambda: generate(model, ids, 24, temperature=0.9))
+    for eos in range(4):
+        with_eos = syncs(lambda: generate(model, ids, 24, temperature=0.9, eos_token_id=eos))
+        assert len(with_eos) - len(plain) <= 24 // 8 + 1, (plain, with_eos)
 
 
 def test_continuous_batching_syncs_once_a_step(cuda, model):

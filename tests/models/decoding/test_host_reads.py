@@ -1,10 +1,11 @@
-"""The decoding loops read values back to the host only where they must: ``generate`` never per token (once a step
-with an ``eos_token_id``, to stop early), continuous batching once a step (the tokens, to see which requests end),
-speculative decoding once a round (which rows are done). On a GPU each read back is a host sync that drains the
-queue of launched work; on the CPU none shows, so the reads are counted here at the Python level, the checks that
-read back on the CPU only (``hybrid.checks.reads_back``) turned off as on a GPU (tests/cuda/test_decoding_syncs_cuda.py
-counts the real syncs). Found so: continuous batching read each row's token apart (B syncs a step), every sampled
-token's ``torch.multinomial`` checked its probabilities on the host, and a speculative round made 2K + 5 reads."""
+"""The decoding loops read values back to the host only where they must: ``generate`` never per token (with an
+``eos_token_id``, once every 8 tokens off the CPU, to stop early), continuous batching once a step (the tokens, to
+see which requests end), speculative decoding once a round (which rows are done). On a GPU each read back is a host
+sync that drains the queue of launched work; on the CPU none shows, so the reads are counted here at the Python
+level, the checks that read back on the CPU only (``hybrid.checks.reads_back``) turned off as on a GPU
+(tests/cuda/test_decoding_syncs_cuda.py counts the real syncs). Found so: continuous batching read each row's token
+apart (B syncs a step), every sampled token's ``torch.multinomial`` checked its probabilities on the host, and a
+speculative round made 2K + 5 reads."""
 from __future__ import annotations
 
 import traceback
@@ -15,7 +16,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from hybrid.checks import recording_graph
-from hybrid.models import HybridConfig
+from hybrid.models import HybridConfig, generation
 from hybrid.models.decoding.decoder import Request, generate_many
 from hybrid.models.decoding.speculative import draft_from_layers, speculative_decode
 from hybrid.models.generation import generate
@@ -104,6 +105,40 @@ def test_generate_reads_nothing_back_per_token(name, temperature, model_of):
         reads, out = run(padded, 16, eos_token_id=eos)
         picks = out.shape[1] - padded.shape[1]
         assert reads.count - plain == picks - int(picks == 16), reads.sites
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_generate_looks_for_the_end_every_8_tokens_off_the_cpu_with_the_same_output(name, model_of, monkeypatch):
+    """Off the CPU, whether every row has produced the eos id is read back every ``EOS_CHECK_EVERY`` tokens: the
+    loop may run past the end, and what it adds is cut. Checked here as on a GPU: every token's output, padded
+    (recurrent, and recomputed in parallel) and ragged, greedy and sampled; eos ids that one row reaches at its
+    3rd or 11th token (the batch ends there), and others."""
+    model = model_of(CASES[name])
+    padded = torch.randint(0, VOCAB, (3, 4), generator=torch.Generator().manual_seed(8))
+
+    def run(ids, eos, temperature, **options):
+        return generate(model, ids, 21, temperature=temperature, eos_token_id=eos,
+                        generator=torch.Generator().manual_seed(5), **options)
+    cut = 0
+    for ids, options in ((padded[:1], {}), (padded, {}), (padded[:1], dict(mode="parallel")), (prompts(9)[:1], {}),
+                         (prompts(9), {})):
+        for temperature in (0, 1.0):
+            alone = run(ids[:1], None, temperature, **options)[0][-21:]  # the first row, without an eos id
+            for eos in {int(alone[2]), int(alone[10]), 0, 1}:
+                want = run(ids, eos, temperature, **options)
+                got = []
+                with monkeypatch.context() as patch:
+                    patch.setattr(generation, "eos_check_every", lambda device: generation.EOS_CHECK_EVERY)
+                    reads = host_reads(lambda: got.append(run(ids, eos, temperature, **options)))
+                got = got[0]
+                same = torch.equal(got, want) if isinstance(want, torch.Tensor) else all(
+                    torch.equal(a, b) for a, b in zip(got, want, strict=True))
+                assert same, (name, options, temperature, eos, got, want)
+                # at most 2 looks at the end (after the 8th and 16th tokens), the cut, and a ragged prefill's offsets
+                assert reads.count <= 21 // 8 + 2, reads.sites
+                ended = want.shape[1] - ids.shape[1] if isinstance(want, torch.Tensor) else max(map(len, want))
+                cut += ended < 21
+    assert cut >= 8  # batches that ended early: the loop ran past their end, and the cut mattered
 
 
 @pytest.mark.parametrize("name", list(CASES))
