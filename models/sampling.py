@@ -119,12 +119,16 @@ def draw_rows(probs: torch.Tensor, generators: list[torch.Generator]) -> torch.T
 
 
 def check_probs(probs: torch.Tensor) -> None:
-    """``probs`` holds no NaN, inf or negative value: a one-line ValueError on the CPU, an assertion on the device
-    elsewhere (no host sync)."""
-    valid = ((probs >= 0) & (probs < float("inf"))).all()  # NaN fails both
+    """``probs`` holds no NaN, inf or negative value, and no row of zeros (what ``torch.multinomial`` refuses): a
+    one-line ValueError on the CPU, an assertion on the device elsewhere (no host sync)."""
+    valid = ((probs >= 0) & (probs < float("inf"))).all() & (probs.sum(-1) > 0).all()  # NaN fails both
     if not reads_back(probs):
-        torch._assert_async(valid, "probs: expected non-negative finite probabilities, got NaN, inf or < 0")
+        torch._assert_async(valid, "probs: expected non-negative finite probabilities, each row's sum > 0, got NaN, "
+                                   "inf, < 0 or a row of zeros")
     elif not bool(valid):
         counts = {"NaN": probs.isnan(), "inf": probs.isinf(), "negative": probs < 0}
         found = ", ".join(f"{int(mask.sum())} {name}" for name, mask in counts.items() if bool(mask.any()))
-        raise ValueError(f"probs: expected non-negative finite probabilities, got {found} among {probs.numel()}")
+        if found:
+            raise ValueError(f"probs: expected non-negative finite probabilities, got {found} among {probs.numel()}")
+        zero_rows = int((probs.sum(-1) == 0).sum())
+        raise ValueError(f"probs: expected rows with a positive sum, got {zero_rows} row(s) of zeros")

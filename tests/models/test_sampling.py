@@ -50,6 +50,10 @@ def test_draw_refuses_what_multinomial_refuses_in_one_line():
         with pytest.raises(ValueError, match=rf"^probs: expected non-negative finite probabilities, got {what} "
                                              rf"among 10$"):
             draw(probs)
+    with pytest.raises(ValueError, match=r"^probs: expected rows with a positive sum, got 1 row\(s\) of zeros$"):
+        draw(torch.tensor([[0.5, 0.5], [0.0, 0.0]]))
+    with pytest.raises(RuntimeError, match="sum of probabilities"):  # what multinomial says of it
+        torch.multinomial(torch.tensor([[0.5, 0.5], [0.0, 0.0]]), 1)
 
 
 def test_draw_rows_draws_each_row_from_its_own_generator():
