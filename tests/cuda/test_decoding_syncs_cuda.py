@@ -15,6 +15,14 @@ from hybrid.train.bench.gpu_check.part_correctness import count_syncs
 VOCAB = 29
 
 
+@pytest.fixture(autouse=True)
+def blocked_windows(monkeypatch):
+    """The windows by the blocked backend: on FlexAttention every new packing of the prompts (each admission of
+    the continuous batch) could compile its kernel again, seconds of device time each, for syncs that are the
+    prefill's, not the loop's."""
+    monkeypatch.setenv("HYBRID_WINDOW_BACKEND", "blocked")
+
+
 @pytest.fixture(scope="module")
 def model():
     torch.manual_seed(0)
