@@ -62,19 +62,19 @@ class TokenPicker:
         self.tokens.append(token)
         return token
 
-    def rows(self) -> list[torch.Tensor]:
-        """Each row's tokens chosen so far, 1-D."""
+    def stacked(self) -> torch.Tensor:
+        """The tokens chosen so far ``(B, n)`` (n = 0 before the first)."""
         if not self.tokens:
-            return [torch.zeros(0, dtype=torch.long, device=self.finished.device) for _ in range(len(self.finished))]
-        return list(torch.stack(self.tokens, dim=1))
+            return torch.zeros(len(self.finished), 0, dtype=torch.long, device=self.finished.device)
+        return torch.stack(self.tokens, dim=1)
 
     def columns(self) -> torch.Tensor:
         """The tokens chosen ``(B, n)``, up to the one with which the last row ended: the loop may have run past it
         (``ended``); read back once then."""
-        tokens = torch.stack(self.tokens, dim=1)
+        tokens = self.stacked()
         if self.eos_token_id is None or self.check_every == 1:
             return tokens
-        return tokens[:, :max(_lengths_until_eos(list(tokens), self.eos_token_id))]
+        return tokens[:, :max(_lengths_until_eos(tokens, self.eos_token_id))]
 
     def ended(self, i: int) -> bool:
         """Whether to stop after the (i + 1)-th token: every row has produced ``eos_token_id``, read back once
@@ -175,9 +175,9 @@ def generate(
                     for p in prompts]
         pick = TokenPicker(len(prompts), prompts[0].device, **sampling)
         _decode_prompts(model, prompts, max_new_tokens, pick, prefill, chunk_size, step)
-        rows = pick.rows()
-        keep = _lengths_until_eos(rows, eos_token_id)
-        return [torch.cat([p, tokens[:n]]) for p, tokens, n in zip(prompts, rows, keep)]
+        tokens = pick.stacked()  # (B, n)
+        keep = _lengths_until_eos(tokens, eos_token_id)
+        return [torch.cat([p, row[:n]]) for p, row, n in zip(prompts, tokens, keep)]
     pick = TokenPicker(input_ids.shape[0], input_ids.device, **sampling)
     if mode == "recurrent":
         _decode(model, input_ids, max_new_tokens, pick, prefill, chunk_size, step)
@@ -198,13 +198,13 @@ def _pad_rows(rows: list[torch.Tensor], n: int, eos_token_id, like: torch.Tensor
     return out
 
 
-def _lengths_until_eos(rows: list[torch.Tensor], eos_token_id) -> list[int]:
-    """How many of each row's new tokens to keep: up to and including its first ``eos_token_id`` (all without one),
-    read back once for the batch."""
-    if eos_token_id is None or not rows[0].numel():
-        return [r.numel() for r in rows]
-    hit = torch.stack(rows) == eos_token_id  # (B, n)
-    n = hit.shape[1]
+def _lengths_until_eos(tokens: torch.Tensor, eos_token_id) -> list[int]:
+    """How many of each row's new tokens ``(B, n)`` to keep: up to and including its first ``eos_token_id`` (all
+    without one), read back once for the batch."""
+    B, n = tokens.shape
+    if eos_token_id is None or not n:
+        return [n] * B
+    hit = tokens == eos_token_id  # (B, n)
     return torch.where(hit.any(1), hit.long().argmax(1) + 1, n).tolist()
 
 

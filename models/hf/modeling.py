@@ -102,13 +102,8 @@ class HybridForCausalLM(HybridPreTrainedModel, GenerationMixin):
         missing = sorted(set(info.get("missing_keys", ())) - set(model._tied_weights_keys))
         if missing:
             raise ValueError(f"checkpoint: expected every weight of the model, got none for {missing[:5]}")
-        model._restore_buffers()
+        restore_computed_buffers(model)  # transformers allocates them uninitialised while loading a meta model
         return (model, info) if want_info else model
-
-    def _restore_buffers(self) -> None:
-        """Write back the buffers computed from the config (transformers allocates them uninitialised while
-        loading a model it built on the meta device)."""
-        restore_computed_buffers(self)
 
     @classmethod
     def _supports_default_dynamic_cache(cls) -> bool:
