@@ -216,9 +216,9 @@ def check_compile(ctx: CheckContext) -> None:
     for selective in ((False,) if ctx.dry_run else (False, True)):
         model = _tiny_hybrid(ctx, rnn_selective=selective).train()
         for kind, (ids, cu) in _batches(ctx, model, T).items():
-            fullgraph = not packed_mask_breaks_graph(model, cu)
-            compiled = torch.compile(model, fullgraph=fullgraph, dynamic=False, backend=backend)  # compiled_for's
-            label = dict(selective=selective, batch=kind, backend=backend, fullgraph=fullgraph)
+            compiled = compiled_for(model, cu, dynamic=False, backend=backend)
+            label = dict(selective=selective, batch=kind, backend=backend,
+                         fullgraph=not packed_mask_breaks_graph(model, cu))
             if not ctx.has_time(30, "compile", f"{label}"):
                 return
             try:
