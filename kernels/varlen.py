@@ -17,6 +17,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from .host_copies import on_device  # here too: the ops' first home of it
+
 __all__ = ["PackedOffsets", "aligned_row_length", "packed_offsets", "check_cu_seqlens", "device_offsets",
            "host_offsets", "sequence_ids", "positions_in_sequence", "lengths", "dynamic_count"]
 
@@ -163,12 +165,6 @@ def host_offsets(cu_seqlens) -> list[int]:
     if isinstance(cu_seqlens, PackedOffsets) and cu_seqlens.bounds is not None:
         return list(cu_seqlens.bounds)
     return device_offsets(cu_seqlens).tolist()
-
-
-def on_device(values, device, dtype=torch.int64) -> Tensor:
-    """Host integers (offsets, indices) as a 1-D tensor on ``device``, by a non-blocking copy: no stream sync
-    (``torch.tensor(values, device=…)`` copies and then waits for the stream)."""
-    return torch.tensor(values, dtype=dtype).to(device, non_blocking=True)
 
 
 def whole_rows(T: int, device) -> Tensor:

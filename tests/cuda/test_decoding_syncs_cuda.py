@@ -1,10 +1,12 @@
 """The decoding loops' host syncs on the GPU, as ``torch.cuda.set_sync_debug_mode`` counts them: ``generate`` none per
 token (greedy or sampled; with an eos id one every 8 tokens), continuous batching one a step, speculative decoding
 one a round; and ``draw`` gives ``torch.multinomial``'s ids from a CUDA generator bit for bit. (The CPU counts the
-same reads at the Python level: tests/models/decoding/test_host_reads.py.)"""
+same reads at the Python level: tests/models/decoding/test_host_reads.py.) Host values reach the device without the
+host waiting for the queued kernels (``to_device``: a wait that ``set_sync_debug_mode`` does not report)."""
 import pytest
 import torch
 
+from hybrid.kernels.host_copies import on_device, to_device
 from hybrid.models import HybridConfig, HybridLM
 from hybrid.models.decoding.decoder import Request, generate_many
 from hybrid.models.decoding.speculative import draft_from_layers, speculative_decode
@@ -89,3 +91,18 @@ def test_speculative_decoding_syncs_once_a_round(cuda, model, temperature):
         return len(sites) - rounds[-1], sites
     (short, short_sites), (long, long_sites) = past_rounds(8), past_rounds(20)
     assert long == short, (short_sites, long_sites)
+
+
+def test_host_values_reach_the_device_while_the_gpu_is_busy(cuda):
+    """Queued behind about 0.1 s of GPU work, the copies return at once: the work is still running after them."""
+    batch = torch.randint(0, VOCAB, (16, 4096))
+    for queued in (0, 200_000_000):  # the first round fills the pinned allocator's cache (its cudaHostAlloc)
+        torch.cuda.synchronize()
+        torch.cuda._sleep(queued)  # that many GPU clock cycles
+        busy = torch.cuda.Event()
+        busy.record()
+        rows, ids = on_device([3, 1, 4], cuda), to_device(batch, cuda)
+        if queued:
+            assert not busy.query(), "the host waited for the GPU's queued work"
+        torch.cuda.synchronize()
+        assert rows.tolist() == [3, 1, 4] and torch.equal(ids.cpu(), batch)

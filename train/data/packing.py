@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import torch
 
+from hybrid.kernels.host_copies import to_device
 from hybrid.kernels.varlen import PackedOffsets, dynamic_count
 
 __all__ = ["PACKINGS", "pack_documents", "packed_on_device"]
@@ -43,7 +44,7 @@ def packed_on_device(cu_seqlens: torch.Tensor, device: torch.device, compiled: b
     ``PackedOffsets``'s host tuple would be a guard that changes with every batch (a recompile a step), marked as of
     a varying length (``dynamic_count``)."""
     if compiled:  # N varies from batch to batch: one graph for every N (dynamic_count), not one per N
-        return dynamic_count(cu_seqlens.to(device, non_blocking=True))
+        return dynamic_count(to_device(cu_seqlens, device))
     if cu_seqlens.device.type != "cpu":
-        return cu_seqlens.to(device, non_blocking=True)
+        return to_device(cu_seqlens, device)
     return PackedOffsets.from_bounds(cu_seqlens.tolist(), device=device, dtype=cu_seqlens.dtype)

@@ -18,6 +18,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from hybrid.kernels.host_copies import to_device
+
 from ..data.packing import pack_documents, packed_on_device
 from ..loop.stage import Stage
 from .losses import alignment_losses, capture_mixer_io, distill_loss, token_kl
@@ -45,7 +47,7 @@ class Validation:
             cu = None
             if self.packing == "documents":
                 x, y, cu = pack_documents(x, y, self.eos_id)
-            yield to_device(x, y, cu, self.device, compiled=False)  # validation runs the eager model
+            yield batch_to_device(x, y, cu, self.device, compiled=False)  # validation runs the eager model
 
     def idle(self):
         """The one-token batch a rank with an empty share runs in step with the others (its figures dropped)."""
@@ -71,10 +73,10 @@ def summed_loss(logits, y) -> float:
     return F.cross_entropy(logits.double().flatten(0, 1), y.flatten(), reduction="sum").item()
 
 
-def to_device(x, y, cu, device, *, compiled: bool):
+def batch_to_device(x, y, cu, device, *, compiled: bool):
     """A batch on ``device``; packed offsets as the LM trainer hands them over (``packed_on_device``: eager, with
     their host values, so that the model reads nothing back from the device)."""
-    x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+    x, y = to_device(x, device), to_device(y, device)
     return x, y, None if cu is None else packed_on_device(cu, device, compiled)
 
 
@@ -101,7 +103,7 @@ class _DistillStage(Stage):
         self.tokens_per_step = batches.global_batch * seq_len
 
     def micro_batches(self, step: int) -> list:
-        return [to_device(*b, self.device, compiled=self.compiled) for b in self.data_batches.next_step()]
+        return [batch_to_device(*b, self.device, compiled=self.compiled) for b in self.data_batches.next_step()]
 
     def train_on(self, model: nn.Module, train_model: nn.Module, optimizer, scheduler) -> None:
         """``model``'s parameters that require a gradient train, called through ``train_model``."""

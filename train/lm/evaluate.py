@@ -7,6 +7,8 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from hybrid.kernels.host_copies import to_device
+
 from ..data import PreparedData
 from ..data.packing import pack_documents, packed_on_device
 from ..parallel.distributed import DistEnv
@@ -52,7 +54,7 @@ def evaluate(model: torch.nn.Module, data: PreparedData, *, seq_len: int, batch_
             if packing == "documents":
                 x, y, cu_seqlens = pack_documents(x, y, data.tokenizer.eos_id)
                 cu_seqlens = packed_on_device(cu_seqlens, device, compiled=False)
-            x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+            x, y = to_device(x, device), to_device(y, device)
             with autocast():
                 logits, _ = model(x, cu_seqlens=cu_seqlens, output_final_state=False)
             loss = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), y.reshape(-1), reduction="sum")

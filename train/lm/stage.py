@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from hybrid.kernels.context_parallel import SequenceShard, global_token_mean
+from hybrid.kernels.host_copies import to_device
 from hybrid.precision import at_least_float32
 
 from ..data import PreparedData
@@ -50,7 +51,7 @@ class LMStage(Stage):
 
     def loss(self, batch) -> tuple[torch.Tensor, dict]:
         x, y, where = batch  # where: the packed offsets (or None), or this rank's SequenceShard
-        x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
+        x, y = to_device(x, self.device), to_device(y, self.device)
         if isinstance(where, SequenceShard):
             return self._shard_loss(x, y, where), {}
         # with their host values, compiled or not: the model hands its compiled blocks the tensor alone
@@ -85,4 +86,4 @@ def _on_device(shard: SequenceShard, device: torch.device) -> SequenceShard:
     """``shard`` with its local packed offsets on ``device`` (the loader builds them on the CPU)."""
     if shard.cu_seqlens.device == device:
         return shard
-    return dataclasses.replace(shard, cu_seqlens=shard.cu_seqlens.to(device, non_blocking=True))
+    return dataclasses.replace(shard, cu_seqlens=to_device(shard.cu_seqlens, device))

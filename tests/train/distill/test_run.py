@@ -167,12 +167,12 @@ def test_packed_offsets_reach_the_device_with_their_host_values_unless_compiled(
     import torch
 
     from hybrid.kernels.varlen import PackedOffsets
-    from hybrid.train.distill.stages import to_device
+    from hybrid.train.distill.stages import batch_to_device
 
     x = y = torch.zeros(1, 7, dtype=torch.long)
     cu = torch.tensor([0, 3, 7])
-    _, _, eager = to_device(x, y, cu, torch.device("cpu"), compiled=False)
+    _, _, eager = batch_to_device(x, y, cu, torch.device("cpu"), compiled=False)
     assert isinstance(eager, PackedOffsets) and eager.bounds == (0, 3, 7) and torch.equal(eager.cu_seqlens, cu)
-    _, _, compiled = to_device(x, y, cu, torch.device("cpu"), compiled=True)
+    _, _, compiled = batch_to_device(x, y, cu, torch.device("cpu"), compiled=True)
     assert isinstance(compiled, torch.Tensor) and torch.equal(compiled, cu)
-    assert to_device(x, y, None, torch.device("cpu"), compiled=False)[2] is None
+    assert batch_to_device(x, y, None, torch.device("cpu"), compiled=False)[2] is None
