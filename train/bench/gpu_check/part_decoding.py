@@ -13,7 +13,12 @@ a replay); and through ``generate(..., compile=True)``'s compiled step (``step="
 ``torch.compile(model, dynamic=True)``: one compile for every context and batch, its seconds in the first row's
 ``warm_up_steps_s``). On a GPU an eager step is bound by its few hundred kernel launches; a graph launches them at
 once, and compiled, the elementwise ones fuse. A dry run records the graphs with their CPU stand-ins
-(``compile="traced-graph"``, and ``GraphedStep(..., "rerun", compiled=...)``)."""
+(``compile="traced-graph"``, and ``GraphedStep(..., "rerun", compiled=...)``).
+
+Every row above picks the next token by argmax. Two more rows replay the graphed step and sample (temperature 0.8,
+top-p 0.95, one CUDA generator): by ``sample_next``'s ``draw`` (``step="graphed, sampled"``, no host sync), and by
+``torch.multinomial`` on the same probabilities (``"graphed, sampled by multinomial"``: it reads back whether they
+are valid, a sync a token, as ``generate`` drew before 2026-11-28). Their difference is that sync's cost a token."""
 from __future__ import annotations
 
 import itertools
@@ -39,9 +44,31 @@ def _model(name: str, size: str, device):
     return HybridLM(config).to(device).eval()
 
 
-STEPS = ("eager", "graphed", "graphed-compiled", "compiled")
-# both models' eager and graphed rows before the compiles, and the compiled graph before the dynamic compile
-PASSES = (("eager", "graphed"), ("graphed-compiled", "compiled"))
+STEPS = ("eager", "graphed", "graphed-compiled", "compiled", "graphed, sampled", "graphed, sampled by multinomial")
+# both models' eager and graphed rows before the compiles, and the compiled graph before the dynamic compile; the
+# sampled rows, the graphed step's again, after the target's rows
+PASSES = (("eager", "graphed", "graphed, sampled", "graphed, sampled by multinomial"),
+          ("graphed-compiled", "compiled"))
+SAMPLING = dict(temperature=0.8, top_p=0.95)
+
+
+def greedy(logits):
+    return logits.argmax(-1)
+
+
+def pickers(device) -> dict:
+    """How each step's row picks the next token from ``logits`` ``(B, V)``: argmax, but for the sampled rows."""
+    from hybrid.models.sampling import sample_next, sampling_probs
+
+    generator = torch.Generator(device=device).manual_seed(0)
+
+    def by_draw(logits):
+        return sample_next(logits, generator=generator, **SAMPLING)
+
+    def by_multinomial(logits):
+        probs = sampling_probs(logits, SAMPLING["temperature"], None, SAMPLING["top_p"])
+        return torch.multinomial(probs, 1, generator=generator)[:, 0]
+    return {"graphed, sampled": by_draw, "graphed, sampled by multinomial": by_multinomial}
 
 
 def steppers(model, dry_run: bool, capacity: int) -> dict:
@@ -65,21 +92,22 @@ def steppers(model, dry_run: bool, capacity: int) -> dict:
         graphed_compiled = decode_step(model, "compiled-cuda-graph", capacity=capacity)
     compiled = decode_step(model, {"backend": "eager"} if dry_run else True)
     return {"eager": model.step, "graphed": wrapped(graphed), "graphed-compiled": wrapped(graphed_compiled),
-            "compiled": wrapped(compiled)}
+            "compiled": wrapped(compiled), "graphed, sampled": wrapped(graphed),
+            "graphed, sampled by multinomial": wrapped(graphed)}
 
 
-def _time_steps(ctx: CheckContext, step, token, state, new_tokens: int) -> dict:
+def _time_steps(ctx: CheckContext, step, token, state, new_tokens: int, pick=greedy) -> dict:
     ctx.sync()
     start = time.perf_counter()
     for _ in range(2):  # warm-up steps (the compiled step's first calls compile)
         logits, state = step(token, state)
-        token = logits.argmax(-1)
+        token = pick(logits)
     ctx.sync()
     warm_up = time.perf_counter() - start
     start = time.perf_counter()
     for _ in range(new_tokens):
         logits, state = step(token, state)
-        token = logits.argmax(-1)
+        token = pick(logits)
     ctx.sync()
     per_step = (time.perf_counter() - start) / new_tokens
     return dict(ms_per_step=per_step * 1e3, tokens_per_s=token.shape[0] / per_step, warm_up_steps_s=warm_up)
@@ -103,8 +131,9 @@ def measure(ctx: CheckContext, model, batch: int, context: int, new_tokens: int,
     shared = dict(prefill_s=prefill, prefill_tokens_per_s=batch * context / prefill, warm_up_s=warm_up,
                   state_bytes=int(state.nbytes))
     token = logits[:, -1].argmax(-1)
+    picks = pickers(ctx.device)
     for name, step in steps.items():
-        yield name, {**shared, **_time_steps(ctx, step, token, state.clone(), new_tokens)}
+        yield name, {**shared, **_time_steps(ctx, step, token, state.clone(), new_tokens, picks.get(name, greedy))}
 
 
 def run(ctx: CheckContext) -> None:

@@ -118,7 +118,8 @@ def _sections(rows: list[dict]) -> list[str]:
                                     ("share of the ceiling's gain", "share_of_ceiling")])
     decoding = _measured(rows, "decoding")
     if decoding:
-        lines += ["### Decoding (recurrent steps after a chunked prefill: eager, from a CUDA graph, compiled)", ""]
+        lines += ["### Decoding (recurrent steps after a chunked prefill: eager, from a CUDA graph, compiled; "
+                  "the next token by argmax, or sampled where the step says so)", ""]
         match = ("context", "batch", "step")
         lines += _table(decoding, [("context", "context"), ("batch", "batch"), ("step", "step"), ("model", "model"),
                                    ("ms / step", "ms_per_step"), ("tokens/s", "tokens_per_s"),
