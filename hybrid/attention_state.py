@@ -169,10 +169,10 @@ def cat_rows(states: list):
     for p in parts:
         n = p.batch_size
         if p.k is not None:
-            S = p.cache.keys.shape[1]
-            k[row:row + n, :S] = p.cache.keys
+            S = window or p.cache.span  # a fixed cache's keys are its whole buffer: the slots past span are empty
+            k[row:row + n, :S] = p.cache.keys[:, :S]
             if v is not None:
-                v[row:row + n, :S] = p.cache.values
+                v[row:row + n, :S] = p.cache.values[:, :S]
             lengths.append(p.length.to(k.device))
         else:
             lengths.append(torch.zeros(n, dtype=torch.long, device=k.device))

@@ -170,11 +170,11 @@ def generate(
     sampling = dict(temperature=temperature, top_k=top_k, top_p=top_p, generator=generator,
                     eos_token_id=eos_token_id, vocab_limit=vocab_limit)
     if ragged:
-        if mode != "recurrent":  # the slow reference: each row recomputed on its own
-            return [generate(model, p[None], max_new_tokens, mode=mode, chunk_size=chunk_size, **sampling)[0]
-                    for p in prompts]
         pick = TokenPicker(len(prompts), prompts[0].device, **sampling)
-        _decode_prompts(model, prompts, max_new_tokens, pick, prefill, chunk_size, step)
+        if mode == "recurrent":
+            _decode_prompts(model, prompts, max_new_tokens, pick, prefill, chunk_size, step)
+        else:
+            _recompute_rows(model, prompts, max_new_tokens, pick, mode, chunk_size)
         tokens = pick.stacked()  # (B, n)
         keep = _lengths_until_eos(tokens, eos_token_id)
         return [torch.cat([p, row[:n]]) for p, row, n in zip(prompts, tokens, keep)]
@@ -231,6 +231,20 @@ def _decode(model: torch.nn.Module, input_ids, max_new_tokens: int, pick: TokenP
         if i + 1 == max_new_tokens or pick.ended(i):
             return
         logits, state = step(token[:, None], state=state)  # (B, 1, V): the decode step
+
+
+def _recompute_rows(model: torch.nn.Module, prompts: list, max_new_tokens: int, pick: TokenPicker, mode: str,
+                    chunk_size) -> None:
+    """A ragged batch's reference: each row's whole sequence again for every new token, in ``mode``, row by row;
+    the rows' tokens picked together, as the recurrent loop picks them (so a seeded generator gives the same
+    tokens in every mode)."""
+    sequences = list(prompts)
+    for i in range(max_new_tokens):
+        last = torch.cat([model(s[None], mode=mode, chunk_size=chunk_size)[0][:, -1] for s in sequences])  # (B, V)
+        token = pick(last)  # (B,)
+        sequences = [torch.cat([s, t[None]]) for s, t in zip(sequences, token)]
+        if pick.ended(i):
+            return
 
 
 def _recompute(model: torch.nn.Module, input_ids, max_new_tokens: int, pick: TokenPicker, mode: str, chunk_size) -> None:

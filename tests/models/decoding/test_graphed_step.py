@@ -161,6 +161,20 @@ def test_generate_and_continuous_batching_give_the_eager_tokens(name, model_of):
     assert counts["loaded"] >= counts["recorded"] - 1, counts
 
 
+@pytest.mark.parametrize("name", ["transformer", "hybrid-shared-kv-global", "hybrid-window"])
+def test_a_graphed_batch_grows_past_its_first_admission(name, model_of):
+    """A request for no new token is answered at once and takes no slot, so the first admission fills fewer rows
+    than ``max_batch``; the next request then grows the batch from the graph's own state, whose global cache
+    attends over its whole fixed buffer (only its first ``span`` slots are entries: copying the buffer failed)."""
+    model = model_of(CASES[name])
+    requests = [Request(prompt=[1, 2, 3], max_new_tokens=0), Request(prompt=[4, 5], max_new_tokens=3, temperature=0),
+                Request(prompt=[6], max_new_tokens=4, temperature=0),
+                Request(prompt=[7, 8, 9, 10, 11], max_new_tokens=3, temperature=0)]
+    want = generate_many(model, requests, max_batch=3)
+    got = generate_many(model, requests, max_batch=3, compile="traced-graph")
+    assert [g.tolist() for g in got] == [w.tolist() for w in want] and want[0].numel() == 0
+
+
 def test_a_draining_graphed_batch_shrinks_to_powers_of_two(model_of):
     """With graphs, a shrinking batch keeps free rows up to a power of two: every step's batch is max_batch or a
     power of two, where eager continuous batching shrinks to its live rows (6, 3, 1 here), so a second run of the

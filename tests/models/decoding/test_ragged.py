@@ -61,6 +61,26 @@ def test_each_row_of_a_ragged_batch_decodes_as_alone(name, float64_model_of):
         assert torch.equal(tokens[b], generate(model, p[None], 6, temperature=0)[0]), f"{name}, prompt of {len(p)}"
 
 
+@pytest.mark.parametrize("with_eos", [False, True])
+def test_a_seeded_ragged_batch_samples_the_same_tokens_in_every_mode(with_eos, float64_model_of):
+    """The recomputing modes pick the rows' tokens together, as the recurrent loop does: the same seeded tokens,
+    ragged or not (each row decoded on its own, one after another, drew from the generator in another order)."""
+    model = float64_model_of(CASES["hybrid-window-shorter"])
+    equal, ragged = prompts_of([5, 5, 5], seed=1), prompts_of([2, 7, 5], seed=1)
+
+    def sample(prompts, mode, eos=None):
+        return generate(model, prompts, 6, mode=mode, temperature=0.9, eos_token_id=eos,
+                        generator=torch.Generator().manual_seed(3))
+    eos = int(sample(torch.stack(equal), "recurrent")[0, 6]) if with_eos else None  # row 0 ends at its 2nd token
+    want = sample(torch.stack(equal), "recurrent", eos)
+    for mode in ("recurrent", "parallel", "chunked"):
+        assert torch.equal(sample(torch.stack(equal), mode, eos), want), mode
+        rows = sample(equal, mode, eos)  # each row cut after its eos; the padded batch repeats eos past it
+        assert len(rows[0]) == (7 if with_eos else 11)
+        assert torch.equal(torch.stack([torch.cat([r, r.new_full((11 - len(r),), eos or 0)]) for r in rows]), want)
+        assert [r.tolist() for r in sample(ragged, mode, eos)] == [r.tolist() for r in sample(ragged, "recurrent", eos)]
+
+
 def test_padded_batches_and_lists_give_the_same_rows(float64_model_of):
     model = float64_model_of(CASES["hybrid-window-shorter"])
     prompts = prompts_of([3, 9, 1, 6], seed=2)
