@@ -36,4 +36,6 @@ def causal_conv1d_reference(
         finals.append(u[u.shape[0] - (W - 1):].to(x.dtype))
     y = (torch.stack(ys) if ys else x.new_zeros(0, x.shape[2])).to(x.dtype)  # (Σ T_n, C)
     y = y.view(x.shape) if cu_seqlens is not None else y.view(x.shape[0], x.shape[1], x.shape[2])
-    return y, (torch.stack(finals) if output_final_state else None)
+    if not output_final_state:
+        return y, None
+    return y, (torch.stack(finals) if finals else x.new_zeros(0, W - 1, x.shape[2]))  # (N, W−1, C)

@@ -53,6 +53,10 @@ def _static_cumulative_decay(z: torch.Tensor, C: int, reverse: bool) -> torch.Te
     k = torch.arange(1, C + 1, device=z.device, dtype=z.real.dtype)
     if reverse:
         k = k.flip(0)
+    # the angle wrapped into [−π, π) first, in float64 (θ as given: exact), so that k·θ does not carry k times the
+    # rounding of a large θ (|θ|·k·2⁻²⁴ in float32); an angle already there is unchanged
+    wrapped = torch.remainder(z.imag.double() + math.pi, 2 * math.pi) - math.pi
+    z = torch.complex(z.real, wrapped.to(z.real.dtype))
     return torch.exp(z.unsqueeze(1).unsqueeze(2) * k.view(1, 1, C, 1, 1))
 
 
@@ -201,9 +205,10 @@ def torch_backward(grad_y, grad_final, log_decay, theta, states, initial_state, 
 
 def _reduce_to(g: torch.Tensor, shape: torch.Size) -> torch.Tensor:
     """``g`` ``(B, T, H, P)`` (a strided view of a complex buffer) summed over the axes that ``shape``
-    broadcasts; always a fresh contiguous tensor."""
+    broadcasts; always a fresh contiguous tensor (``contiguous()`` would return an empty view itself, and a custom
+    op may not return two views of one buffer)."""
     dims = tuple(d for d in (0, 1) if shape[d] == 1)
-    return g.sum(dims, keepdim=True) if dims else g.contiguous()
+    return g.sum(dims, keepdim=True) if dims else g.clone(memory_format=torch.contiguous_format)
 
 
 class TorchComplexScan(torch.autograd.Function):

@@ -51,15 +51,16 @@ def _interpreting() -> bool:
 
 
 @torch.compiler.assume_constant_result
-def resolve_backend(backend: str | None, device: torch.device) -> str:
+def resolve_backend(backend: str | None, device: torch.device, dtype: torch.dtype | None = None) -> str:
     """``backend`` if given, else ``$HYBRID_SCAN_BACKEND`` (``hybrid.kernels.env``), else "auto": triton for CUDA
-    tensors when it imports; cpu (the compiled scan, built on first use) for CPU tensors when a C++ compiler is
-    present; torch otherwise. (A constant for torch.compile: decided once, when the graph is traced.)"""
+    tensors when it imports, unless ``dtype`` (x's) is float64, which the Triton kernels do not compute in; cpu (the
+    compiled scan, built on first use) for CPU tensors when a C++ compiler is present; torch otherwise. (A constant
+    for torch.compile: decided once, when the graph is traced.)"""
     source = "backend"
     if backend is None:
         backend, source = read_env(BACKEND_ENV, ("auto",) + BACKENDS, "auto", old="HYBRID_BACKEND"), BACKEND_ENV
     if backend == "auto":
-        if device.type == "cuda" and triton_available():
+        if device.type == "cuda" and triton_available() and dtype != torch.float64:
             return "triton"
         return "cpu" if device.type == "cpu" and cpu_scan.available() else "torch"
     if backend not in BACKENDS:
@@ -71,6 +72,9 @@ def resolve_backend(backend: str | None, device: torch.device) -> str:
             raise ValueError(f"{source}: 'cpu' was asked for but the compiled CPU scan could not be built "
                              "(no C++ compiler, or the deprecated $HYBRID_CPU_SCAN=0); use 'torch'")
     if backend == "triton":
+        if dtype == torch.float64:
+            raise ValueError(f"{source}: the 'triton' backend computes in float32 (from float32, bfloat16 or float16 "
+                             "inputs), got float64 x; use 'torch' (or 'auto', which picks it)")
         if not triton_available():
             raise ValueError(f"{source}: 'triton' was asked for but the triton package is not installed")
         if device.type != "cuda" and not _interpreting():
@@ -142,7 +146,7 @@ def complex_scan(
         initial_state = check_state(initial_state, "initial_state", (N, H, D), x,
                                     layout="(N, H, D) (one per sequence of cu_seqlens)")
     check_block_size(block_size)
-    which = resolve_backend(backend, x.device)
+    which = resolve_backend(backend, x.device, x.dtype)
     if cu_seqlens is not None:
         return _packed(x, log_decay, theta, initial_state, cu_seqlens, which, block_size, output_final_state, rows)
     y, final = _scan(x, log_decay, theta, initial_state, which, block_size)

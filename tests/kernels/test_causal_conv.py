@@ -269,6 +269,10 @@ def test_empty_input():
     x, w, b, h, _ = make([3], 4, 3, grad=False)
     y, final = causal_conv1d(x[:, :0], w, b, h, output_final_state=True)
     assert y.shape == (1, 0, 4) and torch.equal(final, h)
+    no_rows = torch.randn(0, 5, 8, dtype=torch.float64)  # an empty batch: the op and its reference alike
+    for conv in (causal_conv1d, causal_conv1d_reference):
+        y, final = conv(no_rows, torch.randn(8, 4, dtype=torch.float64), output_final_state=True)
+        assert y.shape == (0, 5, 8) and final.shape == (0, 3, 8), conv.__name__
 
 
 # --------------------------------------------------------------------------------------- the module

@@ -12,7 +12,7 @@ import math
 import pytest
 import torch
 
-from hybrid.kernels.complex_scan import blocked, cpu_scan
+from hybrid.kernels.complex_scan import blocked, cpu_scan, interface
 from hybrid.kernels import complex_scan, complex_scan_reference, complex_scan_step
 from hybrid.kernels.complex_scan.interface import resolve_backend
 
@@ -268,6 +268,38 @@ def test_float32_gradients_match_reference():
         assert err < 1e-5, f"grad {name}: relative error {err:.2e}"
 
 
+@pytest.mark.parametrize("scale", [1000.0, 8000.0])
+def test_float32_static_decay_with_large_angles(scale):
+    """A static decay's powers a^k come from exp(k·z): the angle is wrapped into [−π, π) first (in float64), so a
+    large θ keeps float32's accuracy, forward and gradients. Before, k·θ carried k times θ's rounding: relative
+    errors 1.4e-4 at |θ| < 1000 and 1.8e-3 at |θ| < 8000, where the per-token path and the cpu scan gave 2e-6."""
+    x, ld, th, s0 = inputs(2, 150, 3, 8, dependent=False, init=True, dtype=torch.float32)
+    ld, th, s0 = ld.float(), (scale / math.pi * th).float(), s0.float()  # |θ| < scale
+    gy = torch.randn(x.shape, generator=gen())
+
+    def run(fn, dtype):
+        leaves = [t.to(dtype).requires_grad_() for t in (x, ld, th, s0)]
+        y, _ = fn(*leaves)
+        return (y, *torch.autograd.grad((y * gy.to(dtype)).sum(), leaves))
+
+    ours = run(lambda *a: complex_scan(*a, output_final_state=True, backend="torch", block_size=64), torch.float32)
+    ref = run(lambda *a: complex_scan_reference(*a, output_final_state=True), torch.float64)
+    for name, g, r in zip(("y", "grad x", "grad log_decay", "grad theta", "grad initial_state"), ours, ref):
+        err = ((g.double() - r).abs().max() / r.abs().max()).item()
+        assert err < 2e-5, f"{name}: relative error {err:.2e}"
+
+
+def test_torch_backend_gradients_of_an_empty_batch():
+    """B = 0 with a per-token decay and angle: each gradient its own empty tensor (an empty view is contiguous,
+    and the custom op refused two views of one buffer)."""
+    x, ld, th, s0 = inputs(0, 8, 3, 10, dependent=True)
+    for theta in (th, th[..., :1, :1]):  # (0, T, H, P) and (0, T, 1, 1)
+        leaves = [t.requires_grad_() for t in (x.clone(), ld.clone(), theta.clone())]
+        y, _ = complex_scan(*leaves, backend="torch")
+        grads = torch.autograd.grad(y.sum(), leaves)
+        assert [g.shape for g in grads] == [t.shape for t in leaves]
+
+
 # ---------------------------------------------------------------- argument checks and dispatch
 
 
@@ -316,6 +348,20 @@ def test_value_errors_options(monkeypatch):
     monkeypatch.setenv("TRITON_INTERPRET", "0")
     with pytest.raises(ValueError, match=r"backend: the 'triton' backend needs CUDA tensors.*TRITON_INTERPRET=1"):
         complex_scan(x, ld, th, backend="triton")
+    with pytest.raises(ValueError, match=r"^backend: the 'triton' backend computes in float32 .* got float64 x; "
+                                         r"use 'torch' \(or 'auto', which picks it\)$"):
+        complex_scan(x.double(), ld, th, backend="triton")
+
+
+def test_auto_never_picks_triton_for_float64(monkeypatch):
+    """The Triton kernels compute in float32: a float64 x on CUDA goes to the torch backend (before, it reached
+    the kernels, which failed on its 8-byte values)."""
+    monkeypatch.delenv("HYBRID_SCAN_BACKEND", raising=False)
+    monkeypatch.setattr(interface, "triton_available", lambda: True)
+    cuda = torch.device("cuda")
+    assert resolve_backend(None, cuda, torch.float32) == "triton"
+    assert resolve_backend(None, cuda, torch.bfloat16) == "triton"
+    assert resolve_backend(None, cuda, torch.float64) == "torch"
 
 
 def test_step_value_errors():
