@@ -8,6 +8,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from hybrid.kernels.host_copies import to_device
+from hybrid.precision import at_least_float32
 
 from ..data import PreparedData
 from ..data.packing import pack_documents, packed_on_device
@@ -57,7 +58,9 @@ def evaluate(model: torch.nn.Module, data: PreparedData, *, seq_len: int, batch_
             x, y = to_device(x, device), to_device(y, device)
             with autocast():
                 logits, _ = model(x, cu_seqlens=cu_seqlens, output_final_state=False)
-            loss = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), y.reshape(-1), reduction="sum")
+            # as training scores it: a float64 model in float64, anything narrower in float32
+            loss = F.cross_entropy(at_least_float32(logits).reshape(-1, logits.shape[-1]), y.reshape(-1),
+                                   reduction="sum")
             totals[0] += loss.double()
             totals[1] += y.numel()
     finally:
