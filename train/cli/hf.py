@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 
 from ..hf.evaluate import MIN_MAX_LENGTH
 from .flags import add_device_flag, add_threads_flag
@@ -122,6 +123,8 @@ def eval_parser() -> argparse.ArgumentParser:
     p.add_argument("--log-samples", action="store_true",
                    help="with --output: add every document's requests and responses (under 'samples') "
                         "(default: off)")
+    p.add_argument("--overwrite", action="store_true",
+                   help="with --output: replace an existing file (default: refuse it)")
     return p
 
 
@@ -139,6 +142,12 @@ def _eval(args: argparse.Namespace) -> int:
 
         check_apart("--output", args.output, [("RUN_OR_HF_DIR", args.path), ("--include-path", args.include_path)])
         check_writable_file(args.output, "--output")
+        if os.path.exists(args.output) and not args.overwrite:
+            raise ValueError(f"--output: expected a new file, got {args.output}, which exists; pass --overwrite to "
+                             f"replace it, or choose another file")
+    elif args.overwrite:
+        raise ValueError("--overwrite: expected together with --output (the file it allows to replace), got no "
+                         "--output")
     out = evaluate(args.path, tasks, include_path=args.include_path, device=args.device,
                    batch_size=args.batch_size, limit=args.limit, num_fewshot=args.num_fewshot,
                    max_length=args.max_length, log_samples=args.log_samples)
@@ -146,10 +155,16 @@ def _eval(args: argparse.Namespace) -> int:
     for task, metrics in results.items():
         shown = ", ".join(f"{k} = {v:.4f}" for k, v in metrics.items() if isinstance(v, float))
         print(f"{task}: {shown}")
-    if args.output:
+    if args.output:  # whole or not at all: a failed write leaves the old file as it was
         record = {"results": results, **({"samples": out["samples"]} if "samples" in out else {})}
-        with open(args.output, "w") as f:
-            json.dump(record, f, indent=2, default=str)
+        staged = f"{args.output}.tmp-{os.getpid()}"
+        try:
+            with open(staged, "w") as f:
+                json.dump(record, f, indent=2, default=str)
+            os.replace(staged, args.output)
+        finally:
+            if os.path.exists(staged):
+                os.unlink(staged)
     return 0
 
 

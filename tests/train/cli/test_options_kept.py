@@ -80,6 +80,8 @@ ADDED = {
     ("hybrid-bench", "--compile"): "issue 42: the execution section's, shared: each run's training step compiled "
                                    "(the gpu-long budget on CUDA)",
     ("hybrid-bench", "--dry-run"): "issue 42: a suite meant for a GPU rehearsed on the CPU at the smoke budget's sizes",
+    ("hybrid-eval", "--overwrite"): "an existing --output file is replaced only with it (no command overwrites a "
+                                    "user's file without --overwrite)",
     ("hybrid-bench", "--max-minutes"): "issue 42: a suite stopped between runs inside a device's time limit, its "
                                        "records written; the same command continues",
     **{(command, "--threads"): "issue 47: every command that runs torch work takes --threads (only hybrid-bench did)"

@@ -281,6 +281,24 @@ def test_eval_checks_the_include_path_and_the_output_before_it_evaluates(tmp_pat
     (tmp_path / "a-folder").mkdir()
     assert eval_main([str(tmp_path / "run"), "--tasks", "t", "--output", str(tmp_path / "a-folder")]) == 2
     one_line_error(capsys, "hybrid-eval", "--output: expected a file to write, got the directory")
+    kept = tmp_path / "a-folder" / "results.json"  # someone's file: replaced only with --overwrite
+    kept.write_text("mine\n")
+    assert eval_main([str(tmp_path / "run"), "--tasks", "hybrid_tiny_mc", "--output", str(kept)]) == 2
+    one_line_error(capsys, "hybrid-eval", f"--output: expected a new file, got {kept}, which exists", "--overwrite")
+    assert kept.read_text() == "mine\n"
+    assert eval_main([str(tmp_path), "--tasks", "hybrid_tiny_mc", "--overwrite"]) == 2
+    one_line_error(capsys, "hybrid-eval", "--overwrite: expected together with --output")
+
+
+def test_eval_replaces_its_output_whole_with_overwrite(tmp_path, capsys, monkeypatch):
+    """``--overwrite`` replaces the file whole (written beside it, then renamed: no staging file is left)."""
+    monkeypatch.setattr(ev, "evaluate", lambda *args, **kwargs: {"results": {"t": {"acc,none": 0.5}}})
+    (tmp_path / "out").mkdir()
+    out = tmp_path / "out" / "results.json"
+    out.write_text("mine\n")
+    assert eval_main([str(tmp_path / "run"), "--tasks", "t", "--output", str(out), "--overwrite"]) == 0
+    assert json.loads(out.read_text()) == {"results": {"t": {"acc,none": 0.5}}}
+    assert sorted(p.name for p in out.parent.iterdir()) == ["results.json"]
 
 
 def test_eval_names_an_unknown_task_and_the_nearest(tmp_path, capsys, one_line_error):
