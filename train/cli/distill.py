@@ -68,6 +68,7 @@ def _resume_command() -> str:
 def _run(args: argparse.Namespace) -> int:
     from ..output.tracking import check_trackers
     from ..distill.run import Distiller
+    from ..loop.checkpoint import run_dir_of
 
     given = absolute_inputs(config_from_args(args, model_flags=("window",)))  # hybrid-distill's one model flag
     kwargs = dict(verbose=0 if args.quiet else 2)
@@ -81,7 +82,7 @@ def _run(args: argparse.Namespace) -> int:
             raise ValueError("--overwrite and --resume contradict each other: one starts over, the other continues")
         import os
 
-        if "out" in given and os.path.abspath(given["out"]) != os.path.abspath(args.resume):
+        if "out" in given and os.path.abspath(given["out"]) != os.path.abspath(run_dir_of(args.resume)):
             raise ValueError(f"--out {given['out']} and --resume {args.resume} name different run directories")
         model = given.pop("model", None)
         if model:

@@ -106,6 +106,7 @@ def _interrupted(trainer) -> str:
 
 def _train(args: argparse.Namespace) -> int:
     from ..lm.trainer import Trainer
+    from ..loop.checkpoint import run_dir_of
     from ..output.tracking import check_trackers
 
     given = absolute_inputs(train_config_from_args(args))
@@ -122,7 +123,7 @@ def _train(args: argparse.Namespace) -> int:
         datasets.logging.set_verbosity_error()
         kwargs["progress"] = False
     if args.resume:
-        if "out" in given and os.path.abspath(given["out"]) != os.path.abspath(args.resume):
+        if "out" in given and os.path.abspath(given["out"]) != os.path.abspath(run_dir_of(args.resume)):
             raise UsageError(f"--out {given['out']} and --resume {args.resume} name different run directories; "
                              f"a resumed run writes to its own directory")
         if args.overwrite:

@@ -18,6 +18,8 @@ import statistics
 import time
 from pathlib import Path
 
+from ..loop.run_dir import STUDY_EVAL_FILE
+
 __all__ = ["evaluate_run", "table"]
 
 
@@ -39,7 +41,7 @@ def evaluate_run(run_dir, *, seq_len: int = 256, batch_size: int = 16, long_seqs
     out.update({k: v for k, v in figures.items() if k.startswith("bpb_")})
     out[f"decode_{context // 1024}k"] = decode_cost(run.model, context=context, new_tokens=new_tokens)
     out["eval_seconds"] = time.time() - start
-    (Path(run_dir) / "eval.json").write_text(json.dumps(out, indent=2) + "\n")
+    (Path(run_dir) / STUDY_EVAL_FILE).write_text(json.dumps(out, indent=2) + "\n")
     return out
 
 
@@ -70,7 +72,7 @@ def table(groups: list[tuple[str, list[Path]]], context: int = 16384) -> str:
             f"decode ms/token at {context // 1024}K | state at {context // 1024}K | training tokens/s |")
     lines = [head, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for label, runs in groups:
-        evals = [json.loads((r / "eval.json").read_text()) for r in runs]
+        evals = [json.loads((r / STUDY_EVAL_FILE).read_text()) for r in runs]
         tokens, speeds = zip(*(_tokens(r) for r in runs))
         get = lambda key: [e.get(key) for e in evals]  # noqa: E731
         decode = [e[f"decode_{context // 1024}k"] for e in evals]

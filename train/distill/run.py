@@ -47,6 +47,7 @@ from ..loop.parts import Record, RNGPart
 from ..output.records import RunLog
 from ..loop.resume import resume_config
 from ..loop.run import Run, join, on_rank0_first, precision, seed_everything
+from ..loop.run_dir import check_resumed_run_dir
 from ..loop.saved_model import checkpoint_config
 from ..loop.schedule import warmup_cosine
 from ..output.metrics import METRICS_FILE
@@ -111,8 +112,11 @@ class Distiller(Run):
             raise ValueError(f"steps: expected the new total of stage 2, at least the {done} steps done, got "
                              f"{overrides['steps']}")
         overrides["teacher"] = overrides.get("teacher") or record["teacher"]["path"]
-        config, notes = resume_config(saved, saved_global_batch=global_batch, world_size=world,
-                                      out=str(ckpt.path.parent), **overrides)
+        run_dir = check_resumed_run_dir(ckpt.path, kind="hybrid-distill", record=CONFIG_FILE,
+                                        names=(PLOT_FILE, RANKING_FILE, SUMMARY_FILE),
+                                        reads_record=lambda text: DistillConfig.from_dict(json.loads(text)))
+        config, notes = resume_config(saved, saved_global_batch=global_batch, world_size=world, out=str(run_dir),
+                                      **overrides)
         return cls(config, _checkpoint=ckpt, _notes=tuple(notes), **(distiller_kwargs or {}))
 
     step = property(lambda self: self.loop.step if self.loop is not None else 0)

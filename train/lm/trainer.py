@@ -50,7 +50,7 @@ from ..loop.parts import Record, RNGPart
 from ..output.records import RunLog
 from ..loop.resume import resume_config
 from ..loop.run import Run, join, on_rank0_first, precision, seed_everything
-from ..loop.run_dir import ABANDONED_PREFIX, check_run_out, run_inputs
+from ..loop.run_dir import ABANDONED_PREFIX, check_resumed_run_dir, check_run_out, run_inputs
 from ..loop.saved_model import checkpoint_config
 from ..loop.schedule import warmup_cosine
 from ..output.console import end_message, start_message
@@ -128,7 +128,9 @@ class Trainer(Run):
         A missing checkpoint is a FileNotFoundError; a corrupt or incompatible one a CheckpointError.
         """
         ckpt = load_checkpoint(run_dir)
-        run_dir = ckpt.path.parent  # run_dir may name a checkpoint directory itself (checkpoint-step-N/)
+        # run_dir may name a checkpoint directory itself (checkpoint-step-N/): the run writes in its parent
+        run_dir = check_resumed_run_dir(ckpt.path, kind="hybrid-train", record=CONFIG_FILE, names=(PLOT_FILE,),
+                                        reads_record=lambda text: TrainConfig.from_dict(json.loads(text)))
         extra = ckpt.extra if isinstance(ckpt.extra, dict) else {}
         if "train_config" not in extra or "global_batch" not in extra:
             raise CheckpointError(ckpt.path, "has no training record (train_config, global_batch): it was not "

@@ -54,6 +54,7 @@ __all__ = [
     "load_checkpoint",
     "has_checkpoint",
     "latest_checkpoint",
+    "run_dir_of",
     "kept_checkpoints",
     "nonfinite_tensors",
     "capture_rng_state",
@@ -272,6 +273,13 @@ def kept_checkpoints(run_dir: str | os.PathLike) -> list[tuple[int, Path]]:
 
 
 # ------------------------------------------------------------------------------------------------ loading
+
+
+def run_dir_of(path) -> Path:
+    """The run directory that ``--resume path`` names: ``path``, or its parent when ``path`` is a checkpoint
+    directory itself (``runs/a/checkpoint-step-6``)."""
+    path = Path(path)
+    return path.parent if (path / MANIFEST).is_file() else path
 
 
 def _locate(run_dir: Path) -> Path:

@@ -9,6 +9,10 @@ folder is a run of ours, and what a resume from an older checkpoint does with th
   ``hybrid-train``) reads back as the run kind's config. Any other non-empty folder (someone else's
   ``metrics.jsonl`` and ``train_config.json``, a corpus, notes) is refused without ``--overwrite``; with it, the
   files a run writes are replaced and the others stay.
+- **A resumed run's directory** (``check_resumed_run_dir``): a run resumed from a checkpoint directory named
+  itself (``--resume runs/a/checkpoint-step-6``) writes in that directory's parent. The parent may hold nothing but
+  what a run writes and the checkpoint, as for a fresh run without ``--overwrite``, which a resume never takes: a
+  checkpoint copied among other files (``backup/mine``) is refused, never written beside them.
 - **Resuming a branch** (``set_aside_later_checkpoints``): resuming from an older checkpoint
   (``--resume runs/a/checkpoint-step-6`` while ``checkpoint/`` holds step 10) starts a new branch of the run at
   step 6. The checkpoints saved after step 6 belong to the abandoned branch: they are moved, before the new branch
@@ -29,12 +33,13 @@ from ..output.paths import check_not_a_file
 from ..output.tracking import TENSORBOARD_DIR, WANDB_DIR
 from .checkpoint import DIR, KEPT_PREFIX, OLD, TMP_PREFIX, _manifest_step, kept_checkpoints
 
-__all__ = ["run_inputs", "check_run_out", "set_aside_later_checkpoints", "ABANDONED_PREFIX", "RUN_NAMES",
-           "RUN_PREFIXES"]
+__all__ = ["run_inputs", "check_run_out", "check_resumed_run_dir", "set_aside_later_checkpoints", "ABANDONED_PREFIX",
+           "RUN_NAMES", "RUN_PREFIXES"]
 
 ABANDONED_PREFIX = "abandoned-after-step-"
 RUN_NAMES = frozenset({DIR, OLD, METRICS_FILE, METRICS_FILE + ".tmp", TENSORBOARD_DIR, WANDB_DIR})
 RUN_PREFIXES = (KEPT_PREFIX, TMP_PREFIX, ABANDONED_PREFIX)
+STUDY_EVAL_FILE = "eval.json"  # what the distillation study's eval writes into a run (hybrid.train.distill.bench)
 
 
 def run_inputs(**named) -> list[tuple[str, Path]]:
@@ -65,6 +70,25 @@ def check_run_out(out, *, overwrite: bool, kind: str, record: str, reads_record:
         raise ValueError(f"{what}: expected a new or empty directory, or a run of {kind}, got {out}, which holds "
                          f"files no {kind} run wrote ({shown}); pass --overwrite to start a run there anyway (the "
                          f"files a run writes are replaced, the others stay), or choose another directory")
+
+
+def check_resumed_run_dir(checkpoint, *, kind: str, record: str, reads_record: Callable[[str], object], names=(),
+                          what: str = "--resume") -> Path:
+    """The run directory a run resumed from the checkpoint directory ``checkpoint`` writes to, its parent; a
+    ValueError when that holds entries no run of ``kind`` writes besides ``checkpoint`` (``record``, read back by
+    ``reads_record``, and ``names``: the kind's own files, as ``check_run_out``)."""
+    checkpoint = Path(checkpoint)
+    run_dir = checkpoint.parent
+    has_record = (run_dir / record).is_file()  # a run dir of only a copied checkpoint has none yet: fine
+    names = RUN_NAMES | {record, *names, checkpoint.name, STUDY_EVAL_FILE}
+    foreign = foreign_entries(run_dir, names=names, prefixes=RUN_PREFIXES,
+                              record=record if has_record else None, reads_record=reads_record)
+    if foreign:
+        shown = ", ".join(foreign[:4]) + (", …" if len(foreign) > 4 else "")
+        raise ValueError(f"{what}: expected a checkpoint in a {kind} run directory, got {checkpoint}, whose directory "
+                         f"{run_dir} (where the resumed run would write) holds files no {kind} run wrote ({shown}); "
+                         f"copy the checkpoint into a directory of its own, e.g. NEW/{DIR}, and resume NEW")
+    return run_dir
 
 
 def _unique(path: Path) -> Path:

@@ -146,6 +146,33 @@ def test_resume_refuses_changes_that_break_it(trained, capsys, one_line_error):
     one_line_error(capsys, "hybrid-train", "already holds a checkpoint", "--resume")
 
 
+def _snapshot(root: Path) -> dict:
+    return {str(p.relative_to(root)): (p.read_bytes() if p.is_file() else None) for p in sorted(root.rglob("*"))}
+
+
+def test_a_checkpoint_resumes_into_its_run_and_never_among_other_files(train_run, tmp_path, capsys, one_line_error):
+    """A resume writes in the checkpoint's parent. A checkpoint copied among a user's files is refused and nothing
+    there changes (the resume used to replace train_config.json, cut metrics.jsonl and write beside them); alone in
+    a folder it resumes; ``--out`` may name the run a ``checkpoint-step-N`` belongs to."""
+    import shutil
+
+    run = train_run("kept", 4, [*TINY_TRANSFORMER, "--save-every", "2"])
+    backup = tmp_path / "backup"
+    shutil.copytree(run / "checkpoint-step-2", backup / "mine")
+    (backup / "notes.txt").write_text("mine\n")
+    (backup / "metrics.jsonl").write_text('{"step": 999, "loss": 1.0}\n')
+    before = _snapshot(backup)
+    capsys.readouterr()
+    assert train_main(["--resume", str(backup / "mine"), "--steps", "3"]) == 2
+    one_line_error(capsys, "hybrid-train", "--resume", str(backup), "notes.txt", "NEW/checkpoint")
+    assert _snapshot(backup) == before
+    alone = tmp_path / "alone"
+    shutil.copytree(run / "checkpoint-step-2", alone / "mine")
+    assert train_main(["--resume", str(alone / "mine"), "--steps", "3", "--quiet"]) == 0
+    assert json.loads((alone / "metrics.jsonl").read_text().splitlines()[-1])["step"] == 3
+    assert train_main(["--resume", str(run / "checkpoint-step-2"), "--out", str(run), "--steps", "3", "--quiet"]) == 0
+
+
 def test_a_run_records_its_inputs_absolute_and_resumes_from_anywhere(corpus, tmp_path, monkeypatch):
     """--data given relative is recorded absolute: a resume from another directory reads the same files (it was
     refused, or took the name for a hub dataset), and naming it again in another spelling is no change."""
