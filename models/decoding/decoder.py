@@ -37,6 +37,7 @@ from hybrid.kernels.varlen import on_device
 from ..sampling import check_sampling, draw_rows, sample_next, sampling_probs
 from ..state import HybridState
 from .compiled_step import decode_step
+from .graph_state import bound_global_spans
 from .prompts import PREFILL_MODES, check_prompts, prefill, token_ids
 
 
@@ -120,6 +121,7 @@ class Decoder:
         queue = _Queue(requests)
         slots: list[_Slot | None] = []
         state, logits = None, None  # the batch state (a row per slot) and each row's next-token logits (B, V)
+        lengths: list[int] = []  # each row's tokens in its state, counted on the host: the global caches' bound
         while True:
             free = [row for row, slot in enumerate(slots) if slot is None]
             free += list(range(len(slots), self.max_batch))  # rows the batch has not grown to yet
@@ -132,7 +134,7 @@ class Decoder:
                 else:
                     taken.append((index, request, prompt))
             if taken:
-                state, logits = self._admit(taken, free, slots, state, logits)
+                state, logits = self._admit(taken, free, slots, lengths, state, logits)
             live = [row for row, slot in enumerate(slots) if slot is not None]
             if not live:
                 if queue.exhausted:
@@ -155,9 +157,11 @@ class Decoder:
                 rows = self._rows_to_keep(live, slots)
                 keep = on_device(rows, self.device)
                 state, logits, token = state.select(keep), logits[keep], token[keep]
-                slots = [slots[row] for row in rows]
+                slots, lengths = [slots[row] for row in rows], [lengths[row] for row in rows]
+            bound_global_spans(state, max(lengths))  # a finished long request's length is no row's any more
             step_logits, state = self.step(token[:, None], state=state)  # (B, 1, V): one step for every row
             logits = step_logits[:, 0]
+            lengths = [n + 1 for n in lengths]
 
     def _rows_to_keep(self, live: list[int], slots: list) -> list[int]:
         """The rows a shrinking batch keeps: its live ones; with graphs, free ones too up to the next power of two
@@ -169,20 +173,21 @@ class Decoder:
         free = [row for row, slot in enumerate(slots) if slot is None]
         return sorted(live + free[:size - len(live)])
 
-    def _admit(self, taken, free: list[int], slots: list, state, logits):
+    def _admit(self, taken, free: list[int], slots: list, lengths: list[int], state, logits):
         """Prefill the taken requests as one packed forward and write their states into free rows (the lowest
-        first; past the batch's end, the batch grows)."""
+        first; past the batch's end, the batch grows); ``slots`` and ``lengths`` are updated in place."""
         started = time.perf_counter()
         new_logits, new_state = prefill(self.model, [prompt for _, _, prompt in taken], self.prefill,
                                         self.chunk_size)
         rows = free[:len(taken)]
-        for row, (index, request, _) in zip(rows, taken):
+        for row, (index, request, prompt) in zip(rows, taken):
             seed = self.seed + index if request.seed is None else request.seed
             slot = _Slot(index, request, torch.Generator(device=self.device).manual_seed(seed), started)
             if row < len(slots):
-                slots[row] = slot
+                slots[row], lengths[row] = slot, len(prompt)
             else:
                 slots.append(slot)
+                lengths.append(len(prompt))
         if state is None:
             return new_state, new_logits
         n_put = sum(row < state.batch_size for row in rows)  # rows inside the batch: slots to overwrite

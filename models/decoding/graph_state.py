@@ -113,6 +113,16 @@ def fix_caches(state, capacity: int) -> None:
         layer.k, layer.v = layer.cache.keys, layer.cache.values
 
 
+def bound_global_spans(state, span: int) -> None:
+    """Every global rows cache of ``state`` takes ``span`` as the bound on its lengths: the longest row, which the
+    caller knows on the host (continuous batching counts each row's prompt and tokens since). A cache's span only
+    grows otherwise, by every step's tokens, whichever rows they went to: a long stream of short requests would
+    attend over ever more slots, and its graphs record again at ever larger capacities."""
+    for layer in _global_rows(state):
+        layer.cache.span = span
+        layer.k, layer.v = layer.cache.keys, layer.cache.values
+
+
 def global_spans(state) -> list[int]:
     """The span (host bound on the lengths) of each global rows cache of ``state``."""
     return [layer.cache.span for layer in _global_rows(state)]

@@ -90,6 +90,7 @@ class _Graph:
         """Copy the state ``layout`` walked (laid out as this graph's: the same ``key``) into the static state."""
         copy_into(self.tensors, layout.tensors)
         self.counters = layout.read_counters()
+        self.layout.write_counters(self.counters)  # the static state's own, which step advances
 
     def step(self, token: Tensor):
         """One replay; the static state's objects are pointed back at the graph's memory first (a row operation
@@ -97,7 +98,8 @@ class _Graph:
         self.layout.put_back(self.tensors)
         self.token.copy_(token)
         self.replay()
-        self.counters = [c + a for c, a in zip(self.counters, self.advance)]
+        # the state's counters, which a caller may have lowered since (bound_global_spans), advanced
+        self.counters = [c + a for c, a in zip(self.layout.read_counters(), self.advance)]
         self.layout.write_counters(self.counters)
         return self.logits.clone(), self.state
 

@@ -29,9 +29,11 @@ import torch
 from torch import Tensor
 
 from hybrid.checks import check_int
+from hybrid.kernels.varlen import on_device
 
 from ..sampling import check_sampling, check_vocab_limit, draw, sampling_probs
 from ..state import HybridState
+from .graph_state import bound_global_spans
 from .prompts import PREFILL_MODES, check_prompts, prefill, prompt_list
 
 
@@ -151,8 +153,13 @@ def speculative_decode(target, draft, prompts: list[Tensor], max_new_tokens: int
         pending = torch.where(position[None] < reread[:, None], chunk, torch.zeros_like(chunk))
         pending[torch.arange(rows.numel(), device=device), reread] = token
         n_pending = reread + 1
-        live = (~done).nonzero().flatten()  # the round's one read back (its size), as the batch must shrink
-        if live.numel() < done.numel():
+        # the round's one read back: which rows are done (the batch shrinks) and the longest row, the bound of the
+        # global caches' lengths (a cache's span grows by K a round otherwise, whatever its rows kept)
+        *finished, longest = torch.cat([done.long(), target_state.positions().max()[None]]).tolist()
+        bound_global_spans(target_state, longest)
+        bound_global_spans(draft_state, longest)  # the draft has read the same tokens
+        if any(finished):
+            live = on_device([i for i, d in enumerate(finished) if not d], device)
             rows, pending, n_pending = rows[live], pending[live], n_pending[live]
             target_state, draft_state = target_state.select(live), draft_state.select(live)
     stats.proposed, stats.accepted, stats.produced, *stats.accepted_per_position = counts.tolist()

@@ -10,6 +10,7 @@ import torch
 
 from hybrid.models import HybridConfig
 from hybrid.models.decoding.decoder import Decoder, Request, generate_many
+from hybrid.kv_cache import RowKVCache
 from hybrid.models.generation import generate
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -83,6 +84,33 @@ def test_compiled_decode_steps_give_the_eager_outputs(name, float64_model_of, gr
     assert all(torch.equal(a, b) for a, b in zip(got, want))
     assert 1 <= len(graphs) <= 4, len(graphs)  # batches of 4 … 2 rows share one symbolic graph; 1 row specialises
     torch.compiler.reset()
+
+
+@pytest.mark.parametrize("compile_", [False, "traced-graph"])
+def test_a_long_stream_attends_over_its_live_rows_only(compile_, monkeypatch, float64_model_of):
+    """A global cache's span, the slots each step attends over, is its longest row's length, counted on the host:
+    a finished request's tokens leave it. Before, it grew by every step of the stream (303 slots for rows of at
+    most 7 entries after 300 steps), and with graphs the capacity doubled again and again, a recording each time."""
+    model = float64_model_of(CASES["transformer"])
+    rng = random.Random(4)
+    requests = [Request(prompt=[rng.randrange(VOCAB) for _ in range(rng.randint(1, 6))],
+                        max_new_tokens=rng.randint(1, 5), temperature=0) for _ in range(40)]
+    want = [alone(model, r, 0) for r in requests]
+    seen = []  # (span, longest row) at each eager step's attention over a global cache
+    attend = RowKVCache.attend
+
+    def spying(self, k, v, offset):
+        if self.window is None and not self.fixed:
+            seen.append((self.span, int(self.lengths.max())))
+        return attend(self, k, v, offset)
+    monkeypatch.setattr(RowKVCache, "attend", spying)
+    decoder = Decoder(model, max_batch=3, compile=compile_)
+    got = {done.index: done.tokens for done in decoder.run(requests)}
+    assert [got[i].tolist() for i in range(len(requests))] == [w.tolist() for w in want]
+    if compile_:  # a graph per batch size (3, 2, 1) at most: none recorded again at a larger capacity
+        assert decoder.step.counts["recorded"] <= 3, decoder.step.counts
+    else:
+        assert len(seen) > 100 and all(span == longest for span, longest in seen), seen
 
 
 def test_slots_are_refilled_and_the_batch_shrinks(monkeypatch, model_of):

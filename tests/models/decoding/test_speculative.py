@@ -50,6 +50,29 @@ def test_greedy_output_is_the_targets_own(name, kind, float64_model_of):
     assert got.tolist() == [want[0].tolist()] * 2  # a tensor in, a tensor out, padded with eos
 
 
+def test_global_caches_attend_over_their_longest_row_only(monkeypatch, float64_model_of):
+    """A rejected proposal rolls a row's cache back (its length), and each round bounds the caches' span, the slots
+    every step attends over, by the longest row, read back with the round's done rows (one read still). Before,
+    the span grew by the lookahead + 1 every round: 164 slots for rows of 110 tokens after 100 new tokens."""
+    from hybrid.kv_cache import RowKVCache
+
+    target, draft = target_and_draft("transformer", "fewer-layers", float64_model_of)
+    g = torch.Generator().manual_seed(4)
+    prompts = [torch.randint(0, VOCAB, (5,), generator=g)]  # one row: its rejections are the batch's
+    seen = []  # (span, longest row) at every attention over a global rows cache
+    attend = RowKVCache.attend
+
+    def spying(self, k, v, offset):
+        if self.window is None:
+            seen.append((self.span, int(self.lengths.max())))
+        return attend(self, k, v, offset)
+    monkeypatch.setattr(RowKVCache, "attend", spying)
+    new, stats = speculative_decode(target, draft, prompts, 40, 6, temperature=0.05,  # sharp: drafts rejected
+                                    generator=torch.Generator().manual_seed(0))
+    assert stats.accepted < stats.proposed and stats.rounds > 5  # rounds with rejections
+    assert len(seen) > 50 and all(span == longest for span, longest in seen), seen
+
+
 def test_a_draft_that_is_the_target_is_always_accepted(float64_model_of):
     target, _ = target_and_draft("hybrid", "smaller", float64_model_of)
     prompts = [torch.tensor([1, 2, 3]), torch.tensor([4])]
