@@ -145,12 +145,15 @@ def _split_by_documents(ids, lens, nbytes, mask, start) -> tuple[np.ndarray, np.
                               train_bytes=int(nbytes[~mask].sum()), valid_bytes=int(nbytes[mask].sum()))
 
 
-def _split_by_tokens(ids, lens, nbytes, cut: int, start, tok: Tokenizer) -> tuple[np.ndarray, np.ndarray, dict]:
+def _split_by_tokens(ids, lens, nbytes, cut: int, start, tok: Tokenizer,
+                     document_text) -> tuple[np.ndarray, np.ndarray, dict]:
     """Tokens `[:cut]` train, `[cut:]` validation; a document with tokens on both sides counts on both; its bytes
-    after the cut are validation's."""
+    after the cut are validation's (``document_text(k)``: the k-th document's text, read again for a tokenizer
+    other than bytes)."""
     ends = np.cumsum(lens)
     k = int(np.searchsorted(ends, cut, side="right"))  # the document holding token `cut`
-    vb = _tail_bytes(tok, ids[cut:ends[k]]) + int(nbytes[k + 1:].sum())
+    head = cut - int(ends[k] - lens[k])  # its tokens before the cut (its last token is the eos, no text)
+    vb = _tail_bytes(tok, ids[cut:ends[k]], head, lambda: document_text(k), int(nbytes[k])) + int(nbytes[k + 1:].sum())
     train, valid = np.concatenate([start, ids[:cut]]), np.concatenate([start, ids[cut:]])
     return train, valid, dict(split="tokens", train_documents=int((ends - lens < cut).sum()),
                               valid_documents=int((ends > cut).sum()), train_bytes=int(nbytes.sum()) - vb,
@@ -253,19 +256,20 @@ def prepare_data(
              "cache_file": str(cache_file), "cache_hit": cached, "documents": int(len(lens))}
     start = np.asarray([tok.eos_id], dtype=ids.dtype)
     cut = _token_cut(len(ids), valid_fraction)
+    document_text = functools.partial(_nth_document, source, cache)
     if len(lens) >= 2:
         mask = _split_mask(hashes, valid_fraction)
         fits, share = _document_split_fits(mask, lens, valid_fraction)
         if fits or cut < 2:  # whole documents, or too few tokens to cut
             train, valid, split = _split_by_documents(ids, lens, nbytes, mask, start)
         else:
-            train, valid, split = _split_by_tokens(ids, lens, nbytes, cut, start, tok)
+            train, valid, split = _split_by_tokens(ids, lens, nbytes, cut, start, tok, document_text)
             stats["source"] += (f", split by tokens: whole documents would put {share:.1%} of the tokens in "
                                 f"validation (valid_fraction {valid_fraction:g})")
     else:  # one document: split its tokens
         if cut < 2:
             raise ValueError(f"{source.description} has a single document of {len(ids)} tokens: too short to split")
-        train, valid, split = _split_by_tokens(ids, lens, nbytes, cut, start, tok)
+        train, valid, split = _split_by_tokens(ids, lens, nbytes, cut, start, tok, document_text)
     stats.update(split, train_tokens=int(len(train)), valid_tokens=int(len(valid)))
     return PreparedData(train=train, valid=valid, tokenizer=tok, stats=stats)
 
@@ -293,7 +297,39 @@ def _read_notes(path: Path) -> dict:
     return notes if isinstance(notes, dict) else {}
 
 
-def _tail_bytes(tok: Tokenizer, ids: np.ndarray) -> int:
+def _tail_bytes(tok: Tokenizer, tail: np.ndarray, head: int, text, n_bytes: int) -> int:
+    """UTF-8 bytes of a document's text after its first ``head`` tokens (``tail``: the rest of its ids, eos last;
+    ``text()`` its text, ``n_bytes`` its bytes). The byte tokenizer counts its byte ids, and a byte-level BPE its
+    tokens' bytes (``text_bytes``). Another tokenizer counts the text after the head's last token by the tokenizer's
+    offsets (a character cut across tokens goes to the head): its decoder need not give the text back (a
+    lowercasing or whitespace-collapsing one). Decoding was the count until 2026-11-29: a cut inside a character
+    decoded as U+FFFD (3 bytes an orphan byte), and a WordPiece decoder's text was a third short."""
     if isinstance(tok, ByteTokenizer):
-        return int((ids < 256).sum())
-    return len(tok.decode(ids.tolist()).encode("utf-8", errors="surrogatepass"))
+        return int((tail < 256).sum())
+    if head == 0:
+        return n_bytes
+    if len(tail) <= 1:  # only the eos after the cut
+        return 0
+    exact = tok.text_bytes(tail[:-1].tolist()) if hasattr(tok, "text_bytes") else None
+    if exact is not None:
+        return exact
+    if not hasattr(tok, "token_ends"):  # a tokenizer of one's own: its decoder's account
+        return len(tok.decode(tail.tolist()).encode("utf-8", errors="surrogatepass"))
+    document = text()
+    end = tok.token_ends(document)[head - 1]
+    return n_bytes - len(document[:end].encode("utf-8", errors="surrogatepass"))
+
+
+def _nth_document(source: Source, cache: Path, k: int) -> str:
+    """The text of the k-th non-empty document of ``source``, in the order it was tokenised (loaded again: the
+    token cache keeps no text)."""
+    docs = source.load(str(cache / "datasets"))
+    seen = -1
+    for batch in docs.iter(batch_size=1024):
+        for text in batch["text"]:
+            if text:
+                seen += 1
+                if seen == k:
+                    return text
+    raise ValueError(f"{source.description}: expected at least {k + 1} non-empty documents, found {seen + 1} "
+                     f"(the files changed while they were read?)")

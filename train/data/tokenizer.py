@@ -217,6 +217,23 @@ class FileTokenizer:
     def encode_batch(self, texts: list[str]) -> list[list[int]]:
         return [e.ids for e in self._tok.encode_batch(list(texts), add_special_tokens=False)]
 
+    def text_bytes(self, ids: Iterable[int]) -> int | None:
+        """The UTF-8 bytes of the text that the tokens ``ids`` encode, counted exactly where the tokenizer allows it:
+        a byte-level BPE (its decoder ``ByteLevel``), whose tokens are each a string of bytes, one character a byte
+        (an added token: its literal text). None for any other tokenizer."""
+        from tokenizers import decoders
+
+        if not isinstance(self._tok.decoder, decoders.ByteLevel):
+            return None
+        added = {i: t.content for i, t in self._tok.get_added_tokens_decoder().items()}
+        return sum(len(added[i].encode("utf-8")) if i in added else len(self._tok.id_to_token(i))
+                   for i in map(int, ids))
+
+    def token_ends(self, text: str) -> list[int]:
+        """Where each token of ``encode(text)`` ends in ``text`` (a character index, from the tokenizer's offsets):
+        ``text[:ends[n - 1]]`` is the text of the first n tokens, whatever the decoder would make of them."""
+        return [end for _, end in self._tok.encode(text, add_special_tokens=False).offsets]
+
     def decode(self, ids: Iterable[int], skip_special: bool = True) -> str:
         ids = [int(i) for i in ids]
         bad = [i for i in ids if not 0 <= i < self.vocab_size]

@@ -126,6 +126,53 @@ def test_a_tiny_fraction_holds_out_tokens_not_a_whole_document(tmp_path):
     assert ByteTokenizer().decode(data.valid.tolist()) == sorted(texts.items())[-1][1][-1]
 
 
+def _tokenizer_file(path, kind: str, corpus: str):
+    """A tokenizer.json trained offline on ``corpus``: a byte-level BPE without merges (every token one byte) or a
+    WordPiece, whose decoder does not give the text back (it joins words with single spaces)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    if kind == "bytes-bpe":
+        tok = Tokenizer(models.BPE())
+        tok.pre_tokenizer, tok.decoder = pre_tokenizers.ByteLevel(add_prefix_space=False), decoders.ByteLevel()
+        trainer = trainers.BpeTrainer(vocab_size=257, special_tokens=["<|endoftext|>"],
+                                      initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    else:
+        tok = Tokenizer(models.WordPiece(unk_token="[UNK]"))
+        tok.pre_tokenizer, tok.decoder = pre_tokenizers.Whitespace(), decoders.WordPiece()
+        trainer = trainers.WordPieceTrainer(vocab_size=200, special_tokens=["[UNK]", "[SEP]"])
+    tok.train_from_iterator([corpus], trainer)
+    tok.save(str(path))
+    return tok
+
+
+def test_a_token_split_counts_the_bytes_of_the_text_it_holds_out(tmp_path):
+    """One document cut by tokens under a file tokenizer: the validation bytes are those of the text after the
+    cut, not of what the decoder makes of its tokens. A cut inside a 4-byte character decoded as U+FFFD (3 bytes
+    an orphan byte: 25 bytes for 19); a WordPiece decoder collapses the whitespace (a third short)."""
+    from hybrid.train.data.tokenizer import FileTokenizer
+
+    clef = "\N{MUSICAL SYMBOL G CLEF}" * 100  # 400 bytes, one token a byte: the cut falls inside a character
+    (tmp_path / "clef").mkdir()
+    (tmp_path / "clef" / "one.txt").write_text(clef)
+    _tokenizer_file(tmp_path / "bpe.json", "bytes-bpe", "hello")
+    tok = FileTokenizer(tmp_path / "bpe.json")
+    data = prepare_data(tmp_path / "clef", tokenizer=tok, cache_dir=tmp_path / "c")
+    held_out = data.valid[1:-1]  # the text's tokens after the cut: [eos] … [eos]
+    assert data.stats["split"] == "tokens" and len(held_out) % 4 != 0
+    assert data.valid_bytes == len(held_out) and data.stats["train_bytes"] + data.valid_bytes == 400
+
+    code = "def f(x):\n        return x    +   1\n\n\n" * 200
+    (tmp_path / "code").mkdir()
+    (tmp_path / "code" / "code.txt").write_text(code)
+    wordpiece = _tokenizer_file(tmp_path / "wp.json", "wordpiece", code)
+    data = prepare_data(tmp_path / "code", tokenizer=FileTokenizer(tmp_path / "wp.json"), cache_dir=tmp_path / "c")
+    encoding = wordpiece.encode(code)
+    head = len(encoding.ids) - (len(data.valid) - 2)  # the text's tokens that training holds
+    want = len(code[encoding.offsets[head - 1][1]:].encode())  # the text after the last of them
+    assert data.stats["split"] == "tokens" and data.valid_bytes == want
+    assert data.stats["train_bytes"] + data.valid_bytes == len(code.encode())
+
+
 @pytest.mark.parametrize("lens, mask, fraction, fits", [
     ([10, 90], [True, False], 0.05, True),  # 10 % = twice 5 %: the bound is kept
     ([10, 90], [True, False], 0.049, False),  # just over twice
