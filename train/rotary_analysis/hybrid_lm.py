@@ -61,8 +61,12 @@ def _retention_layer(index: int, ret: MultiScaleRetention) -> RotaryLayer:
         k = seen["k"].unflatten(-1, (H, D)) * D**-0.5  # (B, T, H, D), scaled as retention does
         return Captured(q=q, k=k)
 
-    return RotaryLayer(layer=index, n_heads=H, n_kv_heads=H, head_dim=D, rotary_dim=D, layout=ret.rope_layout,
-                       theta=ret.rotary.inv_freq.double().cpu(), module=ret, extract=extract,
+    # θ from the config, as the layer rotates with it: its inv_freq buffer is cast with the model (bfloat16 rounds
+    # it by up to 0.4 %, half a radian at position 256 for the fastest pair)
+    rotary = ret.rotary
+    theta = inv_freq(rotary.rotary_dim, rotary.base, rotary.scaling)[0]
+    return RotaryLayer(layer=index, n_heads=H, n_kv_heads=H, head_dim=D, rotary_dim=rotary.rotary_dim,
+                       layout=ret.rope_layout, theta=theta, module=ret, extract=extract,
                        sources={"q": ret.q_proj, "k": ret.k_proj})
 
 

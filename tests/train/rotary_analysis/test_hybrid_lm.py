@@ -103,6 +103,21 @@ def test_retention_layers_are_analysed_on_request():
     torch.testing.assert_close(stats[0].k.mean(), k.flatten(0, 1).mean(0), rtol=1e-12, atol=1e-14)
 
 
+def test_a_bfloat16_models_layers_are_analysed_with_the_frequencies_they_rotate_by():
+    """A model cast to bfloat16 rounds its inv_freq buffers; every layer still rotates by the float32 θ of its
+    config, and so does the analysis (a retention layer's θ was the rounded buffer's: 0.4 % off)."""
+    from hybrid.rotary import inv_freq
+
+    model = _model(pattern="MA").to(torch.bfloat16)
+    layers, _ = hybrid_rotary_layers(model, include_retention=True)
+    for layer in layers:
+        rotary = model.blocks[layer.layer].mixer.rotary
+        assert rotary.inv_freq.dtype == torch.bfloat16  # the rounded copy the analysis must not read
+        want = inv_freq(rotary.rotary_dim, rotary.base, rotary.scaling)[0]
+        assert torch.equal(layer.theta.double(), want.double()), layer.layer
+        assert torch.equal(rotary._theta_on("base", torch.device("cpu")), want)  # what the layer rotates by
+
+
 def test_models_without_rotated_qk_are_refused():
     with pytest.raises(ValueError, match=r"model: expected attention layers rotating q and k .*got none$"):
         hybrid_rotary_layers(_model(rope_placement="vo"))  # no retention layer: no hint about them
@@ -110,9 +125,10 @@ def test_models_without_rotated_qk_are_refused():
         hybrid_rotary_layers(_model(pattern="M"))
 
 
-@pytest.mark.parametrize("placement", ["qk", "qkvo"])
+@pytest.mark.parametrize("placement", ["qk", "qkv", "qkvo"])
 def test_half_and_interleaved_layouts_agree_on_converted_weights(placement):
-    """A model and its layout-converted twin give the same features (pairs listed in the same order)."""
+    """A model and its layout-converted twin give the same features (pairs listed in the same order). The output
+    projection's columns follow v's rows whenever v is rotated, o rotated or not (qkv; docs/rotary.md)."""
     kw = dict(rope_placement=placement, n_kv_heads=3, rotary_dim=4)
     inter = _model(rope_layout="interleaved", **kw)
     half = _model(seed=5, rope_layout="half", **kw)
