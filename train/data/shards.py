@@ -196,8 +196,14 @@ def missing_column_rows(path: Path, builder: str, column: str) -> tuple[int, str
 
         with open_data(path, encoding="utf-8-sig", errors="replace", newline="") as f:
             reader = csv.reader(f)
-            has = column in next(reader, [])
-            rows = sum(1 for _ in reader)
+            header = next(reader, [])
+            has, rows = column in header, 0
+            for row in reader:
+                rows += 1
+                if len(row) > len(header):  # pandas would read the first such row's extra field as an index
+                    raise ValueError(f"data: expected at most {len(header)} fields a row in {path}, as its header "
+                                     f"has, got {len(row)} at line {reader.line_num}; quote a field that holds a "
+                                     f"comma")
         return (0, None, rows) if has else (rows, "line 2" if rows else None, rows)
     return 0, None, 0
 

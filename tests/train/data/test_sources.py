@@ -129,6 +129,16 @@ def test_every_csv_cell_is_text(tmp_path, compress, documents_of):
     assert documents_of(data) == want
 
 
+def test_a_csv_row_with_more_fields_than_its_header_is_refused(tmp_path):
+    """pandas read a first row of one field too many as an index column, and trained on the wrong column ("1",
+    "2", "3" for "hello there", "world wide", "foo bar"): the row is named instead."""
+    path = tmp_path / "r.csv"
+    path.write_text("text,id\nhello there,1\nworld wide,2,x\nfoo bar,3\n")
+    with pytest.raises(ValueError, match=rf"^data: expected at most 2 fields a row in {path}, as its header has, got 3 "
+                                         r"at line 3; quote a field that holds a comma$"):
+        prepare_data(path, cache_dir=tmp_path / "c")
+
+
 def test_binary_files_are_counted_where_they_are_skipped(corpus_dir, tmp_path):
     """The data line names a folder's binaries beside its empty files, and a folder of binaries only says why no
     text file was found."""
