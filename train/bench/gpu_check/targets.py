@@ -2,6 +2,8 @@
 (None when the row that decides it was not measured)."""
 from __future__ import annotations
 
+import re
+
 from .part_scan import DEFAULT, ours_name
 from .step_split import ceiling_at
 
@@ -15,12 +17,24 @@ def _one(rows, section, **match):
     return None
 
 
+def _shown(value: float, threshold: float, fmt: str) -> str:
+    """``value`` in ``fmt`` (one ``{:.Nf}`` field), with more decimals while the shown number would fall on the
+    other side of ``threshold`` than the value (79.6 % read "80 %" against "≥ 80 %", 1.1496× read "1.15×")."""
+    decimals = int(re.search(r"\.(\d+)f", fmt).group(1))
+    for more in range(6):
+        text = fmt.replace(f".{decimals}f", f".{decimals + more}f").format(value)
+        if (float(re.sub(r"[^0-9.+-]", "", text)) >= threshold) == (value >= threshold):
+            break
+    return text
+
+
 def _target(name, value, threshold, fmt="{:.2f}", higher=True, note=None):
     """``note``: said after the measured value (the ratio that bounds it, say)."""
     if value is None:
         return {"target": name, "measured": "not measured", "met": None}
     met = value >= threshold if higher else value <= threshold
-    return {"target": name, "measured": fmt.format(value) + (f" ({note})" if note else ""), "met": met}
+    shown = _shown(value, threshold, fmt) if higher else fmt.format(value)
+    return {"target": name, "measured": shown + (f" ({note})" if note else ""), "met": met}
 
 
 def _ceiling_note(rows, T):

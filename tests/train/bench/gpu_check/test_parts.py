@@ -190,6 +190,17 @@ def _row(section, **kw):
     return {"section": section, **kw}
 
 
+def test_a_missed_target_never_reads_as_the_target_itself():
+    """The verdict is the unrounded value's; the figure shown gets decimals until it says the same (79.6 % was
+    shown "80 %" against "≥ 80 %", 1.1496× as "1.15×", each marked missed)."""
+    cases = [(79.6, 80, "{:.0f} %", "79.6 %"), (80.0, 80, "{:.0f} %", "80 %"), (80.4, 80, "{:.0f} %", "80 %"),
+             (1.1496, 1.15, "{:.2f}×", "1.1496×"), (1.1500, 1.15, "{:.2f}×", "1.15×"), (4.996, 5.0, "{:.2f}×", "4.996×"),
+             (6.0, 5.0, "{:.2f}×", "6.00×")]
+    for value, threshold, fmt, shown in cases:
+        target = targets._target("t", value, threshold, fmt)
+        assert (target["measured"], target["met"]) == (shown, value >= threshold), (value, target)
+
+
 def test_targets_met_missed_and_unmeasured():
     default, tile = (part_scan.ours_name("triton", *setting) for setting in (part_scan.DEFAULT, part_scan.BASELINE))
     rows = [
