@@ -33,3 +33,15 @@ def test_the_cost_table_names_the_machines_when_runs_come_from_several():
                         "hybrid": [run("hybrid", "NVIDIA H200", 1.6e6)]}, [])
     assert "**These runs come from more than one machine**" in mixed
     assert "| machine |" in mixed and mixed.rstrip().endswith("| NVIDIA H200 |"), mixed
+
+
+def test_the_positions_table_compares_l_and_2l_on_the_same_text():
+    """Perplexity at L and at 2L of the same sequences (``loss_full_1x``, ``loss_full_2x``): a model that does not
+    degrade past L shows no growth. @L was the validation loss, on other text (windows that reset at document ends),
+    and showed 7.389 against 9.025 for this record."""
+    from hybrid.train.bench.report import positions_table
+
+    run = {"metrics": {"val_loss": 2.0, "bpb_full_1x": 3.1, "loss_full_1x": 2.2, "bpb_full_2x": 3.1,
+                       "loss_full_2x": 2.2}}
+    row = next(line for line in positions_table({"rope": [run]}).splitlines() if line.startswith("| rope"))
+    assert row.split("|")[2:4] == [f" {math.exp(2.2):.3f} "] * 2, row
