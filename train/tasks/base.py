@@ -65,6 +65,12 @@ class Task:
     def train_batch(self, batch_size: int, rng: np.random.Generator) -> Batch:
         raise NotImplementedError
 
+    def valid_batches(self, size: int, rng: np.random.Generator) -> list[Batch]:
+        """Fresh sequences of the training distribution for validation, ``size`` in all: batches whose figures are
+        averaged, each batch's own mean taken as training takes it. By default one training batch (a task whose
+        training batch mixes its lengths in one batch)."""
+        return [self.train_batch(size, rng)]
+
     def curriculum_batch(self, batch_size: int, rng: np.random.Generator, step: int = 0, steps: int = 1) -> Batch:
         """A training batch of the task's easiest setting, drawn for a run's first ``curriculum_steps`` steps
         (``TaskRunConfig``); this is curriculum step ``step`` (0-based) of ``steps``, for a task whose curriculum has

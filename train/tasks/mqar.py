@@ -112,6 +112,12 @@ class MQAR(Task):
         L, p = self.grid[int(rng.integers(0, len(self.grid)))]
         return self.sample(L, p, batch_size, rng)
 
+    def valid_batches(self, size: int, rng: np.random.Generator) -> list[Batch]:
+        """One batch per grid point, ``size`` split over them: training draws one point a batch, so one training
+        batch validated only the point it drew (64x4 under the validation seed, the easiest)."""
+        per_point = max(1, -(-size // len(self.grid)))
+        return [self.sample(L, p, per_point, rng) for L, p in self.grid]
+
     def curriculum_batch(self, batch_size: int, rng: np.random.Generator, step: int = 0, steps: int = 1) -> Batch:
         pairs, length = min((p, L) for L, p in self.grid)
         return self.sample(length, pairs, batch_size, rng)

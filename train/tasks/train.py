@@ -6,7 +6,8 @@ The loss is the cross-entropy at the labelled positions only (the model predicts
 output). Training data depends on the seed only, so every model of a suite sees the same sequences in the same
 order; test data is the same for every model and seed (``TEST_SEED``).
 
-Validation is fresh sequences of the training distribution (``valid_accuracy``, every labelled position) and,
+Validation is fresh sequences of the training distribution (``valid_accuracy``, every labelled position; MQAR's
+the mean over its grid points, ``Task.valid_batches``) and,
 for a task tested past its training lengths (state tracking), fresh sequences at twice the longest training
 length (``valid_long_accuracy`` at the scored position, ``valid_length``): a model that fits the training
 lengths but drifts beyond them is seen there, and a suite picks its learning rate on it. Neither is a test
@@ -194,9 +195,10 @@ class TaskStage(Stage):
         c, task, model = self.config, self.task, self.model
         model.eval()
         with self.autocast():
-            valid_acc, valid_loss = accuracy(model, task.train_batch(c.eval_size, rng_of(VALID_SEED)), "all",
-                                             self.device)
-            out = {"valid_accuracy": valid_acc, "valid_loss": valid_loss}
+            figures = [accuracy(model, batch, "all", self.device)  # (accuracy, loss) of each batch
+                       for batch in task.valid_batches(c.eval_size, rng_of(VALID_SEED))]
+            out = {"valid_accuracy": sum(a for a, _ in figures) / len(figures),
+                   "valid_loss": sum(loss for _, loss in figures) / len(figures)}
             valid_length = c.valid_length(task)
             if valid_length is not None:  # past the training lengths, scored where the tests are
                 batch = task.test_batch(str(valid_length), c.eval_size, rng_of(VALID_SEED + 1))

@@ -25,10 +25,30 @@ def test_a_run_trains_its_curriculum_steps_first(tmp_path, monkeypatch):
                            model={"d_model": 16, "n_layers": 1, "n_heads": 2}, steps=5, curriculum_steps=2,
                            batch_size=4, eval_size=4)
     train_task(config, tmp_path)
-    # five steps (two of the curriculum), then the validation batch of the training distribution
-    assert drawn == ["curriculum_batch"] * 2 + ["train_batch"] * 4
+    # five steps (two of the curriculum); the validation draws a batch per grid point (valid_batches)
+    assert drawn == ["curriculum_batch"] * 2 + ["train_batch"] * 3
     with pytest.raises(ValueError, match=r"curriculum_steps: expected an int in \[0, steps=5\], got 6"):
         TaskRunConfig(task="mqar", steps=5, curriculum_steps=6)
+
+
+def test_mqar_is_validated_on_every_grid_point(monkeypatch):
+    """Training draws one grid point a batch, and validation was one training batch: the validation seed's draw,
+    64x4 of the suites' grid, the easiest (a model exact there and wrong elsewhere scored 1.0, and the suites picked
+    learning rates by it). Now a batch per point, their figures averaged."""
+    import hybrid.train.tasks.train as task_train
+
+    shapes = []
+
+    def by_length(model, batch, score, device):  # (accuracy, loss): exact at 16 tokens only
+        shapes.append(tuple(batch.ids.shape))
+        return (1.0 if batch.ids.shape[1] == 16 else 0.0), float(batch.ids.shape[1])
+    monkeypatch.setattr(task_train, "accuracy", by_length)
+    config = TaskRunConfig(task="mqar", task_params={"grid": [[16, 2], [32, 4], [48, 4]], "vocab_size": 16},
+                           preset="transformer", steps=2, eval_size=7)
+    task = make_task("mqar", **config.task_params)
+    figures = task_train.TaskStage(config, task, torch.nn.Identity(), torch.device("cpu")).evaluate()
+    assert shapes == [(3, 16), (3, 32), (3, 48)]  # 7 sequences split over 3 points, rounded up
+    assert figures["valid_accuracy"] == pytest.approx(1 / 3) and figures["valid_loss"] == pytest.approx(32.0)
 
 
 def test_a_staged_passkey_curriculum_trains_its_lengths_in_order(tmp_path, monkeypatch):
