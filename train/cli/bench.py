@@ -170,7 +170,8 @@ def _report_only(args, name: str, directory: Path, budget, command: str, inputs)
     that asks for another budget is refused (the report would describe other runs than its tables)."""
     from ..bench.report import write_bench_report
 
-    records = ResultsLog(directory).records()
+    # a run recorded twice (two sessions' files joined by hand) counts once, its later record, as training's report
+    records = list(ResultsLog(directory).by_run().values())
     if not records:
         raise ValueError(f"--report-only: expected records in {directory / 'results.jsonl'}, found none")
     budgets = recorded_budgets(records)

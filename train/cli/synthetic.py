@@ -250,7 +250,7 @@ def _log_suite(kinds, out: Path, suite: str) -> None:
     from ..suite import ResultsLog
     from ..output.tracking import replay_run
 
-    for record in ResultsLog(out).records():
+    for record in ResultsLog(out).by_run().values():  # a run recorded twice is logged once
         run_dir = out / record["run"]
         if run_dir.is_dir():
             replay_run(kinds, run_dir, record["config"], summary=_summary(record["metrics"]), group=suite)

@@ -58,6 +58,19 @@ def test_report_only_describes_the_records_budget_and_keeps_the_training_command
     assert trained in header(suite) and header(suite).count("--report-only") == 1
 
 
+def test_a_run_recorded_twice_counts_once_its_later_record(tmp_path):
+    """Two sessions' results.jsonl joined by hand may hold a run twice: the report counts it once, its later record
+    winning, as the training path's report does (it counted as one more seed: "runs: 8" for 7)."""
+    once = suite_dir(tmp_path / "once")
+    bench_main(["--suite", "baselines", "--out", str(tmp_path / "once" / "out"), "--report-only"])
+    twice = suite_dir(tmp_path / "twice")
+    lines = (twice / "results.jsonl").read_text().splitlines()
+    (twice / "results.jsonl").write_text("\n".join(lines + [lines[0]]) + "\n")
+    bench_main(["--suite", "baselines", "--out", str(tmp_path / "twice" / "out"), "--report-only"])
+    body = lambda suite: (suite / "report.md").read_text().split("- commands:")[1].split("\n", 1)[1]  # noqa: E731
+    assert body(twice) == body(once) and f"- runs: {len(lines)} " in (twice / "report.md").read_text()
+
+
 def test_what_a_person_wrote_above_the_report_is_kept_when_it_is_written_again(tmp_path):
     """docs/bench/gpu-long/report.md answers issue 42's questions above the generated report."""
     suite = suite_dir(tmp_path, report="- command: `x`")
