@@ -118,7 +118,7 @@ def table(args, cells: dict) -> list[str]:
         row = [cells[preset, t] for t in lengths]
         layers = next((c["layers"] for c in row if "layers" in c), "?")
         speed = [f"{c['tokens_per_s']:,.0f}" if "error" not in c else "failed" for c in row]
-        mem = [f"{c['peak_bytes'] / 2**30:.2f} GB" if "error" not in c else "failed" for c in row]
+        mem = [f"{c['peak_bytes'] / 2**30:.2f} GiB" if "error" not in c else "failed" for c in row]
         lines.append(f"| {preset} | {layers} | " + " | ".join(speed) + " | " + " | ".join(mem) + " |")
     errors = [f"- {p} at T={t}: {c['error']}" for (p, t), c in cells.items() if "error" in c]
     return lines + ([""] + errors if errors else [])
@@ -158,7 +158,7 @@ def main(argv=None):
     for preset in args.presets:
         for seq_len in args.lengths:
             cells[preset, seq_len] = cell = run_cell(args, preset, seq_len)
-            done = f"{cell['tokens_per_s']:,.0f} tok/s, {cell['peak_bytes'] / 2**30:.2f} GB" if "error" not in cell \
+            done = f"{cell['tokens_per_s']:,.0f} tok/s, {cell['peak_bytes'] / 2**30:.2f} GiB" if "error" not in cell \
                 else f"failed: {cell['error']}"
             print(f"  {preset:12s} T={seq_len:6d}  {done}", file=sys.stderr, flush=True)
     lines = table(args, cells)
