@@ -12,7 +12,8 @@ keeps its own, for a run directory it resumes into):
   that renamed to the target (an old target is first renamed aside, then removed), so the target holds either
   the old files or the new ones, never a mix;
 - a command that fails leaves nothing behind: the staging directory is removed, and so are the parent
-  directories it had to create;
+  directories it had to create; a command killed outright leaves its staging directory, which the next writer of
+  that target removes (and names an old target left aside between the two renames, which it keeps);
 - the target's lock (``hybrid.train.output.run_lock``) is held while it is written: one writer at a time.
 
 The output-path rule, one check for every command (``check_apart``, ``hybrid.train.output.paths``): no output
@@ -24,8 +25,10 @@ directory that is not empty and not a run of ours is refused without ``--overwri
 """
 from __future__ import annotations
 
+import glob
 import os
 import shutil
+import sys
 import tempfile
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
@@ -100,8 +103,23 @@ def staged_output_dir(path, *, overwrite: bool, what: str = "out_dir", flag: str
     path = check_output_dir(path, overwrite=overwrite, what=what, flag=flag, inputs=inputs)
     with nullcontext() if locked else RunDirLock(path, command=command, what=what):
         check_output_dir(path, overwrite=overwrite, what=what, flag=flag)  # again: a writer may have finished
+        _clear_leftovers(path)
         with _staged(path) as stage:
             yield stage
+
+
+def _clear_leftovers(path: Path) -> None:
+    """What a writer of ``path`` that was killed (SIGKILL, out of memory, power) left beside it: its staging
+    directories ``.NAME.tmp-*`` are removed (the caller holds the target's lock, so no live writer owns one); an
+    old target it had set aside, between its two renames, in ``.NAME.old-*/old``, is named in a note and kept."""
+    parent = path.absolute().parent
+    for stale in sorted(parent.glob(f".{glob.escape(path.name)}.tmp-*")):
+        if stale.is_dir() and not stale.is_symlink():
+            shutil.rmtree(stale, ignore_errors=True)
+    for holder in sorted(parent.glob(f".{glob.escape(path.name)}.old-*")):
+        if (holder / "old").is_dir():
+            print(f"note: {holder / 'old'} holds the {path} that an interrupted replacement set aside; move it "
+                  f"back or delete it", file=sys.stderr, flush=True)
 
 
 @contextmanager

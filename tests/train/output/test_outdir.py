@@ -133,6 +133,25 @@ def test_a_failed_overwrite_keeps_the_old_directory(tmp_path):
             pass
 
 
+def test_the_next_writer_clears_what_a_killed_one_left(tmp_path, capsys):
+    """A writer killed outright (no handler runs) leaves its staging directory beside the target; the next writer
+    of that target removes it (it holds the lock: no live writer owns one) and names, without touching it, an old
+    target left aside between the two renames. Another target's leftovers stay."""
+    target = tmp_path / "out"
+    for name in (".out.tmp-dead1", ".out.tmp-dead2", ".other.tmp-live"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "model.safetensors").write_bytes(b"partial")
+    (tmp_path / ".out.old-k1" / "old").mkdir(parents=True)
+    (tmp_path / ".out.old-k1" / "old" / "a.txt").write_text("the old export")
+    capsys.readouterr()
+    with staged_output_dir(target, overwrite=False) as stage:
+        (stage / "b.txt").write_text("new")
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".other.tmp-live", ".out.old-k1", "out"]
+    assert (tmp_path / ".out.old-k1" / "old" / "a.txt").read_text() == "the old export"
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"{tmp_path / '.out.old-k1' / 'old'} holds the {target}" in err
+
+
 def test_synthetic_refuses_a_file_and_a_foreign_directory(tmp_path, capsys, one_line_error):
     a_file = tmp_path / "afile"
     a_file.write_text("mine\n")
