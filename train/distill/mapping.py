@@ -32,6 +32,7 @@ import torch
 
 from hybrid import Attention, RecurrenceConfig, VORecurrence
 from hybrid.models import HybridConfig, HybridLM
+from hybrid.models import mixers as mixer_table
 from hybrid.models.config_names import FLAT_ALIASES, options_fields
 from hybrid.rotary import convert_projection
 
@@ -52,12 +53,14 @@ def layer_types_for_pattern(pattern: str, n_layers: int) -> str:
     pattern repeated and cut at ``n_layers``; a pattern longer than ``n_layers`` is refused (letters unused)."""
     if not isinstance(pattern, str) or not pattern:
         raise ValueError(f"--pattern: expected mixer letters (R, A), got {pattern!r}")
+    letters = set(mixer_table.MIXERS)
     if len(pattern) > n_layers:
         raise ValueError(f"--pattern: expected at most the teacher's n_layers={n_layers} letters (the pattern is "
                          f"repeated and cut at {n_layers} layers, as HybridConfig.layer_types does), got "
                          f"{pattern!r} ({len(pattern)} letters)")
-    if set(pattern) - {"R", "A", "M"}:
-        raise ValueError(f"--pattern: expected the letters R (a replaced attention layer) and A (a kept one), got "
+    if set(pattern) - letters:  # a teacher's own M or G layers are repeated by their letter (the plan checks it)
+        raise ValueError(f"--pattern: expected the letters R (a replaced attention layer) and A (a kept one), or "
+                         f"the teacher's own at its other layers ({', '.join(sorted(letters - {'A', 'R'}))}), got "
                          f"{pattern!r}")
     reps = -(-n_layers // len(pattern))
     return (pattern * reps)[:n_layers]
@@ -107,13 +110,18 @@ def init_student(student: HybridLM, teacher: HybridLM, replaced: list[int]) -> d
 def student_config(teacher: HybridConfig, layer_types: str, overrides: dict, teacher_path: str) -> HybridConfig:
     """The teacher's config with the student's layers (an explicit letter per layer, or a pattern that
     ``layer_types_for_pattern`` accepted) and the ``--window`` / ``--set`` overrides. A teacher with partial
-    rotary (``attention.rotary_dim`` R) gives its R layers the same R (``recurrence.rotary_dim``, unless the
-    overrides name it), so that the pairs its attention leaves unrotated stay unrotated in the scan."""
+    rotary (``attention.rotary_dim`` R) gives its R layers the same R (``recurrence.rotary_dim``), so that the
+    pairs its attention leaves unrotated stay unrotated in the scan: unless the overrides name it, the R layers'
+    phase is one that turns by the data or CARoPE (where R does not apply), or the teacher has R layers of its own
+    (one recurrence config serves every R layer, and the teacher's are kept as they are)."""
     meta = {**teacher.meta, "distilled_from": teacher_path}
+    student = teacher.replace(pattern=layer_types, meta=meta, **overrides)
     partial = teacher.attention.rotary_dim
-    if partial is not None and "recurrence.rotary_dim" not in overrides and "R" in layer_types:
-        overrides = {**overrides, "recurrence.rotary_dim": partial}
-    return teacher.replace(pattern=layer_types, meta=meta, **overrides)
+    if (partial is None or "recurrence.rotary_dim" in overrides or "R" not in layer_types
+            or "R" in teacher.layer_types
+            or student.recurrence.resolved_phase(student.rotary) not in ("static", "learned")):
+        return student
+    return student.replace(**{"recurrence.rotary_dim": partial})
 
 
 @torch.no_grad()

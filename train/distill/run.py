@@ -319,7 +319,8 @@ class Distiller(Run):
             costs = dict(zip(self.align_layers, shared.tolist()))
         self.ranking = keep_most_costly(costs, self.k)
         kept = [r["layer"] for r in self.ranking if r["kept"]]
-        types = "".join("A" if i in kept or x != "A" else "R" for i, x in enumerate(self.teacher.config.layer_types))
+        # the kept attention layers, the others R; the teacher's own R, M or G layers as they are
+        types = "".join(x if x != "A" or i in kept else "R" for i, x in enumerate(self.teacher.config.layer_types))
         self.console.say(ranking_lines(self.ranking))
         if self.env.is_main:
             write_ranking(self.out, self.teacher.path, self.k, types, self.ranking, len(batches))

@@ -126,3 +126,18 @@ def test_decay_from_the_attentions_mean_distance():
     gamma = decay_from_attention(attn, rec, x)
     torch.testing.assert_close(gamma, torch.full((4,), expected / (1 + expected), dtype=torch.float64))
     torch.testing.assert_close(rec.log_decay(), torch.log(gamma)[:, None].expand(4, 3))
+
+
+def test_a_partial_rotary_teacher_gives_its_r_layers_its_rotary_dim_only_where_it_applies():
+    """R = 4 of 16 channels: the replacing R layers rotate the same 4 (their phase static or learned); not with a
+    phase that turns by the data or CARoPE (R does not apply there: such a student was refused for an option the
+    user never set), nor when the teacher has R layers of its own, which the shared recurrence config would change."""
+    teacher = HybridConfig.preset("transformer", d_model=32, n_layers=2, n_heads=2, vocab_size=64,
+                                  **{"attention.rotary_dim": 4})
+    assert student_config(teacher, "RA", {}, "t").recurrence.rotary_dim == 4
+    assert student_config(teacher, "RA", {"rnn_phase": "learned"}, "t").recurrence.rotary_dim == 4
+    assert student_config(teacher, "RA", {"rnn_phase": "data"}, "t").recurrence.rotary_dim is None
+    carope = teacher.replace(carope=True)
+    assert student_config(carope, "RA", {}, "t").recurrence.rotary_dim is None
+    hybrid = teacher.replace(pattern="AR")
+    assert student_config(hybrid, "RR", {}, "t").recurrence.rotary_dim is None

@@ -13,9 +13,13 @@ from hybrid.train.output.metrics import read_metrics
 from hybrid.train.data.tokenizer import ByteTokenizer
 
 
-def write_teacher(path, *, n_layers=3, scale=None, seed=0):
-    """A random tiny transformer run (byte tokenizer); ``scale``: {layer: factor} on its attention's out_proj."""
-    config = HybridConfig.preset("transformer", d_model=32, n_layers=n_layers, n_heads=2, vocab_size=320)
+def write_teacher(path, *, n_layers=3, scale=None, seed=0, pattern=None, **overrides):
+    """A random tiny transformer run (byte tokenizer); ``scale``: {layer: factor} on its attention's out_proj;
+    ``pattern``: a hybrid teacher's layers instead; ``overrides``: config fields."""
+    config = HybridConfig.preset("transformer", d_model=32, n_layers=n_layers, n_heads=2, vocab_size=320,
+                                 **overrides)
+    if pattern is not None:
+        config = config.replace(pattern=pattern)
     torch.manual_seed(seed)
     model = HybridLM(config)
     with torch.no_grad():
@@ -55,6 +59,28 @@ def test_auto_keeps_the_layer_that_matters(tmp_path, corpus, one_torch_thread):
     assert saved["layer_types"] == "RAR"
     assert [r["layer"] for r in saved["ranking"]] == [r["layer"] for r in result.ranking]
     assert load_checkpoint(tmp_path / "out").config["pattern"] == "RAR"
+
+
+def test_a_hybrid_teachers_own_layers_stay_as_they_are(tmp_path, corpus, one_torch_thread):
+    """auto:K ranks the teacher's attention layers only; its own R layer stays the same R layer, weights and all
+    (it became a fresh attention layer). A partial-rotary teacher gives its R layers recurrence.rotary_dim, but
+    not when it has R layers of its own, which one recurrence config also serves."""
+    teacher = write_teacher(tmp_path / "teacher", pattern="ARA", **{"attention.rotary_dim": 8})
+    result = Distiller(tiny_run(teacher, corpus, tmp_path / "out", keep_attention="auto:1", align_steps=1, steps=0),
+                       verbose=0, progress=False).fit()
+    assert result.layer_types in ("RRA", "ARR") and result.replaced in ([0], [2])
+    saved = load_checkpoint(tmp_path / "out")
+    assert saved.config["recurrence"]["rotary_dim"] is None
+    source = load_checkpoint(teacher).model_state
+    own = {k: v for k, v in source.items() if k.startswith("blocks.1.")}
+    assert own and all(torch.equal(saved.model_state[k], v) for k, v in own.items())
+
+
+def test_a_teacher_with_g_layers_takes_a_pattern_that_repeats_them(tmp_path, corpus, one_torch_thread):
+    teacher = write_teacher(tmp_path / "teacher", n_layers=2, pattern="GA")
+    result = Distiller(tiny_run(teacher, corpus, tmp_path / "out", pattern="GR", align_steps=1, steps=0),
+                       verbose=0, progress=False).fit()
+    assert result.layer_types == "GR" and result.replaced == [1]
 
 
 def _stop_at(step):
