@@ -46,7 +46,7 @@ from .sources import Source, resolve_source
 
 __all__ = ["PreparedData", "prepare_data", "default_cache_dir", "tokenize_documents", "FORMAT_VERSION"]
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: special-token spellings in documents are text (FileTokenizer.encode_batch)
 
 
 def default_cache_dir() -> Path:

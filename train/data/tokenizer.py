@@ -7,6 +7,10 @@ Both share one interface::
     vocab_size, bos_id, eos_id, pad_id, document_start, name, fingerprint
     to_dict() -> dict                    tokenizer_from_dict(d) -> Tokenizer
 
+`encode` is for prompts, `encode_batch` for a corpus's documents. They differ in one case: a file tokenizer
+reads the spelling of a special token in a prompt (`<|endoftext|>`) as that token, as transformers does, but
+in a document as the text it is, so that a document quoting it is not cut in two by an end-of-text it never had.
+
 `document_start` is the ids a prompt is put after: `[eos]` for the runs this library trains (its training
 streams are `[eos] doc [eos] doc …`), and for a model imported from transformers what its own tokenizer puts in
 front (`<s>` for Llama and Mistral, nothing for Qwen2; `FileTokenizer(document_start=...)`).
@@ -22,6 +26,7 @@ exactly; `decode_bytes` inverts `encode_bytes` for every byte sequence.
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -52,7 +57,9 @@ class Tokenizer(Protocol):
 
     def encode(self, text: str) -> list[int]: ...
 
-    def encode_batch(self, texts: list[str]) -> list[list[int]]: ...
+    def encode_batch(self, texts: list[str]) -> list[list[int]]:
+        """The token ids of each document, special-token spellings in it encoded as ordinary text."""
+        ...
 
     def decode(self, ids: Iterable[int], skip_special: bool = True) -> str: ...
 
@@ -212,10 +219,19 @@ class FileTokenizer:
         return None
 
     def encode(self, text: str) -> list[int]:
+        """A prompt's ids: a special token's spelling in it becomes that token, as in transformers."""
         return self._tok.encode(text, add_special_tokens=False).ids
 
+    @functools.cached_property
+    def _text_only(self):
+        """A copy of the tokenizer that reads special tokens' spellings as ordinary text."""
+        copy = type(self._tok).from_str(self._tok.to_str())
+        copy.encode_special_tokens = True
+        return copy
+
     def encode_batch(self, texts: list[str]) -> list[list[int]]:
-        return [e.ids for e in self._tok.encode_batch(list(texts), add_special_tokens=False)]
+        """Documents' ids: a special token's spelling in a document is encoded as the text it is."""
+        return [e.ids for e in self._text_only.encode_batch(list(texts), add_special_tokens=False)]
 
     def text_bytes(self, ids: Iterable[int]) -> int | None:
         """The UTF-8 bytes of the text that the tokens ``ids`` encode, counted exactly where the tokenizer allows it:
@@ -230,9 +246,10 @@ class FileTokenizer:
                    for i in map(int, ids))
 
     def token_ends(self, text: str) -> list[int]:
-        """Where each token of ``encode(text)`` ends in ``text`` (a character index, from the tokenizer's offsets):
-        ``text[:ends[n - 1]]`` is the text of the first n tokens, whatever the decoder would make of them."""
-        return [end for _, end in self._tok.encode(text, add_special_tokens=False).offsets]
+        """Where each token of the document ``text`` (``encode_batch([text])[0]``) ends in ``text`` (a character
+        index, from the tokenizer's offsets): ``text[:ends[n - 1]]`` is the text of the first n tokens, whatever
+        the decoder would make of them."""
+        return [end for _, end in self._text_only.encode(text, add_special_tokens=False).offsets]
 
     def decode(self, ids: Iterable[int], skip_special: bool = True) -> str:
         ids = [int(i) for i in ids]

@@ -128,3 +128,33 @@ def test_prepare_with_a_file_tokenizer(tmp_path, corpus_dir):
     assert data.valid_bytes == byte_data.valid_bytes  # the split does not depend on the tokenizer
     assert data.valid.max() < tok.vocab_size and data.valid[0] == tok.eos_id
     assert data.bytes_per_token > 1.0  # merges: fewer tokens than bytes
+
+
+def test_a_special_tokens_spelling_is_text_in_a_document_and_the_token_in_a_prompt(tmp_path):
+    """A document quoting `<|endoftext|>` keeps it as text, so packing does not start a document inside it;
+    a prompt's `<|endoftext|>` is the token, as transformers reads it."""
+    tok = load_tokenizer(_train_bpe(tmp_path))
+    doc = "the fox wrote <|endoftext|> and the dog"
+    (ids,) = tok.encode_batch([doc])
+    assert tok.eos_id not in ids and tok.decode(ids) == doc
+    assert tok.encode_batch([doc, "dog"])[1] == tok.encode("dog")
+    ends = tok.token_ends(doc)
+    assert len(ends) == len(ids) and ends[-1] == len(doc)
+    assert [tok.decode(ids[:n]) for n in (3, len(ids))] == [doc[:ends[2]], doc]
+    assert tok.encode(doc).count(tok.eos_id) == 1
+
+
+def test_prepare_keeps_a_quoted_special_token_inside_its_document(tmp_path):
+    tok = load_tokenizer(_train_bpe(tmp_path))
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    for i in range(40):
+        (corpus / f"d{i:02d}.txt").write_text(f"document {i} quotes <|endoftext|> once; " * 3)
+        (plain / f"d{i:02d}.txt").write_text(f"document {i} quotes <|nothing|> once; " * 3)
+    eos_counts = []
+    for folder in (corpus, plain):
+        data = prepare_data(folder, tokenizer=tok, cache_dir=tmp_path / "c")
+        eos_counts.append(int((data.train == tok.eos_id).sum() + (data.valid == tok.eos_id).sum()))
+    assert eos_counts[0] == eos_counts[1] >= 40  # the separators alone, none from the quoted spelling
