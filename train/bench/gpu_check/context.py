@@ -110,12 +110,13 @@ def _brief(row: dict) -> str:
     return " ".join(cells)[:240]
 
 
-def rel_error(got: torch.Tensor, want: torch.Tensor) -> float:
-    """‖got − want‖ / ‖want‖ in float64 (inf when got has a non-finite value; 0/0 counts as 0)."""
+def rel_error(got: torch.Tensor, want: torch.Tensor, *, zero_scale: float | None = None) -> float:
+    """‖got − want‖ / ‖want‖ in float64 (inf when got has a non-finite value). Where want is exactly zero the
+    error is divided by ``zero_scale`` (the size of related values), or, without it, is the plain ‖got‖."""
     got, want = got.detach().double().cpu(), want.detach().double().cpu()
     if not torch.isfinite(got).all():
         return math.inf
-    denom = want.norm().item()
+    denom = want.norm().item() or zero_scale
     num = (got - want).norm().item()
     return num / denom if denom else num
 

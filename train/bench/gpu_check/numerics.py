@@ -199,7 +199,11 @@ def window_errors(device, dtype, backend, T, window, *, B=2, H=4, G=2, D=64, pac
         return dict(zip(("out", "grad q", "grad k", "grad v"), (o, *grads)))
 
     ours, ref = run(dtype, backend), run(torch.float64, "reference")
-    return {name: rel_error(ours[name], ref[name]) for name in ours}
+    # Window 1: each query sees its own key alone, so the reference's grad q and grad k are exactly 0, while a
+    # kernel's backward leaves round-off there (two sums that cancel, added in different orders): measured
+    # against the largest reference's size, not as a plain norm held to a relative tolerance.
+    scale = max(t.detach().double().norm().item() for t in ref.values())
+    return {name: rel_error(ours[name], ref[name], zero_scale=scale) for name in ours}
 
 
 def conv_errors(device, dtype, backend, *, B=2, T=300, C=64, W=4, packed=False, seed=0) -> dict:

@@ -405,3 +405,17 @@ def test_the_cuda_tests_run_new_first_captures_after_them_compiles_last_in_each_
     for name in ("test_model_cuda.py", "test_graphed_decoding_cuda.py"):
         late = ["compiled" in i or "-fla-" in i for i, f in zip(ids, files) if f == name]
         assert any(late) and late == sorted(late), (name, late)  # every compile (and fla's autotuning) after the rest
+
+
+def test_a_gradient_that_is_exactly_zero_is_measured_against_its_neighbours():
+    """Window 1: the reference's grad q and grad k are exactly 0; a kernel's round-off there is relative to the
+    other gradients' size, not a plain norm held to a relative tolerance (which a large T would fail)."""
+    from hybrid.train.bench.gpu_check.context import rel_error
+    from hybrid.train.bench.gpu_check.numerics import window_errors
+
+    zero, off = torch.zeros(3, dtype=torch.float64), torch.tensor([3e-5, 0.0, 4e-5])
+    assert rel_error(off, zero) == pytest.approx(5e-5) and rel_error(off, zero, zero_scale=10.0) == pytest.approx(5e-6)
+    assert rel_error(torch.tensor([1.0, float("nan")]), zero[:2], zero_scale=1.0) == float("inf")
+    assert rel_error(2 * off, off, zero_scale=1e9) == pytest.approx(1.0)  # a nonzero reference: relative as before
+    errors = window_errors(torch.device("cpu"), torch.float32, "blocked", 45, 1, D=16)
+    assert max(errors.values()) <= part_correctness.WINDOW_TOL[torch.float32] / 10, errors
