@@ -153,6 +153,19 @@ def _run_suite(args, name: str, command: str, seeds, models, inputs, time_limit:
             return
         path = write_bench_report(directory, name, records, budget_text=budget.describe(), command=command)
         print(f"report: {path}", flush=True)
+        note = runs_left_out(directory, records)
+        if note:
+            print(note, flush=True)
+
+
+def runs_left_out(directory: Path, records: list[dict]) -> str | None:
+    """A line naming the runs of other commands (other --models, --seeds) in the suite folder that the training
+    path's report, of this command's ``records`` alone, leaves out; None when there are none."""
+    others = set(ResultsLog(directory).by_run()) - {r["run"] for r in records}
+    if not others:
+        return None
+    return (f"the report covers this command's {len(records)} runs; {directory / 'results.jsonl'} holds "
+            f"{len(others)} more ({', '.join(sorted(others))}): add --report-only to report them all")
 
 
 def _flag_budget(args, name: str, seeds, models):

@@ -11,7 +11,8 @@ import pytest
 
 from hybrid.train.bench.budgets import recorded_budgets
 from hybrid.train.bench.report import command_line, report_commands
-from hybrid.train.cli.bench import bench_main
+from hybrid.train.cli.bench import bench_main, runs_left_out
+from hybrid.train.suite import ResultsLog
 
 GPU_LONG = Path(__file__).resolve().parents[3] / "docs" / "bench" / "gpu-long"
 TRAINED_BY = "hybrid-bench --suite baselines --budget smoke --dry-run --out runs/dry"
@@ -120,3 +121,16 @@ def test_the_command_line_round_trips_through_the_report(tmp_path):
     assert report_commands(tmp_path / "report.md") == ["hybrid-bench --suite a", "hybrid-bench --suite a --seeds 0,1"]
     (tmp_path / "report.md").write_text("# x\n- command: `hybrid-bench --suite a --report-only`\n")
     assert report_commands(tmp_path / "report.md") == [] == report_commands(tmp_path / "absent.md")
+
+
+
+def test_a_training_command_says_when_the_folder_holds_runs_its_report_leaves_out(tmp_path):
+    """The training path reports its own command's runs; the runs of an earlier command with other --models are
+    named, with the way to report them all."""
+    suite = suite_dir(tmp_path)  # seven gpu-long runs
+    records = list(ResultsLog(suite).by_run().values())
+    ours = [r for r in records if r["run"].startswith("hybrid/")]  # as if this command asked for --models hybrid
+    note = runs_left_out(suite, ours)
+    assert note.startswith("the report covers this command's 2 runs;") and "holds 5 more (" in note
+    assert "transformer/seed1" in note and "hybrid/seed0" not in note and note.endswith("report them all")
+    assert runs_left_out(suite, records) is None
