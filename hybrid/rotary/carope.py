@@ -38,6 +38,14 @@ def cos_sin_from_phases(phases: torch.Tensor):
     return torch.cos(phases), torch.sin(phases)
 
 
+def wrap_phase(phase: torch.Tensor) -> torch.Tensor:
+    """``phase`` mod 2π in [−π, π), taken in float64 and returned in phase's dtype: a carried phase then keeps
+    float32's full precision however long the sequence (its sum grows ~1 rad a token, and float32's spacing at
+    20,000 rad is 2e-3 rad, which token-by-token decoding would otherwise accumulate)."""
+    wrapped = torch.remainder(phase.double() + math.pi, 2 * math.pi) - math.pi
+    return wrapped.to(phase.dtype)
+
+
 class CARoPE(nn.Module):
     """Context-aware rotary phases for `n_heads` heads rotating `rotary_dim` channels each.
 
@@ -74,8 +82,9 @@ class CARoPE(nn.Module):
         if x.dim() != 3 or x.shape[-1] != self.d_model:
             raise ValueError(f"x: expected shape (B, T, d_model={self.d_model}), got {tuple(x.shape)}")
         dtype = torch.promote_types(torch.promote_types(x.dtype, self.weight.dtype), torch.float32)
-        z = F.linear(x.to(dtype), self.weight.to(dtype), self.bias.to(dtype))  # (B, T, H)
-        return -torch.log1p(F.softplus(z))
+        with torch.autocast(x.device.type, enabled=False):  # float32 under autocast too: the phases sum these
+            z = F.linear(x.to(dtype), self.weight.to(dtype), self.bias.to(dtype))  # (B, T, H)
+            return -torch.log1p(F.softplus(z))
 
     def increments(self, x: torch.Tensor) -> torch.Tensor:
         """Per-token phase increments f(x_t)^i = exp(i·log f(x_t)), `(B, T, H, P)` float32."""
@@ -87,8 +96,9 @@ class CARoPE(nn.Module):
         """Phases for x `(B, T, d_model)` continuing from `phase` `(B, H, P)` (zeros when None).
 
         Returns `(phases (B, T, H, P), phase_end (B, H, P))`, float32, with phases[:, m] = phase +
-        Σ_{t ≤ m} increments[:, t] (inclusive). Feeding phase_end to the next call continues exactly:
-        chunked or token-by-token runs give the phases of one pass.
+        Σ_{t ≤ m} increments[:, t] (inclusive), and phase_end the last of them mod 2π (`wrap_phase`). Feeding
+        phase_end to the next call continues: chunked or token-by-token runs give the phases of one pass up to
+        multiples of 2π (the same cos and sin), as accurately as one pass, at any length.
         """
         inc = self.increments(x)
         B, T, H, P = inc.shape
@@ -99,16 +109,16 @@ class CARoPE(nn.Module):
         # Sum from the carried phase so that a split run adds in the same order as one pass.
         phase = phase.to(inc.dtype)
         phases = torch.cumsum(torch.cat((phase.unsqueeze(1), inc), dim=1), dim=1)[:, 1:]  # (B, T, H, P)
-        phase_end = phases[:, -1] if T > 0 else phase
+        phase_end = wrap_phase(phases[:, -1]) if T > 0 else phase
         return phases, phase_end
 
     def forward_packed(self, x: torch.Tensor, cu_seqlens: torch.Tensor, phase: torch.Tensor | None = None):
         """Phases for a packed batch x `(1, total_T, d_model)` (`hybrid.kernels.varlen`), restarting at every
         sequence from its `phase` `(N, H, P)` (zeros when None).
 
-        Returns `(phases (1, total_T, H, P), phase_end (N, H, P))` float32. The running sums are taken in
-        float64 over the whole batch and differenced at the sequence starts, so each sequence's phases equal
-        its own run's to float32 rounding.
+        Returns `(phases (1, total_T, H, P), phase_end (N, H, P))` float32, phase_end mod 2π as in `forward`.
+        The running sums are taken in float64 over the whole batch and differenced at the sequence starts, so
+        each sequence's phases equal its own run's to float32 rounding.
         """
         inc = self.increments(x)  # (1, T, H, P)
         _, T, H, P = inc.shape
@@ -121,4 +131,4 @@ class CARoPE(nn.Module):
             before = before - phase.double()
         ids = sequence_ids(cu_seqlens, T)  # (T,)
         phases = (total - before[ids]).to(inc.dtype)  # (T, H, P)
-        return phases.unsqueeze(0), phases[cu_seqlens[1:] - 1]
+        return phases.unsqueeze(0), wrap_phase(phases[cu_seqlens[1:] - 1])

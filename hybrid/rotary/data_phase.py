@@ -163,7 +163,8 @@ class DataPhase(WithComputedBuffers):
             raise ValueError(f"x: expected shape (B, T, d_model={self.d_model}), got {tuple(x.shape)}")
         dtype = torch.promote_types(at_least_float32(x).dtype, self.weight.dtype)
         dtype = torch.promote_types(dtype, torch.float32)
-        z = F.linear(x.to(dtype), self.weight.to(dtype))  # (B, T, H·P)
+        with torch.autocast(x.device.type, enabled=False):  # float32 under autocast too (the angles' precision)
+            z = F.linear(x.to(dtype), self.weight.to(dtype))  # (B, T, H·P)
         return z.unflatten(-1, (self.n_heads, self.n_pairs)) + self.bias.to(dtype)  # (B, T, H, P)
 
 
