@@ -50,9 +50,16 @@ def restore_computed_buffers(model: nn.Module) -> None:
 
 class WithComputedBuffers(nn.Module):
     """A module whose computed buffers are written back after every move or cast of it: never left uninitialised by
-    ``to_empty``, never left rounded by a cast to bfloat16 and back (the R layers' angles were, until 2026-11-28)."""
+    ``to_empty``, never left rounded by a cast to bfloat16 and back (the R layers' angles were, until 2026-11-28).
+    The buffers named in ``float32_buffers`` (angles) stay float32 when the module is cast to float16 / bfloat16."""
+
+    float32_buffers: tuple[str, ...] = ()
 
     def _apply(self, fn, recurse=True):
         super()._apply(fn, recurse)
+        for name in self.float32_buffers:
+            buf = self._buffers.get(name)  # None when it is a parameter (learned angles) or absent
+            if buf is not None and buf.dtype in (torch.float16, torch.bfloat16):
+                self._buffers[name] = torch.empty(buf.shape, device=buf.device, dtype=torch.float32)
         _restore_own(self)
         return self

@@ -138,6 +138,7 @@ class VOGatedLinearAttention(Mixer):
     """
 
     Config = GLAConfig
+    float32_buffers = ("theta",)  # the angles stay float32 in a float16 / bfloat16 model
 
     def __init__(self, d_model: int, n_heads: int, head_dim: int | None = None, *,
                  rotary: RotaryConfig | None = None, norm_eps: float = 1e-6, config: GLAConfig | None = None,

@@ -173,6 +173,7 @@ class VORecurrence(Mixer):
     """
 
     Config = RecurrenceConfig
+    float32_buffers = ("theta",)  # the angles stay float32 in a float16 / bfloat16 model
 
     def __init__(self, d_model: int, n_heads: int, head_dim: int | None = None, *,
                  rotary: RotaryConfig | None = None, norm_eps: float = 1e-6, config: RecurrenceConfig | None = None,
