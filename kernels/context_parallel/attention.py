@@ -32,6 +32,7 @@ def window_attention_cp(q: Tensor, k: Tensor, v: Tensor | None, window: int | No
     the keys are the values); ``(1, L, …)`` with packed documents. window: w, or None for global attention.
     Returns ``(B, L, H, D)``: this shard's rows of one rank's output.
     """
+    shard.check_local("q", q)
     shared = v is None
     size = None if window is None else window - 1
     if shard.world == 1 or size == 0:

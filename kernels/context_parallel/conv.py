@@ -29,6 +29,7 @@ def causal_conv1d_cp(x: Tensor, weight: Tensor, bias: Tensor | None = None, init
     rank (its gradient is a per-rank part). output_final_state: the last W − 1 inputs of this shard's row (packed:
     of each local piece), as the op returns them. Returns ``(y, final or None)``.
     """
+    shard.check_local("x", x)
     B, L, C = x.shape
     K = weight.shape[1] - 1
     if shard.world == 1 or K == 0:  # no halo: one rank, or a width-1 conv (its state is empty)

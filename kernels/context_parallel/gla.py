@@ -75,6 +75,7 @@ def vo_gla_cp(q: Tensor, k: Tensor, v: Tensor, log_decay: Tensor, theta: Tensor,
     `complex_scan_cp`'s. tile_size, backend, check_values: as `vo_gla`'s. Returns ``(o, final or None)``, ``o``
     this shard's rows of one rank's.
     """
+    shard.check_local("q", q)
     cu = shard.cu_seqlens
     local_init = initial_state
     if initial_state is not None and shard.packed:  # each piece that starts its document takes its own state

@@ -89,7 +89,7 @@ def gather_halo(x: Tensor, size: int | None, shard, *, before: Tensor | None = N
         without ``before``), and the exchanged part for `comm.keep_in_graph` (None on one rank): every rank must
         take part in the exchange's backward.
     """
-    want = shard.start if size is None else min(size, shard.total)
+    want = shard.start if size is None else size  # `before` may reach further back than the sequence's start
     token = None
     pieces = []
     if before is not None and want > shard.start:  # it reaches past position 0

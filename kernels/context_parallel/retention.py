@@ -38,6 +38,7 @@ def retention_cp(q: Tensor, k: Tensor, v: Tensor, log_gamma: Tensor, initial_sta
     output_final_state: the state after this shard's last token (packed: after each local piece), as
     `complex_scan_cp`'s. Returns ``(o, final or None)``, ``o`` this shard's rows of one rank's.
     """
+    shard.check_local("q", q)
     cu = shard.cu_seqlens
     local_init = initial_state
     if initial_state is not None and shard.packed:

@@ -71,6 +71,7 @@ def complex_scan_cp(x: Tensor, log_decay: Tensor, theta: Tensor, initial_state: 
     Returns:
         ``(y, final or None)``: ``y`` ``(B, L, H, D)`` equal to this shard's rows of one rank's ``y``.
     """
+    shard.check_local("x", x)
     cu = shard.cu_seqlens
     local_init = initial_state
     if initial_state is not None and shard.packed:  # each piece that starts its document takes its own state

@@ -22,7 +22,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from ..checks import as_int
-from ..varlen import check_cu_seqlens, on_device, positions_in_sequence
+from ..varlen import PackedOffsets, check_cu_seqlens, on_device, positions_in_sequence
 
 __all__ = ["SequenceShard", "shard_sequence"]
 
@@ -87,6 +87,13 @@ class SequenceShard:
 
     # ------------------------------------------------------------------------------------------ tensors
 
+    def check_local(self, name: str, t: Tensor) -> None:
+        """A one-line ValueError unless ``t`` is this rank's part of the sequence: ``length`` tokens in dim 1 (one
+        row when packed)."""
+        if t.dim() < 2 or t.shape[1] != self.length or (self.packed and t.shape[0] != 1):
+            want = f"({'1' if self.packed else 'B'}, {self.length}, …)"
+            raise ValueError(f"{name}: expected this rank's shard of shape {want} ({self!r}), got {tuple(t.shape)}")
+
     def take(self, t: Tensor, dim: int = 1) -> Tensor:
         """This rank's part of a whole-sequence tensor (a view): ``t.narrow(dim, start, length)``."""
         if t.shape[dim] != self.total:
@@ -133,7 +140,9 @@ def shard_sequence(total: int, group=None, *, cu_seqlens: Tensor | None = None) 
     if cu_seqlens is None:
         bounds, local_cu, docs, offsets = (0, n), None, (0,), (start,)
     else:
-        check_cu_seqlens(cu_seqlens, n, cu_seqlens.device)
+        if isinstance(cu_seqlens, PackedOffsets):
+            cu_seqlens = cu_seqlens.cu_seqlens
+        check_cu_seqlens(cu_seqlens, n, cu_seqlens.device if isinstance(cu_seqlens, Tensor) else "cpu")
         bounds = tuple(cu_seqlens.tolist())
         first = bisect.bisect_right(bounds, start) - 1
         inner = [b - start for b in bounds if start < b < start + length]

@@ -262,6 +262,10 @@ for _width in (4, 2 * L - 2):  # a halo inside one shard, and one reaching two s
     for _i, _name in enumerate(("near-edges", "at-edges", "across-all")):
         case(f"conv width {_width} packed {_name}, per-document initial states")(
             lambda g, w=_width, n=_name, i=_i: _conv_case(g, width=w, cu=packings(world_of(g))[n], seed=80 + w + i))
+# W − 1 past the whole sequence: the initial state reaches further back than position 0 (the halo was cut at it)
+case(f"conv width {3 * L + 2}, initial state")(lambda g: _conv_case(g, width=3 * L + 2, cu=None, seed=75))
+case(f"conv width {3 * L + 2} packed across-all, per-document initial states")(
+    lambda g: _conv_case(g, width=3 * L + 2, cu=packings(world_of(g))["across-all"], seed=76))
 
 
 # ------------------------------------------------------------------------------------------ attention

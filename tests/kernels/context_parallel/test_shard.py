@@ -57,3 +57,28 @@ def test_refusals(monkeypatch):
 def test_a_group_without_a_job_is_refused():
     with pytest.raises(ValueError, match=r"^group: expected a process group of an initialised torch.distributed"):
         shard_sequence(8, object())
+
+
+def test_an_input_that_is_not_this_ranks_shard_is_refused(monkeypatch):
+    """The whole sequence passed instead of `shard.take(x)`: refused before any collective (R and G returned
+    wrong rows on every rank after the first, silently)."""
+    from hybrid import VOGatedLinearAttention, VORecurrence
+    from hybrid.kernels.context_parallel import complex_scan_cp
+
+    monkeypatch.setattr(shard, "_group_place", lambda group: (1, 2))
+    s = shard_sequence(12, "group")
+    with pytest.raises(ValueError, match=r"^x: expected this rank's shard of shape \(B, 6, …\) \(SequenceShard"):
+        complex_scan_cp(torch.zeros(2, 12, 2, 4), torch.full((2, 2), -0.1), torch.zeros(2, 2), shard=s)
+    for layer in (VORecurrence(16, 2), VOGatedLinearAttention(16, 2)):
+        with pytest.raises(ValueError, match=r"^x: expected this rank's shard of shape \(B, 6, …\)"):
+            layer(torch.zeros(2, 12, 16), shard=s, output_final_state=False)
+
+
+def test_offsets_as_a_list_are_refused_and_packed_offsets_taken():
+    from hybrid.kernels.varlen import PackedOffsets
+
+    with pytest.raises(ValueError, match=r"^cu_seqlens: expected a LongTensor \(N\+1,\) of sequence offsets, "
+                                         r"got list$"):
+        shard_sequence(8, cu_seqlens=[0, 3, 8])
+    s = shard_sequence(8, cu_seqlens=PackedOffsets.from_bounds([0, 3, 8], device="cpu"))
+    assert s.local_bounds == (0, 3, 8) and s.piece_docs == (0, 1)
