@@ -107,14 +107,16 @@ def vo_gla_chunkwise(q: Tensor, k: Tensor, v: Tensor, g: Tensor, th: Tensor, ini
         chunk_seq, first, last, inverse = [0] * NC, [True] + [False] * (NC - 1), [False] * (NC - 1) + [True], None
         qc, kc, vc, gc, *thc = (F.pad(x, (0, 0) * (x.dim() - 2) + (0, NC * C - T)).unflatten(1, (NC, C))
                                 for x in (q, k, v, g, *per_token))  # (B, NC, C, …)
-        counts = (T - torch.arange(NC, device=q.device) * C).clamp(max=C) if static else None  # (NC,)
+        counts = (T - torch.arange(NC, device=q.device) * C).clamp(max=C)  # (NC,)
     else:
         index, valid, inverse, chunk_seq, first, last = chunk_layout(cu, T, C, bounds)
         qc, kc, vc, gc, *thc = (_gather(x, index, valid) for x in (q, k, v, g, *per_token))  # (B, NC, C, …)
         NC = index.shape[0]
-        counts = valid.sum(1) if static else None  # (NC,)
+        counts = valid.sum(1)  # (NC,)
 
-    b = gc.cumsum(2)  # (B, NC, C, H): log-decays summed within the chunk
+    # log-decays summed within the chunk, each first clamped where its decay already rounds to 0 (float32: e^−110,
+    # float64: e^−750; the same numbers and gradients), so that no sum of finite ones overflows to −∞ (then NaN)
+    b = gc.clamp(min=-110.0 if gc.dtype != torch.float64 else -750.0).cumsum(2)  # (B, NC, C, H)
     if static:  # cos φ, sin φ (Bd, 1, C, H, P), shared by the chunks; at φ_e (Bd, NC, H, P)
         cos, sin, cos_end, sin_end = _static_turns(th, counts, C)
     else:
@@ -123,19 +125,24 @@ def vo_gla_chunkwise(q: Tensor, k: Tensor, v: Tensor, g: Tensor, th: Tensor, ini
         cos_end, sin_end = cos[:, :, -1], sin[:, :, -1]  # (B, NC, H, P): past the end θ = 0, the last valid token's
     v_turned = rotate(vc, cos, sin)  # (B, NC, C, H, Dv): ṽ_m = e^{iφ_m} v_m
 
-    # intra: Σ_{m≤c} e^{b_c − b_m} (q_c·k_m) ṽ_m
-    causal = torch.ones(C, C, dtype=torch.bool, device=q.device).tril()  # [c, m]: m ≤ c
+    # intra: Σ_{m<c} e^{b_c − b_m} (q_c·k_m) ṽ_m; the term m = c, (q_c·k_c) v_c, is added unturned below: through
+    # the turns and the gap it would be e^{−iφ_c} e^{iφ_c} and e^{b_c − b_c}, whose angle and decay gradients cancel
+    # to roundoff of an O(1) term, where the true ones are O(γ) (no correct digit in float32 under strong decay)
+    strict = torch.ones(C, C, dtype=torch.bool, device=q.device).tril(-1)  # [c, m]: m < c
     gap = b[:, :, :, None] - b[:, :, None, :]  # (B, NC, C, C, H): b_c − b_m
-    decay = torch.exp(torch.where(causal[:, :, None], gap, float("-inf")))  # 0 above the diagonal
+    decay = torch.exp(torch.where(strict[:, :, None], gap, float("-inf")))  # 0 on and above the diagonal
     scores = torch.einsum("bnchd,bnmhd->bnhcm", qc, kc) * decay.permute(0, 1, 4, 2, 3)  # (B, NC, H, C, C)
     o_turned = torch.einsum("bnhcm,bnmhe->bnche", scores, v_turned)  # (B, NC, C, H, Dv)
 
     # each chunk's own key-value sum and gain, in the frame of its last token
     b_end = b[:, :, -1]  # (B, NC, H) (slots past the end add log γ = 0: the last valid token's sum)
-    k_weight = torch.exp(b_end[:, :, None] - b)  # (B, NC, C, H): e^{b_e − b_m}
+    # the chunk's last token e (the same cancellation as the diagonal): k_e ⊗ v_e added unturned, undecayed
+    is_end = torch.arange(C, device=q.device)[None, :] == (counts[:, None] - 1)  # (NC, C)
+    k_weight = torch.exp(b_end[:, :, None] - b).masked_fill(is_end[None, :, :, None], 0.0)  # e^{b_e − b_m}, m < e
     kv = torch.einsum("bnmhd,bnmhe->bnhde", kc * k_weight[..., None], v_turned)  # (B, NC, H, Dk, Dv)
     cos_end, sin_end = cos_end[..., None, :], -sin_end[..., None, :]  # e^{−iφ_e} (·, NC, H, 1, P)
-    kv = rotate(kv, cos_end, sin_end)
+    chunks, end = torch.arange(NC, device=q.device), counts - 1  # (NC,): each chunk's last valid slot
+    kv = rotate(kv, cos_end, sin_end) + kc[:, chunks, end][..., :, None] * vc[:, chunks, end][..., None, :]
     gain = torch.exp(b_end)[..., None, None]  # (B, NC, H, 1, 1)
 
     # carry across chunks; None stands for a zero state
@@ -153,6 +160,7 @@ def vo_gla_chunkwise(q: Tensor, k: Tensor, v: Tensor, g: Tensor, th: Tensor, ini
     entering = torch.stack(entering, dim=1)  # (B, NC, H, Dk, Dv)
     o_turned = o_turned + torch.einsum("bnchd,bnhde->bnche", qc * torch.exp(b)[..., None], entering)
     o = rotate(o_turned, cos, -sin)  # (B, NC, C, H, Dv): back to each token's own frame
+    o = o + (qc * kc).sum(-1, keepdim=True) * vc  # the term m = c, (q_c·k_c) v_c, in its own frame
     o = o.reshape(B, NC * C, H, Dv)  # (B, NC·C, H, Dv)
     o = o[:, :T] if inverse is None else o[:, inverse]  # (B, T, H, Dv)
     final = torch.stack([finals[n] for n in range(len(finals))], dim=1) if want_final else None
