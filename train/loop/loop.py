@@ -170,11 +170,12 @@ class TrainingLoop:
                 part_sums[k] = part_sums[k] + v.detach() if k in part_sums else v.detach()
         if self.scaler is not None:
             self.scaler.unscale_(stage.optimizer)  # true gradients for clipping; records float16 overflows
-        norm = None
-        if self.grad_clip is not None:
-            norm = torch.nn.utils.clip_grad_norm_(stage.trainable, self.grad_clip)
-            if hasattr(norm, "full_tensor"):  # a DTensor under FSDP
-                norm = norm.full_tensor()
+        # the global norm, clipped to grad_clip; with clipping off (None) measured all the same (max_norm inf scales
+        # by exactly 1), so that a non-finite gradient is still seen by the divergence policy and recorded
+        max_norm = self.grad_clip if self.grad_clip is not None else math.inf
+        norm = torch.nn.utils.clip_grad_norm_(stage.trainable, max_norm)
+        if hasattr(norm, "full_tensor"):  # a DTensor under FSDP
+            norm = norm.full_tensor()
         mean_loss = loss_sum / len(micro)
         skip = self.divergence.after_backward(mean_loss, norm, self.step + 1)
         lr = stage.optimizer.param_groups[0]["lr"]

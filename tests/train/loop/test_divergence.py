@@ -143,3 +143,34 @@ def test_float16_training_on_cuda_uses_a_grad_scaler(corpus, tmp_path):
     assert trainer.scaler is not None and all(math.isfinite(v) for v in result.losses.values())
     assert result.losses[20] < result.losses[4]
     assert "grad_scaler" in load_checkpoint(tmp_path / "f16").extra
+
+
+def poison_gradient_at(monkeypatch, steps):
+    """A finite loss whose gradient is NaN at the given (1-based) steps (one forward per step here)."""
+    real, forwards = HybridLM.forward, [0]
+
+    def forward(self, *args, **kwargs):
+        logits, state = real(self, *args, **kwargs)
+        if self.training and torch.is_grad_enabled():
+            forwards[0] += 1
+            if forwards[0] in steps:
+                logits.register_hook(lambda g: torch.full_like(g, float("nan")))
+        return logits, state
+
+    monkeypatch.setattr(HybridLM, "forward", forward)
+
+
+@pytest.mark.parametrize("grad_clip", [1.0, 0.0])
+def test_a_nonfinite_gradient_is_seen_with_clipping_on_or_off(corpus, tmp_path, monkeypatch, grad_clip):
+    poison_gradient_at(monkeypatch, {5})
+    out = tmp_path / "skip"
+    Trainer(tiny(corpus, out, on_nonfinite="skip", log_every=1, grad_clip=grad_clip), verbose=0, progress=False).fit()
+    records = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines() if '"val_loss"' not in x]
+    assert [r["step"] for r in records if r.get("skipped")] == [5]
+    assert all(math.isfinite(r["grad_norm"]) for r in records if not r.get("skipped"))  # recorded, clipping or not
+    assert all_finite(out) and load_checkpoint(out).step == 8
+
+    poison_gradient_at(monkeypatch, {5})
+    with pytest.raises(FloatingPointError, match="not finite at step 5"):
+        Trainer(tiny(corpus, tmp_path / "stop", grad_clip=grad_clip), verbose=0, progress=False).fit()
+    assert load_checkpoint(tmp_path / "stop").step == 4 and all_finite(tmp_path / "stop")
