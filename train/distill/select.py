@@ -18,7 +18,7 @@ __all__ = ["replacement_costs", "keep_most_costly", "parse_keep_attention"]
 
 
 def parse_keep_attention(text: str, n_layers: int, n_attention: int) -> int:
-    """``"auto:K"`` -> K, with 0 <= K <= n_layers and K at most the teacher's attention layers."""
+    """``"auto:K"`` -> K, with 0 <= K <= n_layers and K below the teacher's attention layers (one is replaced)."""
     kind, sep, value = str(text).partition(":")
     try:
         k = int(value) if kind == "auto" and sep else None
