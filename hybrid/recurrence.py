@@ -58,7 +58,15 @@ from .rotary import PHASE_INITS, PHASE_MAPS, CARoPE, DataPhase, RotaryConfig, ch
 SELECTIVE_GATES = {"sigmoid": torch.sigmoid, "hardsigmoid": F.hardsigmoid}  # the recurrence gate r_t
 SELECTIVE_C = 8.0
 MIN_WRITE_SQ = 1e-12  # 1 − γ² is floored here: sqrt's gradient is infinite at γ = 1 (a held token, r_t = 0)
+
 PHASES = ("static", "learned", "carope", "data")
+
+
+def write_norm(log_decay: torch.Tensor) -> torch.Tensor:
+    """The write ``sqrt(1 − γ²)`` from ``log γ``: floored at ``sqrt(MIN_WRITE_SQ)`` (finite gradients near γ = 1), and
+    exactly 0 where γ = 1 (a held token: the state is kept as it is; the floor's gradient there is 0 anyway)."""
+    write_sq = -torch.expm1(2.0 * log_decay)
+    return torch.where(write_sq > 0, torch.sqrt(write_sq.clamp_min(MIN_WRITE_SQ)), 0.0)
 
 
 def gated_log_decay(r: torch.Tensor, log_decay: torch.Tensor, hold_below: float = 0.0) -> torch.Tensor:
@@ -272,7 +280,7 @@ class VORecurrence(Mixer):
                 log_decay = log_decay + log_factor.to(log_decay.dtype)  # |γ_t (1 − 2σ(z_t))|, (B, T, H, P)
         else:
             theta = at_least_float32(self.theta)  # (H, P)
-        norm = torch.sqrt((-torch.expm1(2.0 * log_decay)).clamp_min(MIN_WRITE_SQ))  # sqrt(1 − γ²), (…, H, P)
+        norm = write_norm(log_decay)  # sqrt(1 − γ²), (…, H, P)
         pairs = rearrange(uh, "b t h (p two) -> b t h p two", two=2)
         v = rearrange(pairs * norm.unsqueeze(-1), "b t h p two -> b t h (p two)")  # both parts of each pair
         return v.to(u.dtype), log_decay, theta
@@ -405,16 +413,17 @@ class VORecurrence(Mixer):
         return not self.selective and self.carope is None and self.data_phase is None
 
     def _step_constants(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """The write norm sqrt(1 − γ²) and the transition γ e^{−iθ} (complex), each ``(H, P)``, of a layer whose γ
-        and θ depend on no token, computed as ``scan_inputs`` and ``complex_scan_step`` compute them and kept until
-        ``decay_nu`` or ``theta`` changes (its version counter, storage, dtype or device): a decode step without
-        autograd then skips ~10 small kernels a layer (on a GPU, eager decoding is bound by the launches; traced,
-        the step computes them, which Inductor fuses)."""
+        """The write norm sqrt(1 − γ²) and the transition γ e^{−iθ} (complex), each ``(H, P)``, of a layer whose γ and θ
+        depend on no token, computed as ``scan_inputs`` and ``complex_scan_step`` compute them and kept until
+        ``decay_nu`` or ``theta`` changes (its version counter, storage, dtype or device; a write through ``.data``
+        bumps no version counter and is not seen: pop ``_step_memo`` from ``__dict__`` after one): a decode step without
+        autograd then skips ~10 small kernels a layer (on a GPU, eager decoding is bound by the launches; traced, the
+        step computes them, which Inductor fuses)."""
         key = tuple((t._version, t.data_ptr(), t.dtype, t.device) for t in (self.decay_nu, self.theta))
         memo = self.__dict__.get("_step_memo")
         if memo is None or memo[0] != key:
             log_decay, theta = self.log_decay(), at_least_float32(self.theta)  # (H, P) each
-            norm = torch.sqrt((-torch.expm1(2.0 * log_decay)).clamp_min(MIN_WRITE_SQ))
+            norm = write_norm(log_decay)
             memo = (key, norm, torch.exp(torch.complex(log_decay, -theta)))
             self.__dict__["_step_memo"] = memo
         return memo[1], memo[2]

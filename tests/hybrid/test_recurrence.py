@@ -86,7 +86,8 @@ def reference(m: VORecurrence, x: torch.Tensor) -> torch.Tensor:
             theta = torch.round(theta / q) * q
     else:
         theta = m.theta.double().expand(B, T, H, P)
-    write = torch.sqrt((1 - torch.exp(2 * log_g)).clamp_min(recurrence_module.MIN_WRITE_SQ))  # floored at γ = 1
+    write_sq = 1 - torch.exp(2 * log_g)
+    write = torch.where(write_sq > 0, torch.sqrt(write_sq.clamp_min(recurrence_module.MIN_WRITE_SQ)), 0.0)  # 0 at γ = 1
     v = uh.reshape(B, T, H, P, 2) * write.unsqueeze(-1)
     o = torch.zeros(B, T, H, P, 2, dtype=torch.float64)
     for i in range(T):
@@ -341,10 +342,31 @@ def test_hard_gate_holds_the_state_and_keeps_gradients_finite():
     s0 = m.init_state(2)
     s0.scan = torch.randn(s0.scan.shape, generator=gen(), dtype=torch.float64).to(s0.scan.dtype)
     y, s = m(x, s0)
-    # the only change: writes of sqrt(MIN_WRITE_SQ) = 1e-6 times |i ⊙ u| (~1) per token; a decay would show at 0.1
-    torch.testing.assert_close(s.scan, -s0.scan.to(s.scan.dtype), rtol=0, atol=1e-4)
+    # γ_t = 1 and no write: the state is turned by π per token and nothing else (a decay would show at 0.1, a
+    # floored write sqrt(MIN_WRITE_SQ)·|i ⊙ u| at 1e-6 per token)
+    torch.testing.assert_close(s.scan, -s0.scan.to(s.scan.dtype), rtol=0, atol=1e-12)
     grads = torch.autograd.grad(y.square().sum() + s.scan.sum(), (x, *m.parameters()), allow_unused=True)
     assert all(g is None or bool(torch.isfinite(g).all()) for g in grads)
+
+
+def test_a_held_token_keeps_the_state_bit_for_bit():
+    """r_t = 0 (the hard gate, or a gate under hold_below): γ_t = 1 and the write is exactly 0, so with θ = 0 (a
+    pair past rotary_dim) the state after any number of held tokens is the initial one, bit for bit, in every
+    form (forward, step)."""
+    for kw in (dict(selective_gate="hardsigmoid"), dict(hold_below=0.5)):
+        m = make(selective=True, rotary_dim=2, d_model=8, n_heads=2, **kw)  # head_dim 4: pair 1 has θ = 0
+        with torch.no_grad():
+            m.recur_gate_weight.zero_()
+            m.recur_gate_bias.fill_(-10.0)  # r_t = 0, or σ(−10) < 0.5 shut by hold_below
+        x = x_of(2, 40, 8)
+        s0 = m.init_state(2)
+        s0.scan = torch.randn(s0.scan.shape, generator=gen(), dtype=torch.float64).to(s0.scan.dtype)
+        _, s = m(x, s0)
+        st = s0
+        for t in range(x.shape[1]):
+            _, st = m.step(x[:, t], st)
+        for got in (s.scan, st.scan):
+            assert torch.equal(got[..., 2:], s0.scan[..., 2:])
 
 
 def test_hold_below_shuts_small_gates_exactly_and_passes_the_gates_gradient():
