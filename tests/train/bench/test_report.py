@@ -35,6 +35,23 @@ def test_the_cost_table_names_the_machines_when_runs_come_from_several():
     assert "| machine |" in mixed and mixed.rstrip().endswith("| NVIDIA H200 |"), mixed
 
 
+def test_the_cost_table_names_each_rows_memory_kind_when_they_differ():
+    """CPU rows count memory (weights, grads, moments, activations), CUDA rows read max_memory_allocated: one
+    header for both named only the last model's kind."""
+    from hybrid.train.bench.report import cost_table
+
+    def run(model, kind):
+        return {"model": model, "machine": {"cpus": 2, "platform": "Linux-6.8-x86_64"},
+                "metrics": {"tokens_per_s": 1e3, "train_memory_bytes": 2 ** 30, "memory_kind": kind}}
+
+    counted, cuda = "counted: weights, grads, AdamW moments, saved activations", "cuda max allocated"
+    same = cost_table({"transformer": [run("transformer", counted)], "hybrid": [run("hybrid", counted)]}, [])
+    assert f"memory: {counted})" in same and "(counted)" not in same
+    mixed = cost_table({"transformer": [run("transformer", counted)], "hybrid": [run("hybrid", cuda)]}, [])
+    assert "memory: per row, in brackets)" in mixed
+    assert "| 1.0 GB (counted) |" in mixed and "| 1.0 GB (cuda max allocated) |" in mixed, mixed
+
+
 def test_the_positions_table_compares_l_and_2l_on_the_same_text():
     """Perplexity at L and at 2L of the same sequences (``loss_full_1x``, ``loss_full_2x``): a model that does not
     degrade past L shows no growth. @L was the validation loss, on other text (windows that reset at document ends),
