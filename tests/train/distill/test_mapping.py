@@ -72,13 +72,14 @@ def test_copied_r_layer_scans_to_the_uniform_vo_attention(layout, shared_kv, rot
         scan, _ = complex_scan(u.unflatten(-1, (H, D)), torch.zeros(H, D // 2, dtype=torch.float64),
                                rec.theta.double(), backend="reference")  # γ = 1
         from_r = rec.out_proj(scan.flatten(2) / positions)  # out_proj(s_i / (i + 1))
-        # the layer's own scan inputs at γ = 1 (ν = −∞): the same values, times the floored write scale 1e-6
+        # the layer's own scan inputs at γ = 1 (ν = −∞): its decay and angles scan u to the same sums; its write
+        # sqrt(1 − γ²) is exactly 0 there (a held state)
         with torch.no_grad():
             rec.decay_nu.fill_(-float("inf"))
         v, log_decay, theta = rec.scan_inputs(x, u)
-        assert (log_decay == 0).all()
-        own, _ = complex_scan(v, log_decay, theta, backend="reference")
-        torch.testing.assert_close(own * 1e6, scan, rtol=1e-12, atol=0)
+        assert (log_decay == 0).all() and (v == 0).all()
+        own, _ = complex_scan(u.unflatten(-1, (H, D)), log_decay, theta, backend="reference")
+        torch.testing.assert_close(own, scan, rtol=1e-12, atol=0)
 
         y32, _ = attn(x)  # float32 angles, as the library computes them
         float64_angles(attn)
