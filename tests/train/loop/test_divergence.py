@@ -26,16 +26,19 @@ def tiny(corpus, out, **kw) -> TrainConfig:
     return TrainConfig(**{**base, **kw})
 
 
-def poison_loss_at(monkeypatch, steps):
+def poison_loss_at(monkeypatch, steps, *, gradient_only: bool = False):
     """Make the training loss of the given (1-based) steps NaN, as a spike would: that step's training forward
-    (one per step here: one rank, one micro-batch) returns NaN logits, hence a NaN loss and NaN gradients."""
+    (one per step here: one rank, one micro-batch) returns NaN logits, hence a NaN loss and NaN gradients.
+    gradient_only: the loss stays finite and only its gradient is NaN."""
     real, forwards = HybridLM.forward, [0]
 
     def forward(self, *args, **kwargs):
         logits, state = real(self, *args, **kwargs)
         if self.training and torch.is_grad_enabled():
             forwards[0] += 1
-            if forwards[0] in steps:
+            if forwards[0] in steps and gradient_only:
+                logits.register_hook(lambda g: torch.full_like(g, float("nan")))
+            elif forwards[0] in steps:
                 logits = logits * float("nan")
         return logits, state
 
@@ -82,6 +85,7 @@ def test_nonfinite_checkpoints_are_refused_by_resume_and_generate(corpus, tmp_pa
     with pytest.raises(CheckpointError, match=r"non-finite weights .*embed.weight.*earlier checkpoints: .*step 2"):
         load_run(out)
     assert load_checkpoint(out, allow_nonfinite=True).step == 3
+    capsys.readouterr()  # what the first run printed: datasets' bars, unless an earlier test turned them off
     assert train_main(["--resume", str(out), "--steps", "4"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "non-finite weights" in err
@@ -145,24 +149,9 @@ def test_float16_training_on_cuda_uses_a_grad_scaler(corpus, tmp_path):
     assert "grad_scaler" in load_checkpoint(tmp_path / "f16").extra
 
 
-def poison_gradient_at(monkeypatch, steps):
-    """A finite loss whose gradient is NaN at the given (1-based) steps (one forward per step here)."""
-    real, forwards = HybridLM.forward, [0]
-
-    def forward(self, *args, **kwargs):
-        logits, state = real(self, *args, **kwargs)
-        if self.training and torch.is_grad_enabled():
-            forwards[0] += 1
-            if forwards[0] in steps:
-                logits.register_hook(lambda g: torch.full_like(g, float("nan")))
-        return logits, state
-
-    monkeypatch.setattr(HybridLM, "forward", forward)
-
-
 @pytest.mark.parametrize("grad_clip", [1.0, 0.0])
 def test_a_nonfinite_gradient_is_seen_with_clipping_on_or_off(corpus, tmp_path, monkeypatch, grad_clip):
-    poison_gradient_at(monkeypatch, {5})
+    poison_loss_at(monkeypatch, {5}, gradient_only=True)
     out = tmp_path / "skip"
     Trainer(tiny(corpus, out, on_nonfinite="skip", log_every=1, grad_clip=grad_clip), verbose=0, progress=False).fit()
     records = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines() if '"val_loss"' not in x]
@@ -170,7 +159,7 @@ def test_a_nonfinite_gradient_is_seen_with_clipping_on_or_off(corpus, tmp_path, 
     assert all(math.isfinite(r["grad_norm"]) for r in records if not r.get("skipped"))  # recorded, clipping or not
     assert all_finite(out) and load_checkpoint(out).step == 8
 
-    poison_gradient_at(monkeypatch, {5})
+    poison_loss_at(monkeypatch, {5}, gradient_only=True)
     with pytest.raises(FloatingPointError, match="not finite at step 5"):
         Trainer(tiny(corpus, tmp_path / "stop", grad_clip=grad_clip), verbose=0, progress=False).fit()
     assert load_checkpoint(tmp_path / "stop").step == 4 and all_finite(tmp_path / "stop")
