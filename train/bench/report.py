@@ -198,13 +198,14 @@ def cost_table(groups, contexts) -> str:
     mixed = len({name for names in machines.values() for name in names}) > 1
     # what the memory column measured (CPU: counted, CUDA: max allocated); named in each cell when the rows differ
     kinds = {model: runs[0]["metrics"].get("memory_kind", "") for model, runs in groups.items()}
-    kind = "; ".join(sorted(set(kinds.values()) - {""})) if len(set(kinds.values())) == 1 else "per row, in brackets"
+    several_kinds = len(set(kinds.values())) > 1
+    kind = "per row, in brackets" if several_kinds else next(iter(kinds.values()), "")
     rows = []
     for model, runs in groups.items():
         decode = _decode(runs)
         mem = mean_std(_values(runs, "train_memory_bytes"))[0]
         memory = _bytes(mem if math.isfinite(mem) else None)
-        if len(set(kinds.values())) > 1 and kinds[model] and memory != "–":
+        if several_kinds and kinds[model] and memory != "–":
             memory += f" ({kinds[model].split(':')[0]})"
         rows.append([model, _cell(runs, "tokens_per_s", 0), memory]
                     + [f"{decode[str(c)]['ms_per_token']:.2f}" if decode.get(str(c)) else "–" for c in contexts]

@@ -414,7 +414,8 @@ def test_a_gradient_that_is_exactly_zero_is_measured_against_its_neighbours():
     from hybrid.train.bench.gpu_check.numerics import window_errors
 
     zero, off = torch.zeros(3, dtype=torch.float64), torch.tensor([3e-5, 0.0, 4e-5])
-    assert rel_error(off, zero) == pytest.approx(5e-5) and rel_error(off, zero, zero_scale=10.0) == pytest.approx(5e-6)
+    assert rel_error(off, zero) == pytest.approx(5e-5)
+    assert rel_error(off, zero, zero_scale=10.0) == pytest.approx(5e-6)
     assert rel_error(torch.tensor([1.0, float("nan")]), zero[:2], zero_scale=1.0) == float("inf")
     assert rel_error(2 * off, off, zero_scale=1e9) == pytest.approx(1.0)  # a nonzero reference: relative as before
     errors = window_errors(torch.device("cpu"), torch.float32, "blocked", 45, 1, D=16)
